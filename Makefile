@@ -1,0 +1,35 @@
+# Every target is a one-liner; scripts/ holds anything longer.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: setup demo test lint types contracts unit proto bench clean
+
+setup:
+	@bash scripts/bootstrap.sh
+
+demo: setup
+	@$(PY) -m enflame_gcu.demo
+
+test: setup lint types contracts unit
+
+lint:
+	$(VENV)/bin/ruff check src tests benchmarks && $(VENV)/bin/ruff format --check src tests benchmarks
+
+types:
+	$(VENV)/bin/mypy
+
+contracts:
+	$(VENV)/bin/lint-imports
+
+unit:
+	@bash scripts/pytest.sh
+
+proto: setup
+	$(PY) -m enflame_gcu._proto.regenerate
+
+bench: setup
+	@bash scripts/bench.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

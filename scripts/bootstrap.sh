@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what `make demo` and `make test` need on a fresh Debian 12 machine:
+# Debian packages (when missing, as root) and a virtualenv with the project and its dev tools.
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want_debs=(runc busybox-static containerd)
+missing=()
+for pkg in "${want_debs[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "bootstrap: missing Debian packages ${missing[*]} and not root: install them with apt-get" >&2
+        exit 1
+    fi
+    echo "bootstrap: installing Debian packages: ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+venv=${VENV:-.venv}
+stamp="$venv/.installed"
+if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv"
+fi
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    "$venv/bin/python" -m pip install -q --upgrade pip >&2
+    "$venv/bin/python" -m pip install -q -e '.[dev]' >&2
+    touch "$stamp"
+fi

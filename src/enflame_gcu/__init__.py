@@ -1,0 +1,3 @@
+"""Enflame GCU accelerators on Kubernetes: device plugin, container runtime and toolkit."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Subcommand groups of enflame-ctk; each module exposes register(subparsers)."""

@@ -1,0 +1,407 @@
+"""GCU discovery: cards, control node and vGCUs read from sysfs and /dev under a host root."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+
+from enflame_gcu import fileio
+
+log = logging.getLogger(__name__)
+
+VENDOR_ID = 0x1E36
+ACCELERATOR_CLASS = 0x12
+DRIVER_DIRS = ("enflame", "zixiao")
+PCI_DEVICES = "/sys/bus/pci/devices"
+SYS_DEVICES = "/sys/devices"
+DRIVER_VERSION_FILE = "/sys/module/enflame/version"
+CONTROL_NODE = "/dev/gcuctl"
+SIMULATION_MARKER = ".enflame-sim"
+
+# Product names by PCI device id, from the public pci.ids database (SPEC §2).
+PRODUCT_NAMES: dict[int, str] = {
+    0x0001: "T10",
+    0x0002: "T11",
+    0x0003: "T10 (QSFP-DD)",
+    0x0021: "T20 32GB",
+    0x0022: "T20 64GB",
+    0x0023: "T21 32GB",
+    0x0024: "T21 64GB",
+    0x8001: "I20",
+    0x8011: "I10",
+    0x8012: "I10L",
+    0x8031: "S6",
+    0x8032: "S6 24GB",
+    0xC031: "S30",
+    0xC032: "S90 48GB",
+    0xC033: "S60G 48GB",
+    0xC035: "S60 48GB",
+    0xC041: "L300",
+    0xC042: "L600",
+}
+
+_NODE_NAME = re.compile(r"^(v?gcu)(\d+)$")
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+def product_name(device_id: int) -> str:
+    """Model name for a PCI device id; unknown ids get a generic name, never an error."""
+    return PRODUCT_NAMES.get(device_id, f"Enflame GCU (device 0x{device_id:04x})")
+
+
+def product_family(model: str) -> str:
+    """Family of a model name: the leading letters (``T20 32GB`` -> ``T``); generic -> ``GCU``."""
+    match = re.match(r"^([A-Z]+)\d", model)
+    return match.group(1) if match else "GCU"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNode:
+    """A character device node on the host, as found under the host root."""
+
+    path: str
+    major: int | None = None
+    minor: int | None = None
+    is_char: bool = False
+    present: bool = False
+
+    @property
+    def usable(self) -> bool:
+        """True when the node exists with known numbers."""
+        return self.present and self.major is not None and self.minor is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    """One physical GCU card: a PCI device of vendor 0x1e36 bound to the enflame driver."""
+
+    minor: int
+    bdf: str
+    device_id: int
+    model: str
+    numa_node: int | None
+    root_complex: str
+    pci_chain: tuple[str, ...]
+    driver_dir: str
+    node: DeviceNode
+    problems: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """``gcuN``: the card's node name and its device ID towards the kubelet."""
+        return f"gcu{self.minor}"
+
+    @property
+    def dev_path(self) -> str:
+        """The card's device node path as seen on the host (and in containers)."""
+        return f"/dev/gcu{self.minor}"
+
+    @property
+    def usable(self) -> bool:
+        """A card is usable when nothing is wrong with it."""
+        return not self.problems
+
+    @property
+    def root_port(self) -> str | None:
+        """The first bridge below the root complex, or None for a card on the root bus."""
+        return self.pci_chain[0] if self.pci_chain else None
+
+    @property
+    def switch(self) -> str | None:
+        """Upstream port of the PCIe switch the card sits under (its grandparent bridge).
+
+        A card's parent is a switch downstream port; the downstream port's parent is the
+        switch's upstream port, which every card under that switch shares. A card with fewer
+        than two bridges above it hangs off a root port directly and has no switch.
+        """
+        return self.pci_chain[-2] if len(self.pci_chain) >= 2 else None
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualDevice:
+    """A vGCU node ``/dev/vgcuN`` exposed by the driver's vGCU mode."""
+
+    minor: int
+    node: DeviceNode
+    parent_minor: int | None = None
+    problems: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """``vgcuN``: the node name and device ID towards the kubelet."""
+        return f"vgcu{self.minor}"
+
+    @property
+    def dev_path(self) -> str:
+        """The node path as seen on the host."""
+        return f"/dev/vgcu{self.minor}"
+
+    @property
+    def usable(self) -> bool:
+        """Usable when nothing is wrong with it."""
+        return not self.problems
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """Everything discovery found under one host root."""
+
+    root: str
+    driver_version: str | None
+    cards: tuple[Card, ...]
+    control: DeviceNode
+    vgcus: tuple[VirtualDevice, ...] = ()
+    unbound: tuple[str, ...] = ()
+    problems: tuple[str, ...] = field(default=())
+    simulated: bool = False
+
+    @property
+    def driver_loaded(self) -> bool:
+        """True when /sys/module/enflame/version was readable."""
+        return self.driver_version is not None
+
+    def usable_cards(self) -> tuple[Card, ...]:
+        """Cards with no problems, in minor order."""
+        return tuple(card for card in self.cards if card.usable)
+
+    def card_by_name(self) -> dict[str, Card]:
+        """Map of ``gcuN`` to card."""
+        return {card.name: card for card in self.cards}
+
+
+def _read(root: str, path: str, problems: list[str]) -> str | None:
+    """Read a small sysfs file under root; on failure record a precise problem and return None."""
+    full = fileio.host_path(root, path)
+    try:
+        with open(full, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except FileNotFoundError:
+        problems.append(f"{path} is missing")
+    except OSError as exc:
+        problems.append(f"cannot read {path}: {exc.strerror or exc}")
+    return None
+
+
+def _parse_int(text: str | None, base: int, what: str, problems: list[str]) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text, base)
+    except ValueError:
+        problems.append(f"{what} has unexpected content {text!r}")
+        return None
+
+
+def read_driver_version(root: str = "/") -> str | None:
+    """The enflame kernel module's version, or None when the module is not loaded."""
+    problems: list[str] = []
+    text = _read(root, DRIVER_VERSION_FILE, problems)
+    return text or None
+
+
+def is_simulated(root: str) -> bool:
+    """True when ``root`` is a simulated node (made by :mod:`enflame_gcu.simulate`)."""
+    return root not in ("", "/") and os.path.isdir(os.path.join(root, SIMULATION_MARKER))
+
+
+def stat_node(root: str, path: str, simulated: bool) -> tuple[DeviceNode, str | None]:
+    """Stat a device node under root; return the node and a problem text if it is unusable.
+
+    A simulated node made without root privileges holds regular files; their numbers come from
+    the caller (sysfs), so a regular file is accepted only on a simulated node.
+    """
+    full = fileio.host_path(root, path)
+    try:
+        info = os.stat(full)
+    except FileNotFoundError:
+        return DeviceNode(path), f"{path} is missing"
+    except OSError as exc:
+        return DeviceNode(path), f"cannot stat {path}: {exc.strerror or exc}"
+    if stat.S_ISCHR(info.st_mode):
+        major, minor = os.major(info.st_rdev), os.minor(info.st_rdev)
+        return DeviceNode(path, major, minor, is_char=True, present=True), None
+    if simulated and stat.S_ISREG(info.st_mode):
+        return DeviceNode(path, present=True), None
+    return DeviceNode(path, present=True), f"{path} is not a character device"
+
+
+def _pci_chain(root: str, bdf: str, problems: list[str]) -> tuple[str, tuple[str, ...]]:
+    """Root complex and bridge chain of a PCI device from where its sysfs link points."""
+    link = fileio.host_path(root, f"{PCI_DEVICES}/{bdf}")
+    devices_dir = os.path.realpath(fileio.host_path(root, SYS_DEVICES))
+    target = os.path.realpath(link)
+    relative = os.path.relpath(target, devices_dir)
+    parts = relative.split(os.sep)
+    if relative.startswith("..") or len(parts) < 2 or not parts[0].startswith("pci"):
+        problems.append(f"{PCI_DEVICES}/{bdf} does not lead into {SYS_DEVICES}/pci*/ ({target})")
+        return "", ()
+    if parts[-1] != bdf:
+        problems.append(f"{PCI_DEVICES}/{bdf} leads to {parts[-1]}, not to itself")
+    chain = tuple(part for part in parts[1:-1] if _BDF.match(part))
+    return parts[0], chain
+
+
+def _driver_nodes(root: str, bdf: str) -> tuple[str | None, list[tuple[str, int]]]:
+    """The driver dir name used by this card and the gcuN/vgcuN entries inside it."""
+    for dirname in DRIVER_DIRS:
+        directory = fileio.host_path(root, f"{PCI_DEVICES}/{bdf}/{dirname}")
+        try:
+            entries = sorted(os.listdir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:
+            return dirname, []
+        nodes = []
+        for entry in entries:
+            match = _NODE_NAME.match(entry)
+            if match:
+                nodes.append((match.group(1), int(match.group(2))))
+        return dirname, nodes
+    return None, []
+
+
+def _sysfs_numbers(root: str, path: str, problems: list[str]) -> tuple[int | None, int | None]:
+    text = _read(root, path, problems)
+    if text is None:
+        return None, None
+    major, sep, minor = text.partition(":")
+    if not sep or not major.isdigit() or not minor.isdigit():
+        problems.append(f"{path} has unexpected content {text!r} (want major:minor)")
+        return None, None
+    return int(major), int(minor)
+
+
+def _numa_node(root: str, bdf: str, problems: list[str]) -> int | None:
+    ignored: list[str] = []
+    text = _read(root, f"{PCI_DEVICES}/{bdf}/numa_node", ignored)
+    value = _parse_int(text, 10, f"{PCI_DEVICES}/{bdf}/numa_node", problems)
+    return None if value is None or value < 0 else value
+
+
+def _discover_card(
+    root: str, bdf: str, driver_loaded: bool, simulated: bool
+) -> tuple[list[Card], list[VirtualDevice], bool]:
+    """Cards and vGCUs behind one Enflame PCI function; the flag says it was bound at all."""
+    problems: list[str] = []
+    device_id = _parse_int(
+        _read(root, f"{PCI_DEVICES}/{bdf}/device", problems), 16, "device id", problems
+    )
+    root_complex, chain = _pci_chain(root, bdf, problems)
+    numa = _numa_node(root, bdf, problems)
+    driver_dir, nodes = _driver_nodes(root, bdf)
+    if driver_dir is None:
+        return [], [], False
+    cards: list[Card] = []
+    vgcus: list[VirtualDevice] = []
+    card_minors = [minor for kind, minor in nodes if kind == "gcu"]
+    for kind, minor in nodes:
+        node_problems = list(problems)
+        sys_path = f"{PCI_DEVICES}/{bdf}/{driver_dir}/{kind}{minor}/dev"
+        major, sys_minor = _sysfs_numbers(root, sys_path, node_problems)
+        if sys_minor is not None and sys_minor != minor:
+            node_problems.append(
+                f"{sys_path} says minor {sys_minor} but the entry is {kind}{minor}"
+            )
+        node, node_problem = stat_node(root, f"/dev/{kind}{minor}", simulated)
+        if node_problem:
+            node_problems.append(node_problem)
+        elif node.is_char and (node.major, node.minor) != (major, sys_minor):
+            node_problems.append(
+                f"/dev/{kind}{minor} is {node.major}:{node.minor} but {sys_path} says "
+                f"{major}:{sys_minor}"
+            )
+        elif not node.is_char:
+            node = DeviceNode(node.path, major, sys_minor, is_char=False, present=True)
+        if not driver_loaded:
+            node_problems.append(f"driver not loaded ({DRIVER_VERSION_FILE} is missing)")
+        if kind == "gcu":
+            cards.append(
+                Card(
+                    minor=minor,
+                    bdf=bdf,
+                    device_id=device_id if device_id is not None else 0,
+                    model=product_name(device_id) if device_id is not None else "unknown",
+                    numa_node=numa,
+                    root_complex=root_complex,
+                    pci_chain=chain,
+                    driver_dir=driver_dir,
+                    node=node,
+                    problems=tuple(node_problems),
+                )
+            )
+        else:
+            parent = card_minors[0] if card_minors else None
+            vgcus.append(VirtualDevice(minor, node, parent, tuple(node_problems)))
+    return cards, vgcus, True
+
+
+def _loose_vgcus(root: str, known: set[int], simulated: bool) -> list[VirtualDevice]:
+    """``/dev/vgcuN`` nodes that sysfs does not link to any card."""
+    try:
+        entries = os.listdir(fileio.host_path(root, "/dev"))
+    except OSError:
+        return []
+    found = []
+    for entry in sorted(entries):
+        match = _NODE_NAME.match(entry)
+        if not match or match.group(1) != "vgcu" or int(match.group(2)) in known:
+            continue
+        node, problem = stat_node(root, f"/dev/{entry}", simulated)
+        found.append(VirtualDevice(int(match.group(2)), node, None, (problem,) if problem else ()))
+    return found
+
+
+def discover(root: str = "/") -> Inventory:
+    """Find every GCU under ``root`` (``/`` in production, a simulated node in tests).
+
+    Never raises for a single bad card: each problem names the path and the card is reported
+    unusable. Node-wide problems (no PCI bus, driver missing) go into ``Inventory.problems``.
+    """
+    simulated = is_simulated(root)
+    node_problems: list[str] = []
+    driver_version = read_driver_version(root)
+    if driver_version is None:
+        node_problems.append(f"driver not loaded: {DRIVER_VERSION_FILE} is missing")
+    pci_dir = fileio.host_path(root, PCI_DEVICES)
+    try:
+        functions = sorted(os.listdir(pci_dir))
+    except OSError as exc:
+        node_problems.append(f"cannot list {PCI_DEVICES}: {exc.strerror or exc}")
+        functions = []
+    cards: list[Card] = []
+    vgcus: list[VirtualDevice] = []
+    unbound: list[str] = []
+    for bdf in functions:
+        ignored: list[str] = []
+        vendor = _parse_int(_read(root, f"{PCI_DEVICES}/{bdf}/vendor", ignored), 16, "", ignored)
+        if vendor != VENDOR_ID:
+            continue
+        found_cards, found_vgcus, bound = _discover_card(
+            root, bdf, driver_version is not None, simulated
+        )
+        if not bound:
+            unbound.append(bdf)
+        cards.extend(found_cards)
+        vgcus.extend(found_vgcus)
+    vgcus.extend(_loose_vgcus(root, {v.minor for v in vgcus}, simulated))
+    control, control_problem = stat_node(root, CONTROL_NODE, simulated)
+    if control_problem and cards:
+        node_problems.append(control_problem)
+    if unbound:
+        node_problems.append(
+            f"{len(unbound)} Enflame PCI device(s) without an enflame/ or zixiao/ directory "
+            f"(driver not bound): {', '.join(unbound)}"
+        )
+    return Inventory(
+        root=root,
+        driver_version=driver_version,
+        cards=tuple(sorted(cards, key=lambda card: card.minor)),
+        control=control,
+        vgcus=tuple(sorted(vgcus, key=lambda vgcu: vgcu.minor)),
+        unbound=tuple(unbound),
+        problems=tuple(node_problems),
+        simulated=simulated,
+    )

@@ -1,0 +1,259 @@
+"""One model of what a container gets: device nodes, env and mounts.
+
+The device plugin's Allocate, the runtime shim and the CDI generator all build a
+``ContainerEdits`` with :func:`for_devices` and render it their own way (``to_allocate``-style
+translation in the gRPC service, :meth:`ContainerEdits.apply_to` for an OCI spec,
+:meth:`ContainerEdits.to_cdi` for a CDI spec), so all three inject exactly the same things.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from enflame_gcu import devices, fileio
+from enflame_gcu.errors import InvalidRequestError
+
+VISIBLE_DEVICES_ENV = "ENFLAME_VISIBLE_DEVICES"
+PROCESSED_ANNOTATION = "com.enflame.gcu.processed"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNodeEdit:
+    """A character device to create inside the container, with its host identity."""
+
+    path: str
+    host_path: str
+    major: int
+    minor: int
+    permissions: str = "rwm"
+    file_mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MountEdit:
+    """A bind mount from the host into the container."""
+
+    host_path: str
+    container_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerEdits:
+    """Device nodes, env and mounts for one container; merge with :meth:`merged`."""
+
+    device_nodes: tuple[DeviceNodeEdit, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    mounts: tuple[MountEdit, ...] = ()
+    annotations: tuple[tuple[str, str], ...] = field(default=())
+
+    def merged(self, other: ContainerEdits) -> ContainerEdits:
+        """Union of two edits: nodes and mounts by path (first wins), env by key (last wins)."""
+        nodes = {node.path: node for node in reversed(other.device_nodes + self.device_nodes)}
+        mounts = {m.container_path: m for m in reversed(other.mounts + self.mounts)}
+        env = dict(self.env)
+        env.update(other.env)
+        notes = dict(self.annotations)
+        notes.update(other.annotations)
+        return ContainerEdits(
+            device_nodes=tuple(sorted(nodes.values(), key=_node_order)),
+            env=tuple(env.items()),
+            mounts=tuple(mounts[path] for path in sorted(mounts)),
+            annotations=tuple(notes.items()),
+        )
+
+    def apply_to(self, spec: dict[str, Any]) -> None:
+        """Add these edits to an OCI runtime spec in place, keeping every unknown field.
+
+        Each device node gets a ``linux.devices`` entry and a ``linux.resources.devices`` allow
+        rule, because runc does not derive the cgroup rule from the device list.
+        """
+        linux = spec.setdefault("linux", {})
+        spec_devices: list[dict[str, Any]] = linux.setdefault("devices", [])
+        existing = {entry.get("path") for entry in spec_devices}
+        rules: list[dict[str, Any]] = linux.setdefault("resources", {}).setdefault("devices", [])
+        for node in self.device_nodes:
+            if node.path not in existing:
+                entry: dict[str, Any] = {
+                    "path": node.path,
+                    "type": "c",
+                    "major": node.major,
+                    "minor": node.minor,
+                }
+                if node.file_mode is not None:
+                    entry["fileMode"] = node.file_mode
+                if node.uid is not None:
+                    entry["uid"] = node.uid
+                if node.gid is not None:
+                    entry["gid"] = node.gid
+                spec_devices.append(entry)
+                existing.add(node.path)
+            rule = {
+                "allow": True,
+                "type": "c",
+                "major": node.major,
+                "minor": node.minor,
+                "access": node.permissions,
+            }
+            if rule not in rules:
+                rules.append(rule)
+        if self.env:
+            process = spec.setdefault("process", {})
+            env_list: list[str] = process.setdefault("env", [])
+            keys = dict(self.env)
+            env_list[:] = [item for item in env_list if item.partition("=")[0] not in keys]
+            env_list.extend(f"{key}={value}" for key, value in self.env)
+        if self.mounts:
+            spec_mounts: list[dict[str, Any]] = spec.setdefault("mounts", [])
+            taken = {m.get("destination") for m in spec_mounts}
+            for mount in self.mounts:
+                if mount.container_path in taken:
+                    continue
+                options = ["rbind", "nosuid", "nodev"] + (["ro"] if mount.read_only else [])
+                spec_mounts.append(
+                    {
+                        "destination": mount.container_path,
+                        "type": "bind",
+                        "source": mount.host_path,
+                        "options": options,
+                    }
+                )
+        if self.annotations:
+            spec.setdefault("annotations", {}).update(dict(self.annotations))
+
+    def to_cdi(self) -> dict[str, Any]:
+        """The ``containerEdits`` object of a CDI spec (fields of cdiVersion 0.5.0)."""
+        result: dict[str, Any] = {}
+        if self.env:
+            result["env"] = [f"{key}={value}" for key, value in self.env]
+        if self.device_nodes:
+            result["deviceNodes"] = [_cdi_node(node) for node in self.device_nodes]
+        if self.mounts:
+            result["mounts"] = [
+                {
+                    "hostPath": mount.host_path,
+                    "containerPath": mount.container_path,
+                    "options": ["ro", "nosuid", "nodev", "bind"]
+                    if mount.read_only
+                    else ["nosuid", "nodev", "bind"],
+                }
+                for mount in self.mounts
+            ]
+        return result
+
+
+def _node_order(node: DeviceNodeEdit) -> tuple[int, str, int]:
+    # Card nodes in minor order first, the control node last: stable output for every renderer.
+    return (
+        1 if node.path == devices.CONTROL_NODE else 0,
+        node.path.rstrip("0123456789"),
+        node.minor,
+    )
+
+
+def _cdi_node(node: DeviceNodeEdit) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "path": node.path,
+        "hostPath": node.host_path,
+        "type": "c",
+        "major": node.major,
+        "minor": node.minor,
+        "permissions": node.permissions,
+    }
+    if node.file_mode is not None:
+        entry["fileMode"] = node.file_mode
+    if node.uid is not None:
+        entry["uid"] = node.uid
+    if node.gid is not None:
+        entry["gid"] = node.gid
+    return entry
+
+
+def node_edit(root: str, node: devices.DeviceNode) -> DeviceNodeEdit:
+    """A device node edit for a host node, with mode and owner read from the host."""
+    if node.major is None or node.minor is None:
+        raise InvalidRequestError(f"{node.path} has no known major:minor; cannot inject it")
+    mode = uid = gid = None
+    try:
+        info = os.stat(fileio.host_path(root, node.path))
+    except OSError:
+        pass
+    else:
+        mode, uid, gid = stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid
+    return DeviceNodeEdit(
+        path=node.path,
+        host_path=node.path,
+        major=node.major,
+        minor=node.minor,
+        file_mode=mode,
+        uid=uid,
+        gid=gid,
+    )
+
+
+def for_devices(
+    inventory: devices.Inventory,
+    names: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    mounts: Iterable[MountEdit] = (),
+    visible_env: bool = True,
+) -> ContainerEdits:
+    """Edits that give a container the named cards/vGCUs (``gcuN``/``vgcuN``) and gcuctl.
+
+    Raises InvalidRequestError naming every unknown or unusable name and listing the valid ones.
+    """
+    by_name: dict[str, devices.DeviceNode] = {}
+    usable: dict[str, bool] = {}
+    for card in inventory.cards:
+        by_name[card.name] = card.node
+        usable[card.name] = card.usable
+    for vgcu in inventory.vgcus:
+        by_name[vgcu.name] = vgcu.node
+        usable[vgcu.name] = vgcu.usable
+    unknown = [name for name in names if name not in by_name]
+    broken = [name for name in names if name in by_name and not usable[name]]
+    if unknown or broken:
+        valid = ", ".join(name for name in by_name if usable[name]) or "none"
+        parts = []
+        if unknown:
+            parts.append(f"unknown device(s) {', '.join(unknown)}")
+        if broken:
+            parts.append(f"unusable device(s) {', '.join(broken)}")
+        raise InvalidRequestError(f"{'; '.join(parts)}; usable devices on this node: {valid}")
+    nodes = [node_edit(inventory.root, by_name[name]) for name in dict.fromkeys(names)]
+    if names:
+        if not inventory.control.usable:
+            raise InvalidRequestError(
+                f"{devices.CONTROL_NODE} is missing on this node; no GCU can be used without it"
+            )
+        nodes.append(node_edit(inventory.root, inventory.control))
+    env_items: dict[str, str] = {}
+    if visible_env:
+        env_items[VISIBLE_DEVICES_ENV] = visible_value(names)
+    env_items.update(env or {})
+    return ContainerEdits(
+        device_nodes=tuple(sorted(nodes, key=_node_order)),
+        env=tuple(env_items.items()),
+        mounts=tuple(mounts),
+    )
+
+
+def visible_value(names: Sequence[str]) -> str:
+    """``ENFLAME_VISIBLE_DEVICES`` value for device names: minors of cards, names otherwise.
+
+    ``["gcu0", "gcu1"]`` -> ``"0,1"``; vGCUs keep their name (``vgcu3``) so the grammar stays
+    unambiguous; no names -> ``"none"``.
+    """
+    if not names:
+        return "none"
+    values = []
+    for name in dict.fromkeys(names):
+        values.append(name[3:] if name.startswith("gcu") else name)
+    return ",".join(values)

@@ -1,0 +1,50 @@
+"""The project's exception tree; every message says what was being done and what exists.
+
+EnflameError
+├── DiscoveryError          reading sysfs or /dev under a host root failed as a whole
+├── TopologyError           a topology description or PCI chain makes no sense
+├── SimulationError         a simulated node cannot be created or changed
+├── InvalidRequestError     a device request names unknown, unhealthy or duplicate devices
+│   └── AllocationError     no set of devices satisfies the request
+├── ConfigError             a config file, flag or environment variable is invalid
+├── SpecError               an OCI or CDI spec cannot be read, edited or written
+└── EngineConfigError       a container engine config cannot be read, edited or written
+"""
+
+from __future__ import annotations
+
+
+class EnflameError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class DiscoveryError(EnflameError):
+    """Discovery under a host root failed as a whole (not a single unusable card)."""
+
+
+class TopologyError(EnflameError):
+    """A topology description or a PCI ancestor chain is malformed."""
+
+
+class SimulationError(EnflameError):
+    """A simulated GCU node cannot be created or changed."""
+
+
+class InvalidRequestError(EnflameError):
+    """A device request names unknown, unhealthy or duplicate devices, or is malformed."""
+
+
+class AllocationError(InvalidRequestError):
+    """No set of available devices satisfies the request."""
+
+
+class ConfigError(EnflameError):
+    """A configuration file, flag or environment variable is invalid."""
+
+
+class SpecError(EnflameError):
+    """An OCI runtime spec or CDI spec cannot be read, edited or written."""
+
+
+class EngineConfigError(EnflameError):
+    """A container engine's configuration cannot be read, edited or written."""

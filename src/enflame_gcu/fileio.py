@@ -1,0 +1,53 @@
+"""Atomic file writes and host-root path resolution shared by every writer in the project."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+
+def host_path(root: str, path: str) -> str:
+    """Return ``path`` (absolute, as seen on the host) resolved under ``root``."""
+    if not path.startswith("/"):
+        raise ValueError(f"host path must be absolute, got {path!r}")
+    if root in ("", "/"):
+        return path
+    return os.path.join(root, path.lstrip("/"))
+
+
+def atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same directory, fsync and rename.
+
+    Readers see either the old file or the new one, never a half-written one. The new file
+    keeps the old file's permission bits unless ``mode`` is given.
+    """
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    if mode is None:
+        try:
+            mode = os.stat(path).st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o644
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def atomic_write_text(path: str, text: str, mode: int | None = None) -> None:
+    """Text flavour of :func:`atomic_write` (UTF-8)."""
+    atomic_write(path, text.encode("utf-8"), mode)
