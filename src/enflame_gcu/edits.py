@@ -257,3 +257,63 @@ def visible_value(names: Sequence[str]) -> str:
     for name in dict.fromkeys(names):
         values.append(name[3:] if name.startswith("gcu") else name)
     return ",".join(values)
+
+
+# --- how the device plugin tells the runtime which devices a container got ------------------
+
+VOLUME_MOUNT_DIR = "/var/run/enflame-container-devices"
+CDI_VENDOR = "enflame.com"
+CDI_ANNOTATION_KEY = "cdi.k8s.io/enflame-gcu"
+STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
+
+
+def cdi_device_name(name: str) -> str:
+    """Fully qualified CDI name of a device: ``gcu3`` -> ``enflame.com/gcu=3``."""
+    kind = name.rstrip("0123456789")
+    return f"{CDI_VENDOR}/{kind}={name[len(kind) :]}"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceListEdits:
+    """What Allocate returns to name the devices: env/mounts/annotations plus CRI CDI names."""
+
+    edits: ContainerEdits
+    cdi_devices: tuple[str, ...] = ()
+
+
+def device_list(names: Sequence[str], strategies: Sequence[str]) -> DeviceListEdits:
+    """Encode a device list for the runtime with each chosen strategy (they combine).
+
+    - ``envvar``: ``ENFLAME_VISIBLE_DEVICES=0,1``.
+    - ``volume-mounts``: ``/dev/null`` mounted at ``VOLUME_MOUNT_DIR/<name>``; the env var is
+      set to ``VOLUME_MOUNT_DIR`` (unless envvar is also chosen) so an image's own
+      ``ENFLAME_VISIBLE_DEVICES=all`` cannot widen the request.
+    - ``cdi-annotations``: annotation ``CDI_ANNOTATION_KEY`` with the CDI names.
+    - ``cdi-cri``: the CDI names in Allocate's ``cdi_devices`` field.
+    """
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown or not strategies:
+        raise InvalidRequestError(
+            f"unknown device list strategy {', '.join(unknown) or '(none given)'}; "
+            f"valid: {', '.join(STRATEGIES)}"
+        )
+    env: dict[str, str] = {}
+    mounts: list[MountEdit] = []
+    notes: dict[str, str] = {}
+    cdi: tuple[str, ...] = ()
+    qualified = [cdi_device_name(name) for name in dict.fromkeys(names)]
+    if "volume-mounts" in strategies:
+        env[VISIBLE_DEVICES_ENV] = VOLUME_MOUNT_DIR
+        mounts = [MountEdit("/dev/null", f"{VOLUME_MOUNT_DIR}/{name}") for name in names]
+    if "envvar" in strategies:
+        env[VISIBLE_DEVICES_ENV] = visible_value(names)
+    if "cdi-annotations" in strategies:
+        notes[CDI_ANNOTATION_KEY] = ",".join(qualified)
+    if "cdi-cri" in strategies:
+        cdi = tuple(qualified)
+    return DeviceListEdits(
+        ContainerEdits(
+            env=tuple(env.items()), mounts=tuple(mounts), annotations=tuple(notes.items())
+        ),
+        cdi,
+    )
