@@ -1,0 +1,85 @@
+"""Configure docker, containerd and CRI-O to run the GCU runtime, and undo it exactly.
+
+The library API the CLI and the installers call::
+
+    change = engines.configure("containerd", None, RuntimeOptions(set_as_default=True),
+                               host_root="/host")
+    print(change.describe())
+    engines.unconfigure("containerd", None, host_root="/host")
+    engines.detect("/host")  # -> ["containerd"]
+"""
+
+from __future__ import annotations
+
+from enflame_gcu.container_toolkit.engines import base, hosts, transaction
+from enflame_gcu.container_toolkit.engines.base import Change, FileChange, RuntimeOptions
+from enflame_gcu.container_toolkit.engines.containerd import ContainerdEditor
+from enflame_gcu.container_toolkit.engines.crio import CrioEditor
+from enflame_gcu.container_toolkit.engines.docker import DockerEditor
+from enflame_gcu.errors import EngineConfigError
+
+__all__ = [
+    "ENGINES",
+    "Change",
+    "FileChange",
+    "RuntimeOptions",
+    "configure",
+    "default_config_path",
+    "detect",
+    "editor",
+    "reload",
+    "unconfigure",
+]
+
+ENGINES: dict[str, base.RuntimeConfigEditor] = {
+    "docker": DockerEditor(),
+    "containerd": ContainerdEditor(),
+    "crio": CrioEditor(),
+}
+
+detect = hosts.detect
+default_config_path = hosts.default_config_path
+
+
+def editor(engine: str) -> base.RuntimeConfigEditor:
+    """The config editor for ``engine`` (docker, containerd or crio)."""
+    try:
+        return ENGINES[engine]
+    except KeyError:
+        raise EngineConfigError(
+            f"unknown container engine {engine!r}; known: {', '.join(ENGINES)}"
+        ) from None
+
+
+def configure(
+    engine: str,
+    config_path: str | None = None,
+    options: RuntimeOptions | None = None,
+    *,
+    host_root: str = "/",
+    dry_run: bool = False,
+) -> Change:
+    """Add the GCU runtime to ``engine``'s config (default path under ``host_root``).
+
+    ``config_path`` is the path as this process sees it; ``host_root`` only turns paths
+    written into configs (containerd ``imports``) into paths the host sees.
+    """
+    path = config_path or hosts.default_config_path(engine, host_root)
+    return transaction.configure(
+        editor(engine), path, options or RuntimeOptions(), host_root, dry_run
+    )
+
+
+def unconfigure(
+    engine: str, config_path: str | None = None, *, host_root: str = "/", dry_run: bool = False
+) -> Change:
+    """Remove exactly what :func:`configure` added to ``engine``'s config."""
+    editor(engine)
+    path = config_path or hosts.default_config_path(engine, host_root)
+    return transaction.unconfigure(engine, path, dry_run)
+
+
+def reload(change: Change, host_root: str = "/") -> str:
+    """Signal or restart the engine so it loads ``change``; returns what was done."""
+    runtimes_only = all(path.startswith("runtimes.") for path in change.paths)
+    return hosts.reload_engine(change.engine, runtimes_only, host_root)

@@ -1,0 +1,157 @@
+"""Apply plan operations to a parsed config, recording each change so it can be undone."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any
+
+from enflame_gcu.container_toolkit.engines import base, formats
+from enflame_gcu.errors import EngineConfigError
+
+# A record is plain JSON so it can live in the state file:
+#   {"op": "create", "path": [...]}                  an intermediate table we created
+#   {"op": "add", "path": [...], "new": v}           a key that did not exist
+#   {"op": "replace", "path": [...], "old": v, "new": v}
+#   {"op": "append", "path": [...], "item": v}       an item added to an existing list
+Record = dict[str, Any]
+
+
+def dotted(path: Sequence[str]) -> str:
+    """``a.b."c.d"`` style name of a key path, for messages."""
+    return ".".join(f'"{key}"' if "." in key else key for key in path)
+
+
+def _parent(
+    document: formats.Document,
+    *,
+    path: tuple[str, ...],
+    fmt: formats.DocumentFormat,
+    records: list[Record],
+    created: list[formats.Document],
+    where: str,
+) -> formats.Document:
+    node: formats.Document = document
+    for depth, key in enumerate(path):
+        if key not in node:
+            node[key] = fmt.new_table()
+            records.append({"op": "create", "path": list(path[: depth + 1])})
+            created.append(node[key])
+        child = node[key]
+        if not isinstance(child, MutableMapping):
+            raise EngineConfigError(
+                f"cannot edit {where}: {dotted(path[: depth + 1])} is a "
+                f"{type(formats.plain(child)).__name__}, expected a table; it was left untouched"
+            )
+        node = child
+    return node
+
+
+def apply(
+    document: formats.Document,
+    operations: Sequence[base.Operation],
+    fmt: formats.DocumentFormat,
+    where: str,
+) -> list[Record]:
+    """Apply ``operations`` in place; return records of what actually changed (maybe none)."""
+    records: list[Record] = []
+    created: list[formats.Document] = []
+    for operation in operations:
+        parent = _parent(
+            document,
+            path=operation.path[:-1],
+            fmt=fmt,
+            records=records,
+            created=created,
+            where=where,
+        )
+        key = operation.path[-1]
+        path = list(operation.path)
+        if isinstance(operation, base.SetValue):
+            if key in parent:
+                current = formats.plain(parent[key])
+                if current == operation.value or operation.only_if_missing:
+                    continue
+                records.append(
+                    {"op": "replace", "path": path, "old": current, "new": operation.value}
+                )
+            else:
+                records.append({"op": "add", "path": path, "new": operation.value})
+            parent[key] = copy.deepcopy(operation.value)
+            fmt.after_set(parent, key)
+        elif key not in parent:
+            parent[key] = [operation.item]
+            fmt.after_set(parent, key)
+            records.append({"op": "add", "path": path, "new": [operation.item]})
+        else:
+            current = formats.plain(parent[key])
+            if not isinstance(current, list):
+                raise EngineConfigError(
+                    f"cannot edit {where}: {dotted(operation.path)} is a "
+                    f"{type(current).__name__}, expected a list; it was left untouched"
+                )
+            if operation.item in current:
+                continue
+            parent[key].append(operation.item)
+            records.append({"op": "append", "path": path, "item": operation.item})
+    for table in reversed(created):
+        fmt.finish_table(table)
+    return records
+
+
+def _get_parent(document: formats.Document, path: Sequence[str]) -> MutableMapping[str, Any] | None:
+    node: Any = document
+    for key in path[:-1]:
+        if not isinstance(node, MutableMapping) or key not in node:
+            return None
+        node = node[key]
+    return node if isinstance(node, MutableMapping) else None
+
+
+def revert(document: formats.Document, records: Sequence[Record]) -> list[str]:
+    """Undo ``records`` (newest first) in place, keeping edits others made; return changed keys.
+
+    Keys we added are removed; a value we replaced is put back only if it still holds what we
+    wrote; a table we created is removed only once it is empty; a list item we appended is
+    removed from the list.
+    """
+    undone: list[str] = []
+    for record in reversed(records):
+        path = record["path"]
+        parent = _get_parent(document, path)
+        key = path[-1]
+        if parent is None or key not in parent:
+            continue
+        current = formats.plain(parent[key])
+        op = record["op"]
+        if op == "add":
+            del parent[key]
+        elif op == "create":
+            if isinstance(current, Mapping) and not current:
+                del parent[key]
+            else:
+                continue
+        elif op == "replace":
+            if current != record["new"]:
+                continue  # someone changed it after us: theirs wins
+            parent[key] = copy.deepcopy(record["old"])
+        elif op == "append":
+            if not isinstance(current, list) or record["item"] not in current:
+                continue
+            del parent[key][current.index(record["item"])]
+        undone.append(dotted(path))
+    return undone
+
+
+def describe(records: Sequence[Record]) -> tuple[str, ...]:
+    """One line per recorded change, for the CLI's report."""
+    lines = []
+    for record in records:
+        name = dotted(record["path"])
+        if record["op"] == "add":
+            lines.append(f"added {name} = {record['new']!r}")
+        elif record["op"] == "replace":
+            lines.append(f"set {name} = {record['new']!r} (was {record['old']!r})")
+        elif record["op"] == "append":
+            lines.append(f"appended {record['item']!r} to {name}")
+    return tuple(lines)

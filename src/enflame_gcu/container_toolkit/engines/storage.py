@@ -1,0 +1,165 @@
+"""File plumbing for config edits: lock, read, backup, state file, diff and atomic writes."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import difflib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from enflame_gcu import fileio
+from enflame_gcu.errors import EngineConfigError
+
+log = logging.getLogger(__name__)
+
+STATE_SUFFIX = ".enflame-state.json"
+LOCK_SUFFIX = ".enflame.lock"
+BACKUP_INFIX = ".enflame-backup-"
+STATE_VERSION = 1
+
+
+def sha256(text: str) -> str:
+    """Hex digest of ``text`` encoded as UTF-8."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def state_path(config_path: str) -> str:
+    """Where configure records what it did to ``config_path`` (and its drop-ins)."""
+    return config_path + STATE_SUFFIX
+
+
+def _os_error(doing: str, path: str, exc: OSError) -> EngineConfigError:
+    reason = exc.strerror or str(exc)
+    return EngineConfigError(f"cannot {doing} {path}: {reason}; nothing was changed")
+
+
+def read_text(path: str) -> str | None:
+    """The file's text, or None when it does not exist."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError as exc:
+        raise EngineConfigError(f"cannot edit {path}: it is not UTF-8 text ({exc})") from exc
+    except OSError as exc:
+        raise _os_error("read", path, exc) from exc
+
+
+@contextlib.contextmanager
+def locked(config_path: str) -> Iterator[None]:
+    """Hold an exclusive flock on ``<config>.enflame.lock`` so concurrent runs go one by one.
+
+    The lock file is removed on release; a waiter that then finds its inode unlinked simply
+    takes the lock again on the new file, so removing it is safe.
+    """
+    lock_path = config_path + LOCK_SUFFIX
+    directory = os.path.dirname(os.path.abspath(lock_path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise _os_error("create the directory for", config_path, exc) from exc
+    while True:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise _os_error("create the lock file", lock_path, exc) from exc
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)
+        os.close(fd)
+
+
+def load_state(config_path: str) -> dict[str, Any] | None:
+    """The recorded state for ``config_path``, or None when configure never ran on it."""
+    path = state_path(config_path)
+    text = read_text(path)
+    if text is None:
+        return None
+    try:
+        state = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EngineConfigError(
+            f"cannot read {path} (the record of what configure changed): {exc}; "
+            "remove it only if you have undone the changes by hand"
+        ) from exc
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        raise EngineConfigError(f"{path} is not a state file version {STATE_VERSION} we can read")
+    return state
+
+
+def save_state(config_path: str, state: dict[str, Any] | None) -> None:
+    """Write (or, for None, remove) the state file atomically."""
+    path = state_path(config_path)
+    try:
+        if state is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        else:
+            fileio.atomic_write_text(path, json.dumps(state, indent=2) + "\n", 0o600)
+    except OSError as exc:
+        raise _os_error("write", path, exc) from exc
+
+
+def backup_name(path: str, backup_dir: str | None, now: datetime.datetime) -> str:
+    """A not-yet-existing timestamped backup path for ``path``."""
+    directory = backup_dir or os.path.dirname(os.path.abspath(path))
+    stem = os.path.join(
+        directory, os.path.basename(path) + BACKUP_INFIX + now.strftime("%Y%m%dT%H%M%S")
+    )
+    candidate, counter = stem, 1
+    while os.path.lexists(candidate):
+        counter += 1
+        candidate = f"{stem}.{counter}"
+    return candidate
+
+
+def write(path: str, text: str | None) -> None:
+    """Atomically write ``text`` to ``path``, or remove ``path`` for None."""
+    try:
+        if text is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fileio.atomic_write_text(path, text)
+    except OSError as exc:
+        raise _os_error("write", path, exc) from exc
+
+
+def unified_diff(path: str, before: str | None, after: str | None) -> str:
+    """A unified diff of one file (``/dev/null`` for a missing side)."""
+    return "".join(
+        difflib.unified_diff(
+            (before or "").splitlines(keepends=True),
+            (after or "").splitlines(keepends=True),
+            fromfile=path if before is not None else "/dev/null",
+            tofile=path if after is not None else "/dev/null",
+        )
+    )
+
+
+def remove_quietly(path: str) -> None:
+    """Remove a file we own; failure is only logged (it is a leftover, not a corruption)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path, exc)
