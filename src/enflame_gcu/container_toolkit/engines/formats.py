@@ -134,7 +134,7 @@ class TomlFormat:
             return
         container = parent.value if isinstance(parent, items.Table) else parent
         new = container.item(key)
-        if isinstance(new, (items.Table, items.AoT)):
+        if not isinstance(new, items.Item) or isinstance(new, (items.Table, items.AoT)):
             return
         for other_key, other in container.body:
             if (

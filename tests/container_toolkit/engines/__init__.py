@@ -1,0 +1,1 @@
+"""Tests of the container engine config editors and ``enflame-ctk runtime``."""
