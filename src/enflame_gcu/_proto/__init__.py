@@ -1,0 +1,1 @@
+"""Generated stubs of the kubelet device plugin API (v1beta1); regenerate with ``make proto``."""

@@ -1,0 +1,187 @@
+"""Typed plugin settings: every flag has an env var; precedence CLI > env > (file) > defaults.
+
+The options table below is the single source for the CLI flags, the env var names, the
+``--help`` text and validation. Layers are plain mappings of option name to raw value, so a
+config file (a later issue) is one more layer between the environment and the defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from enflame_gcu import allocation, edits
+from enflame_gcu.errors import ConfigError
+
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_RESOURCE = "enflame.com/gcu"
+SOCKET_NAME = "enflame.sock"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class PluginConfig:
+    """The effective settings of one plugin process."""
+
+    plugin_dir: str = DEFAULT_PLUGIN_DIR
+    host_root: str = "/"
+    resource_name: str = DEFAULT_RESOURCE
+    socket_name: str = SOCKET_NAME
+    pass_device_specs: bool = False
+    device_list_strategy: tuple[str, ...] = ("envvar",)
+    health_interval: float = 5.0
+    disable_healthchecks: bool = False
+    fail_on_init_error: bool = False
+    allocation_policy: str = "topology"
+    log_level: str = "info"
+
+    @property
+    def socket_path(self) -> str:
+        """Where the plugin serves: ``<plugin dir>/<socket name>``."""
+        return os.path.join(self.plugin_dir, self.socket_name)
+
+    def describe(self) -> str:
+        """One line with every setting, for the start-up log."""
+        return " ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{text!r} is not a boolean (true/false, 1/0, yes/no, on/off)")
+
+
+def _interval(text: str) -> float:
+    value = float(text)
+    if not 0.05 <= value <= 3600:
+        raise ValueError(f"{text} is outside 0.05..3600 seconds")
+    return value
+
+
+def _strategies(text: str) -> tuple[str, ...]:
+    chosen = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    bad = [s for s in chosen if s not in edits.STRATEGIES]
+    if bad or not chosen:
+        raise ValueError(
+            f"unknown strategy {', '.join(bad) or '(none)'}; valid: {', '.join(edits.STRATEGIES)}"
+        )
+    return chosen
+
+
+def _resource(text: str) -> str:
+    domain, sep, name = text.partition("/")
+    if not sep or not domain or not name or "." not in domain or domain == "kubernetes.io":
+        raise ValueError(f"{text!r} needs a domain prefix such as enflame.com/gcu")
+    return text
+
+
+def _healthchecks(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("all", "true", "1"):
+        return True
+    if value in ("", "none", "false", "0"):
+        return False
+    raise ValueError(f"{text!r} is not supported; use 'all' to disable checks or leave it unset")
+
+
+def _choice(valid: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.lower() not in valid:
+            raise ValueError(f"{text!r} is not one of {', '.join(valid)}")
+        return text.lower()
+
+    return parse
+
+
+def _path(text: str) -> str:
+    if not text.startswith("/"):
+        raise ValueError(f"{text!r} is not an absolute path")
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One setting: its field, env var, parser and help text."""
+
+    field: str
+    env: str
+    parse: Callable[[str], Any]
+    help: str
+    flag: bool = False
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("plugin_dir", "DP_PLUGIN_DIR", _path, "kubelet device plugin directory"),
+    Option("host_root", "DP_HOST_ROOT", _path, "where the host's / is mounted (sysfs, /dev)"),
+    Option("resource_name", "DP_RESOURCE_NAME", _resource, "extended resource to advertise"),
+    Option(
+        "pass_device_specs",
+        "PASS_DEVICE_SPECS",
+        _bool,
+        "return DeviceSpecs from Allocate (needed with cpuManagerPolicy: static)",
+        flag=True,
+    ),
+    Option(
+        "device_list_strategy",
+        "DEVICE_LIST_STRATEGY",
+        _strategies,
+        f"how Allocate names the devices, comma list of {', '.join(edits.STRATEGIES)}",
+    ),
+    Option("health_interval", "DP_HEALTH_INTERVAL", _interval, "seconds between health rescans"),
+    Option(
+        "disable_healthchecks",
+        "DP_DISABLE_HEALTHCHECKS",
+        _healthchecks,
+        "'all' reports every card healthy as discovered (env var only)",
+    ),
+    Option(
+        "fail_on_init_error",
+        "FAIL_ON_INIT_ERROR",
+        _bool,
+        "exit 1 when no usable GCU is found at start instead of waiting for one",
+        flag=True,
+    ),
+    Option(
+        "allocation_policy",
+        "DP_ALLOCATION_POLICY",
+        _choice(sorted(allocation.POLICIES)),
+        "how GetPreferredAllocation chooses cards",
+    ),
+    Option("log_level", "DP_LOG_LEVEL", _choice(LOG_LEVELS), "log verbosity"),
+)
+
+
+def resolve(layers: Sequence[Mapping[str, Any]]) -> PluginConfig:
+    """Build the config from layers, highest precedence first; raw strings are parsed.
+
+    ConfigError names the setting, where its value came from and what is valid.
+    """
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        for layer in layers:
+            if option.field not in layer or layer[option.field] is None:
+                continue
+            raw = layer[option.field]
+            try:
+                values[option.field] = option.parse(raw) if isinstance(raw, str) else raw
+            except ValueError as exc:
+                raise ConfigError(f"invalid {option.field.replace('_', '-')}: {exc}") from exc
+            break
+    return PluginConfig(**values)
+
+
+def env_layer(environ: Mapping[str, str]) -> dict[str, str]:
+    """The settings given by environment variables."""
+    return {o.field: environ[o.env] for o in OPTIONS if o.env in environ}
+
+
+def log_level(config: PluginConfig) -> int:
+    """The logging module's level for the config."""
+    return int(getattr(logging, config.log_level.upper()))

@@ -1,0 +1,165 @@
+"""The DevicePlugin servicer: translates v1beta1 messages to domain calls and back, nothing more.
+
+Request errors become ``INVALID_ARGUMENT`` and node-state errors ``FAILED_PRECONDITION``, each
+with a message naming the bad and the valid IDs; nothing escapes as an UNKNOWN traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from enflame_gcu import edits
+from enflame_gcu._proto import api_pb2, api_pb2_grpc
+from enflame_gcu.device_plugin import config as plugin_config
+from enflame_gcu.device_plugin import state as plugin_state
+from enflame_gcu.errors import EnflameError, InvalidRequestError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+DEVICE_SPEC_PERMISSIONS = "rw"
+
+
+def options() -> Any:
+    """The options we advertise in Register and GetDevicePluginOptions (they must agree)."""
+    return api_pb2.DevicePluginOptions(
+        pre_start_required=False, get_preferred_allocation_available=True
+    )
+
+
+def device_list(snapshot: plugin_state.Snapshot) -> Any:
+    """A ListAndWatchResponse with every device of the snapshot."""
+    result = api_pb2.ListAndWatchResponse()
+    for device in snapshot.devices():
+        entry = result.devices.add(ID=device.id, health=device.health)
+        if device.numa_node is not None:
+            entry.topology.nodes.add(ID=device.numa_node)
+    return result
+
+
+def container_response(
+    snapshot: plugin_state.Snapshot, ids: list[str], config: plugin_config.PluginConfig
+) -> Any:
+    """One ContainerAllocateResponse: device-list edits per strategy, DeviceSpecs if asked."""
+    listed = edits.device_list(ids, config.device_list_strategy)
+    response = api_pb2.ContainerAllocateResponse(
+        envs=dict(listed.edits.env), annotations=dict(listed.edits.annotations)
+    )
+    for mount in listed.edits.mounts:
+        response.mounts.add(
+            container_path=mount.container_path,
+            host_path=mount.host_path,
+            read_only=mount.read_only,
+        )
+    for name in listed.cdi_devices:
+        response.cdi_devices.add(name=name)
+    if config.pass_device_specs:
+        for node in edits.for_devices(snapshot.inventory, ids).device_nodes:
+            response.devices.add(
+                container_path=node.path,
+                host_path=node.host_path,
+                permissions=DEVICE_SPEC_PERMISSIONS,
+            )
+    return response
+
+
+async def _guard(rpc: str, context: Any, work: Callable[[], Awaitable[T]]) -> T:
+    """Run an RPC body, turning our errors into explicit status codes."""
+    try:
+        return await work()
+    except InvalidRequestError as exc:
+        log.warning("%s rejected: %s", rpc, exc)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rpc}: {exc}")
+    except EnflameError as exc:
+        log.warning("%s failed: %s", rpc, exc)
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{rpc}: {exc}")
+    except Exception as exc:
+        # A bug: say so plainly instead of letting gRPC answer UNKNOWN with a traceback.
+        log.exception("%s failed unexpectedly", rpc)
+        await context.abort(grpc.StatusCode.INTERNAL, f"{rpc}: internal error: {exc!r}")
+    raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
+
+
+class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
+    """Serves one resource's devices from a :class:`~state.PluginState`."""
+
+    def __init__(self, state: plugin_state.PluginState, config: plugin_config.PluginConfig):
+        self._state = state
+        self._config = config
+        self._stopping = asyncio.Event()
+
+    def stop_streams(self) -> None:
+        """End every ListAndWatch stream of this server (shutdown or re-registration)."""
+        self._stopping.set()
+
+    async def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+        """The options: preferred allocation available, no PreStartContainer."""
+        return options()
+
+    async def ListAndWatch(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        """The full device list now and after every change, until the server stops."""
+        snapshot = self._state.snapshot
+        yield device_list(snapshot)
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            while not self._stopping.is_set():
+                change = asyncio.ensure_future(self._state.changed(snapshot.generation))
+                await asyncio.wait({change, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if not change.done():
+                    change.cancel()
+                    break
+                snapshot = change.result()
+                yield device_list(snapshot)
+        finally:
+            stop.cancel()
+        log.debug("ListAndWatch stream ended")
+
+    async def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+        """Per container: ``allocation_size`` IDs from ``available`` with every must-include."""
+
+        async def work() -> Any:
+            snapshot = self._state.snapshot
+            response = api_pb2.PreferredAllocationResponse()
+            for index, req in enumerate(request.container_requests):
+                available = list(req.available_deviceIDs)
+                required = list(req.must_include_deviceIDs)
+                try:
+                    plugin_state.check_known(snapshot, available + required)
+                    chosen = snapshot.policy.choose(available, required, req.allocation_size)
+                except InvalidRequestError as exc:
+                    raise type(exc)(f"container request {index}: {exc}") from exc
+                response.container_responses.add(deviceIDs=chosen)
+            return response
+
+        return await _guard("GetPreferredAllocation", context, work)
+
+    async def Allocate(self, request: Any, context: Any) -> Any:
+        """Per container: the edits naming its devices; the whole request or nothing."""
+
+        async def work() -> Any:
+            snapshot = self._state.snapshot
+            requests = [list(req.devices_ids) for req in request.container_requests]
+            if not requests:
+                raise InvalidRequestError("no container requests")
+            for index, ids in enumerate(requests):
+                try:
+                    plugin_state.check_allocatable(snapshot, ids)
+                except InvalidRequestError as exc:
+                    raise InvalidRequestError(f"container request {index}: {exc}") from exc
+            try:
+                responses = [container_response(snapshot, ids, self._config) for ids in requests]
+            except InvalidRequestError as exc:
+                # The IDs were fine; the node is not (e.g. /dev/gcuctl vanished).
+                raise EnflameError(str(exc)) from exc
+            log.info("Allocate %s", " | ".join(",".join(ids) for ids in requests))
+            return api_pb2.AllocateResponse(container_responses=responses)
+
+        return await _guard("Allocate", context, work)
+
+    async def PreStartContainer(self, request: Any, context: Any) -> Any:
+        """Nothing to do before a container starts (not required in our options)."""
+        return api_pb2.PreStartContainerResponse()

@@ -1,0 +1,226 @@
+"""Card health that flips both ways: inotify on /dev, the PCI bus and the driver, plus a rescan.
+
+A card is healthy when its ``/dev/gcuN`` node is the character device discovery found, its PCI
+directory and driver entry exist and the driver is loaded. Anything we cannot establish counts as
+unhealthy (SPEC §6.5 and DESIGN 11). Derived devices (slices, vGCUs) follow their parent card
+through :meth:`HealthReport.for_derived`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from asyncinotify import Inotify, Mask
+
+from enflame_gcu import devices, fileio
+
+log = logging.getLogger(__name__)
+
+DISABLE_ENV = "DP_DISABLE_HEALTHCHECKS"
+DEFAULT_INTERVAL = 5.0
+_DIR_EVENTS = (
+    Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.ATTRIB | Mask.CLOSE_WRITE
+)
+_SELF_EVENTS = Mask.DELETE_SELF | Mask.MOVE_SELF
+
+
+@dataclass(frozen=True, slots=True)
+class CardHealth:
+    """Health of one card; ``reason`` says why it is unhealthy (empty when healthy)."""
+
+    name: str
+    healthy: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReport:
+    """Health of every known card plus the driver version seen while checking."""
+
+    cards: tuple[CardHealth, ...]
+    driver_version: str | None
+
+    def healthy(self) -> dict[str, bool]:
+        """``{card name: healthy}``."""
+        return {card.name: card.healthy for card in self.cards}
+
+    def for_derived(self, parent_of: Mapping[str, str]) -> dict[str, bool]:
+        """Health of derived devices (``{device id: parent card}``); unknown parent = unhealthy."""
+        by_card = self.healthy()
+        return {device: by_card.get(parent, False) for device, parent in parent_of.items()}
+
+    def reasons(self) -> dict[str, str]:
+        """``{card name: reason}`` for the unhealthy cards."""
+        return {card.name: card.reason for card in self.cards if not card.healthy}
+
+
+def _card_problem(root: str, card: devices.Card, simulated: bool) -> str:
+    """Why the card cannot be used right now, or ``""``."""
+    pci = fileio.host_path(root, f"{devices.PCI_DEVICES}/{card.bdf}")
+    if not os.path.isdir(pci):
+        return f"PCI device {card.bdf} is gone ({devices.PCI_DEVICES}/{card.bdf} missing)"
+    if not os.path.isdir(os.path.join(pci, card.driver_dir, card.name)):
+        return f"driver entry {card.driver_dir}/{card.name} of {card.bdf} is gone"
+    try:
+        info = os.stat(fileio.host_path(root, card.dev_path))
+    except FileNotFoundError:
+        return f"{card.dev_path} is missing"
+    except OSError as exc:
+        return f"cannot stat {card.dev_path}: {exc.strerror or exc}"
+    if stat.S_ISCHR(info.st_mode):
+        numbers = (os.major(info.st_rdev), os.minor(info.st_rdev))
+        if card.node.major is not None and numbers != (card.node.major, card.minor):
+            return f"{card.dev_path} is now {numbers[0]}:{numbers[1]}"
+        return ""
+    if simulated and stat.S_ISREG(info.st_mode):
+        return ""
+    return f"{card.dev_path} is not a character device"
+
+
+def check(root: str, cards: Sequence[devices.Card], *, disabled: bool = False) -> HealthReport:
+    """Health of ``cards`` now; with ``disabled`` every card keeps its discovery verdict."""
+    version = devices.read_driver_version(root)
+    if disabled:
+        return HealthReport(
+            tuple(CardHealth(c.name, c.usable, "; ".join(c.problems)) for c in cards), version
+        )
+    simulated = devices.is_simulated(root)
+    result = []
+    for card in cards:
+        problem = "driver not loaded" if version is None else _card_problem(root, card, simulated)
+        result.append(CardHealth(card.name, not problem, problem))
+    return HealthReport(tuple(result), version)
+
+
+class ChangeWatcher:
+    """Inotify on directories that may come and go; :meth:`wait` returns on any change."""
+
+    def __init__(self, directories: Sequence[str]) -> None:
+        self._directories = tuple(directories)
+        self._inotify: Any = None
+        self._watches: dict[str, Any] = {}
+
+    def __enter__(self) -> ChangeWatcher:
+        self._inotify = Inotify()
+        # sync_get() must not block: it only drains what has already arrived.
+        self._inotify.sync_timeout = 0
+        self.refresh()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._inotify.close()
+        self._watches.clear()
+
+    def refresh(self) -> None:
+        """Watch every listed directory that exists now (ones that vanished were dropped)."""
+        for directory in self._directories:
+            if directory in self._watches or not os.path.isdir(directory):
+                continue
+            try:
+                self._watches[directory] = self._inotify.add_watch(
+                    directory, _DIR_EVENTS | _SELF_EVENTS | Mask.ONLYDIR
+                )
+            except OSError as exc:  # raced with removal; the next refresh tries again
+                log.debug("cannot watch %s: %s", directory, exc)
+
+    def _note(self, event: Any, seen: list[tuple[str, str]]) -> None:
+        watch = event.watch
+        directory = str(watch.path) if watch is not None else ""
+        if event.mask & (Mask.IGNORED | _SELF_EVENTS) and directory:
+            self._watches.pop(directory, None)
+        seen.append((directory, str(event.name) if event.name is not None else ""))
+
+    async def wait(self, timeout: float) -> list[tuple[str, str]]:
+        """Events as ``(directory, name)`` pairs; empty after ``timeout`` seconds of quiet."""
+        seen: list[tuple[str, str]] = []
+        try:
+            event = await asyncio.wait_for(self._inotify.get(), timeout)
+        except asyncio.TimeoutError:
+            return seen
+        self._note(event, seen)
+        while (more := self._inotify.sync_get()) is not None:
+            self._note(more, seen)
+        return seen
+
+
+@dataclass(frozen=True, slots=True)
+class HealthUpdate:
+    """A changed report; ``rediscover`` says the driver version changed since discovery."""
+
+    report: HealthReport
+    rediscover: bool = False
+
+
+class HealthMonitor:
+    """Keeps :class:`HealthReport` current for known cards: inotify events plus a rescan."""
+
+    def __init__(
+        self,
+        root: str,
+        cards: Sequence[devices.Card],
+        *,
+        driver_version: str | None,
+        interval: float = DEFAULT_INTERVAL,
+        disabled: bool = False,
+    ) -> None:
+        self.root = root
+        self.interval = interval
+        self.disabled = disabled
+        self._cards = tuple(cards)
+        self._baseline = driver_version
+        self._report = check(root, self._cards, disabled=disabled)
+
+    @property
+    def report(self) -> HealthReport:
+        """The latest report."""
+        return self._report
+
+    def reset(self, cards: Sequence[devices.Card], driver_version: str | None) -> HealthReport:
+        """Start over with a new discovery (after a driver change or SIGHUP)."""
+        self._cards = tuple(cards)
+        self._baseline = driver_version
+        self._report = check(self.root, self._cards, disabled=self.disabled)
+        return self._report
+
+    def watched_directories(self) -> list[str]:
+        """Where events can tell us about a card or the driver."""
+        paths = ["/dev", devices.PCI_DEVICES, "/sys/module", "/sys/module/enflame"]
+        return [fileio.host_path(self.root, path) for path in paths]
+
+    def rescan(self) -> HealthUpdate | None:
+        """Check now; an update when anything changed since the last report, else None."""
+        report = check(self.root, self._cards, disabled=self.disabled)
+        version = report.driver_version
+        rediscover = version is not None and version != self._baseline
+        if rediscover:
+            log.info("driver version changed: %s -> %s", self._baseline or "none", version)
+            self._baseline = version  # report the change once; reset() follows
+        if report == self._report and not rediscover:
+            return None
+        for name, reason in report.reasons().items():
+            if self._report.healthy().get(name, True):
+                log.warning("%s is unhealthy: %s", name, reason)
+        for name, ok in report.healthy().items():
+            if ok and not self._report.healthy().get(name, False):
+                log.info("%s is healthy", name)
+        self._report = report
+        return HealthUpdate(report, rediscover)
+
+    async def run(self, notify: Callable[[HealthUpdate], None]) -> None:
+        """Watch until cancelled, calling ``notify`` with every update."""
+        with ChangeWatcher(self.watched_directories()) as watcher:
+            while True:
+                watcher.refresh()
+                update = self.rescan()
+                if update is not None:
+                    notify(update)
+                await watcher.wait(self.interval)

@@ -1,0 +1,1 @@
+"""Test helpers that are part of the product: a kubelet stub and a plugin process runner."""

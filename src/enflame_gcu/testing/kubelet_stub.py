@@ -1,0 +1,302 @@
+"""A kubelet stand-in that speaks v1beta1 the way the real kubelet does (SPEC §3).
+
+It serves Registration on ``<dir>/kubelet.sock``; inside Register it dials the plugin (10 s
+timeout), reads its options and keeps ListAndWatch open. Pods are admitted per container:
+GetPreferredAllocation only when there is a choice, then Allocate. ``restart()`` deletes every
+socket in the dir and re-creates ``kubelet.sock``, as a kubelet restart does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from enflame_gcu._proto import api_pb2, api_pb2_grpc
+
+log = logging.getLogger(__name__)
+KUBELET_SOCKET = "kubelet.sock"
+DEFAULT_RESOURCE = "enflame.com/gcu"
+
+
+class AdmissionError(Exception):
+    """The stub could not admit a pod (too few devices, or the plugin refused)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One successful Register call."""
+
+    resource_name: str
+    endpoint: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAllocation:
+    """What one container got: device IDs, Allocate answer, whether a preference was asked."""
+
+    device_ids: tuple[str, ...]
+    response: Any
+    asked_preference: bool
+
+
+@dataclass(slots=True)
+class PluginConnection:
+    """The kubelet's side of one registered plugin."""
+
+    resource_name: str
+    endpoint: str
+    options: Any
+    channel: Any
+    stub: Any
+    devices: dict[str, str] = field(default_factory=dict)
+    numa: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    stream_open: bool = False
+    lists_received: int = 0
+    task: asyncio.Task[None] | None = None
+
+    async def close(self) -> None:
+        """Drop the stream and the channel, as a dying kubelet would."""
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        await self.channel.close()
+
+
+class _Registration(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
+    def __init__(self, kubelet: KubeletStub) -> None:
+        self._kubelet = kubelet
+
+    async def Register(self, request: Any, context: Any) -> Any:
+        return await self._kubelet._register(request, context)
+
+
+class KubeletStub:
+    """The kubelet's device-manager behaviour, over real unix sockets."""
+
+    def __init__(self, plugin_dir: str, *, dial_timeout: float = 10.0) -> None:
+        self.plugin_dir = plugin_dir
+        self.dial_timeout = dial_timeout
+        self.registrations: list[Registration] = []
+        self.plugins: dict[str, PluginConnection] = {}
+        self.pods: dict[str, dict[str, ContainerAllocation]] = {}
+        self._pod_resource: dict[str, str] = {}
+        self._server: Any = None
+        self._changed = asyncio.Event()
+
+    @property
+    def socket_path(self) -> str:
+        """``<dir>/kubelet.sock``."""
+        return os.path.join(self.plugin_dir, KUBELET_SOCKET)
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def start(self) -> None:
+        """Serve Registration on kubelet.sock."""
+        os.makedirs(self.plugin_dir, exist_ok=True)
+        server = grpc.aio.server()
+        api_pb2_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        await server.start()
+        self._server = server
+
+    async def stop(self) -> None:
+        """Stop serving and drop every plugin connection."""
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
+        for plugin in list(self.plugins.values()):
+            await plugin.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        self._notify()
+
+    async def restart(self) -> None:
+        """A kubelet restart: stop, delete every socket in the dir, serve kubelet.sock anew."""
+        await self.stop()
+        for plugin in self.plugins.values():
+            plugin.devices = dict.fromkeys(plugin.devices, "Unhealthy")
+        for name in os.listdir(self.plugin_dir):
+            path = os.path.join(self.plugin_dir, name)
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                    os.unlink(path)
+        await self.start()
+
+    async def __aenter__(self) -> KubeletStub:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _register(self, request: Any, context: Any) -> Any:
+        if request.version != "v1beta1":
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"unsupported API version {request.version!r}; this kubelet speaks v1beta1",
+            )
+        domain, _, name = request.resource_name.partition("/")
+        if not name or "." not in domain or domain == "kubernetes.io":
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"invalid resource name {request.resource_name!r}",
+            )
+        old = self.plugins.pop(request.resource_name, None)
+        if old is not None:
+            await old.close()
+        endpoint = os.path.join(self.plugin_dir, request.endpoint)
+        channel = grpc.aio.insecure_channel(f"unix://{endpoint}")
+        stub = api_pb2_grpc.DevicePluginStub(channel)
+        try:
+            await asyncio.wait_for(channel.channel_ready(), self.dial_timeout)
+            options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=self.dial_timeout)
+        except (asyncio.TimeoutError, grpc.aio.AioRpcError) as exc:
+            await channel.close()
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"cannot reach the plugin at {endpoint}: {exc!r}"
+            )
+        plugin = PluginConnection(request.resource_name, request.endpoint, options, channel, stub)
+        plugin.task = asyncio.ensure_future(self._watch(plugin))
+        self.plugins[request.resource_name] = plugin
+        self.registrations.append(
+            Registration(request.resource_name, request.endpoint, time.monotonic())
+        )
+        self._notify()
+        return api_pb2.Empty()
+
+    async def _watch(self, plugin: PluginConnection) -> None:
+        call = plugin.stub.ListAndWatch(api_pb2.Empty())
+        plugin.stream_open = True
+        try:
+            async for response in call:
+                plugin.devices = {d.ID: d.health for d in response.devices}
+                plugin.numa = {
+                    d.ID: tuple(n.ID for n in d.topology.nodes) for d in response.devices
+                }
+                plugin.lists_received += 1
+                self._notify()
+        except grpc.aio.AioRpcError as exc:
+            log.debug("ListAndWatch of %s ended: %s", plugin.resource_name, exc.code())
+        finally:
+            call.cancel()
+            plugin.stream_open = False
+            # The kubelet marks every device of a plugin whose stream ended unhealthy.
+            plugin.devices = dict.fromkeys(plugin.devices, "Unhealthy")
+            self._notify()
+
+    # --- what the node looks like to the scheduler -------------------------------------------
+
+    def devices(self, resource: str = DEFAULT_RESOURCE) -> dict[str, str]:
+        """``{device ID: health}`` as last listed by the plugin."""
+        plugin = self.plugins.get(resource)
+        return dict(plugin.devices) if plugin else {}
+
+    def capacity(self, resource: str = DEFAULT_RESOURCE) -> int:
+        """Node capacity: every listed device."""
+        return len(self.devices(resource))
+
+    def allocatable(self, resource: str = DEFAULT_RESOURCE) -> list[str]:
+        """Healthy devices, in the plugin's order."""
+        return [d for d, h in self.devices(resource).items() if h == "Healthy"]
+
+    def in_use(self, resource: str = DEFAULT_RESOURCE) -> set[str]:
+        """Devices held by active pods."""
+        return {
+            d
+            for pod, containers in self.pods.items()
+            if self._pod_resource[pod] == resource
+            for c in containers.values()
+            for d in c.device_ids
+        }
+
+    def free(self, resource: str = DEFAULT_RESOURCE) -> list[str]:
+        """Healthy devices no pod holds."""
+        held = self.in_use(resource)
+        return [d for d in self.allocatable(resource) if d not in held]
+
+    async def wait_for(
+        self, predicate: Callable[[KubeletStub], bool], timeout: float = 10.0, what: str = ""
+    ) -> None:
+        """Wait until ``predicate(self)`` holds; TimeoutError describes the state."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not predicate(self):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"waited {timeout}s for {what or 'a condition'}; devices "
+                    f"{ {r: p.devices for r, p in self.plugins.items()} }, "
+                    f"registrations {len(self.registrations)}"
+                )
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    # --- pods ---------------------------------------------------------------------------------
+
+    async def allocate_pod(
+        self, name: str, containers: Mapping[str, int], resource: str = DEFAULT_RESOURCE
+    ) -> dict[str, ContainerAllocation]:
+        """Admit a pod: per container choose devices (asking a preference when there is a
+        choice) and call Allocate; AdmissionError when that fails."""
+        if name in self.pods:
+            raise AdmissionError(f"pod {name} already exists")
+        plugin = self.plugins.get(resource)
+        if plugin is None:
+            raise AdmissionError(f"no plugin registered for {resource}")
+        result: dict[str, ContainerAllocation] = {}
+        self.pods[name], self._pod_resource[name] = result, resource
+        try:
+            for container, size in containers.items():
+                result[container] = await self._allocate_container(plugin, resource, size)
+        except BaseException:
+            self.delete_pod(name)
+            raise
+        self._notify()
+        return result
+
+    async def _allocate_container(
+        self, plugin: PluginConnection, resource: str, size: int
+    ) -> ContainerAllocation:
+        available = self.free(resource)
+        if size > len(available):
+            raise AdmissionError(
+                f"asked for {size} {resource} but only {len(available)} free: {available}"
+            )
+        chosen, asked = available[:size], False
+        if size < len(available) and plugin.options.get_preferred_allocation_available:
+            asked = True
+            request = api_pb2.PreferredAllocationRequest()
+            request.container_requests.add(available_deviceIDs=available, allocation_size=size)
+            try:
+                answer = await plugin.stub.GetPreferredAllocation(request, timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                raise AdmissionError(f"GetPreferredAllocation failed: {exc.details()}") from exc
+            preferred = [d for d in answer.container_responses[0].deviceIDs if d in available]
+            # Advisory: keep what is valid, fill up from the rest in order (kubelet behaviour).
+            chosen = (preferred + [d for d in available if d not in preferred])[:size]
+        request = api_pb2.AllocateRequest()
+        request.container_requests.add(devices_ids=chosen)
+        try:
+            response = await plugin.stub.Allocate(request, timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            raise AdmissionError(f"Allocate failed: {exc.details()}") from exc
+        return ContainerAllocation(tuple(chosen), response.container_responses[0], asked)
+
+    def delete_pod(self, name: str) -> None:
+        """Forget a pod: its devices are free again (the plugin is not told, as in Kubernetes)."""
+        self.pods.pop(name, None)
+        self._pod_resource.pop(name, None)
+        self._notify()

@@ -1,0 +1,103 @@
+"""Run ``enflame-device-plugin`` as its own process on a simulated node, for tests and demos."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+
+from enflame_gcu import simulate
+
+
+def make_node(topology_name: str = "vendor-8card") -> tuple[str, str, str]:
+    """A fresh simulated node under a short /tmp dir: ``(work dir, host root, plugin dir)``.
+
+    Short paths keep the socket path under the 108-byte unix socket limit.
+    """
+    work = tempfile.mkdtemp(prefix="gcu-", dir="/tmp")
+    root = os.path.join(work, "n")
+    plugins = os.path.join(work, "p")
+    simulate.create(root, simulate.load(topology_name))
+    os.makedirs(plugins)
+    return work, root, plugins
+
+
+class PluginProcess:
+    """One plugin process; its log goes to a file next to the plugin dir."""
+
+    def __init__(
+        self,
+        plugin_dir: str,
+        host_root: str,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.plugin_dir = plugin_dir
+        self.host_root = host_root
+        self.args = list(args)
+        self.env = dict(env or {})
+        self.log_path = os.path.join(os.path.dirname(plugin_dir), "plugin.log")
+        self.process: asyncio.subprocess.Process | None = None
+
+    @property
+    def command(self) -> list[str]:
+        """The command line used."""
+        return [
+            sys.executable,
+            "-m",
+            "enflame_gcu.device_plugin.main",
+            "--plugin-dir",
+            self.plugin_dir,
+            "--host-root",
+            self.host_root,
+            *self.args,
+        ]
+
+    async def start(self) -> None:
+        """Start the process (it does not wait for registration)."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        with open(self.log_path, "ab") as log_file:
+            self.process = await asyncio.create_subprocess_exec(
+                *self.command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                env=env,
+            )
+
+    def _running(self) -> asyncio.subprocess.Process:
+        if self.process is None:
+            raise RuntimeError("the plugin process was not started")
+        return self.process
+
+    def send(self, signum: int) -> None:
+        """Send a signal."""
+        self._running().send_signal(signum)
+
+    async def wait(self, timeout: float) -> int:
+        """Wait for the exit status; TimeoutError if it keeps running."""
+        return await asyncio.wait_for(self._running().wait(), timeout)
+
+    async def stop(self, timeout: float = 5.0) -> int:
+        """SIGTERM, then SIGKILL if it does not exit in ``timeout`` seconds."""
+        if self.process is None:
+            return 0
+        if self.process.returncode is not None:
+            return self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return await self.wait(timeout)
+        except asyncio.TimeoutError:
+            self.process.kill()
+            return await self.process.wait()
+
+    def log_text(self) -> str:
+        """Everything the plugin logged so far."""
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return ""
