@@ -34,6 +34,7 @@ RUNC = shutil.which("runc") or "/usr/sbin/runc"
 BUSYBOX = "/bin/busybox"
 CRI = 'plugins."io.containerd.grpc.v1.cri"'
 IMAGE = "docker.io/enflame-test/busybox:latest"
+SHIM_SOCKET_DIR = "/run/containerd/s"
 
 
 def base_config(directory: str) -> str:
@@ -114,6 +115,9 @@ def containerd() -> Iterator[Containerd]:
             f"containerd and ctr are required ({CONTAINERD}, {CTR}); run scripts/bootstrap.sh"
         )
     # A short directory: unix socket paths are limited to 107 bytes.
+    # containerd 1.6 fixes the shim socket directory at /run/containerd/s: remember whether it
+    # was there so teardown removes it only if this test created it (and it is empty).
+    shim_dirs_existed = os.path.isdir(SHIM_SOCKET_DIR)
     directory = tempfile.mkdtemp(prefix="enflame-ctd-", dir="/tmp")
     config = os.path.join(directory, "config.toml")
     with open(config, "w", encoding="utf-8") as handle:
@@ -152,6 +156,10 @@ def containerd() -> Iterator[Containerd]:
         log.close()
         _unmount_under(directory)
         shutil.rmtree(directory, ignore_errors=True)
+        if not shim_dirs_existed:
+            for leftover in (SHIM_SOCKET_DIR, os.path.dirname(SHIM_SOCKET_DIR)):
+                with contextlib.suppress(OSError):
+                    os.rmdir(leftover)
 
 
 def test_config_dump_shows_the_runtime_with_runc_options(containerd: Containerd) -> None:
