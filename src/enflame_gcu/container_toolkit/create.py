@@ -1,0 +1,84 @@
+"""The runtime's create path: load the spec, find the request, edit, save atomically.
+
+Imported lazily by :mod:`runtime` only for ``create``/``run``. Any failure leaves the bundle
+untouched and is reported with the step that failed; the caller then does not run runc.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+from enflame_gcu import devices, edits
+from enflame_gcu.container_toolkit import device_request, modifiers, oci, runtime, runtime_log
+from enflame_gcu.container_toolkit.runtime_config import RuntimeConfig
+from enflame_gcu.errors import EnflameError
+
+T = TypeVar("T")
+
+
+class StepError(Exception):
+    """A create step failed; the message says which step and what was wrong."""
+
+
+def _step(what: str, action: Callable[[], T]) -> T:
+    try:
+        return action()
+    except EnflameError as exc:
+        raise StepError(f"{what}: {exc}") from exc
+    except OSError as exc:
+        raise StepError(f"{what}: {exc}") from exc
+
+
+def edit_bundle(bundle: str, config: RuntimeConfig, log: logging.Logger) -> str:
+    """Give the container in ``bundle`` the GCUs its spec asks for; return what was done.
+
+    Raises StepError; the spec file is only replaced (atomically) after every step succeeded.
+    """
+    spec = _step("reading the bundle's spec", lambda: oci.load(bundle))
+    if modifiers.is_processed(spec.data):
+        return f"{spec.path} was already processed; left as is"
+    request = _step(
+        "reading the requested GCUs",
+        lambda: device_request.from_spec(spec.data, config.accept_envvar_when_unprivileged),
+    )
+    for ignored in request.ignored:
+        log.warning("ignoring %s", ignored)
+    if not request.wants_edits:
+        return "no GCU requested; spec left untouched"
+    root = config.root
+    inventory = _step(f"discovering GCUs under {root}", lambda: devices.discover(root))
+    names = _step(
+        "resolving the requested GCUs", lambda: device_request.resolve(request, inventory)
+    )
+    mounts = tuple(edits.MountEdit(host, container) for host, container in config.mounts)
+    container_edits = _step(
+        "building the container edits",
+        lambda: edits.for_devices(inventory, names, env=dict(config.env), mounts=mounts),
+    )
+    marker = edits.visible_value(names)
+    chain = modifiers.for_edits(container_edits, marker)
+    _step(chain.name, lambda: chain.modify(spec.data))
+    _step("saving the spec", lambda: oci.save(spec, spec.data))
+    sources = "; ".join(source.description for source in request.sources) or "none"
+    return f"gave {', '.join(names) or 'no cards'} (requested by {sources})"
+
+
+def prepare(invocation: runtime.Invocation, config: RuntimeConfig) -> bool:
+    """Run :func:`edit_bundle` for a create/run call; on failure report it and return False."""
+    log = runtime_log.setup(config)
+    bundle = invocation.bundle or "."
+    container = invocation.container_id or "(no id)"
+    try:
+        outcome = edit_bundle(bundle, config, log)
+    except StepError as exc:
+        message = (
+            f"{invocation.command} {container} aborted while {exc} "
+            f"(runc was not run; {oci.spec_path(bundle)} is unchanged)"
+        )
+        log.error("%s", message)
+        runtime.report_error(invocation, message)
+        return False
+    log.info("%s %s (bundle %s): %s", invocation.command, container, bundle, outcome)
+    return True

@@ -1,0 +1,200 @@
+"""Which GCUs a container asks for: env var, volume mounts and CDI annotations in its spec.
+
+Grammar of ``ENFLAME_VISIBLE_DEVICES`` (SPEC §4, whitespace around items ignored, keywords in
+any case): unset, empty or ``void`` = leave the container alone; ``none`` = no cards (the
+configured driver mounts and env are still added); ``all`` = every usable card; otherwise a
+comma list of card minors (``0,1``), device names (``gcu3``, ``vgcu5``) or PCI bus ids
+(``0000:11:00.0`` or ``11:00.0``). The value ``/var/run/enflame-container-devices`` means "the
+list is in the volume mounts" (the device plugin's ``volume-mounts`` strategy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from enflame_gcu import devices, edits
+from enflame_gcu.errors import InvalidRequestError
+
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
+_CDI_KINDS = {f"{edits.CDI_VENDOR}/gcu": "gcu", f"{edits.CDI_VENDOR}/vgcu": "vgcu"}
+_HEX = frozenset("0123456789abcdef")
+SYNTAX_HELP = (
+    "use void, none, all, or a comma list of card minors (0,1), device names (gcu0, vgcu3) "
+    "or PCI bus ids (0000:11:00.0)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One place in the spec that names devices, e.g. the env var or one volume mount."""
+
+    description: str
+    tokens: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRequest:
+    """Everything a spec asks for; ``wants_edits`` is False when the container is left alone."""
+
+    sources: tuple[Source, ...] = ()
+    none_requested: bool = False
+    ignored: tuple[str, ...] = ()
+
+    @property
+    def wants_edits(self) -> bool:
+        """True when some source names devices or says ``none``."""
+        return bool(self.sources) or self.none_requested
+
+
+def _is_bus_id(token: str) -> bool:
+    parts = token.split(":")
+    if len(parts) == 2:
+        parts = ["0000", *parts]
+    if len(parts) != 3 or "." not in parts[2]:
+        return False
+    bus_dev, function = parts[2].split(".", 1)
+    fields = (parts[0], 4), (parts[1], 2), (bus_dev, 2)
+    return (
+        all(len(text) == size and set(text) <= _HEX for text, size in fields) and function.isdigit()
+    )
+
+
+def normalise_token(token: str, where: str) -> str:
+    """Check one list item; return it canonical (``all``, ``gcuN``, ``vgcuN``, bus id)."""
+    item = token.strip().lower()
+    if item == "all":
+        return "all"
+    if item.isdigit():
+        return f"gcu{int(item)}"
+    for prefix in ("vgcu", "gcu"):
+        if item.startswith(prefix) and item[len(prefix) :].isdigit():
+            return f"{prefix}{int(item[len(prefix) :])}"
+    if _is_bus_id(item):
+        return item if item.count(":") == 2 else f"0000:{item}"
+    raise InvalidRequestError(f"{where}: {token.strip()!r} is not a device id; {SYNTAX_HELP}")
+
+
+def parse_visible_devices(value: str, where: str) -> tuple[str, tuple[str, ...]]:
+    """Classify an env value: ("void"|"none"|"mounts"|"list", canonical tokens)."""
+    text = value.strip()
+    keyword = text.lower()
+    if keyword in ("", "void"):
+        return "void", ()
+    if keyword == "none":
+        return "none", ()
+    if text.rstrip("/") == edits.VOLUME_MOUNT_DIR:
+        return "mounts", ()
+    items = [item for item in text.split(",") if item.strip()]
+    tokens = tuple(normalise_token(item, where) for item in items)
+    if "all" in tokens and len(tokens) > 1:
+        raise InvalidRequestError(f"{where}: 'all' cannot be combined with other ids")
+    return "list", tokens
+
+
+def _env_value(env: Sequence[str]) -> str | None:
+    # The last definition wins, as with engines that append overrides to the image's env.
+    found = None
+    for item in env:
+        key, sep, value = item.partition("=")
+        if sep and key == edits.VISIBLE_DEVICES_ENV:
+            found = value
+    return found
+
+
+def is_privileged(spec: Mapping[str, Any]) -> bool:
+    """True when the container keeps CAP_SYS_ADMIN in its bounding set."""
+    caps = spec.get("process", {}).get("capabilities", {}) or {}
+    return CAP_SYS_ADMIN in (caps.get("bounding") or [])
+
+
+def from_spec(spec: Mapping[str, Any], accept_envvar_when_unprivileged: bool) -> DeviceRequest:
+    """Read every device request out of an OCI spec (raises InvalidRequestError on bad syntax)."""
+    sources: list[Source] = []
+    ignored: list[str] = []
+    none_requested = False
+    value = _env_value(spec.get("process", {}).get("env", []))
+    if value is not None:
+        where = f"{edits.VISIBLE_DEVICES_ENV}={value!r}"
+        kind, tokens = parse_visible_devices(value, where)
+        env_counts = accept_envvar_when_unprivileged or is_privileged(spec)
+        if kind in ("none", "list") and not env_counts:
+            ignored.append(
+                f"{where} (accept-envvar-when-unprivileged is false and the container lacks "
+                f"{CAP_SYS_ADMIN})"
+            )
+        elif kind == "none":
+            none_requested = True
+        elif kind == "list":
+            sources.append(Source(where, tokens))
+    for mount in spec.get("mounts", []):
+        destination = str(mount.get("destination", "")).rstrip("/")
+        if destination.startswith(edits.VOLUME_MOUNT_DIR + "/"):
+            name = destination[len(edits.VOLUME_MOUNT_DIR) + 1 :]
+            where = f"volume mount {destination}"
+            sources.append(Source(where, (normalise_token(name, where),)))
+    for key, text in sorted(spec.get("annotations", {}).items()):
+        if key.startswith(CDI_ANNOTATION_PREFIX):
+            tokens = _cdi_tokens(str(text), f"annotation {key}")
+            if tokens:
+                sources.append(Source(f"annotation {key}={text!r}", tokens))
+    return DeviceRequest(tuple(sources), none_requested, tuple(ignored))
+
+
+def _cdi_tokens(text: str, where: str) -> tuple[str, ...]:
+    tokens = []
+    for name in (item.strip() for item in text.split(",")):
+        kind, sep, device = name.partition("=")
+        prefix = _CDI_KINDS.get(kind)
+        if not sep or prefix is None:
+            continue  # another vendor's device: not ours to inject
+        if device == "all" and prefix == "gcu":
+            tokens.append("all")
+        elif device.isdigit():
+            tokens.append(f"{prefix}{int(device)}")
+        else:
+            raise InvalidRequestError(
+                f"{where}: {name!r} names no {kind} device; devices are named by minor "
+                f"({kind}=0) or 'all'"
+            )
+    return tuple(tokens)
+
+
+def describe_devices(inventory: devices.Inventory) -> str:
+    """``0 (0000:11:00.0), 1 (...)`` plus vGCUs: what the node has, for error messages."""
+    cards = [
+        f"{card.minor} ({card.bdf}{'' if card.usable else ', unusable'})"
+        for card in inventory.cards
+    ]
+    vgcus = [vgcu.name for vgcu in inventory.vgcus]
+    text = ", ".join(cards) if cards else "none"
+    return f"{text}; vGCUs: {', '.join(vgcus)}" if vgcus else text
+
+
+def resolve(request: DeviceRequest, inventory: devices.Inventory) -> list[str]:
+    """Device names (``gcuN``/``vgcuN``) for a request, in request order, without duplicates."""
+    by_bus = {card.bdf: card.name for card in inventory.cards}
+    known = {card.name for card in inventory.cards} | {v.name for v in inventory.vgcus}
+    names: list[str] = []
+    for source in request.sources:
+        for token in source.tokens:
+            if token == "all":  # noqa: S105 - a keyword of the grammar, not a secret
+                usable = [card.name for card in inventory.usable_cards()]
+                if not usable:
+                    raise InvalidRequestError(
+                        f"{source.description} asks for all cards but none is usable under "
+                        f"{inventory.root}: {'; '.join(inventory.problems) or 'no GCU found'}"
+                    )
+                names.extend(usable)
+                continue
+            name = by_bus.get(token, token)
+            if name not in known:
+                shown = token[3:] if token.startswith("gcu") else token
+                raise InvalidRequestError(
+                    f"{source.description} asks for {shown!r}, which is not on this node; "
+                    f"cards on this node: {describe_devices(inventory)}"
+                )
+            names.append(name)
+    return list(dict.fromkeys(names))

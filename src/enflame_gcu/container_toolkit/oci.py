@@ -1,0 +1,91 @@
+"""Load, check and atomically save an OCI bundle's ``config.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from enflame_gcu import fileio
+from enflame_gcu.errors import SpecError
+
+CONFIG_NAME = "config.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """A bundle's spec as read: its path, the exact bytes, and the decoded object to edit."""
+
+    path: str
+    raw: bytes
+    data: dict[str, Any]
+
+
+def spec_path(bundle: str) -> str:
+    """Path of the spec inside a bundle directory."""
+    return os.path.join(bundle, CONFIG_NAME)
+
+
+def load(bundle: str) -> Spec:
+    """Read and decode ``<bundle>/config.json`` and check the parts the runtime edits."""
+    path = spec_path(bundle)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path} is not valid JSON: {exc}") from exc
+    check_shape(data, path)
+    return Spec(path, raw, data)
+
+
+def check_shape(data: Any, where: str) -> None:
+    """Raise SpecError when a part the runtime reads or edits has the wrong JSON type."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: the spec must be a JSON object, got {type(data).__name__}")
+    expect = {
+        "process": dict,
+        "linux": dict,
+        "mounts": list,
+        "annotations": dict,
+    }
+    for key, kind in expect.items():
+        if key in data and not isinstance(data[key], kind):
+            raise SpecError(f"{where}: {key!r} must be a JSON {_json_name(kind)}")
+    process = data.get("process", {})
+    env = process.get("env", [])
+    if not isinstance(env, list) or not all(isinstance(item, str) for item in env):
+        raise SpecError(f"{where}: 'process.env' must be a list of strings")
+    linux = data.get("linux", {})
+    if "devices" in linux and not isinstance(linux["devices"], list):
+        raise SpecError(f"{where}: 'linux.devices' must be a JSON array")
+    resources = linux.get("resources", {})
+    if not isinstance(resources, dict) or not isinstance(resources.get("devices", []), list):
+        raise SpecError(f"{where}: 'linux.resources.devices' must be a JSON array")
+    for mount in data.get("mounts", []):
+        if not isinstance(mount, dict):
+            raise SpecError(f"{where}: every entry of 'mounts' must be a JSON object")
+    for key, value in data.get("annotations", {}).items():
+        if not isinstance(value, str):
+            raise SpecError(f"{where}: annotation {key!r} must be a string")
+
+
+def _json_name(kind: type) -> str:
+    return "object" if kind is dict else "array"
+
+
+def dumps(data: dict[str, Any]) -> bytes:
+    """Serialise a spec the way engines do (compact JSON, UTF-8 kept as is)."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def save(spec: Spec, data: dict[str, Any]) -> None:
+    """Replace the spec file atomically (temp file + fsync + rename), keeping its mode."""
+    try:
+        fileio.atomic_write(spec.path, dumps(data))
+    except OSError as exc:
+        raise SpecError(f"cannot write {spec.path}: {exc.strerror or exc}") from exc

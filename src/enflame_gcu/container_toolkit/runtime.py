@@ -1,0 +1,211 @@
+"""``enflame-container-runtime``: an OCI runtime wrapper that edits the spec on create, then runc.
+
+Every call other than ``create``/``run`` execs the low-level runtime at once with the same
+arguments; that path imports only the standard library (and the stdlib-only config reader),
+because engines call the runtime for every ``state``, ``start``, ``kill``, ``delete`` and
+``exec`` probe. The spec-editing machinery is imported lazily, after the decision.
+Nothing is ever written to stdout: CRI-O parses runc's stdout.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from enflame_gcu.container_toolkit import runtime_config
+from enflame_gcu.errors import EnflameError
+
+PROG = "enflame-container-runtime"
+EDITING_COMMANDS = frozenset({"create", "run"})
+# runc's and crun's global flags that take a value; every other global flag is a switch.
+_GLOBAL_VALUE_FLAGS = frozenset(
+    {"root", "log", "log-format", "criu", "rootless", "log-level", "cgroup-manager"}
+)
+# Flags of runc create/run that take a value (so their value is not mistaken for the id).
+_CREATE_VALUE_FLAGS = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds"})
+
+
+class Invocation:
+    """What runc is being asked to do, parsed from the argument vector."""
+
+    __slots__ = ("argv", "bundle", "command", "container_id", "help", "log_file", "log_format")
+
+    def __init__(
+        self,
+        argv: list[str],
+        command: str | None,
+        *,
+        bundle: str | None = None,
+        container_id: str | None = None,
+        log_file: str | None = None,
+        log_format: str = "text",
+        help: bool = False,
+    ) -> None:
+        self.argv = argv
+        self.command = command
+        self.bundle = bundle
+        self.container_id = container_id
+        self.log_file = log_file
+        self.log_format = log_format
+        self.help = help
+
+    @property
+    def edits_spec(self) -> bool:
+        """True for ``create``/``run`` (not their ``--help``): the calls that get GCUs."""
+        return self.command in EDITING_COMMANDS and not self.help
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"Invocation({fields})"
+
+
+def _flag(arg: str) -> tuple[str, str | None]:
+    """``--name=value`` / ``-name`` -> (name, value or None); runc takes one or two dashes."""
+    name, sep, value = arg.lstrip("-").partition("=")
+    return name, (value if sep else None)
+
+
+def parse_argv(argv: list[str]) -> Invocation:
+    """Find runc's global flags, the subcommand, and for create/run the bundle and container id."""
+    log_file: str | None = None
+    log_format = "text"
+    index = 1
+    command: str | None = None
+    wants_help = False
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--":
+            index += 1
+            command = argv[index] if index < len(argv) else None
+            break
+        if not arg.startswith("-") or arg == "-":
+            command = arg
+            break
+        name, value = _flag(arg)
+        if name in _GLOBAL_VALUE_FLAGS and value is None:
+            value = argv[index + 1] if index + 1 < len(argv) else ""
+            index += 1
+        if name == "log":
+            log_file = value
+        elif name == "log-format":
+            log_format = value or "text"
+        elif name in ("help", "h", "version", "v"):
+            wants_help = True
+        index += 1
+    invocation = Invocation(argv, command, log_file=log_file, log_format=log_format)
+    invocation.help = wants_help
+    if command in EDITING_COMMANDS:
+        _parse_create(argv[index + 1 :], invocation)
+    return invocation
+
+
+def _parse_create(args: list[str], invocation: Invocation) -> None:
+    bundle = None
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            if index + 1 < len(args) and invocation.container_id is None:
+                invocation.container_id = args[index + 1]
+            break
+        if arg.startswith("-") and arg != "-":
+            name, value = _flag(arg)
+            if name in _CREATE_VALUE_FLAGS and value is None:
+                value = args[index + 1] if index + 1 < len(args) else None
+                index += 1
+            if name in ("bundle", "b"):
+                bundle = value
+            elif name in ("help", "h"):
+                invocation.help = True
+        elif invocation.container_id is None:
+            invocation.container_id = arg
+        index += 1
+    # No bundle flag means the current directory, as runc does.
+    invocation.bundle = os.path.abspath(bundle or ".")
+
+
+def _is_executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def find_low_level_runtime(names: tuple[str, ...], self_path: str) -> str:
+    """First configured runtime found (absolute path, or searched on PATH) that is not us."""
+    me = os.path.realpath(self_path)
+    tried = []
+    search = os.environ.get("PATH") or os.defpath
+    for name in names:
+        if os.sep in name:
+            candidates = [name] if os.path.isabs(name) else []
+        else:
+            candidates = [os.path.join(d or ".", name) for d in search.split(os.pathsep)]
+        for candidate in candidates:
+            if _is_executable(candidate):
+                if os.path.realpath(candidate) == me:
+                    tried.append(f"{candidate} (is this wrapper itself)")
+                    continue
+                return candidate
+        tried.append(name if os.sep in name else f"{name} (not on PATH)")
+    raise EnflameError(
+        f"no low-level runtime found: tried {', '.join(tried)}; set 'runtimes' in the config "
+        f"({runtime_config.DEFAULT_PATH}) to runc's absolute path"
+    )
+
+
+def _self_path(argv: list[str]) -> str:
+    """The path this wrapper was started as (argv[0] resolved on PATH when it has no slash)."""
+    name = argv[0] if argv else PROG
+    if os.sep in name:
+        return name
+    for directory in (os.environ.get("PATH") or os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if _is_executable(candidate):
+            return candidate
+    return name
+
+
+def report_error(invocation: Invocation | None, message: str) -> None:
+    """Tell the engine: one line on stderr and, when runc was given ``--log``, in its format."""
+    sys.stderr.write(f"{PROG}: {message}\n")
+    sys.stderr.flush()
+    if invocation is None or not invocation.log_file:
+        return
+    import json  # only on the error path
+    import time
+
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e9):09d}Z"
+    if invocation.log_format == "json":
+        line = json.dumps({"level": "error", "msg": f"{PROG}: {message}", "time": stamp})
+    else:
+        line = f"time={json.dumps(stamp)} level=error msg={json.dumps(f'{PROG}: {message}')}"
+    try:
+        with open(invocation.log_file, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+    except OSError as exc:
+        sys.stderr.write(f"{PROG}: cannot append to --log file {invocation.log_file}: {exc}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: parse, edit the spec for create/run, then exec the low-level runtime."""
+    argv = list(sys.argv if argv is None else argv)
+    invocation = parse_argv(argv)
+    try:
+        config = runtime_config.load()
+        runtime = find_low_level_runtime(config.runtimes, _self_path(argv))
+    except EnflameError as exc:
+        report_error(invocation, str(exc))
+        return 1
+    if invocation.edits_spec:
+        from enflame_gcu.container_toolkit import create
+
+        if not create.prepare(invocation, config):
+            return 1
+    try:
+        os.execv(runtime, [runtime, *argv[1:]])  # noqa: S606 - exec runc as given, no shell
+    except OSError as exc:
+        report_error(invocation, f"cannot run the low-level runtime {runtime}: {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""The runtime's config file: a flat TOML subset read with a tiny stdlib-only parser.
+
+Why not ``tomllib``: the runtime runs in front of *every* runc call, and importing ``tomllib``
+costs about 20 ms (it pulls in ``re``, ``typing`` and ``datetime``), more than the whole
+pass-through budget. The file only needs top-level ``key = value`` lines whose values are
+strings, booleans, integers or arrays of those, so this module parses exactly that subset the
+same way on every Python version, and rejects anything else (tables, dates, inline tables) with
+the line number. ``dataclasses`` is avoided for the same reason (~15 ms to import).
+"""
+
+from __future__ import annotations
+
+import os
+
+from enflame_gcu.errors import ConfigError
+
+DEFAULT_PATH = "/etc/enflame-container-runtime/config.toml"
+PATH_ENV = "ENFLAME_CONTAINER_RUNTIME_CONFIG"
+DEFAULT_LOG_FILE = "/var/log/enflame/enflame-container-runtime.log"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class RuntimeConfig:
+    """Effective runtime settings (immutable by convention; see the module docstring)."""
+
+    __slots__ = (
+        "accept_envvar_when_unprivileged",
+        "cdi_spec_dirs",
+        "env",
+        "log_file",
+        "log_level",
+        "mounts",
+        "path",
+        "root",
+        "runtimes",
+    )
+
+    def __init__(
+        self,
+        *,
+        path: str | None = None,
+        runtimes: tuple[str, ...] = ("runc", "crun"),
+        root: str = "/",
+        accept_envvar_when_unprivileged: bool = True,
+        log_file: str = DEFAULT_LOG_FILE,
+        log_level: str = "info",
+        mounts: tuple[tuple[str, str], ...] = (),
+        env: tuple[tuple[str, str], ...] = (),
+        cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi"),
+    ) -> None:
+        self.path = path
+        self.runtimes = runtimes
+        self.root = root
+        self.accept_envvar_when_unprivileged = accept_envvar_when_unprivileged
+        self.log_file = log_file
+        self.log_level = log_level
+        self.mounts = mounts
+        self.env = env
+        self.cdi_spec_dirs = cdi_spec_dirs
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in sorted(self.__slots__))
+        return f"RuntimeConfig({fields})"
+
+
+def config_path() -> tuple[str, bool]:
+    """The config file to read and whether it was named explicitly (by the env var)."""
+    explicit = os.environ.get(PATH_ENV)
+    return (explicit, True) if explicit else (DEFAULT_PATH, False)
+
+
+def load(path: str | None = None) -> RuntimeConfig:
+    """Read the config; a missing default file means defaults, a missing named file is an error."""
+    explicit = path is not None
+    if path is None:
+        path, explicit = config_path()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError(f"config file {path} does not exist") from None
+        return RuntimeConfig()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    return from_values(parse(text, path), path)
+
+
+def from_values(values: dict[str, object], path: str | None = None) -> RuntimeConfig:
+    """Check parsed keys and build the config; unknown keys and wrong types are errors."""
+    where = path or "config"
+    known = {
+        "runtimes",
+        "root",
+        "accept-envvar-when-unprivileged",
+        "log-file",
+        "log-level",
+        "mounts",
+        "env",
+        "cdi-spec-dirs",
+    }
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(known))}"
+        )
+    runtimes = _strings(values, "runtimes", where, ["runc", "crun"], allow_single=True)
+    if not runtimes:
+        raise ConfigError(f"{where}: runtimes must name at least one low-level runtime")
+    root = _string(values, "root", where, "/")
+    if not root.startswith("/"):
+        raise ConfigError(f"{where}: root must be an absolute path, got {root!r}")
+    accept = values.get("accept-envvar-when-unprivileged", True)
+    if not isinstance(accept, bool):
+        raise ConfigError(f"{where}: accept-envvar-when-unprivileged must be true or false")
+    level = _string(values, "log-level", where, "info").lower()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"{where}: log-level must be one of {', '.join(LOG_LEVELS)}")
+    mounts = []
+    for item in _strings(values, "mounts", where, []):
+        host, _, container = item.partition(":")
+        container = container or host
+        if not host.startswith("/") or not container.startswith("/"):
+            raise ConfigError(
+                f"{where}: mounts entry {item!r} must be HOST_PATH or HOST_PATH:CONTAINER_PATH "
+                "with absolute paths"
+            )
+        mounts.append((host, container))
+    env = []
+    for item in _strings(values, "env", where, []):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{where}: env entry {item!r} must be KEY=VALUE")
+        env.append((key, value))
+    return RuntimeConfig(
+        path=path,
+        runtimes=tuple(runtimes),
+        root=root,
+        accept_envvar_when_unprivileged=accept,
+        log_file=_string(values, "log-file", where, DEFAULT_LOG_FILE),
+        log_level=level,
+        mounts=tuple(mounts),
+        env=tuple(env),
+        cdi_spec_dirs=tuple(_strings(values, "cdi-spec-dirs", where, ["/etc/cdi", "/var/run/cdi"])),
+    )
+
+
+def _string(values: dict[str, object], key: str, where: str, default: str) -> str:
+    value = values.get(key, default)
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: {key} must be a string, got {value!r}")
+    return value
+
+
+def _strings(
+    values: dict[str, object], key: str, where: str, default: list[str], allow_single: bool = False
+) -> list[str]:
+    value = values.get(key, default)
+    if allow_single and isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f"{where}: {key} must be an array of strings, got {value!r}")
+    return list(value)
+
+
+# --- the flat TOML subset -------------------------------------------------------------------
+
+_BARE_KEY = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
+
+
+class _Scanner:
+    """Character cursor over the whole file that knows the current line for messages."""
+
+    def __init__(self, text: str, where: str) -> None:
+        self.text = text
+        self.pos = 0
+        self.where = where
+
+    def error(self, message: str) -> ConfigError:
+        line = self.text.count("\n", 0, self.pos) + 1
+        return ConfigError(f"{self.where} line {line}: {message}")
+
+    def peek(self) -> str:
+        return self.text[self.pos] if self.pos < len(self.text) else ""
+
+    def skip_blank(self, newlines: bool) -> None:
+        """Skip spaces, tabs and comments (and newlines when inside an array)."""
+        while self.pos < len(self.text):
+            char = self.text[self.pos]
+            if char in " \t" or (newlines and char in "\r\n"):
+                self.pos += 1
+            elif char == "#":
+                end = self.text.find("\n", self.pos)
+                self.pos = len(self.text) if end < 0 else end
+            else:
+                return
+
+
+def parse(text: str, where: str = "config") -> dict[str, object]:
+    """Parse the flat TOML subset described in the module docstring."""
+    scan = _Scanner(text, where)
+    values: dict[str, object] = {}
+    while True:
+        scan.skip_blank(newlines=True)
+        if scan.pos >= len(text):
+            return values
+        if scan.peek() == "[":
+            raise scan.error("tables are not supported here; use top-level keys only")
+        key = _key(scan)
+        scan.skip_blank(newlines=False)
+        if scan.peek() != "=":
+            raise scan.error(f"expected '=' after key {key!r}")
+        scan.pos += 1
+        scan.skip_blank(newlines=False)
+        if key in values:
+            raise scan.error(f"key {key!r} is defined twice")
+        values[key] = _value(scan, in_array=False)
+        scan.skip_blank(newlines=False)
+        if scan.peek() not in ("", "\n", "\r"):
+            raise scan.error(f"unexpected text after the value of {key!r}")
+
+
+def _key(scan: _Scanner) -> str:
+    if scan.peek() in ('"', "'"):
+        return _string_literal(scan)
+    start = scan.pos
+    while scan.peek() and scan.peek() in _BARE_KEY:
+        scan.pos += 1
+    if scan.pos == start:
+        raise scan.error(f"expected a key, found {scan.peek()!r}")
+    if scan.peek() == ".":
+        raise scan.error("dotted keys are not supported here; use top-level keys only")
+    return scan.text[start : scan.pos]
+
+
+def _value(scan: _Scanner, in_array: bool) -> object:
+    char = scan.peek()
+    if char in ('"', "'"):
+        return _string_literal(scan)
+    if char == "[":
+        return _array(scan)
+    start = scan.pos
+    while scan.peek() and scan.peek() not in " \t\r\n#,]":
+        scan.pos += 1
+    word = scan.text[start : scan.pos]
+    if word in ("true", "false"):
+        return word == "true"
+    digits = word[1:] if word[:1] in "+-" else word
+    if digits.replace("_", "").isdigit() and not digits.startswith("_"):
+        return int(word.replace("_", ""))
+    what = "an array element" if in_array else "a value"
+    raise scan.error(f"expected {what} (string, true/false, integer or array), found {word!r}")
+
+
+def _array(scan: _Scanner) -> list[object]:
+    scan.pos += 1  # the opening bracket
+    items: list[object] = []
+    while True:
+        scan.skip_blank(newlines=True)
+        if scan.peek() == "]":
+            scan.pos += 1
+            return items
+        if not scan.peek():
+            raise scan.error("array is not closed with ']'")
+        items.append(_value(scan, in_array=True))
+        scan.skip_blank(newlines=True)
+        if scan.peek() == ",":
+            scan.pos += 1
+        elif scan.peek() != "]":
+            raise scan.error("expected ',' or ']' in array")
+
+
+def _string_literal(scan: _Scanner) -> str:
+    quote = scan.peek()
+    if scan.text.startswith(quote * 3, scan.pos):
+        raise scan.error("multi-line strings are not supported here")
+    scan.pos += 1
+    out: list[str] = []
+    while True:
+        char = scan.peek()
+        if char in ("", "\n", "\r"):
+            raise scan.error("string is not closed on its line")
+        scan.pos += 1
+        if char == quote:
+            return "".join(out)
+        if char == "\\" and quote == '"':
+            code = scan.peek()
+            scan.pos += 1
+            if code in _ESCAPES:
+                out.append(_ESCAPES[code])
+            elif code in ("u", "U"):
+                width = 4 if code == "u" else 8
+                digits = scan.text[scan.pos : scan.pos + width]
+                try:
+                    out.append(chr(int(digits, 16)))
+                except ValueError:
+                    raise scan.error(f"bad unicode escape \\{code}{digits}") from None
+                scan.pos += width
+            else:
+                raise scan.error(f"unknown escape \\{code}")
+        else:
+            out.append(char)
