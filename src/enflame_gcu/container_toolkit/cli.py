@@ -15,6 +15,8 @@ from enflame_gcu.errors import EnflameError
 COMMAND_MODULES = (
     "info",
     "sim",
+    "cdi",
+    "system",
 )
 
 

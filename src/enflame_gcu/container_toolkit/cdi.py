@@ -1,0 +1,171 @@
+"""CDI specs for ``enflame.com/gcu`` (and ``enflame.com/vgcu``): generate, list and validate.
+
+Devices are named by minor (``enflame.com/gcu=0``) plus ``all``; ``/dev/gcuctl`` and the
+configured driver mounts/env go into the spec-wide ``containerEdits``. The per-device edits come
+from :func:`edits.for_devices`, the same model Allocate and the runtime use, so all three inject
+the same nodes. One deliberate difference: no per-device ``ENFLAME_VISIBLE_DEVICES``, because
+CDI merges env by "last device wins", which would hide all but one card of a multi-card request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from enflame_gcu import devices, edits, fileio
+from enflame_gcu.errors import SpecError
+
+DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+DEFAULT_OUTPUT_DIR = "/var/run/cdi"
+# The cdiVersion each field first appeared in (CDI spec version history).
+KNOWN_VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
+BASE_VERSION = "0.3.0"
+
+
+@dataclass(frozen=True, slots=True)
+class NamedSpec:
+    """A CDI spec and the file name it is written under."""
+
+    file_name: str
+    spec: dict[str, Any]
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """Sortable form of a version string: ``0.5.0`` -> ``(0, 5, 0)``."""
+    return tuple(int(part) for part in version.split("."))
+
+
+def _device_entry(inventory: devices.Inventory, name: str, names: Sequence[str]) -> dict[str, Any]:
+    full = edits.for_devices(inventory, names, visible_env=False)
+    own = edits.ContainerEdits(
+        device_nodes=tuple(n for n in full.device_nodes if n.path != devices.CONTROL_NODE)
+    )
+    return {"name": name, "containerEdits": own.to_cdi()}
+
+
+def build_specs(
+    inventory: devices.Inventory,
+    mounts: Iterable[edits.MountEdit] = (),
+    env: Iterable[tuple[str, str]] = (),
+) -> list[NamedSpec]:
+    """One spec per device kind present: cards (``gcu``) always when usable, vGCUs when any."""
+    if not inventory.control.usable:
+        raise SpecError(
+            f"{devices.CONTROL_NODE} is missing under {inventory.root}; "
+            "no CDI device can work without it"
+        )
+    common = edits.ContainerEdits(
+        device_nodes=(edits.node_edit(inventory.root, inventory.control),),
+        mounts=tuple(mounts),
+        env=tuple(env),
+    ).to_cdi()
+    cards = [card.name for card in inventory.usable_cards()]
+    vgcus = [vgcu.name for vgcu in inventory.vgcus if vgcu.usable]
+    if not cards and not vgcus:
+        problems = "; ".join(inventory.problems) or "no GCU found"
+        raise SpecError(f"no usable GCU under {inventory.root}: {problems}")
+    specs = []
+    for kind, names in (("gcu", cards), ("vgcu", vgcus)):
+        if not names:
+            continue
+        entries = [_device_entry(inventory, name[len(kind) :], [name]) for name in names]
+        if kind == "gcu":
+            entries.append(_device_entry(inventory, "all", names))
+        spec: dict[str, Any] = {
+            "cdiVersion": BASE_VERSION,
+            "kind": f"{edits.CDI_VENDOR}/{kind}",
+            "devices": entries,
+            "containerEdits": common,
+        }
+        spec["cdiVersion"] = required_version(spec)
+        specs.append(NamedSpec(f"{edits.CDI_VENDOR}-{kind}", spec))
+    return specs
+
+
+def required_version(spec: dict[str, Any]) -> str:
+    """The lowest cdiVersion that covers every field the spec uses (older podman ignores newer)."""
+    needed = BASE_VERSION
+    all_edits = [spec.get("containerEdits") or {}] + [
+        device.get("containerEdits") or {} for device in spec.get("devices") or []
+    ]
+
+    def need(version: str) -> None:
+        nonlocal needed
+        if version_key(version) > version_key(needed):
+            needed = version
+
+    for container_edits in all_edits:
+        if any("type" in mount for mount in container_edits.get("mounts") or []):
+            need("0.4.0")
+        if any("hostPath" in node for node in container_edits.get("deviceNodes") or []):
+            need("0.5.0")
+        if "intelRdt" in container_edits or "additionalGids" in container_edits:
+            need("0.7.0")
+    has_annotations = "annotations" in spec or any(
+        "annotations" in device for device in spec.get("devices") or []
+    )
+    if has_annotations or "." in str(spec.get("kind", "")).partition("/")[2]:
+        need("0.6.0")
+    return needed
+
+
+def render(spec: dict[str, Any], fmt: str) -> str:
+    """The spec as YAML or JSON text."""
+    if fmt == "json":
+        return json.dumps(spec, indent=2) + "\n"
+    return str(yaml.safe_dump(spec, sort_keys=False, default_flow_style=False))
+
+
+def write(specs: Sequence[NamedSpec], output_dir: str, fmt: str) -> list[str]:
+    """Write each spec atomically as ``<dir>/enflame.com-<kind>.<fmt>``; return the paths."""
+    os.makedirs(output_dir, exist_ok=True)
+    written = []
+    for named in specs:
+        path = os.path.join(output_dir, f"{named.file_name}.{fmt}")
+        fileio.atomic_write_text(path, render(named.spec, fmt), mode=0o644)
+        written.append(path)
+    return written
+
+
+def load_file(path: str) -> dict[str, Any]:
+    """Read a CDI spec file (``.json`` or ``.yaml``/``.yml``)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise SpecError(f"cannot read CDI spec {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a CDI spec must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def spec_files(directories: Iterable[str]) -> list[str]:
+    """CDI spec files in the given directories (missing directories are skipped)."""
+    found: list[str] = []
+    for directory in directories:
+        try:
+            names = sorted(os.listdir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        found.extend(
+            os.path.join(directory, name)
+            for name in names
+            if name.endswith((".json", ".yaml", ".yml"))
+        )
+    return found
+
+
+def list_devices(directories: Iterable[str]) -> list[tuple[str, str]]:
+    """Fully qualified device names and the file defining each, from every spec found."""
+    result = []
+    for path in spec_files(directories):
+        spec = load_file(path)
+        for device in spec.get("devices") or []:
+            result.append((f"{spec.get('kind')}={device.get('name')}", path))
+    return result

@@ -1,0 +1,85 @@
+"""``enflame-ctk cdi``: generate, list and validate CDI specs for the node's GCUs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from enflame_gcu import devices, edits
+from enflame_gcu.container_toolkit import cdi, cdi_validate, runtime_config
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``cdi`` subcommand group."""
+    parser = subparsers.add_parser("cdi", help="Container Device Interface specs for the GCUs")
+    actions = parser.add_subparsers(dest="cdi_action", metavar="ACTION", required=True)
+
+    generate = actions.add_parser("generate", help="write enflame.com/gcu CDI spec(s)")
+    generate.add_argument("--root", default=None, help="host root (default: the runtime config's)")
+    generate.add_argument(
+        "--output",
+        default=cdi.DEFAULT_OUTPUT_DIR,
+        help=f"directory to write into, or - for stdout (default: {cdi.DEFAULT_OUTPUT_DIR})",
+    )
+    generate.add_argument("--format", choices=["yaml", "json"], default="yaml")
+    generate.add_argument(
+        "--config", help="runtime config whose mounts/env to include (default: its usual path)"
+    )
+    generate.set_defaults(handler=_generate)
+
+    listing = actions.add_parser("list", help="list the CDI device names found in spec dirs")
+    listing.add_argument(
+        "--spec-dir",
+        action="append",
+        help=f"directory to search (repeatable; default: {', '.join(cdi.DEFAULT_SPEC_DIRS)})",
+    )
+    listing.set_defaults(handler=_list)
+
+    validate = actions.add_parser("validate", help="check a CDI spec file")
+    validate.add_argument("file")
+    validate.add_argument(
+        "--schema-dir", help="directory with the CDI JSON schema (schema.json + defs.json)"
+    )
+    validate.set_defaults(handler=_validate)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    config = runtime_config.load(args.config)
+    root = args.root or config.root
+    mounts = [edits.MountEdit(host, container) for host, container in config.mounts]
+    specs = cdi.build_specs(devices.discover(root), mounts, config.env)
+    if args.output == "-":
+        sys.stdout.write(
+            ("---\n" if args.format == "yaml" else "").join(
+                cdi.render(named.spec, args.format) for named in specs
+            )
+        )
+        return 0
+    for path in cdi.write(specs, args.output, args.format):
+        print(f"wrote {path}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    directories = args.spec_dir or list(runtime_config.load().cdi_spec_dirs)
+    found = cdi.list_devices(directories)
+    for name, path in found:
+        print(f"{name}\t{path}")
+    if not found:
+        print(f"no CDI devices found in {', '.join(directories)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    spec = cdi.load_file(args.file)
+    schema_dir = args.schema_dir or cdi_validate.default_schema_dir()
+    problems = cdi_validate.validate(spec, schema_dir)
+    for problem in problems:
+        print(f"{args.file}: {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    checked = "schema and semantic checks" if schema_dir else "semantic checks (no schema found)"
+    print(f"{args.file}: valid ({checked})")
+    return 0
