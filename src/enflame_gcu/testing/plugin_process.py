@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from enflame_gcu import simulate
+from enflame_gcu.testing import kubelet_stub
 
 
 def make_node(topology_name: str = "vendor-8card") -> tuple[str, str, str]:
@@ -101,3 +105,54 @@ class PluginProcess:
                 return handle.read()
         except FileNotFoundError:
             return ""
+
+
+@dataclass(slots=True)
+class RunningNode:
+    """A simulated node with a stub kubelet and a registered plugin process."""
+
+    work: str
+    root: str
+    plugin_dir: str
+    kubelet: kubelet_stub.KubeletStub
+    plugin: PluginProcess
+
+    @property
+    def socket_path(self) -> str:
+        """The plugin's socket."""
+        return os.path.join(self.plugin_dir, "enflame.sock")
+
+
+@contextlib.asynccontextmanager
+async def running_node(
+    topology_name: str = "vendor-8card",
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    *,
+    wait_registered: bool = True,
+    timeout: float = 15.0,
+) -> AsyncIterator[RunningNode]:
+    """Simulated node + stub kubelet + plugin process; everything is torn down on exit."""
+    work, root, plugins = make_node(topology_name)
+    try:
+        async with kubelet_stub.KubeletStub(plugins) as kubelet:
+            plugin = PluginProcess(plugins, root, args, env)
+            await plugin.start()
+            try:
+                if wait_registered:
+                    await kubelet.wait_for(
+                        lambda k: (
+                            bool(k.registrations)
+                            and any(p.lists_received for p in k.plugins.values())
+                        ),
+                        timeout,
+                        "the plugin to register and list its devices",
+                    )
+                yield RunningNode(work, root, plugins, kubelet, plugin)
+            except BaseException:
+                sys.stderr.write(f"--- plugin log ---\n{plugin.log_text()}\n")
+                raise
+            finally:
+                await plugin.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

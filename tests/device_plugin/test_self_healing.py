@@ -1,0 +1,235 @@
+"""Self-healing of the plugin process: kubelet restarts, lost sockets, signals, health, driver."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from enflame_gcu import simulate
+from enflame_gcu._proto import api_pb2
+from enflame_gcu.testing import plugin_process
+from enflame_gcu.testing.kubelet_stub import KubeletStub
+
+Scenario = Callable[[plugin_process.RunningNode], Awaitable[None]]
+# A long rescan interval: anything seen within seconds was seen through inotify.
+EVENTS_ONLY = ["--health-interval", "60"]
+
+
+def run_on_node(
+    scenario: Scenario, args: Any = (), env: Any = None, topology: str = "vendor-8card"
+) -> None:
+    """Run a scenario against a registered plugin process on a fresh simulated node."""
+
+    async def main() -> None:
+        async with plugin_process.running_node(topology, args, env) as node:
+            await scenario(node)
+
+    asyncio.run(main())
+
+
+def health_is(card: str, health: str) -> Callable[[KubeletStub], bool]:
+    """Predicate: the kubelet's latest list shows ``card`` with ``health``."""
+    return lambda k: k.devices().get(card) == health
+
+
+def registered(times: int) -> Callable[[KubeletStub], bool]:
+    """Predicate: registered ``times`` times and the newest stream has listed healthy cards."""
+
+    def check(k: KubeletStub) -> bool:
+        plugin = k.plugins.get("enflame.com/gcu")
+        return (
+            len(k.registrations) >= times
+            and plugin is not None
+            and plugin.lists_received > 0
+            and bool(k.allocatable())
+        )
+
+    return check
+
+
+def test_kubelet_restart_leads_to_reregistration_and_working_allocations() -> None:
+    async def scenario(node: plugin_process.RunningNode) -> None:
+        for restart in range(2):
+            await node.kubelet.restart()
+            await node.kubelet.wait_for(registered(restart + 2), 10, "re-registration")
+        assert os.path.exists(node.socket_path)
+        assert node.kubelet.devices() == {f"gcu{i}": "Healthy" for i in range(8)}
+        pod = await node.kubelet.allocate_pod("after-restart", {"main": 2})
+        assert pod["main"].device_ids == ("gcu0", "gcu1")
+        assert "kubelet restart" in node.plugin.log_text() or "deleted" in node.plugin.log_text()
+
+    run_on_node(scenario)
+
+
+def test_deleted_plugin_socket_is_served_again_and_reregistered() -> None:
+    async def scenario(node: plugin_process.RunningNode) -> None:
+        os.unlink(node.socket_path)
+        await node.kubelet.wait_for(registered(2), 10, "re-registration after socket deletion")
+        assert os.path.exists(node.socket_path)
+        assert "was deleted or replaced" in node.plugin.log_text()
+        pod = await node.kubelet.allocate_pod("p", {"main": 1})
+        assert pod["main"].device_ids == ("gcu0",)
+
+    run_on_node(scenario)
+
+
+def test_stale_socket_file_from_a_dead_instance_is_replaced() -> None:
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("flat-4card")
+        stale = socket.socket(socket.AF_UNIX)
+        stale.bind(os.path.join(plugins, "enflame.sock"))
+        stale.close()  # the file stays behind, as after a crash: bind would fail with EADDRINUSE
+        plugin = plugin_process.PluginProcess(plugins, root)
+        try:
+            async with KubeletStub(plugins) as kubelet:
+                await plugin.start()
+                await kubelet.wait_for(lambda k: k.capacity() == 4, 10, "registration")
+            assert "removing stale socket" in plugin.log_text()
+        finally:
+            assert await plugin.stop() == 0
+            shutil.rmtree(work)
+
+    asyncio.run(main())
+
+
+def test_sighup_restarts_with_a_fresh_discovery() -> None:
+    async def scenario(node: plugin_process.RunningNode) -> None:
+        simulate.unplug(node.root, 7)
+        await node.kubelet.wait_for(health_is("gcu7", "Unhealthy"), 5, "gcu7 unhealthy")
+        node.plugin.send(signal.SIGHUP)
+        await node.kubelet.wait_for(registered(2), 10, "re-registration after SIGHUP")
+        await node.kubelet.wait_for(lambda k: k.capacity() == 7, 5, "7 cards after rediscovery")
+        assert "gcu7" not in node.kubelet.devices()
+        assert "SIGHUP" in node.plugin.log_text()
+
+    run_on_node(scenario)
+
+
+def test_sigterm_ends_the_stream_removes_the_socket_and_exits_0_within_2s() -> None:
+    async def scenario(node: plugin_process.RunningNode) -> None:
+        plugin = node.kubelet.plugins["enflame.com/gcu"]
+        assert plugin.stream_open
+        started = time.monotonic()
+        node.plugin.send(signal.SIGTERM)
+        assert await node.plugin.wait(2.0) == 0
+        assert time.monotonic() - started < 2.0
+        assert not os.path.exists(node.socket_path)
+        await node.kubelet.wait_for(lambda k: not plugin.stream_open, 2, "stream end")
+        assert set(node.kubelet.devices().values()) == {"Unhealthy"}
+
+    run_on_node(scenario)
+
+
+def test_sigint_stops_cleanly_too() -> None:
+    async def scenario(node: plugin_process.RunningNode) -> None:
+        node.plugin.send(signal.SIGINT)
+        assert await node.plugin.wait(2.0) == 0
+        assert not os.path.exists(node.socket_path)
+
+    run_on_node(scenario)
+
+
+def test_unplugged_card_turns_unhealthy_at_once_and_healthy_after_replug() -> None:
+    async def scenario(node: plugin_process.RunningNode) -> None:
+        kubelet = node.kubelet
+        simulate.unplug(node.root, 3)
+        await kubelet.wait_for(health_is("gcu3", "Unhealthy"), 3, "gcu3 unhealthy")
+        assert kubelet.capacity() == 8 and len(kubelet.allocatable()) == 7
+        request = api_pb2.AllocateRequest()
+        request.container_requests.add(devices_ids=["gcu3"])
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await kubelet.plugins["enflame.com/gcu"].stub.Allocate(request, timeout=5)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "unhealthy device(s) gcu3" in (caught.value.details() or "")
+        simulate.replug(node.root, 3)
+        await kubelet.wait_for(health_is("gcu3", "Healthy"), 3, "gcu3 healthy again")
+        pod = await kubelet.allocate_pod("p", {"main": 4})
+        assert pod["main"].device_ids == ("gcu0", "gcu1", "gcu2", "gcu3")
+
+    run_on_node(scenario, EVENTS_ONLY)
+
+
+def test_driver_unload_makes_every_card_unhealthy_and_reload_heals_them() -> None:
+    async def scenario(node: plugin_process.RunningNode) -> None:
+        simulate.unload_driver(node.root)
+        await node.kubelet.wait_for(
+            lambda k: set(k.devices().values()) == {"Unhealthy"}, 3, "all unhealthy"
+        )
+        assert node.kubelet.capacity() == 8
+        simulate.load_driver(node.root)
+        await node.kubelet.wait_for(
+            lambda k: len(k.allocatable()) == 8, 3, "all healthy after reload"
+        )
+
+    run_on_node(scenario, EVENTS_ONLY)
+
+
+def test_driver_version_change_rediscovers_and_sends_the_new_list() -> None:
+    async def scenario(node: plugin_process.RunningNode) -> None:
+        simulate.unplug(node.root, 6)
+        await node.kubelet.wait_for(health_is("gcu6", "Unhealthy"), 3, "gcu6 unhealthy")
+        assert node.kubelet.capacity() == 8
+        simulate.set_driver_version(node.root, "1.1.20240101")
+        # Rediscovery under the new driver no longer lists the card that is gone.
+        await node.kubelet.wait_for(lambda k: k.capacity() == 7, 3, "7 cards after upgrade")
+        assert len(node.kubelet.registrations) == 1  # same registration, new list
+        log = node.plugin.log_text()
+        assert "driver version changed: 1.0.20230110 -> 1.1.20240101" in log
+
+    run_on_node(scenario, EVENTS_ONLY)
+
+
+def test_driver_loaded_after_start_is_discovered_without_restart() -> None:
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("flat-4card")
+        simulate.unload_driver(root)
+        plugin = plugin_process.PluginProcess(plugins, root, EVENTS_ONLY)
+        try:
+            async with KubeletStub(plugins) as kubelet:
+                await plugin.start()
+                await kubelet.wait_for(lambda k: bool(k.registrations), 10, "registration")
+                assert kubelet.capacity() == 0
+                simulate.load_driver(root)
+                await kubelet.wait_for(lambda k: len(k.allocatable()) == 4, 5, "4 cards")
+        finally:
+            assert await plugin.stop() == 0
+            shutil.rmtree(work)
+
+    asyncio.run(main())
+
+
+def test_fail_on_init_error_exits_1_when_no_card_is_usable() -> None:
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("flat-4card")
+        simulate.unload_driver(root)
+        plugin = plugin_process.PluginProcess(plugins, root, ["--fail-on-init-error"])
+        try:
+            await plugin.start()
+            assert await plugin.wait(10) == 1
+            assert "no usable GCU found" in plugin.log_text()
+        finally:
+            await plugin.stop()
+            shutil.rmtree(work)
+
+    asyncio.run(main())
+
+
+def test_disabled_healthchecks_keep_cards_healthy_as_discovered() -> None:
+    async def scenario(node: plugin_process.RunningNode) -> None:
+        simulate.unplug(node.root, 2)
+        await asyncio.sleep(0.5)  # give a (wrong) health flip the chance to happen
+        assert node.kubelet.devices()["gcu2"] == "Healthy"
+        assert "disable_healthchecks=True" in node.plugin.log_text()
+
+    run_on_node(
+        scenario, ["--health-interval", "0.1"], {"DP_DISABLE_HEALTHCHECKS": "all"}, "flat-4card"
+    )
