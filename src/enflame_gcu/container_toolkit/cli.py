@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "info",
     "sim",
     "cdi",
+    "runtime",
     "system",
 )
 
