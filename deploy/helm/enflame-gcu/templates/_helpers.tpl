@@ -1,0 +1,74 @@
+{{/* Chart name, overridable. */}}
+{{- define "enflame-gcu.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Fully qualified app name; the release name alone when it already holds the chart name. */}}
+{{- define "enflame-gcu.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels common to every object. */}}
+{{- define "enflame-gcu.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/part-of: enflame-gcu
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end -}}
+
+{{/* Selector labels; call with (dict "context" $ "name" "enflame-device-plugin"). */}}
+{{- define "enflame-gcu.selectorLabels" -}}
+app.kubernetes.io/name: {{ .name }}
+app.kubernetes.io/instance: {{ .context.Release.Name }}
+{{- end -}}
+
+{{/* image reference; call with (dict "image" .Values.image "context" $). Empty tag = appVersion. */}}
+{{- define "enflame-gcu.image" -}}
+{{- printf "%s:%s" .image.repository (default .context.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+
+{{/* The plugin's --resources list: gcu, plus vgcu and shared-gcu when turned on. */}}
+{{- define "enflame-gcu.pluginResources" -}}
+{{- $kinds := list "gcu" -}}
+{{- if .Values.vgcu.enabled -}}{{- $kinds = append $kinds "vgcu" -}}{{- end -}}
+{{- if .Values.sharing.enabled -}}{{- $kinds = append $kinds "shared-gcu" -}}{{- end -}}
+{{- join "," $kinds -}}
+{{- end -}}
+
+{{/* Pod scheduling shared by every DaemonSet: priority, node affinity, tolerations. */}}
+{{- define "enflame-gcu.scheduling" -}}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.nodeSelection.anyOfLabels }}
+affinity:
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      # Terms are ORed: any one label marks a GCU node.
+      nodeSelectorTerms:
+        {{- range . }}
+        - matchExpressions:
+            - key: {{ .key | quote }}
+              operator: In
+              values: [{{ .value | quote }}]
+        {{- end }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}

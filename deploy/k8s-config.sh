@@ -1,0 +1,233 @@
+#!/usr/bin/env bash
+# Prepares a Kubernetes node for Enflame GCUs (run as root on each GCU node):
+#   1. turns swap off now and comments the swap entries out of /etc/fstab (kubelet requirement);
+#   2. checks the kubelet: the plugin speaks device plugin API v1beta1 (kubelet 1.10 or newer);
+#      the DevicePlugins feature gate is on by default from 1.10, so it is only touched when
+#      someone turned it off (kubelets 1.10-1.25; the gate is locked on from 1.26);
+#   3. configures the container engine the kubelet uses for enflame-container-runtime, as the
+#      default runtime, with `enflame-ctk runtime configure --runtime <engine> --set-as-default`.
+#
+# Usage: deploy/k8s-config.sh [--dry-run] [--runtime docker|containerd|crio] [--no-restart]
+#                             [--skip-swap] [--skip-kubelet] [--skip-runtime] [--root DIR]
+#   --dry-run      print what would change (and enflame-ctk's diff), change nothing
+#   --runtime      the engine to configure (default: detected from the kubelet, then sockets)
+#   --no-restart   do not reload/restart the engine or the kubelet (do it yourself later)
+#   --root DIR     act on a node tree under DIR (testing); commands acting on the live system
+#                  (swapoff, systemctl, engine restarts) are then only printed
+# Environment: KUBELET (kubelet binary), ENFLAME_CTK (enflame-ctk binary).
+set -euo pipefail
+
+dry_run=0
+restart=1
+do_swap=1
+do_kubelet=1
+do_runtime=1
+runtime=""
+root="/"
+
+usage() { sed -n '2,20s/^# \{0,1\}//p' "$0"; }
+say() { printf 'k8s-config: %s\n' "$*"; }
+die() { printf 'k8s-config: error: %s\n' "$*" >&2; exit 1; }
+
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --dry-run) dry_run=1 ;;
+        --no-restart) restart=0 ;;
+        --skip-swap) do_swap=0 ;;
+        --skip-kubelet) do_kubelet=0 ;;
+        --skip-runtime) do_runtime=0 ;;
+        --runtime)
+            [ "$#" -ge 2 ] || die "--runtime needs a value: docker, containerd or crio"
+            runtime=$2
+            shift
+            ;;
+        --runtime=*) runtime=${1#--runtime=} ;;
+        --root)
+            [ "$#" -ge 2 ] || die "--root needs a directory"
+            root=$2
+            shift
+            ;;
+        --root=*) root=${1#--root=} ;;
+        -h | --help) usage; exit 0 ;;
+        *) usage >&2; die "unknown argument: $1" ;;
+    esac
+    shift
+done
+case "$runtime" in
+    "" | docker | containerd | crio) ;;
+    *) die "--runtime must be docker, containerd or crio, not '$runtime'" ;;
+esac
+[ -d "$root" ] || die "--root $root is not a directory"
+root=$(cd "$root" && pwd)
+root=${root%/}
+live=1
+if [ -n "$root" ]; then live=0; fi # any --root other than / is a test tree
+if [ "$dry_run" -eq 0 ] && [ "$live" -eq 1 ] && [ "$(id -u)" -ne 0 ]; then
+    die "run as root (or with --dry-run to see what would change)"
+fi
+
+# Run a command that acts on the live system; only print it in dry-run mode or under --root.
+run_live() {
+    if [ "$dry_run" -eq 1 ] || [ "$live" -eq 0 ]; then
+        say "would run: $*"
+    else
+        say "running: $*"
+        "$@"
+    fi
+}
+
+# --- 1. swap ---------------------------------------------------------------------------------
+configure_swap() {
+    local fstab="$root/etc/fstab" active=""
+    if [ "$live" -eq 1 ] && [ -r /proc/swaps ]; then
+        active=$(tail -n +2 /proc/swaps)
+    fi
+    if [ "$live" -eq 0 ]; then
+        say "swap: the live system's swap is not touched under --root"
+    elif [ -n "$active" ]; then
+        run_live swapoff -a
+    else
+        say "swap: no active swap"
+    fi
+    if [ ! -f "$fstab" ]; then
+        say "swap: no $fstab"
+        return
+    fi
+    local lines
+    lines=$(awk '$0 !~ /^[[:space:]]*#/ && $3 == "swap" { print NR": "$0 }' "$fstab")
+    if [ -z "$lines" ]; then
+        say "swap: no active swap entry in $fstab"
+        return
+    fi
+    if [ "$dry_run" -eq 1 ]; then
+        say "would comment out in $fstab:"
+        printf '    %s\n' "$lines"
+        return
+    fi
+    cp -p "$fstab" "$fstab.enflame-k8s-config.bak"
+    local tmp
+    tmp=$(mktemp "$fstab.XXXXXX")
+    awk '$0 !~ /^[[:space:]]*#/ && $3 == "swap" { print "# disabled by k8s-config.sh: " $0; next } { print }' \
+        "$fstab" >"$tmp"
+    chmod --reference="$fstab" "$tmp"
+    mv "$tmp" "$fstab"
+    say "swap: commented out the swap entries of $fstab (backup: $fstab.enflame-k8s-config.bak)"
+}
+
+# --- 2. kubelet ------------------------------------------------------------------------------
+kubelet_bin=${KUBELET:-kubelet}
+
+kubelet_version() { # prints MAJOR MINOR, or nothing when no kubelet is found
+    command -v "$kubelet_bin" >/dev/null 2>&1 || return 0
+    "$kubelet_bin" --version 2>/dev/null | sed -n 's/.*v\([0-9][0-9]*\)\.\([0-9][0-9]*\).*/\1 \2/p' | head -n 1
+}
+
+kubelet_settings() { # the running kubelet's command line, its config file and its defaults file
+    if [ "$live" -eq 1 ]; then
+        local pid
+        pid=$(pgrep -o -x kubelet 2>/dev/null || true)
+        if [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ]; then tr '\0' ' ' <"/proc/$pid/cmdline"; echo; fi
+    fi
+    local f
+    for f in "$root/var/lib/kubelet/config.yaml" "$root/etc/default/kubelet" "$root/etc/sysconfig/kubelet"; do
+        if [ -r "$f" ]; then cat "$f"; fi
+    done
+}
+
+configure_kubelet() {
+    local version major minor
+    version=$(kubelet_version)
+    if [ -z "$version" ]; then
+        say "kubelet: '$kubelet_bin' not found; skipping the kubelet checks"
+        return
+    fi
+    read -r major minor <<<"$version"
+    if [ "$major" -eq 1 ] && [ "$minor" -lt 10 ]; then
+        die "kubelet $major.$minor is too old: enflame-device-plugin speaks device plugin API v1beta1, served by kubelet 1.10 and newer"
+    fi
+    if [ "$major" -eq 1 ] && [ "$minor" -ge 26 ]; then
+        say "kubelet $major.$minor: device plugins are always on (DevicePlugins is GA)"
+        return
+    fi
+    if ! kubelet_settings | grep -Eq 'DevicePlugins[=:][[:space:]]*"?false'; then
+        say "kubelet $major.$minor: DevicePlugins is on (the default since 1.10); nothing to change"
+        return
+    fi
+    local defaults="$root/etc/default/kubelet"
+    say "kubelet $major.$minor: DevicePlugins was turned off; turning it on in $defaults"
+    if [ "$dry_run" -eq 1 ]; then
+        say "would append --feature-gates=DevicePlugins=true to KUBELET_EXTRA_ARGS in $defaults"
+        say "(a command-line flag overrides the featureGates of the kubelet config file)"
+    else
+        mkdir -p "$(dirname "$defaults")"
+        touch "$defaults"
+        cp -p "$defaults" "$defaults.enflame-k8s-config.bak"
+        if grep -q '^KUBELET_EXTRA_ARGS=' "$defaults"; then
+            sed -i 's/^KUBELET_EXTRA_ARGS="\{0,1\}\([^"]*\)"\{0,1\}$/KUBELET_EXTRA_ARGS="\1 --feature-gates=DevicePlugins=true"/' "$defaults"
+        else
+            echo 'KUBELET_EXTRA_ARGS="--feature-gates=DevicePlugins=true"' >>"$defaults"
+        fi
+    fi
+    if [ "$restart" -eq 1 ]; then
+        run_live systemctl daemon-reload
+        run_live systemctl restart kubelet
+    fi
+}
+
+# --- 3. container engine ---------------------------------------------------------------------
+detect_runtime() { # the engine behind the kubelet's CRI endpoint, else the first socket found
+    local settings
+    settings=$(kubelet_settings 2>/dev/null || true)
+    case "$settings" in
+        *cri-dockerd.sock* | *dockershim.sock*) echo docker; return ;;
+        *crio.sock*) echo crio; return ;;
+        *containerd.sock*) echo containerd; return ;;
+    esac
+    if [ -e "$root/run/containerd/containerd.sock" ]; then echo containerd; return; fi
+    if [ -e "$root/var/run/crio/crio.sock" ] || [ -e "$root/run/crio/crio.sock" ]; then echo crio; return; fi
+    if [ -e "$root/var/run/docker.sock" ] || [ -e "$root/run/docker.sock" ]; then echo docker; return; fi
+}
+
+find_ctk() {
+    if [ -n "${ENFLAME_CTK:-}" ]; then echo "$ENFLAME_CTK"; return; fi
+    if command -v enflame-ctk >/dev/null 2>&1; then command -v enflame-ctk; return; fi
+    if [ -x /opt/enflame-gcu/bin/enflame-ctk ]; then echo /opt/enflame-gcu/bin/enflame-ctk; fi
+}
+
+configure_runtime() {
+    if [ -z "$runtime" ]; then
+        runtime=$(detect_runtime)
+        [ -n "$runtime" ] || die "no container engine found (containerd, CRI-O or docker sockets); pass --runtime"
+        say "runtime: detected $runtime"
+    fi
+    local ctk
+    ctk=$(find_ctk)
+    local args=(runtime configure --runtime "$runtime" --set-as-default)
+    if [ "$live" -eq 0 ]; then
+        local config
+        case "$runtime" in
+            docker) config=/etc/docker/daemon.json ;;
+            containerd) config=/etc/containerd/config.toml ;;
+            crio) config=/etc/crio/crio.conf.d/99-enflame.toml ;;
+        esac
+        args+=(--config "$root$config")
+    fi
+    if [ "$dry_run" -eq 1 ]; then
+        say "would run: enflame-ctk ${args[*]}$([ "$restart" -eq 1 ] && [ "$live" -eq 1 ] && echo ' --restart')"
+        if [ -n "$ctk" ]; then
+            say "changes enflame-ctk would make:"
+            "$ctk" "${args[@]}" --dry-run || say "enflame-ctk could not show the diff (see its message above)"
+        fi
+        return
+    fi
+    [ -n "$ctk" ] || die "enflame-ctk not found: install the toolkit first (deploy/install.sh) or set ENFLAME_CTK"
+    if [ "$restart" -eq 1 ] && [ "$live" -eq 1 ]; then args+=(--restart); fi
+    say "running: $ctk ${args[*]}"
+    "$ctk" "${args[@]}"
+}
+
+[ "$dry_run" -eq 1 ] && say "dry run: nothing will be changed"
+if [ "$do_swap" -eq 1 ]; then configure_swap; fi
+if [ "$do_kubelet" -eq 1 ]; then configure_kubelet; fi
+if [ "$do_runtime" -eq 1 ]; then configure_runtime; fi
+say "done"
