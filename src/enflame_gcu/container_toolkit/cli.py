@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "cdi",
     "runtime",
     "system",
+    "install",
 )
 
 

@@ -1,0 +1,186 @@
+"""``enflame-ctk install|uninstall``: put the runtime on a node (DaemonSet, install.sh), undo it."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from enflame_gcu.container_toolkit import engines, installer
+from enflame_gcu.errors import EnflameError
+
+READY_LINE = "enflame-ctk install: ready"
+
+INSTALL_EPILOG = """\
+examples:
+  # DaemonSet container, node's / mounted at /host: install, wait, undo on SIGTERM
+  enflame-ctk install --host-root /host --wait --set-as-default --restart-engine
+  # what would change, without changing anything
+  enflame-ctk install --host-root /host --dry-run
+
+The runtime runs on the host with the host's own python3 (>= 3.10): the pure-Python package is
+copied to TOOLKIT_DIR/lib and TOOLKIT_DIR/bin/enflame-container-runtime launches it.
+Everything done is recorded in TOOLKIT_DIR/install-manifest.json; `enflame-ctk uninstall`
+undoes it. An existing runtime config is never overwritten; one installed from the template
+is removed on uninstall only if nobody edited it.
+"""
+
+
+def _paths(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host-root", default="/", metavar="DIR", help="the host's / as seen from here"
+    )
+    parser.add_argument(
+        "--toolkit-dir",
+        default=installer.DEFAULT_TOOLKIT_DIR,
+        metavar="DIR",
+        help="host directory for the runtime and the install manifest (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--restart-engine",
+        action="store_true",
+        help="SIGHUP/restart each engine whose config changed (from a container: chroot "
+        "HOST_ROOT systemctl; needs hostPID for docker's SIGHUP)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print what would change, change nothing"
+    )
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add the ``install`` and ``uninstall`` commands to the ``enflame-ctk`` parser."""
+    parser = subparsers.add_parser(
+        "install",
+        help="install the runtime onto a host and configure its container engines",
+        epilog=INSTALL_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _paths(parser)
+    parser.add_argument(
+        "--runtime",
+        action="append",
+        choices=["auto", "none", *sorted(engines.ENGINES)],
+        help="engine(s) to configure; repeatable (default: auto = the engines this host has)",
+    )
+    parser.add_argument(
+        "--set-as-default", action="store_true", help="make enflame the engines' default runtime"
+    )
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="after installing, wait for SIGTERM/SIGINT, then undo everything and exit 0",
+    )
+    parser.add_argument(
+        "--ready-file", metavar="PATH", help="with --wait: create PATH once installed (probes)"
+    )
+    parser.add_argument(
+        "--python",
+        default="/usr/bin/python3",
+        metavar="PATH",
+        help="host interpreter the runtime launcher uses (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--package-dir",
+        metavar="DIR",
+        help="host dir that already holds enflame_gcu (e.g. a venv's site-packages); "
+        "default: copy the package to TOOLKIT_DIR/lib",
+    )
+    parser.add_argument(
+        "--bin-dir",
+        metavar="DIR",
+        help="also link enflame-container-runtime there (e.g. /usr/bin); engines then use it",
+    )
+    parser.add_argument("--link-ctk", metavar="PATH", help="with --bin-dir: link this enflame-ctk")
+    parser.add_argument(
+        "--created",
+        action="append",
+        default=[],
+        metavar="KIND:PATH",
+        help="(install.sh) record dir:PATH or tree:PATH made by the caller, for uninstall",
+    )
+    parser.set_defaults(handler=install_command)
+
+    remove = subparsers.add_parser(
+        "uninstall", help="undo everything `enflame-ctk install` recorded in its manifest"
+    )
+    _paths(remove)
+    remove.set_defaults(handler=uninstall_command)
+
+
+def _engines(choices: list[str] | None) -> tuple[str, ...] | None:
+    if not choices or "auto" in choices:
+        return None
+    return tuple(dict.fromkeys(c for c in choices if c != "none"))
+
+
+def _print(outcome: installer.Outcome) -> None:
+    for line in outcome.lines:
+        print(line)
+    sys.stdout.flush()
+
+
+def install_command(args: argparse.Namespace) -> int:
+    """Handler of ``install``: install, and with --wait stay until told to stop, then undo."""
+    if args.wait and args.dry_run:
+        print("enflame-ctk: --wait and --dry-run do not go together", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    if args.wait:
+        # Installed before the work starts: a SIGTERM during install is acted on right after.
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    options = installer.InstallOptions(
+        host_root=args.host_root,
+        toolkit_dir=args.toolkit_dir,
+        engines=_engines(args.runtime),
+        set_as_default=args.set_as_default,
+        restart_engine=args.restart_engine,
+        python=args.python,
+        package_dir=args.package_dir,
+        bin_dir=args.bin_dir,
+        ctk=args.link_ctk,
+        created=tuple(args.created),
+        dry_run=args.dry_run,
+    )
+    try:
+        _print(installer.install(options))
+    except EnflameError:
+        if args.wait:
+            # A DaemonSet pod that failed must not leave half an install on the node.
+            _undo(args)
+        raise
+    if not args.wait:
+        return 0
+    if args.ready_file:
+        os.makedirs(os.path.dirname(os.path.abspath(args.ready_file)), exist_ok=True)
+        with open(args.ready_file, "w", encoding="utf-8") as handle:
+            handle.write("ready\n")
+    print(f"{READY_LINE}; waiting for SIGTERM to undo the install", flush=True)
+    while not stop.wait(3600):
+        pass
+    print("enflame-ctk install: stopping, undoing the install", flush=True)
+    if args.ready_file:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(args.ready_file)
+    return _undo(args)
+
+
+def _undo(args: argparse.Namespace) -> int:
+    outcome = installer.uninstall(
+        args.host_root, args.toolkit_dir, restart_engine=args.restart_engine
+    )
+    _print(outcome)
+    return 0
+
+
+def uninstall_command(args: argparse.Namespace) -> int:
+    """Handler of ``uninstall``."""
+    outcome = installer.uninstall(
+        args.host_root, args.toolkit_dir, restart_engine=args.restart_engine, dry_run=args.dry_run
+    )
+    _print(outcome)
+    return 0
