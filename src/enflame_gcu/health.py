@@ -92,10 +92,15 @@ def check(root: str, cards: Sequence[devices.Card], *, disabled: bool = False) -
             tuple(CardHealth(c.name, c.usable, "; ".join(c.problems)) for c in cards), version
         )
     simulated = devices.is_simulated(root)
+    # Without the control node no container can use any card (SPEC §4).
+    _, control_problem = devices.stat_node(root, devices.CONTROL_NODE, simulated)
     result = []
     for card in cards:
-        problem = "driver not loaded" if version is None else _card_problem(root, card, simulated)
-        result.append(CardHealth(card.name, not problem, problem))
+        if version is None:
+            problem = "driver not loaded"
+        else:
+            problem = control_problem or _card_problem(root, card, simulated)
+        result.append(CardHealth(card.name, not problem, problem or ""))
     return HealthReport(tuple(result), version)
 
 

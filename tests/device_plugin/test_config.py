@@ -1,0 +1,110 @@
+"""Flags, env vars and defaults: CLI > env > defaults, every value validated with a clear text."""
+
+from __future__ import annotations
+
+import pytest
+
+from enflame_gcu import __version__
+from enflame_gcu.device_plugin import config, main
+from enflame_gcu.errors import ConfigError
+
+
+def test_defaults_match_the_product_names() -> None:
+    got = main.load_config([], {})
+    assert got == config.PluginConfig()
+    assert got.socket_path == "/var/lib/kubelet/device-plugins/enflame.sock"
+    assert got.resource_name == "enflame.com/gcu"
+    assert got.device_list_strategy == ("envvar",)
+    assert got.health_interval == 5.0
+
+
+def test_every_option_has_an_env_var() -> None:
+    env = {
+        "DP_PLUGIN_DIR": "/p",
+        "DP_HOST_ROOT": "/host",
+        "DP_RESOURCE_NAME": "example.com/x",
+        "PASS_DEVICE_SPECS": "true",
+        "DEVICE_LIST_STRATEGY": "volume-mounts,cdi-cri",
+        "DP_HEALTH_INTERVAL": "2.5",
+        "DP_DISABLE_HEALTHCHECKS": "all",
+        "FAIL_ON_INIT_ERROR": "yes",
+        "DP_ALLOCATION_POLICY": "simple",
+        "DP_LOG_LEVEL": "DEBUG",
+    }
+    assert {o.env for o in config.OPTIONS} == set(env)
+    got = main.load_config([], env)
+    assert got == config.PluginConfig(
+        plugin_dir="/p",
+        host_root="/host",
+        resource_name="example.com/x",
+        pass_device_specs=True,
+        device_list_strategy=("volume-mounts", "cdi-cri"),
+        health_interval=2.5,
+        disable_healthchecks=True,
+        fail_on_init_error=True,
+        allocation_policy="simple",
+        log_level="debug",
+    )
+
+
+def test_command_line_beats_environment() -> None:
+    env = {"PASS_DEVICE_SPECS": "true", "DP_PLUGIN_DIR": "/env", "DP_HEALTH_INTERVAL": "9"}
+    got = main.load_config(["--no-pass-device-specs", "--plugin-dir", "/cli"], env)
+    assert (got.pass_device_specs, got.plugin_dir, got.health_interval) == (False, "/cli", 9.0)
+
+
+def test_device_list_strategy_is_repeatable_and_comma_separated() -> None:
+    got = main.load_config(
+        ["--device-list-strategy", "envvar,cdi-annotations", "--device-list-strategy", "cdi-cri"],
+        {},
+    )
+    assert got.device_list_strategy == ("envvar", "cdi-annotations", "cdi-cri")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "phrase"),
+    [
+        (["--device-list-strategy", "magic"], {}, "unknown strategy magic; valid: envvar"),
+        ([], {"PASS_DEVICE_SPECS": "maybe"}, "invalid pass-device-specs: 'maybe' is not a bool"),
+        (["--health-interval", "0"], {}, "outside 0.05..3600"),
+        (["--health-interval", "soon"], {}, "invalid health-interval"),
+        (["--resource-name", "gcu"], {}, "needs a domain prefix"),
+        (["--resource-name", "kubernetes.io/gcu"], {}, "needs a domain prefix"),
+        (["--plugin-dir", "relative"], {}, "not an absolute path"),
+        (["--log-level", "loud"], {}, "not one of debug, info"),
+        ([], {"DP_DISABLE_HEALTHCHECKS": "xids"}, "use 'all'"),
+        (["--allocation-policy", "random"], {}, "not one of simple, topology"),
+    ],
+)
+def test_bad_values_name_the_setting_and_what_is_valid(
+    argv: list[str], env: dict[str, str], phrase: str
+) -> None:
+    with pytest.raises(ConfigError, match=None) as caught:
+        main.load_config(argv, env)
+    assert phrase in str(caught.value)
+
+
+def test_version_flag_prints_the_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main.main(["--version"])
+    assert caught.value.code == 0
+    assert capsys.readouterr().out.strip() == f"enflame-device-plugin {__version__}"
+
+
+def test_help_documents_every_env_var(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for option in config.OPTIONS:
+        assert option.env in text
+
+
+def test_bad_config_exits_2_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.main(["--health-interval", "-1"]) == 2
+    assert "invalid health-interval" in capsys.readouterr().err
+
+
+def test_describe_lists_every_setting_once() -> None:
+    text = config.PluginConfig().describe()
+    assert text.count("=") == len(config.PluginConfig.__dataclass_fields__)
+    assert "socket_name='enflame.sock'" in text
