@@ -74,6 +74,35 @@ class ContainerEdits:
         Each device node gets a ``linux.devices`` entry and a ``linux.resources.devices`` allow
         rule, because runc does not derive the cgroup rule from the device list.
         """
+        # Only touch linux.* when there are nodes: edits without devices (mounts/env only)
+        # must not add empty lists to a spec.
+        if self.device_nodes:
+            self._apply_devices(spec)
+        if self.env:
+            process = spec.setdefault("process", {})
+            env_list: list[str] = process.setdefault("env", [])
+            keys = dict(self.env)
+            env_list[:] = [item for item in env_list if item.partition("=")[0] not in keys]
+            env_list.extend(f"{key}={value}" for key, value in self.env)
+        if self.mounts:
+            spec_mounts: list[dict[str, Any]] = spec.setdefault("mounts", [])
+            taken = {m.get("destination") for m in spec_mounts}
+            for mount in self.mounts:
+                if mount.container_path in taken:
+                    continue
+                options = ["rbind", "nosuid", "nodev"] + (["ro"] if mount.read_only else [])
+                spec_mounts.append(
+                    {
+                        "destination": mount.container_path,
+                        "type": "bind",
+                        "source": mount.host_path,
+                        "options": options,
+                    }
+                )
+        if self.annotations:
+            spec.setdefault("annotations", {}).update(dict(self.annotations))
+
+    def _apply_devices(self, spec: dict[str, Any]) -> None:
         linux = spec.setdefault("linux", {})
         spec_devices: list[dict[str, Any]] = linux.setdefault("devices", [])
         existing = {entry.get("path") for entry in spec_devices}
@@ -103,29 +132,6 @@ class ContainerEdits:
             }
             if rule not in rules:
                 rules.append(rule)
-        if self.env:
-            process = spec.setdefault("process", {})
-            env_list: list[str] = process.setdefault("env", [])
-            keys = dict(self.env)
-            env_list[:] = [item for item in env_list if item.partition("=")[0] not in keys]
-            env_list.extend(f"{key}={value}" for key, value in self.env)
-        if self.mounts:
-            spec_mounts: list[dict[str, Any]] = spec.setdefault("mounts", [])
-            taken = {m.get("destination") for m in spec_mounts}
-            for mount in self.mounts:
-                if mount.container_path in taken:
-                    continue
-                options = ["rbind", "nosuid", "nodev"] + (["ro"] if mount.read_only else [])
-                spec_mounts.append(
-                    {
-                        "destination": mount.container_path,
-                        "type": "bind",
-                        "source": mount.host_path,
-                        "options": options,
-                    }
-                )
-        if self.annotations:
-            spec.setdefault("annotations", {}).update(dict(self.annotations))
 
     def to_cdi(self) -> dict[str, Any]:
         """The ``containerEdits`` object of a CDI spec (fields of cdiVersion 0.5.0)."""
