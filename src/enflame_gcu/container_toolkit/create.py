@@ -61,7 +61,9 @@ def edit_bundle(bundle: str, config: RuntimeConfig, log: logging.Logger) -> str:
     chain = modifiers.for_edits(container_edits, marker)
     _step(chain.name, lambda: chain.modify(spec.data))
     _step("saving the spec", lambda: oci.save(spec, spec.data))
-    sources = "; ".join(source.description for source in request.sources) or "none"
+    sources = "; ".join(source.description for source in request.sources)
+    if request.none_requested:
+        sources = "; ".join(filter(None, (sources, f"{edits.VISIBLE_DEVICES_ENV}=none")))
     return f"gave {', '.join(names) or 'no cards'} (requested by {sources})"
 
 

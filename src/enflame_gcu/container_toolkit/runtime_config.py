@@ -267,6 +267,8 @@ def _array(scan: _Scanner) -> list[object]:
         scan.skip_blank(newlines=True)
         if scan.peek() == ",":
             scan.pos += 1
+        elif not scan.peek():
+            raise scan.error("array is not closed with ']'")
         elif scan.peek() != "]":
             raise scan.error("expected ',' or ']' in array")
 

@@ -1,0 +1,1 @@
+"""Tests of enflame-container-runtime: argv, config, requests, modifiers, create flow."""

@@ -1,0 +1,107 @@
+"""The runtime config: the flat TOML subset, defaults, validation and the template."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from importlib import resources
+
+import pytest
+
+from enflame_gcu.container_toolkit import runtime_config
+from enflame_gcu.errors import ConfigError
+
+
+def template() -> str:
+    return resources.files("enflame_gcu").joinpath("data/config.toml").read_text("utf-8")
+
+
+def test_template_parses_the_same_as_tomllib_and_gives_defaults() -> None:
+    text = template()
+    assert runtime_config.parse(text) == tomllib.loads(text)
+    config = runtime_config.from_values(runtime_config.parse(text))
+    default = runtime_config.RuntimeConfig()
+    assert repr(config) == repr(default)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a = \"x\" # comment\nb = 'lit\\eral'\n",
+        "n = -12\nflag = false\n",
+        'arr = [\n  "a", # one\n  "b",\n]\n',
+        '"quoted key" = "\\u00e9\\t\\"q\\""\n',
+        "empty = []\n",
+    ],
+)
+def test_subset_matches_tomllib(text: str) -> None:
+    assert runtime_config.parse(text) == tomllib.loads(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[table]\n", "line 1: tables are not supported"),
+        ('a = "x"\na = "y"\n', "line 2: key 'a' is defined twice"),
+        ("a = 1979-05-27\n", "line 1: expected a value"),
+        ('a = "open\n', "line 1: string is not closed"),
+        ("a = [1, 2\n", "array is not closed"),
+        ("a.b = 1\n", "dotted keys"),
+        ('a = "x" b\n', "unexpected text after the value"),
+    ],
+)
+def test_outside_the_subset_is_rejected_with_the_line(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        runtime_config.parse(text, "cfg")
+
+
+def test_missing_default_file_means_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(runtime_config.PATH_ENV, raising=False)
+    monkeypatch.setattr(runtime_config, "DEFAULT_PATH", "/nonexistent/config.toml")
+    assert runtime_config.load().runtimes == ("runc", "crun")
+
+
+def test_missing_named_file_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(runtime_config.PATH_ENV, "/nonexistent/x.toml")
+    with pytest.raises(ConfigError, match="/nonexistent/x.toml does not exist"):
+        runtime_config.load()
+
+
+def test_values_are_read(write_config: object) -> None:
+    path = write_config(  # type: ignore[operator]
+        runtimes="/usr/sbin/runc",
+        root="/host",
+        accept_envvar_when_unprivileged=False,
+        log_level="DEBUG",
+        mounts=["/usr/bin/efsmi", "/opt/lib/libefml.so:/usr/lib/libefml.so"],
+        env=["EF_MODE=1"],
+    )
+    config = runtime_config.load(path)
+    assert config.runtimes == ("/usr/sbin/runc",)
+    assert config.root == "/host"
+    assert config.accept_envvar_when_unprivileged is False
+    assert config.log_level == "debug"
+    assert config.mounts == (
+        ("/usr/bin/efsmi", "/usr/bin/efsmi"),
+        ("/opt/lib/libefml.so", "/usr/lib/libefml.so"),
+    )
+    assert config.env == (("EF_MODE", "1"),)
+    assert config.log_file == os.path.join(os.path.dirname(path), "runtime.log")
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"runtime": ["runc"]}, "unknown key.*runtime.*valid keys"),
+        ({"runtimes": []}, "at least one"),
+        ({"root": "relative"}, "absolute"),
+        ({"accept-envvar-when-unprivileged": "no"}, "true or false"),
+        ({"log-level": "loud"}, "log-level must be one of"),
+        ({"mounts": ["relative:/x"]}, "mounts entry"),
+        ({"env": ["NOEQUALS"]}, "KEY=VALUE"),
+        ({"cdi-spec-dirs": "/etc/cdi"}, "array of strings"),
+    ],
+)
+def test_invalid_values_are_named(values: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        runtime_config.from_values(values, "cfg.toml")

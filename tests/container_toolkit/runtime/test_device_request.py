@@ -1,0 +1,147 @@
+"""The ENFLAME_VISIBLE_DEVICES grammar, volume-mount and CDI annotation requests, resolution."""
+
+from __future__ import annotations
+
+import pytest
+
+from enflame_gcu import devices, edits
+from enflame_gcu.container_toolkit import device_request
+from enflame_gcu.errors import InvalidRequestError
+from tests.container_toolkit.runtime.conftest import make_spec
+
+ENV = edits.VISIBLE_DEVICES_ENV
+
+
+@pytest.mark.parametrize(
+    ("value", "kind", "tokens"),
+    [
+        ("", "void", ()),
+        ("   ", "void", ()),
+        ("void", "void", ()),
+        ("VOID", "void", ()),
+        ("none", "none", ()),
+        (" None ", "none", ()),
+        ("all", "list", ("all",)),
+        ("0,1", "list", ("gcu0", "gcu1")),
+        (" 0 , 1 ,", "list", ("gcu0", "gcu1")),
+        ("gcu3,GCU4", "list", ("gcu3", "gcu4")),
+        ("vgcu5", "list", ("vgcu5",)),
+        ("007", "list", ("gcu7",)),
+        ("0000:11:00.0", "list", ("0000:11:00.0",)),
+        ("12:00.0, 0", "list", ("0000:12:00.0", "gcu0")),
+        ("/var/run/enflame-container-devices", "mounts", ()),
+        ("/var/run/enflame-container-devices/", "mounts", ()),
+    ],
+)
+def test_env_grammar(value: str, kind: str, tokens: tuple[str, ...]) -> None:
+    assert device_request.parse_visible_devices(value, "env") == (kind, tokens)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("gpu0", "'gpu0' is not a device id; use void, none, all"),
+        ("0-3", "'0-3' is not a device id"),
+        ("all,0", "'all' cannot be combined"),
+        ("-1", "'-1' is not a device id"),
+        ("0000:11:00", "is not a device id"),
+    ],
+)
+def test_bad_syntax_names_the_request(value: str, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        device_request.parse_visible_devices(value, f"{ENV}={value!r}")
+
+
+def test_unset_and_void_want_no_edits() -> None:
+    assert not device_request.from_spec(make_spec(), True).wants_edits
+    assert not device_request.from_spec(make_spec(env=[f"{ENV}=void"]), True).wants_edits
+    assert not device_request.from_spec(make_spec(env=[f"{ENV}="]), True).wants_edits
+
+
+def test_none_wants_edits_without_devices() -> None:
+    request = device_request.from_spec(make_spec(env=[f"{ENV}=none"]), True)
+    assert request.wants_edits
+    assert request.none_requested
+    assert request.sources == ()
+
+
+def test_last_definition_of_the_env_var_wins() -> None:
+    spec = make_spec(env=[f"{ENV}=all", f"{ENV}=2"])
+    (source,) = device_request.from_spec(spec, True).sources
+    assert source.tokens == ("gcu2",)
+
+
+def test_volume_mounts_and_annotations_are_requests() -> None:
+    spec = make_spec(
+        env=[f"{ENV}={edits.VOLUME_MOUNT_DIR}"],
+        mounts=[
+            {"destination": f"{edits.VOLUME_MOUNT_DIR}/gcu2", "source": "/dev/null"},
+            {"destination": f"{edits.VOLUME_MOUNT_DIR}/3", "source": "/dev/null"},
+        ],
+        annotations={
+            edits.CDI_ANNOTATION_KEY: "enflame.com/gcu=4,nvidia.com/gpu=0",
+            "cdi.k8s.io/other": "enflame.com/vgcu=9",
+            "unrelated": "enflame.com/gcu=5",
+        },
+    )
+    request = device_request.from_spec(spec, True)
+    tokens = [token for source in request.sources for token in source.tokens]
+    assert tokens == ["gcu2", "gcu3", "gcu4", "vgcu9"]
+
+
+def test_bad_cdi_name_is_an_error() -> None:
+    spec = make_spec(annotations={edits.CDI_ANNOTATION_KEY: "enflame.com/gcu=x1"})
+    with pytest.raises(InvalidRequestError, match="names no enflame.com/gcu device"):
+        device_request.from_spec(spec, True)
+
+
+def test_env_is_ignored_for_unprivileged_when_not_accepted() -> None:
+    spec = make_spec(env=[f"{ENV}=all"])
+    request = device_request.from_spec(spec, accept_envvar_when_unprivileged=False)
+    assert not request.wants_edits
+    assert "lacks CAP_SYS_ADMIN" in request.ignored[0]
+
+
+def test_env_counts_for_privileged_when_not_accepted() -> None:
+    spec = make_spec(env=[f"{ENV}=0"], privileged=True)
+    request = device_request.from_spec(spec, accept_envvar_when_unprivileged=False)
+    assert [s.tokens for s in request.sources] == [("gcu0",)]
+
+
+def test_volume_mounts_count_when_env_is_not_accepted() -> None:
+    spec = make_spec(
+        env=[f"{ENV}=all"],
+        mounts=[{"destination": f"{edits.VOLUME_MOUNT_DIR}/gcu1", "source": "/dev/null"}],
+    )
+    request = device_request.from_spec(spec, accept_envvar_when_unprivileged=False)
+    assert [s.tokens for s in request.sources] == [("gcu1",)]
+
+
+def resolve(vendor_node: str, value: str) -> list[str]:
+    request = device_request.from_spec(make_spec(env=[f"{ENV}={value}"]), True)
+    return device_request.resolve(request, devices.discover(vendor_node))
+
+
+def test_resolution_by_minor_name_and_bus_id(vendor_node: str) -> None:
+    assert resolve(vendor_node, "1, gcu0,0000:15:00.0,19:00.0,1") == [
+        "gcu1",
+        "gcu0",
+        "gcu2",
+        "gcu3",
+    ]
+    assert resolve(vendor_node, "all") == [f"gcu{n}" for n in range(8)]
+
+
+def test_unknown_card_names_request_and_existing_cards(vendor_node: str) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        resolve(vendor_node, "0,9")
+    message = str(caught.value)
+    assert f"{ENV}='0,9' asks for '9', which is not on this node" in message
+    assert "cards on this node: 0 (0000:11:00.0), 1 (0000:12:00.0)" in message
+    assert "7 (0000:a4:00.0)" in message
+
+
+def test_all_on_a_node_without_cards_is_an_error(tmp_path: object) -> None:
+    request = device_request.from_spec(make_spec(env=[f"{ENV}=all"]), True)
+    with pytest.raises(InvalidRequestError, match="asks for all cards but none is usable"):
+        device_request.resolve(request, devices.discover(str(tmp_path)))
