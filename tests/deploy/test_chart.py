@@ -1,0 +1,274 @@
+"""The Helm chart: a strict values schema, defaults equal to the manifests, helm lint/template."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from kubernetes_validate import utils as kv
+
+from tests.deploy.helpers import CHART_DIR, YAML_DIR, load_all, load_one
+
+PLUGIN_DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
+
+
+def values() -> dict[str, Any]:
+    return load_one(os.path.join(CHART_DIR, "values.yaml"))
+
+
+def schema() -> dict[str, Any]:
+    with open(os.path.join(CHART_DIR, "values.schema.json"), encoding="utf-8") as handle:
+        return json.load(handle)  # type: ignore[no-any-return]
+
+
+def chart() -> dict[str, Any]:
+    return load_one(os.path.join(CHART_DIR, "Chart.yaml"))
+
+
+def template(name: str) -> str:
+    with open(os.path.join(CHART_DIR, "templates", name), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def validator() -> jsonschema.protocols.Validator:
+    checker = jsonschema.validators.validator_for(schema())
+    checker.check_schema(schema())
+    return checker(schema())  # type: ignore[no-any-return]
+
+
+def test_default_values_satisfy_the_schema() -> None:
+    validator().validate(values())
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    changed = copy.deepcopy(values())
+    *parents, last = path.split(".")
+    node = changed
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    return changed
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("devicePlugin.deviceListStrategy", ["nvml"]),
+        ("devicePlugin.deviceListStrategy", "envvar"),
+        ("devicePlugin.deviceListStrategy", []),
+        ("devicePlugin.healthInterval", "5"),
+        ("devicePlugin.healthInterval", 0),
+        ("devicePlugin.passDeviceSpecs", "yes"),
+        ("devicePlugin.resourceName", "gcu"),
+        ("devicePlugin.resourceName", "kubernetes.io/gcu"),
+        ("devicePlugin.pluginDir", "var/lib/kubelet"),
+        ("devicePlugin.unknownFlag", True),
+        ("devicePlugin.logLevel", "verbose"),
+        ("sharing.policy", "spread"),
+        ("sharing.slicesPerCard", 0),
+        ("sharing.cards", ["gcu0"]),
+        ("sharing.extra", 1),
+        ("toolkit.enabled", "true"),
+        ("toolkit.terminationGracePeriodSeconds", 5),
+        ("image.pullPolicy", "Sometimes"),
+        ("image.registry", "example.com"),
+        ("nodeSelection.anyOfLabels", [{"key": "a"}]),
+        ("tolerations", [{"key": "a", "operator": "Maybe"}]),
+        ("unknownTopLevel", {}),
+    ],
+)
+def test_schema_rejects_bad_values(path: str, value: Any) -> None:
+    assert not validator().is_valid(_with(path, value))
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("devicePlugin.deviceListStrategy", ["volume-mounts", "cdi-cri"]),
+        ("sharing.cards", [0, 3, "0000:9c:00.0"]),
+        ("sharing.policy", "distributed"),
+        ("nodeSelection.anyOfLabels", [{"key": "node-role/gcu", "value": ""}]),
+    ],
+)
+def test_schema_accepts_good_values(path: str, value: Any) -> None:
+    validator().validate(_with(path, value))
+
+
+# --- defaults equal the static manifests -----------------------------------------------------
+#
+# No helm binary can be installed here, so the chart's templates cannot be rendered in this
+# suite (test_helm_* below do it wherever helm exists). Instead the defaults in values.yaml are
+# compared, field by field, with the static manifests, and the templates are checked to emit
+# each of those fields from exactly these values.
+
+
+def plugin_args(vals: dict[str, Any]) -> list[str]:
+    """The argument list daemonset-device-plugin.yaml renders (kept in step with the template)."""
+    plugin = vals["devicePlugin"]
+    args = [
+        "--host-root=/host",
+        f"--resource-name={plugin['resourceName']}",
+        f"--device-list-strategy={','.join(plugin['deviceListStrategy'])}",
+        f"--health-interval={plugin['healthInterval']}",
+    ]
+    if plugin["passDeviceSpecs"]:
+        args.append("--pass-device-specs")
+    if plugin.get("failOnInitError"):
+        args.append("--fail-on-init-error")
+    if plugin.get("logLevel"):
+        args.append(f"--log-level={plugin['logLevel']}")
+    if plugin["pluginDir"] != PLUGIN_DEFAULT_DIR:
+        args.append(f"--plugin-dir={plugin['pluginDir']}")
+    kinds = ["gcu"]
+    if vals["vgcu"]["enabled"]:
+        kinds.append("vgcu")
+    if vals["sharing"]["enabled"]:
+        kinds.append("shared-gcu")
+    if kinds != ["gcu"]:
+        args.append(f"--resources={','.join(kinds)}")
+    if vals["sharing"]["enabled"]:
+        args.append("--config-file=/etc/enflame-device-plugin/config.yaml")
+    return args
+
+
+def test_template_emits_every_plugin_flag_the_values_control() -> None:
+    text = template("daemonset-device-plugin.yaml")
+    everything_on = _with("devicePlugin.passDeviceSpecs", True)
+    everything_on["devicePlugin"].update(failOnInitError=True, logLevel="debug", pluginDir="/x")
+    everything_on["vgcu"]["enabled"] = everything_on["sharing"]["enabled"] = True
+    for arg in plugin_args(everything_on):
+        flag = arg.split("=", 1)[0]
+        assert re.search(rf"^\s+- {re.escape(flag)}\b", text, re.MULTILINE), flag
+
+
+def static_container(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    doc = load_one(os.path.join(YAML_DIR, name))
+    spec = doc["spec"]["template"]["spec"]
+    return spec, spec["containers"][0]
+
+
+def node_terms(vals: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"matchExpressions": [{"key": label["key"], "operator": "In", "values": [label["value"]]}]}
+        for label in vals["nodeSelection"]["anyOfLabels"]
+    ]
+
+
+def test_plugin_defaults_equal_the_static_manifest() -> None:
+    vals = values()
+    spec, container = static_container("enflame-device-plugin.yaml")
+    app_version = chart()["appVersion"]
+    tag = vals["image"]["tag"] or app_version
+    assert container["image"] == f"{vals['image']['repository']}:{tag}"
+    assert container["imagePullPolicy"] == vals["image"]["pullPolicy"]
+    assert container["args"] == plugin_args(vals)
+    assert container["securityContext"] == vals["devicePlugin"]["securityContext"]
+    assert container["resources"] == vals["devicePlugin"]["resources"]
+    assert spec["priorityClassName"] == vals["priorityClassName"]
+    assert spec["tolerations"] == vals["tolerations"]
+    affinity = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert affinity["nodeSelectorTerms"] == node_terms(vals)
+    plugin_volume = next(v for v in spec["volumes"] if v["name"] == "device-plugin")
+    assert plugin_volume["hostPath"]["path"] == vals["devicePlugin"]["pluginDir"]
+    assert vals["devicePlugin"]["enabled"] is True
+    assert not vals["vgcu"]["enabled"] and not vals["sharing"]["enabled"]
+
+
+def test_plugin_template_holds_the_static_manifests_fixed_parts() -> None:
+    """Volumes, mounts, env and pod security context are literal in the template: same text."""
+    text = template("daemonset-device-plugin.yaml")
+    spec, container = static_container("enflame-device-plugin.yaml")
+    for volume in spec["volumes"]:
+        assert f"- name: {volume['name']}" in text
+        path = volume["hostPath"]["path"]
+        expected = "{{ $plugin.pluginDir }}" if path == PLUGIN_DEFAULT_DIR else path
+        assert f"path: {expected}\n            type: {volume['hostPath']['type']}" in text
+    for mount in container["volumeMounts"]:
+        if mount["mountPath"] != PLUGIN_DEFAULT_DIR:
+            assert f"mountPath: {mount['mountPath']}\n              readOnly: true" in text
+    for env in container["env"]:
+        assert f"- name: {env['name']}\n              value: {env['value']}" in text
+    assert spec["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert "seccompProfile:\n          type: RuntimeDefault" in text
+    assert spec["automountServiceAccountToken"] is False
+    assert "automountServiceAccountToken: false" in text
+
+
+def test_toolkit_defaults_equal_the_static_manifest() -> None:
+    vals = values()["toolkit"]
+    spec, container = static_container("enflame-container-toolkit.yaml")
+    tag = vals["image"]["tag"] or chart()["appVersion"]
+    assert container["image"] == f"{vals['image']['repository']}:{tag}"
+    assert spec["terminationGracePeriodSeconds"] == vals["terminationGracePeriodSeconds"]
+    assert container["resources"] == vals["resources"]
+    assert spec["tolerations"] == values()["tolerations"]
+    text = template("daemonset-container-toolkit.yaml")
+    command_line = re.search(r"^\s+command: (\[.*\])$", text, re.MULTILINE)
+    assert command_line is not None
+    assert yaml.safe_load(command_line.group(1)) == container["command"]
+    assert "hostPID: true" in text and "privileged: true" in text
+    assert "path: /\n            type: Directory" in text
+
+
+def test_chart_app_version_is_the_project_version() -> None:
+    with open(os.path.join(CHART_DIR, "..", "..", "..", "pyproject.toml"), encoding="utf-8") as f:
+        version = re.search(r'^version = "([^"]+)"', f.read(), re.MULTILINE)
+    assert version is not None
+    assert chart()["appVersion"] == version.group(1)
+    assert chart()["name"] == "enflame-gcu"
+
+
+def test_sharing_config_template_writes_a_versioned_config() -> None:
+    text = template("configmap-plugin-config.yaml")
+    body = text.split("config.yaml: |", 1)[1]
+    assert "version: v1" in body
+    for key in ("slicesPerCard", "policy", "cards"):
+        pattern = rf"^\s+{key}: \{{\{{.*\.Values\.sharing\.{key}.*\}}\}}$"
+        assert re.search(pattern, body, re.MULTILINE), key
+
+
+# --- with a real helm ------------------------------------------------------------------------
+
+HELM = shutil.which("helm")
+NO_HELM = "helm is not on PATH (no registry here ships it); templates checked structurally above"
+
+
+@pytest.mark.skipif(HELM is None, reason=NO_HELM)
+def test_helm_lint() -> None:
+    assert HELM is not None
+    subprocess.run([HELM, "lint", "--strict", CHART_DIR], check=True)
+
+
+@pytest.mark.skipif(HELM is None, reason=NO_HELM)
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["--set", "toolkit.enabled=true,vgcu.enabled=true,sharing.enabled=true"]],
+)
+def test_helm_template_renders_valid_objects(overrides: list[str], tmp_path: Any) -> None:
+    assert HELM is not None
+    out = subprocess.run(
+        [HELM, "template", "enflame-gcu", CHART_DIR, "-n", "kube-system", *overrides],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert docs
+    for doc in docs:
+        for version in ("1.25.0", kv.latest_version()):
+            kv.validate(doc, version, strict=True)
+    if not overrides:
+        (plugin,) = [d for d in docs if d["kind"] == "DaemonSet"]
+        static = load_all(os.path.join(YAML_DIR, "enflame-device-plugin.yaml"))[0]
+        assert (
+            plugin["spec"]["template"]["spec"]["containers"]
+            == static["spec"]["template"]["spec"]["containers"]
+        )

@@ -1,0 +1,132 @@
+"""deploy/k8s-config.sh on a node tree under --root, with a stand-in kubelet and enflame-ctk.
+
+Under --root nothing on the live system is touched (swapoff, systemctl are only printed), so
+these tests run the script for real against temporary trees.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.helpers import DEPLOY
+
+FSTAB = "UUID=1 / ext4 defaults 0 1\n/swap.img none swap sw 0 0\n# /old none swap sw 0 0\n"
+
+
+def executable(path: Path, text: str) -> str:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Path:
+    root = tmp_path / "node"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "fstab").write_text(FSTAB)
+    (root / "run" / "containerd").mkdir(parents=True)
+    (root / "run" / "containerd" / "containerd.sock").touch()
+    return root
+
+
+def run(
+    tmp_path: Path, root: Path, *args: str, kubelet_version: str = "v1.28.2"
+) -> subprocess.CompletedProcess[str]:
+    kubelet = executable(tmp_path / "kubelet", f"#!/bin/sh\necho 'Kubernetes {kubelet_version}'\n")
+    ctk = executable(tmp_path / "enflame-ctk", f'#!/bin/sh\necho "$@" >> {tmp_path}/ctk-calls\n')
+    env = {**os.environ, "KUBELET": kubelet, "ENFLAME_CTK": ctk}
+    return subprocess.run(
+        ["bash", os.path.join(DEPLOY, "k8s-config.sh"), "--root", str(root), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+
+
+def ctk_calls(tmp_path: Path) -> list[str]:
+    calls = tmp_path / "ctk-calls"
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_dry_run_changes_nothing_and_says_what_it_would_do(tmp_path: Path, node: Path) -> None:
+    result = run(tmp_path, node, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert (node / "etc" / "fstab").read_text() == FSTAB
+    assert "/swap.img none swap sw 0 0" in result.stdout
+    expected = "would run: enflame-ctk runtime configure --runtime containerd --set-as-default"
+    assert expected in result.stdout
+    # With enflame-ctk present the dry run also asks it for the diff, itself in --dry-run mode.
+    assert all(call.endswith("--dry-run") for call in ctk_calls(tmp_path))
+    assert not (node / "etc" / "fstab.enflame-k8s-config.bak").exists()
+
+
+def test_prepares_swap_and_the_detected_runtime(tmp_path: Path, node: Path) -> None:
+    result = run(tmp_path, node)
+    assert result.returncode == 0, result.stderr
+    fstab = (node / "etc" / "fstab").read_text().splitlines()
+    assert fstab[0] == "UUID=1 / ext4 defaults 0 1"
+    assert fstab[1] == "# disabled by k8s-config.sh: /swap.img none swap sw 0 0"
+    assert fstab[2] == "# /old none swap sw 0 0"
+    assert (node / "etc" / "fstab.enflame-k8s-config.bak").read_text() == FSTAB
+    config = node / "etc" / "containerd" / "config.toml"
+    assert ctk_calls(tmp_path) == [
+        f"runtime configure --runtime containerd --set-as-default --config {config}"
+    ]
+    assert "DevicePlugins is GA" in result.stdout
+
+
+def test_second_run_changes_nothing_more(tmp_path: Path, node: Path) -> None:
+    assert run(tmp_path, node).returncode == 0
+    once = (node / "etc" / "fstab").read_text()
+    assert run(tmp_path, node).returncode == 0
+    assert (node / "etc" / "fstab").read_text() == once
+
+
+def test_runtime_can_be_chosen(tmp_path: Path, node: Path) -> None:
+    result = run(tmp_path, node, "--runtime", "docker", "--skip-swap")
+    assert result.returncode == 0, result.stderr
+    assert ctk_calls(tmp_path) == [
+        "runtime configure --runtime docker --set-as-default"
+        f" --config {node}/etc/docker/daemon.json"
+    ]
+
+
+def test_unknown_runtime_is_refused(tmp_path: Path, node: Path) -> None:
+    result = run(tmp_path, node, "--runtime", "rkt")
+    assert result.returncode == 1
+    assert "--runtime must be docker, containerd or crio" in result.stderr
+
+
+def test_kubelet_too_old_for_v1beta1_is_refused(tmp_path: Path, node: Path) -> None:
+    result = run(tmp_path, node, "--skip-swap", kubelet_version="v1.9.11")
+    assert result.returncode == 1
+    assert "kubelet 1.9 is too old" in result.stderr
+    assert ctk_calls(tmp_path) == []
+
+
+def test_device_plugins_gate_is_turned_on_only_when_it_was_off(tmp_path: Path, node: Path) -> None:
+    result = run(tmp_path, node, "--skip-swap", "--skip-runtime", kubelet_version="v1.19.8")
+    assert "DevicePlugins is on (the default since 1.10); nothing to change" in result.stdout
+    assert not (node / "etc" / "default" / "kubelet").exists()
+
+    (node / "var" / "lib" / "kubelet").mkdir(parents=True)
+    config = node / "var" / "lib" / "kubelet" / "config.yaml"
+    config.write_text("featureGates:\n  DevicePlugins: false\n")
+    result = run(tmp_path, node, "--skip-swap", "--skip-runtime", kubelet_version="v1.19.8")
+    assert result.returncode == 0, result.stderr
+    defaults = (node / "etc" / "default" / "kubelet").read_text()
+    assert defaults == 'KUBELET_EXTRA_ARGS="--feature-gates=DevicePlugins=true"\n'
+    assert "would run: systemctl restart kubelet" in result.stdout
+
+
+def test_no_engine_found_is_a_clear_error(tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    result = run(tmp_path, bare)
+    assert result.returncode == 1
+    assert "no container engine found" in result.stderr
