@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-import tomllib
 from importlib import resources
 
 import pytest
 
 from enflame_gcu.container_toolkit import runtime_config
 from enflame_gcu.errors import ConfigError
+
+# tomllib (Python >= 3.11) is the reference the built-in parser is compared with.
+tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
 
 
 def template() -> str:
@@ -63,7 +65,7 @@ def test_missing_default_file_means_defaults(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_missing_named_file_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(runtime_config.PATH_ENV, "/nonexistent/x.toml")
-    with pytest.raises(ConfigError, match="/nonexistent/x.toml does not exist"):
+    with pytest.raises(ConfigError, match=r"/nonexistent/x\.toml does not exist"):
         runtime_config.load()
 
 

@@ -91,7 +91,7 @@ def test_volume_mounts_and_annotations_are_requests() -> None:
 
 def test_bad_cdi_name_is_an_error() -> None:
     spec = make_spec(annotations={edits.CDI_ANNOTATION_KEY: "enflame.com/gcu=x1"})
-    with pytest.raises(InvalidRequestError, match="names no enflame.com/gcu device"):
+    with pytest.raises(InvalidRequestError, match=r"names no enflame\.com/gcu device"):
         device_request.from_spec(spec, True)
 
 
