@@ -1,0 +1,29 @@
+"""``make demo`` tells the whole story and exits 0 without leaving anything behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def test_demo_runs_the_manual_scenario_and_heals() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "enflame_gcu.demo"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "called Allocate(gcu0, gcu1)" in out
+    assert "called Allocate(gcu4, gcu5)" in out
+    assert "env     ENFLAME_VISIBLE_DEVICES=0,1" in out
+    assert "re-registered in" in out
+    assert "gcu3    Unhealthy" in out
+    assert "gcu3 Healthy again" in out
+    assert "exit status 0" in out and "socket removed: yes" in out
+    assert out.rstrip().endswith("Demo finished.")
+    # Nothing of the demo's plugin survives it, and its temp dir is gone.
+    plugin_dir = out.split("--plugin-dir ", 1)[1].split()[0]
+    running = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert plugin_dir.startswith("/tmp/gcu-")
+    assert plugin_dir not in running
+    assert not os.path.exists(plugin_dir)
