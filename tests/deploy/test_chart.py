@@ -211,9 +211,13 @@ def test_toolkit_defaults_equal_the_static_manifest() -> None:
     assert container["resources"] == vals["resources"]
     assert spec["tolerations"] == values()["tolerations"]
     text = template("daemonset-container-toolkit.yaml")
-    command_line = re.search(r"^\s+command: (\[.*\])$", text, re.MULTILINE)
-    assert command_line is not None
-    assert yaml.safe_load(command_line.group(1)) == container["command"]
+    rendered = ["enflame-ctk", "install", "--host-root", "/host", "--wait"]
+    rendered += ["--set-as-default"] * vals["setAsDefault"] + ["--restart-engine"] * vals[
+        "restartEngine"
+    ]
+    assert container["command"] == rendered
+    for word in rendered:
+        assert f"            - {word}\n" in text, word
     assert "hostPID: true" in text and "privileged: true" in text
     assert "path: /\n            type: Directory" in text
 

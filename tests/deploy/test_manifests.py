@@ -194,7 +194,8 @@ def test_toolkit_installer_has_what_undoing_needs() -> None:
     doc = manifest("enflame-container-toolkit.yaml")
     spec = pod_spec(doc)
     container = only_container(doc)
-    assert container["command"] == ["enflame-ctk", "install", "--host-root", "/host", "--wait"]
+    assert container["command"][:5] == ["enflame-ctk", "install", "--host-root", "/host", "--wait"]
+    assert {"--set-as-default", "--restart-engine"} <= set(container["command"])
     assert host_paths(doc) == {"host-root": ("/", "/host", False)}
     assert spec["hostPID"] is True
     assert spec["terminationGracePeriodSeconds"] >= 60
