@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "runtime",
     "system",
     "install",
+    "doctor",
 )
 
 

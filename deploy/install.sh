@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# install.sh: the one-click installer for enflame-container-runtime and enflame-ctk on a host.
+#
+# Why the shell is thin: it only builds the virtualenv (the one step that cannot run our Python
+# yet). Every change to the host itself (the runtime launcher, the /usr/bin links, the runtime
+# config, the engine configs, the install manifest and their exact undo) is made by
+# `enflame-ctk install` / `enflame-ctk uninstall`, whose Python is tested against fake host roots.
+set -euo pipefail
+
+PROG=install.sh
+SRC_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+usage() {
+    cat <<EOF
+Usage: $PROG [options]            install the toolkit and configure the engines found
+       $PROG --uninstall [options] undo everything a previous install did
+
+Installs enflame-gcu into a virtualenv under PREFIX (pip install of this source tree, or of
+--wheel), links /usr/bin/enflame-container-runtime (a fast-start launcher) and
+/usr/bin/enflame-ctk, creates /etc/enflame-container-runtime/ (config.toml from the template,
+never overwriting one) and /var/log/enflame/, and adds the enflame runtime to every engine it
+finds (docker daemon.json merged, never overwritten; containerd; CRI-O drop-in), each change
+backed up. Everything is recorded in PREFIX/install-manifest.json; --uninstall undoes it
+(a config.toml you edited is kept, as are non-empty directories such as the log dir).
+
+Options:
+  --prefix DIR       install location (default: /opt/enflame-gcu; the venv is DIR/venv)
+  --wheel FILE       pip install this wheel instead of the source tree around this script
+  --python PY        interpreter that creates the venv, >= 3.10 (default: python3)
+  --pip-args ARGS    extra arguments for pip install (e.g. "--no-index --find-links DIR")
+  --use-env DIR      use an existing virtualenv that has enflame-gcu installed: no venv, no pip;
+                     never removed by --uninstall (pass it to --uninstall as well)
+  --runtime NAME     docker, containerd or crio; repeatable (default: every engine found)
+  --no-default       add the runtime without making it the engines' default runtime
+  --restart          SIGHUP/restart the engines whose config changed (default: print how)
+  --host-root DIR    treat DIR as / (tests, images); /usr/bin links then point at host paths
+  --dry-run          print what would change, change nothing
+  --uninstall        undo a previous install
+  -h, --help         this text
+EOF
+}
+
+die() {
+    echo "$PROG: $*" >&2
+    exit 1
+}
+
+PREFIX=/opt/enflame-gcu
+HOST_ROOT=/
+WHEEL=
+PYTHON=python3
+PIP_ARGS=
+USE_ENV=
+DRY_RUN=0
+UNINSTALL=0
+RESTART=0
+SET_DEFAULT=1
+RUNTIMES=()
+
+need_value() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --prefix) need_value "$@"; PREFIX=$2; shift 2 ;;
+        --host-root) need_value "$@"; HOST_ROOT=$2; shift 2 ;;
+        --wheel) need_value "$@"; WHEEL=$2; shift 2 ;;
+        --python) need_value "$@"; PYTHON=$2; shift 2 ;;
+        --pip-args) need_value "$@"; PIP_ARGS=$2; shift 2 ;;
+        --use-env) need_value "$@"; USE_ENV=$2; shift 2 ;;
+        --runtime) need_value "$@"; RUNTIMES+=("$2"); shift 2 ;;
+        --no-default) SET_DEFAULT=0; shift ;;
+        --restart) RESTART=1; shift ;;
+        --dry-run) DRY_RUN=1; shift ;;
+        --uninstall) UNINSTALL=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) die "unknown option '$1' (see --help)" ;;
+    esac
+done
+
+[[ $PREFIX == /* ]] || die "--prefix must be an absolute path, got '$PREFIX'"
+[[ -d $HOST_ROOT ]] || die "--host-root '$HOST_ROOT' is not a directory"
+HOST_ROOT=$(cd "$HOST_ROOT" && pwd)
+if [[ -n $USE_ENV ]]; then
+    [[ -x $USE_ENV/bin/enflame-ctk ]] || die "--use-env '$USE_ENV' has no bin/enflame-ctk"
+    USE_ENV=$(cd "$USE_ENV" && pwd)
+fi
+if [[ $HOST_ROOT == / && $DRY_RUN == 0 && $(id -u) != 0 ]]; then
+    die "must run as root: it writes /usr/bin, /etc and the engine configs (try --dry-run)"
+fi
+
+# A host path as seen from here.
+hp() { if [[ $HOST_ROOT == / ]]; then printf '%s' "$1"; else printf '%s%s' "$HOST_ROOT" "$1"; fi; }
+# The inverse, for paths this shell found (paths outside HOST_ROOT are left as they are).
+host_view() { if [[ $HOST_ROOT != / && $1 == "$HOST_ROOT"/* ]]; then printf '%s' "${1#"$HOST_ROOT"}"; else printf '%s' "$1"; fi; }
+
+MANIFEST=$(hp "$PREFIX")/install-manifest.json
+COMMON=(--host-root "$HOST_ROOT" --toolkit-dir "$PREFIX")
+[[ $RESTART == 1 ]] && COMMON+=(--restart-engine)
+[[ $DRY_RUN == 1 ]] && COMMON+=(--dry-run)
+
+if [[ $UNINSTALL == 1 ]]; then
+    if [[ ! -e $MANIFEST ]]; then
+        echo "$PROG: nothing to uninstall: $MANIFEST does not exist"
+        exit 0
+    fi
+    if [[ -n $USE_ENV ]]; then
+        CTK=$USE_ENV/bin/enflame-ctk
+    elif [[ -x $(hp "$PREFIX")/venv/bin/enflame-ctk ]]; then
+        CTK=$(hp "$PREFIX")/venv/bin/enflame-ctk
+    else
+        die "cannot find the enflame-ctk that made $MANIFEST: pass --use-env DIR"
+    fi
+    # Undone newest first: engine configs, links, config, the venv, then empty directories.
+    "$CTK" uninstall "${COMMON[@]}"
+    exit 0
+fi
+
+CREATED=()
+if [[ -n $USE_ENV ]]; then
+    ENV_HOST=$USE_ENV
+    ENV_HERE=$USE_ENV
+else
+    ENV_HOST=$PREFIX/venv
+    ENV_HERE=$(hp "$ENV_HOST")
+    if [[ -z $WHEEL ]]; then
+        [[ -f $SRC_DIR/pyproject.toml ]] || die "no pyproject.toml in $SRC_DIR: pass --wheel FILE"
+        SOURCE=$SRC_DIR
+    else
+        [[ -f $WHEEL ]] || die "--wheel '$WHEEL' does not exist"
+        SOURCE=$WHEEL
+    fi
+    command -v "$PYTHON" >/dev/null || die "no '$PYTHON' on PATH: install python3 (>= 3.10) or pass --python"
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+        || die "$PYTHON is $("$PYTHON" -V 2>&1); enflame-gcu needs Python >= 3.10 (pass --python)"
+    if [[ -e $ENV_HERE && ! -e $MANIFEST ]]; then
+        die "$ENV_HERE exists but no install recorded it ($MANIFEST is missing): move it away first"
+    fi
+    # Record every directory level we create so --uninstall removes exactly those.
+    dir=$PREFIX
+    missing=()
+    while [[ $dir != / && ! -d $(hp "$dir") ]]; do
+        missing=("$dir" "${missing[@]+"${missing[@]}"}")
+        dir=$(dirname "$dir")
+    done
+    for dir in "${missing[@]+"${missing[@]}"}"; do CREATED+=(--created "dir:$dir"); done
+    CREATED+=(--created "tree:$ENV_HOST")
+    if [[ $DRY_RUN == 1 && ! -x $ENV_HERE/bin/enflame-ctk ]]; then
+        echo "would create the virtualenv $ENV_HERE with $PYTHON"
+        echo "would pip install $SOURCE ${PIP_ARGS}"
+        echo "would run: enflame-ctk install ${COMMON[*]} --bin-dir /usr/bin ..."
+        exit 0
+    fi
+    if [[ $DRY_RUN == 0 ]]; then
+        if [[ ! -x $ENV_HERE/bin/python ]]; then
+            echo "creating the virtualenv $ENV_HERE"
+            mkdir -p "$(hp "$PREFIX")"
+            "$PYTHON" -m venv "$ENV_HERE"
+        fi
+        echo "pip install $SOURCE"
+        # shellcheck disable=SC2086 # PIP_ARGS is a list of words on purpose
+        "$ENV_HERE/bin/python" -m pip install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE"
+    fi
+fi
+
+PACKAGE_DIR=$("$ENV_HERE/bin/python" -c \
+    'import enflame_gcu, os; print(os.path.dirname(os.path.dirname(os.path.abspath(enflame_gcu.__file__))))') \
+    || die "$ENV_HERE has no working enflame_gcu package"
+ARGS=(
+    --python "$ENV_HOST/bin/python"
+    --package-dir "$(host_view "$PACKAGE_DIR")"
+    --bin-dir /usr/bin
+    --link-ctk "$ENV_HOST/bin/enflame-ctk"
+)
+[[ $SET_DEFAULT == 1 ]] && ARGS+=(--set-as-default)
+for runtime in "${RUNTIMES[@]+"${RUNTIMES[@]}"}"; do ARGS+=(--runtime "$runtime"); done
+
+"$ENV_HERE/bin/enflame-ctk" install "${COMMON[@]}" "${ARGS[@]}" "${CREATED[@]+"${CREATED[@]}"}"
+
+if [[ $DRY_RUN == 0 ]]; then
+    echo "recorded in $MANIFEST; undo with: $0 --uninstall${USE_ENV:+ --use-env $USE_ENV}"
+    if [[ $RESTART == 0 ]]; then
+        echo "restart the engines so they load the runtime, e.g.: systemctl restart docker (or containerd, crio)"
+    fi
+fi

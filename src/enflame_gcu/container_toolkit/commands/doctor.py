@@ -1,0 +1,55 @@
+"""``enflame-ctk doctor``: check a GCU node the way the vendor manual's FAQ does by hand."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any
+
+from enflame_gcu.container_toolkit import doctor
+
+EXIT_CODES = {"pass": 0, "warn": 1, "fail": 2}
+
+EPILOG = """\
+checks: driver loaded and its version; /dev/gcu* and /dev/gcuctl present and matching sysfs;
+the runtime binary the engines point at; the runtime config; docker/containerd/CRI-O configured
+(and enflame the default); runc 1.1.3-1.1.6 vs /dev/char links (runc issue 3671); the kubelet's
+device-plugin dir and kubelet.sock; a stale enflame.sock; swap; cpuManagerPolicy static.
+
+exit status: 0 every check passed, 1 warnings only, 2 at least one check failed.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add the ``doctor`` command to the ``enflame-ctk`` parser."""
+    parser = subparsers.add_parser(
+        "doctor",
+        help="diagnose this node: driver, devices, runtime, engines, kubelet (exit 0/1/2)",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--root", default="/", metavar="DIR", help="read every path under DIR (e.g. /host)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.set_defaults(handler=doctor_command)
+
+
+def doctor_command(args: argparse.Namespace) -> int:
+    """Handler of ``doctor``: run every check, print them, exit with the worst status."""
+    results = doctor.run(args.root)
+    worst = doctor.worst(results)
+    if args.json:
+        document = {"root": args.root, "status": worst}
+        document["results"] = [dataclasses.asdict(r) for r in results]
+        print(json.dumps(document, indent=2))
+        return EXIT_CODES[worst]
+    width = max((len(r.name) for r in results), default=0)
+    for result in results:
+        print(f"{result.status.upper():4}  {result.name:{width}}  {result.detail}")
+        if result.fix and result.status != "pass":
+            print(f"{'':4}  {'':{width}}  fix: {result.fix}")
+    counts = {s: sum(r.status == s for r in results) for s in EXIT_CODES}
+    print(f"{counts['pass']} passed, {counts['warn']} warning(s), {counts['fail']} failed")
+    return EXIT_CODES[worst]
