@@ -233,3 +233,25 @@ def test_disabled_healthchecks_keep_cards_healthy_as_discovered() -> None:
     run_on_node(
         scenario, ["--health-interval", "0.1"], {"DP_DISABLE_HEALTHCHECKS": "all"}, "flat-4card"
     )
+
+
+def test_socket_deleted_while_waiting_for_the_kubelet_is_served_again() -> None:
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("flat-4card")
+        plugin = plugin_process.PluginProcess(plugins, root)
+        path = os.path.join(plugins, "enflame.sock")
+        try:
+            await plugin.start()
+            for _ in range(400):
+                if os.path.exists(path):
+                    break
+                await asyncio.sleep(0.025)
+            os.unlink(path)  # no kubelet yet: registration is still being retried
+            async with KubeletStub(plugins) as kubelet:
+                await kubelet.wait_for(lambda k: k.capacity() == 4, 10, "registration")
+            assert "our socket vanished before registration" in plugin.log_text()
+        finally:
+            assert await plugin.stop() == 0
+            shutil.rmtree(work)
+
+    asyncio.run(main())

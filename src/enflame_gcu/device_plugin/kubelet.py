@@ -110,9 +110,12 @@ class ResourceServer:
             await api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=REGISTER_TIMEOUT)
 
     async def register(self, watcher: health.ChangeWatcher, signals: Signals) -> bool:
-        """Register, retrying until the kubelet answers; False when a signal came first."""
+        """Register, retrying until the kubelet answers; False on a signal or a lost socket."""
         delay, warned = 0.05, False
         while signals.pending() is None:
+            if identity(self.config.socket_path) != self._socket:
+                log.info("our socket vanished before registration; serving again")
+                return False
             kubelet = identity(self.kubelet_socket)
             if kubelet is None:
                 reason = f"{self.kubelet_socket} does not exist"
@@ -158,6 +161,7 @@ class ResourceServer:
                         while (reason := self.restart_reason()) is None:
                             if signals.pending():
                                 break
+                            watcher.refresh()  # the plugin dir itself may have been re-created
                             await wait_any(watcher, signals, CHECK_INTERVAL)
                         else:
                             log.info("%s: serving again and re-registering", reason)
