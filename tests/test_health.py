@@ -178,3 +178,33 @@ def test_missing_control_node_makes_every_card_unhealthy(node: str) -> None:
     known = cards(node)
     os.unlink(os.path.join(node, "dev/gcuctl"))
     assert set(health.check(node, known).reasons().values()) == {"/dev/gcuctl is missing"}
+
+
+def test_a_failing_consumer_does_not_stop_the_monitor(node: str) -> None:
+    async def main() -> None:
+        inventory = devices.discover(node)
+        monitor = health.HealthMonitor(
+            node, inventory.cards, driver_version=inventory.driver_version, interval=3600
+        )
+        seen: list[dict[str, bool]] = []
+        healed = asyncio.Event()
+
+        def notify(update: health.HealthUpdate) -> None:
+            seen.append(update.report.healthy())
+            if len(seen) == 1:
+                raise RuntimeError("consumer bug")
+            if update.report.healthy()["gcu0"]:
+                healed.set()
+
+        task = asyncio.ensure_future(monitor.run(notify))
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.1, simulate.unplug, node, 0)
+        loop.call_later(0.4, simulate.replug, node, 0)
+        try:
+            await asyncio.wait_for(healed.wait(), 3)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert seen[0]["gcu0"] is False and seen[-1]["gcu0"] is True
+
+    asyncio.run(main())

@@ -220,12 +220,31 @@ class HealthMonitor:
         self._report = report
         return HealthUpdate(report, rediscover)
 
+    def _step(self, notify: Callable[[HealthUpdate], None]) -> None:
+        update = self.rescan()
+        if update is None:
+            return
+        try:
+            notify(update)
+        except Exception:
+            # A failing consumer must not end health watching; the next change retries.
+            log.exception("applying a health update failed")
+
     async def run(self, notify: Callable[[HealthUpdate], None]) -> None:
         """Watch until cancelled, calling ``notify`` with every update."""
-        with ChangeWatcher(self.watched_directories()) as watcher:
+        try:
+            watcher = ChangeWatcher(self.watched_directories()).__enter__()
+        except OSError as exc:
+            log.warning(
+                "inotify unavailable (%s); health relies on %ss rescans", exc, self.interval
+            )
+            while True:
+                self._step(notify)
+                await asyncio.sleep(self.interval)
+        try:
             while True:
                 watcher.refresh()
-                update = self.rescan()
-                if update is not None:
-                    notify(update)
+                self._step(notify)
                 await watcher.wait(self.interval)
+        finally:
+            watcher.__exit__(None, None, None)
