@@ -173,7 +173,14 @@ ARGS=(
 [[ $SET_DEFAULT == 1 ]] && ARGS+=(--set-as-default)
 for runtime in "${RUNTIMES[@]+"${RUNTIMES[@]}"}"; do ARGS+=(--runtime "$runtime"); done
 
-"$ENV_HERE/bin/enflame-ctk" install "${COMMON[@]}" "${ARGS[@]}" "${CREATED[@]+"${CREATED[@]}"}"
+if ! "$ENV_HERE/bin/enflame-ctk" install "${COMMON[@]}" "${ARGS[@]}" "${CREATED[@]+"${CREATED[@]}"}"; then
+    if [[ $DRY_RUN == 0 && -e $MANIFEST ]]; then
+        # Half an install helps nobody: undo what was recorded so the host is as it was.
+        echo "$PROG: install failed; undoing the steps already made" >&2
+        "$ENV_HERE/bin/enflame-ctk" uninstall "${COMMON[@]}" >&2 || true
+    fi
+    exit 1
+fi
 
 if [[ $DRY_RUN == 0 ]]; then
     echo "recorded in $MANIFEST; undo with: $0 --uninstall${USE_ENV:+ --use-env $USE_ENV}"

@@ -1,0 +1,142 @@
+"""deploy/install.sh against fake host roots.
+
+The fast tests pass ``--use-env`` with the project's own virtualenv, so they cover everything
+install.sh does except creating the venv and running pip; ``test_full_install_builds_a_venv``
+(marked slow, about 10 s) covers those too, with pip reaching the package index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+from tests.container_toolkit import installer_fixtures as fx
+
+INSTALL_SH = os.path.join(PROJECT_ROOT, "deploy", "install.sh")
+DEV_ENV = os.path.dirname(os.path.dirname(sys.executable))
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", INSTALL_SH, *args], capture_output=True, text=True, timeout=110, check=False
+    )
+
+
+def _read(root: str, path: str) -> str:
+    with open(os.path.join(root, path.lstrip("/")), encoding="utf-8") as handle:
+        return handle.read()
+
+
+@pytest.fixture
+def host(tmp_path: object) -> str:
+    return fx.fake_host(str(tmp_path))
+
+
+def test_install_links_runtime_and_merges_engine_configs(host: str) -> None:
+    result = run("--host-root", host, "--use-env", DEV_ENV)
+    assert result.returncode == 0, result.stderr
+    assert os.readlink(os.path.join(host, "usr/bin/enflame-container-runtime")) == (
+        "/opt/enflame-gcu/bin/enflame-container-runtime"
+    )
+    assert os.readlink(os.path.join(host, "usr/bin/enflame-ctk")) == f"{DEV_ENV}/bin/enflame-ctk"
+    launcher = _read(host, "/opt/enflame-gcu/bin/enflame-container-runtime")
+    assert launcher.startswith(f"#!{DEV_ENV}/bin/python -IS\n")
+    daemon = json.loads(_read(host, "/etc/docker/daemon.json"))
+    assert daemon["runtimes"]["enflame"]["path"] == "/usr/bin/enflame-container-runtime"
+    assert daemon["default-runtime"] == "enflame"
+    assert daemon["data-root"] == "/var/lib/docker" and daemon["features"] == {"buildkit": True}
+    assert 'BinaryName = "/usr/bin/enflame-container-runtime"' in _read(
+        host, "/etc/containerd/config.toml"
+    )
+    assert os.path.isfile(os.path.join(host, "etc/enflame-container-runtime/config.toml"))
+    assert os.path.isdir(os.path.join(host, "var/log/enflame"))
+    assert "added default-runtime = 'enflame'" in result.stdout
+    assert "install-manifest.json; undo with:" in result.stdout
+
+
+def test_second_run_is_a_no_op_and_uninstall_restores_the_tree(host: str) -> None:
+    before = fx.snapshot(host)
+    assert run("--host-root", host, "--use-env", DEV_ENV).returncode == 0
+    installed = fx.snapshot(host)
+    second = run("--host-root", host, "--use-env", DEV_ENV)
+    assert second.returncode == 0, second.stderr
+    assert fx.diff(installed, fx.snapshot(host)) == []
+    result = run("--uninstall", "--host-root", host, "--use-env", DEV_ENV)
+    assert result.returncode == 0, result.stderr
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
+def test_no_default_and_runtime_selection(host: str) -> None:
+    result = run("--host-root", host, "--use-env", DEV_ENV, "--no-default", "--runtime", "docker")
+    assert result.returncode == 0, result.stderr
+    daemon = json.loads(_read(host, "/etc/docker/daemon.json"))
+    assert "enflame" in daemon["runtimes"] and "default-runtime" not in daemon
+    assert "enflame" not in _read(host, "/etc/containerd/config.toml")
+
+
+def test_dry_run_changes_nothing(host: str) -> None:
+    before = fx.snapshot(host)
+    result = run("--host-root", host, "--use-env", DEV_ENV, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "would be created" in result.stdout
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
+def test_uninstall_when_nothing_is_installed(host: str) -> None:
+    result = run("--uninstall", "--host-root", host)
+    assert result.returncode == 0
+    assert "nothing to uninstall" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--bogus"], "unknown option '--bogus'"),
+        (["--prefix", "opt/x"], "--prefix must be an absolute path"),
+        (["--host-root", "/nonexistent/root"], "is not a directory"),
+        (["--use-env", "/nonexistent/env"], "has no bin/enflame-ctk"),
+        (["--wheel"], "--wheel needs a value"),
+    ],
+)
+def test_bad_arguments_are_refused_with_a_clear_message(
+    host: str, args: list[str], message: str
+) -> None:
+    before = fx.snapshot(host)
+    result = run("--host-root", host, *args)
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
+def test_failed_install_rolls_back_and_leaves_malformed_daemon_json_alone(host: str) -> None:
+    fx.write(host, "/etc/docker/daemon.json", "{broken")
+    before = fx.snapshot(host)
+    result = run("--host-root", host, "--use-env", DEV_ENV)
+    assert result.returncode == 1
+    assert "daemon.json" in result.stderr and "undoing the steps already made" in result.stderr
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
+@pytest.mark.slow
+def test_full_install_builds_a_venv_and_uninstall_removes_it(host: str) -> None:
+    python = shutil.which("python3") or sys.executable
+    before = fx.snapshot(host)
+    result = run("--host-root", host, "--python", python)
+    assert result.returncode == 0, result.stdout + result.stderr
+    venv = os.path.join(host, "opt/enflame-gcu/venv")
+    ctk = subprocess.run(
+        [f"{venv}/bin/enflame-ctk", "--version"], capture_output=True, text=True, check=False
+    )
+    assert ctk.returncode == 0 and ctk.stdout.startswith("enflame-ctk "), ctk.stderr
+    launcher = _read(host, "/opt/enflame-gcu/bin/enflame-container-runtime")
+    assert launcher.startswith("#!/opt/enflame-gcu/venv/bin/python -IS\n")
+    assert "/opt/enflame-gcu/venv/lib/python3." in launcher
+    result = run("--uninstall", "--host-root", host)
+    assert result.returncode == 0, result.stderr
+    assert fx.diff(before, fx.snapshot(host)) == []

@@ -1,0 +1,236 @@
+"""The containerized installer (`enflame-ctk install|uninstall`) against fake host roots."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tomlkit
+
+from enflame_gcu.container_toolkit import installer
+from enflame_gcu.container_toolkit.cli import main
+from enflame_gcu.container_toolkit.commands.install import READY_LINE
+from tests.container_toolkit import installer_fixtures as fx
+
+RUNTIME = "/usr/local/enflame/bin/enflame-container-runtime"
+CTK = [sys.executable, "-m", "enflame_gcu.container_toolkit.cli"]
+
+
+@pytest.fixture
+def host(tmp_path: object) -> str:
+    return fx.fake_host(str(tmp_path))
+
+
+def _local(root: str, path: str) -> str:
+    return os.path.join(root, path.lstrip("/"))
+
+
+def _read(root: str, path: str) -> str:
+    with open(_local(root, path), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def test_install_copies_runtime_and_configures_every_detected_engine(host: str) -> None:
+    outcome = installer.install(installer.InstallOptions(host_root=host, set_as_default=True))
+
+    assert outcome.engines == ("docker", "containerd")
+    daemon = json.loads(_read(host, "/etc/docker/daemon.json"))
+    assert daemon["runtimes"]["enflame"]["path"] == RUNTIME
+    assert daemon["default-runtime"] == "enflame"
+    assert daemon["features"] == {"buildkit": True} and daemon["log-driver"] == "json-file"
+    text = _read(host, "/etc/containerd/config.toml")
+    assert text.startswith("# containerd config written by the node's provisioning")
+    cri = tomlkit.parse(text)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]  # type: ignore[index]
+    assert cri["default_runtime_name"] == "enflame"  # type: ignore[index]
+    options = cri["runtimes"]["enflame"]["options"]  # type: ignore[index]
+    assert options["BinaryName"] == RUNTIME and options["SystemdCgroup"] is True  # type: ignore[index]
+    backups = [n for n in os.listdir(_local(host, "/etc/docker")) if ".enflame-backup-" in n]
+    assert len(backups) == 1
+    launcher = _read(host, RUNTIME)
+    assert launcher.startswith("#!/usr/bin/python3 -IS\n")
+    assert "sys.path.insert(0, '/usr/local/enflame/lib')" in launcher
+    assert os.access(_local(host, RUNTIME), os.X_OK)
+    assert os.path.isfile(
+        _local(host, "/usr/local/enflame/lib/enflame_gcu/container_toolkit/runtime.py")
+    )
+    assert "log-file" in _read(host, "/etc/enflame-container-runtime/config.toml")
+    assert os.path.isdir(_local(host, "/var/log/enflame"))
+
+
+def test_copied_package_imports_with_bare_host_python(host: str) -> None:
+    """The host's python3 runs the copy with -IS: no site-packages, so stdlib only."""
+    installer.install(installer.InstallOptions(host_root=host))
+    lib = _local(host, "/usr/local/enflame/lib")
+    code = (
+        f"import sys; sys.path.insert(0, {lib!r}); "
+        "import enflame_gcu.container_toolkit.runtime as r, enflame_gcu.container_toolkit.create; "
+        "print(r.__file__)"
+    )
+    python = os.path.realpath(_local(host, "/usr/bin/python3"))
+    result = subprocess.run([python, "-IS", "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith(lib)
+
+
+def test_second_install_changes_nothing(host: str) -> None:
+    options = installer.InstallOptions(host_root=host, set_as_default=True)
+    installer.install(options)
+    first = fx.snapshot(host)
+    outcome = installer.install(options)
+    assert fx.diff(first, fx.snapshot(host)) == []
+    assert any("already up to date" in line for line in outcome.lines)
+
+
+def test_uninstall_restores_the_host_tree_exactly(host: str) -> None:
+    before = fx.snapshot(host)
+    installer.install(installer.InstallOptions(host_root=host, set_as_default=True))
+    assert fx.diff(before, fx.snapshot(host)) != []
+    installer.uninstall(host)
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
+def test_crio_drop_in_and_its_directory_are_removed_again(tmp_path: object) -> None:
+    root = fx.fake_host(str(tmp_path), docker=False, containerd=False, crio=True)
+    before = fx.snapshot(root)
+    outcome = installer.install(installer.InstallOptions(host_root=root))
+    assert outcome.engines == ("crio",)
+    drop_in = tomlkit.parse(_read(root, "/etc/crio/crio.conf.d/99-enflame.toml"))
+    assert drop_in["crio"]["runtime"]["runtimes"]["enflame"]["runtime_path"] == RUNTIME  # type: ignore[index]
+    installer.uninstall(root)
+    assert fx.diff(before, fx.snapshot(root)) == []
+
+
+def test_existing_runtime_config_is_never_overwritten_or_removed(host: str) -> None:
+    fx.write(host, "/etc/enflame-container-runtime/config.toml", 'log-level = "debug"\n')
+    before = fx.snapshot(host)
+    outcome = installer.install(installer.InstallOptions(host_root=host))
+    assert "/etc/enflame-container-runtime/config.toml: exists, kept as it is" in outcome.lines
+    installer.uninstall(host)
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
+def test_config_edited_after_install_is_kept_on_uninstall(host: str) -> None:
+    installer.install(installer.InstallOptions(host_root=host))
+    fx.write(host, "/etc/enflame-container-runtime/config.toml", 'log-level = "debug"\n')
+    outcome = installer.uninstall(host)
+    assert "kept /etc/enflame-container-runtime/config.toml: edited since it was installed" in (
+        outcome.lines
+    )
+    assert _read(host, "/etc/enflame-container-runtime/config.toml") == 'log-level = "debug"\n'
+    assert not os.path.exists(_local(host, "/usr/local/enflame"))
+
+
+def test_someone_elses_daemon_json_edit_survives_uninstall(host: str) -> None:
+    installer.install(installer.InstallOptions(host_root=host, set_as_default=True))
+    path = _local(host, "/etc/docker/daemon.json")
+    daemon = json.loads(_read(host, "/etc/docker/daemon.json"))
+    daemon["debug"] = True
+    fx.write(host, "/etc/docker/daemon.json", json.dumps(daemon))
+    installer.uninstall(host)
+    with open(path, encoding="utf-8") as handle:
+        after = json.load(handle)
+    assert after["debug"] is True and "runtimes" not in after and "default-runtime" not in after
+
+
+def test_missing_host_python_is_refused_before_any_change(host: str) -> None:
+    os.unlink(_local(host, "/usr/bin/python3"))
+    before = fx.snapshot(host)
+    with pytest.raises(
+        installer.InstallError, match=r"/usr/bin/python3 does not exist on the host"
+    ):
+        installer.install(installer.InstallOptions(host_root=host))
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
+def test_foreign_runtime_binary_is_never_replaced(host: str) -> None:
+    vendor = fx.write(host, "/usr/bin/enflame-container-runtime", "vendor binary", 0o755)
+    before = fx.snapshot(host)
+    with pytest.raises(installer.InstallError, match="was not installed by enflame-ctk install"):
+        installer.install(installer.InstallOptions(host_root=host, bin_dir="/usr/bin"))
+    with open(vendor, encoding="utf-8") as handle:
+        assert handle.read() == "vendor binary"
+    installer.uninstall(host)  # the partial install was recorded, so it undoes cleanly
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
+def test_dry_run_changes_nothing_and_says_what_it_would_do(host: str) -> None:
+    before = fx.snapshot(host)
+    outcome = installer.install(
+        installer.InstallOptions(host_root=host, set_as_default=True, dry_run=True)
+    )
+    assert fx.diff(before, fx.snapshot(host)) == []
+    assert "/usr/local/enflame/ would be created" in outcome.lines
+    assert any(
+        line.startswith("+") and "enflame-container-runtime" in line for line in outcome.lines
+    )
+
+
+def test_runtime_none_leaves_engines_alone(host: str, capsys: pytest.CaptureFixture[str]) -> None:
+    daemon = _read(host, "/etc/docker/daemon.json")
+    assert main(["install", "--host-root", host, "--runtime", "none"]) == 0
+    assert _read(host, "/etc/docker/daemon.json") == daemon
+    assert "no container engine configured" in capsys.readouterr().out
+
+
+def test_uninstall_without_a_manifest_has_nothing_to_undo(host: str) -> None:
+    outcome = installer.uninstall(host)
+    assert outcome.lines[0].startswith("nothing to undo:")
+
+
+def _start_waiting(host: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*CTK, "install", "--host-root", host, "--wait", "--set-as-default", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_ready(process: subprocess.Popen[str]) -> list[str]:
+    assert process.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith(READY_LINE):
+            return lines
+    process.kill()
+    raise AssertionError(f"never ready: {lines} {process.communicate()}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_wait_mode_undoes_everything_on_signal_and_exits_0(host: str, signum: int) -> None:
+    before = fx.snapshot(host)
+    ready = os.path.join(os.path.dirname(host), f"ready-{signum}")
+    process = _start_waiting(host, "--ready-file", ready)
+    try:
+        _wait_ready(process)
+        assert os.path.exists(ready)
+        assert "enflame" in json.loads(_read(host, "/etc/docker/daemon.json"))["runtimes"]
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    assert "/usr/local/enflame/ removed" in out
+    assert not os.path.exists(ready)
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
+def test_failed_install_in_wait_mode_leaves_nothing_behind(host: str) -> None:
+    fx.write(host, "/etc/docker/daemon.json", "{not json")
+    before = fx.snapshot(host)
+    process = _start_waiting(host)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 1
+    assert "daemon.json" in err
+    assert fx.diff(before, fx.snapshot(host)) == []
