@@ -57,11 +57,21 @@ class Signals:
 
 
 class ResourceServer:
-    """One resource on one socket in the plugin dir."""
+    """One resource on one socket in the plugin dir; a process may run several side by side."""
 
-    def __init__(self, config: plugin_config.PluginConfig, state: plugin_state.PluginState):
+    def __init__(
+        self,
+        config: plugin_config.PluginConfig,
+        state: plugin_state.PluginState,
+        *,
+        resource_name: str | None = None,
+        socket_name: str | None = None,
+    ) -> None:
         self.config = config
         self.state = state
+        self.resource_name = resource_name or config.resource_name
+        self.socket_name = socket_name or config.socket_name
+        self.socket_path = os.path.join(config.plugin_dir, self.socket_name)
         self._server: grpc.aio.Server | None = None
         self._service: service.DevicePluginService | None = None
         self._socket: tuple[int, int] | None = None
@@ -74,7 +84,7 @@ class ResourceServer:
 
     async def start(self) -> None:
         """Serve on our socket, removing a stale file left by an earlier instance."""
-        path = self.config.socket_path
+        path = self.socket_path
         os.makedirs(self.config.plugin_dir, exist_ok=True)
         if os.path.lexists(path):
             log.info("removing stale socket %s left by an earlier instance", path)
@@ -86,7 +96,7 @@ class ResourceServer:
         await server.start()
         self._server = server
         self._socket = identity(path)
-        log.debug("serving %s on %s", self.config.resource_name, path)
+        log.debug("serving %s on %s", self.resource_name, path)
 
     async def stop(self) -> None:
         """End the streams, stop the server, remove our socket (only if it is still ours)."""
@@ -94,16 +104,16 @@ class ResourceServer:
             self._service.stop_streams()
         if self._server is not None:
             await self._server.stop(STOP_GRACE)
-        if self._socket is not None and identity(self.config.socket_path) == self._socket:
+        if self._socket is not None and identity(self.socket_path) == self._socket:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.config.socket_path)
+                os.unlink(self.socket_path)
         self._server = self._service = self._socket = None
 
     async def _register_once(self) -> None:
         request = api_pb2.RegisterRequest(
             version=API_VERSION,
-            endpoint=self.config.socket_name,
-            resource_name=self.config.resource_name,
+            endpoint=self.socket_name,
+            resource_name=self.resource_name,
             options=service.options(),
         )
         async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
@@ -113,7 +123,7 @@ class ResourceServer:
         """Register, retrying until the kubelet answers; False on a signal or a lost socket."""
         delay, warned = 0.05, False
         while signals.pending() is None:
-            if identity(self.config.socket_path) != self._socket:
+            if identity(self.socket_path) != self._socket:
                 log.info("our socket vanished before registration; serving again")
                 return False
             kubelet = identity(self.kubelet_socket)
@@ -128,7 +138,7 @@ class ResourceServer:
                     self._kubelet = kubelet
                     log.info(
                         "registered %s (%d devices) with the kubelet at %s",
-                        self.config.resource_name,
+                        self.resource_name,
                         len(self.state.snapshot.devices()),
                         self.kubelet_socket,
                     )
@@ -144,8 +154,8 @@ class ResourceServer:
 
     def restart_reason(self) -> str | None:
         """Why we must serve and register again, or None."""
-        if identity(self.config.socket_path) != self._socket:
-            return f"our socket {self.config.socket_path} was deleted or replaced"
+        if identity(self.socket_path) != self._socket:
+            return f"our socket {self.socket_path} was deleted or replaced"
         kubelet = identity(self.kubelet_socket)
         if kubelet is not None and kubelet != self._kubelet:
             return f"{self.kubelet_socket} was re-created (kubelet restart)"
