@@ -80,8 +80,9 @@ def write_config(tmp_path_factory: pytest.TempPathFactory) -> WriteConfig:
 
     def write(**values: Any) -> str:
         directory = str(tmp_path_factory.mktemp("rtconfig"))
-        values.setdefault("log-file", os.path.join(directory, "runtime.log"))
-        lines = [f"{key.replace('_', '-')} = {json.dumps(value)}" for key, value in values.items()]
+        keyed = {key.replace("_", "-"): value for key, value in values.items()}
+        keyed.setdefault("log-file", os.path.join(directory, "runtime.log"))
+        lines = [f"{key} = {json.dumps(value)}" for key, value in keyed.items()]
         path = os.path.join(directory, "config.toml")
         with open(path, "w", encoding="utf-8") as handle:
             handle.write("\n".join(lines) + "\n")

@@ -1,0 +1,244 @@
+"""Pass-through: every call but create/run reaches the low-level runtime unchanged, fast path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from enflame_gcu import edits
+from enflame_gcu.container_toolkit import launcher
+from tests.container_toolkit.runtime import launch
+from tests.container_toolkit.runtime.conftest import MakeBundle, WriteConfig
+
+FAKE = """#!/bin/sh
+# A stand-in low-level runtime: records how it was called, one argument per line.
+printf '%s\\n' "$0" "$@" > "$FAKE_RUNC_RECORD"
+exit 7
+"""
+
+
+def make_fake_runc(directory: str) -> tuple[str, str]:
+    """Write the fake runtime; returns (its path, the file it records its argv in)."""
+    path = os.path.join(directory, "fake-runc")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(FAKE)
+    os.chmod(path, 0o755)  # noqa: S103 - an executable script, like runc itself
+    return path, os.path.join(directory, "record")
+
+
+@pytest.fixture
+def fake_runc(tmp_path: os.PathLike[str]) -> tuple[str, str]:
+    """(fake runtime path, file it records its argv in)."""
+    return make_fake_runc(str(tmp_path))
+
+
+@pytest.fixture
+def wrapper(tmp_path: os.PathLike[str]) -> str:
+    """The minimal-start launcher, as installed."""
+    return launch.write_launcher(str(tmp_path))
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The wrapper with a fake low-level runtime on the simulated node."""
+
+    tmp: str
+    wrapper: str
+    fake: str
+    record: str
+    node: str
+    write_config: WriteConfig
+    make_bundle: MakeBundle
+
+    def run(self, args: list[str], config: str) -> subprocess.CompletedProcess[bytes]:
+        return launch.run(self.wrapper, args, config, extra_env={"FAKE_RUNC_RECORD": self.record})
+
+
+@pytest.fixture
+def setup(
+    tmp_path: os.PathLike[str],
+    vendor_node: str,
+    write_config: WriteConfig,
+    make_bundle: MakeBundle,
+) -> Setup:
+    """Everything a create-through-the-wrapper test needs."""
+    wrapper = launch.write_launcher(str(tmp_path))
+    fake_runc = make_fake_runc(str(tmp_path))
+    return Setup(str(tmp_path), wrapper, *fake_runc, vendor_node, write_config, make_bundle)
+
+
+def recorded(record: str) -> list[str] | None:
+    if not os.path.exists(record):
+        return None
+    with open(record, encoding="utf-8") as handle:
+        return handle.read().splitlines()
+
+
+STATE_ARGS = ["--root", "/run/x", "--log", "/b/log.json", "--log-format", "json", "state", "c1"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        STATE_ARGS,
+        ["start", "create"],
+        ["delete", "--force", "create"],
+        ["--debug", "--systemd-cgroup", "kill", "c1", "KILL"],
+        ["exec", "--process", "/tmp/p.json", "c1"],
+        ["--version"],
+        ["spec", "--bundle", "/nonexistent"],
+    ],
+)
+def test_non_create_calls_exec_the_runtime_with_identical_argv(
+    wrapper: str, fake_runc: tuple[str, str], write_config: WriteConfig, args: list[str]
+) -> None:
+    path, record = fake_runc
+    config = write_config(runtimes=[path], root="/nonexistent-root")
+    result = launch.run(wrapper, args, config, extra_env={"FAKE_RUNC_RECORD": record})
+    assert result.returncode == 7  # the fake's own exit code: the wrapper exec'd it
+    assert result.stdout == b""
+    assert result.stderr == b""
+    assert recorded(record) == [path, *args]
+
+
+def test_console_script_passes_through_too(
+    fake_runc: tuple[str, str], write_config: WriteConfig
+) -> None:
+    path, record = fake_runc
+    config = write_config(runtimes=[path])
+    result = launch.run(
+        launch.CONSOLE_SCRIPT, STATE_ARGS, config, extra_env={"FAKE_RUNC_RECORD": record}
+    )
+    assert result.returncode == 7
+    assert recorded(record) == [path, *STATE_ARGS]
+
+
+def test_runtime_is_found_on_path_and_never_itself(
+    tmp_path: os.PathLike[str], fake_runc: tuple[str, str], write_config: WriteConfig
+) -> None:
+    path, record = fake_runc
+    bin_dir = os.path.join(str(tmp_path), "bin")
+    os.mkdir(bin_dir)
+    me = launch.write_launcher(bin_dir, "runc")  # the wrapper installed under runc's name
+    os.symlink(path, os.path.join(bin_dir, "crun"))
+    config = write_config(runtimes=["runc", "crun"])
+    env = {"FAKE_RUNC_RECORD": record, "PATH": bin_dir}
+    result = launch.run(me, ["state", "c1"], config, extra_env=env)
+    assert result.returncode == 7, result.stderr
+    assert recorded(record) == [os.path.join(bin_dir, "crun"), "state", "c1"]
+
+
+def test_no_runtime_found_is_a_clear_error(
+    tmp_path: os.PathLike[str], wrapper: str, write_config: WriteConfig
+) -> None:
+    config = write_config(runtimes=["no-such-runc", wrapper])
+    log = os.path.join(str(tmp_path), "log.json")
+    result = launch.run(
+        wrapper, ["--log", log, "--log-format", "json", "state", "c1"], config,
+        extra_env={"PATH": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 1
+    message = result.stderr.decode()
+    assert "no low-level runtime found" in message
+    assert "no-such-runc (not on PATH)" in message
+    assert f"{wrapper} (is this wrapper itself)" in message
+    with open(log, encoding="utf-8") as handle:
+        entry = json.loads(handle.read())
+    assert entry["level"] == "error"
+    assert "no low-level runtime found" in entry["msg"]
+
+
+def test_bad_config_fails_every_call_naming_file_and_line(
+    tmp_path: os.PathLike[str], wrapper: str
+) -> None:
+    config = os.path.join(str(tmp_path), "config.toml")
+    with open(config, "w", encoding="utf-8") as handle:
+        handle.write('runtimes = ["runc"]\n[extra]\n')
+    result = launch.run(wrapper, ["state", "c1"], config)
+    assert result.returncode == 1
+    assert f"{config} line 2: tables are not supported" in result.stderr.decode()
+    assert result.stdout == b""
+
+
+def test_bad_request_aborts_create_and_never_runs_the_runtime(setup: Setup) -> None:
+    config = setup.write_config(runtimes=[setup.fake], root=setup.node)
+    bundle = setup.make_bundle(env=[f"{edits.VISIBLE_DEVICES_ENV}=9"])
+    with open(os.path.join(bundle, "config.json"), "rb") as handle:
+        before = handle.read()
+    for log_format in ("json", "text"):
+        log = os.path.join(setup.tmp, f"log.{log_format}")
+        args = ["--log", log, "--log-format", log_format, "create", "--bundle", bundle, "c9"]
+        result = setup.run(args, config)
+        assert result.returncode == 1
+        assert result.stdout == b""
+        assert recorded(setup.record) is None
+        message = result.stderr.decode()
+        assert "create c9 aborted while resolving the requested GCUs" in message
+        assert "asks for '9', which is not on this node; cards on this node: 0 (" in message
+        assert "runc was not run" in message
+        with open(log, encoding="utf-8") as handle:
+            line = handle.read().strip()
+        if log_format == "json":
+            assert json.loads(line)["msg"].endswith(message.strip().split(": ", 1)[1])
+        else:
+            assert line.startswith("time=") and " level=error msg=" in line
+    with open(os.path.join(bundle, "config.json"), "rb") as handle:
+        assert handle.read() == before
+
+
+def test_unwritable_log_file_warns_once_and_container_still_starts(setup: Setup) -> None:
+    blocker = os.path.join(setup.tmp, "a-file")
+    open(blocker, "w").close()  # an empty file in the way of the log's directory
+    config = setup.write_config(
+        runtimes=[setup.fake], root=setup.node, log_file=f"{blocker}/x/rt.log"
+    )
+    bundle = setup.make_bundle(env=[f"{edits.VISIBLE_DEVICES_ENV}=0"])
+    args = ["create", "--bundle", bundle, "c0"]
+    result = setup.run(args, config)
+    assert result.returncode == 7
+    assert result.stderr.decode().count("warning: cannot write log file") == 1
+    assert recorded(setup.record) == [setup.fake, *args]
+
+
+def test_log_file_records_what_was_done(setup: Setup) -> None:
+    log = os.path.join(setup.tmp, "logs", "rt.log")
+    config = setup.write_config(runtimes=[setup.fake], root=setup.node, log_file=log)
+    bundle = setup.make_bundle(env=[f"{edits.VISIBLE_DEVICES_ENV}=0,1"])
+    result = setup.run(["create", "-b", bundle, "cx"], config)
+    assert result.returncode == 7, result.stderr
+    assert result.stderr == b""
+    with open(log, encoding="utf-8") as handle:
+        text = handle.read()
+    assert "INFO create cx" in text
+    assert "gave gcu0, gcu1" in text
+
+
+def test_pass_through_path_imports_only_light_stdlib_modules() -> None:
+    # What the wrapper loads before it execs runc, in a fresh `python -IS` like the launcher.
+    code = (
+        f"import sys; sys.path.insert(0, {launcher.default_package_dir()!r});"
+        "from enflame_gcu.container_toolkit import runtime, runtime_config;"
+        "inv = runtime.parse_argv(['x', '--root', '/r', 'state', 'c']);"
+        "runtime.find_low_level_runtime(runtime_config.load().runtimes + ('sh',), 'x');"
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    env = dict(os.environ, ENFLAME_CONTAINER_RUNTIME_CONFIG="/dev/null")
+    result = subprocess.run(
+        [sys.executable, "-IS", "-c", code], capture_output=True, env=env, check=True
+    )
+    loaded = set(result.stdout.decode().split())
+    ours = {name for name in loaded if name.startswith("enflame_gcu")}
+    assert ours == {
+        "enflame_gcu",
+        "enflame_gcu.container_toolkit",
+        "enflame_gcu.container_toolkit.runtime",
+        "enflame_gcu.container_toolkit.runtime_config",
+        "enflame_gcu.errors",
+    }
+    heavy = {"json", "re", "typing", "dataclasses", "logging", "tomllib", "shutil", "yaml", "grpc"}
+    assert not loaded & heavy

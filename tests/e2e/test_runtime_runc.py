@@ -1,0 +1,165 @@
+"""enflame-container-runtime in front of the real runc on the simulated vendor 8-card node."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import IO
+
+import pytest
+
+from enflame_gcu import edits
+from enflame_gcu.container_toolkit import runtime_config
+from tests.container_toolkit.runtime.schemas import assert_valid_oci
+from tests.e2e.conftest import Node, gcu_nodes, write_runtime_config
+
+pytestmark = pytest.mark.runc
+ENV = edits.VISIBLE_DEVICES_ENV
+LS_GCU = ["sh", "-c", "ls /dev/gcu*"]
+
+
+def spec_bytes(bundle: str) -> bytes:
+    with open(os.path.join(bundle, "config.json"), "rb") as handle:
+        return handle.read()
+
+
+def test_two_cards_show_up_with_gcuctl(node: Node) -> None:
+    bundle = node.bundle(LS_GCU, env=[f"{ENV}=0,1"])
+    result = node.run(bundle)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode().split() == ["/dev/gcu0", "/dev/gcu1", "/dev/gcuctl"]
+    with open(os.path.join(bundle, "config.json"), encoding="utf-8") as handle:
+        assert_valid_oci(json.load(handle))
+
+
+def test_injected_nodes_pass_the_device_cgroup(node: Node) -> None:
+    # No driver serves major 238 here: an allowed open fails with ENXIO ("No such device or
+    # address"); one the device cgroup denies fails with EPERM ("Operation not permitted").
+    probe = ["sh", "-c", "cat /dev/gcu3 2>&1; cat /dev/gcuctl 2>&1; true"]
+    result = node.run(node.bundle(probe, env=[f"{ENV}=3"]))
+    assert result.stdout.decode().count("No such device or address") == 2, result.stdout
+    assert b"Operation not permitted" not in result.stdout
+
+
+def test_without_an_allow_rule_runc_denies_the_node(node: Node) -> None:
+    # The fact the runtime is built on (SPEC §5): linux.devices alone is not enough for runc.
+    def add_node_only(spec: dict[str, object]) -> None:
+        spec["linux"]["devices"] = [  # type: ignore[index]
+            {"path": "/dev/gcu3", "type": "c", "major": 238, "minor": 3, "fileMode": 0o666}
+        ]
+
+    bundle = node.bundle(["sh", "-c", "cat /dev/gcu3 2>&1; true"], edit=add_node_only)
+    result = node.run(bundle, through_wrapper=False)
+    assert b"Operation not permitted" in result.stdout, result.stdout
+
+
+def test_all_gives_eight_cards_and_gcuctl(node: Node) -> None:
+    result = node.run(node.bundle(LS_GCU, env=[f"{ENV}=all"]))
+    assert result.returncode == 0, result.stderr
+    expected = [f"/dev/gcu{n}" for n in range(8)] + ["/dev/gcuctl"]
+    assert result.stdout.decode().split() == expected
+
+
+@pytest.mark.parametrize("env", [[], [f"{ENV}=void"]], ids=["unset", "void"])
+def test_unset_and_void_get_nothing_and_spec_is_byte_identical(node: Node, env: list[str]) -> None:
+    bundle = node.bundle(["ls", "/dev"], env=env)
+    before = spec_bytes(bundle)
+    result = node.run(bundle)
+    assert result.returncode == 0, result.stderr
+    assert gcu_nodes(result.stdout) == []
+    assert b"null" in result.stdout  # the container did run and list /dev
+    assert spec_bytes(bundle) == before
+
+
+def test_unknown_card_aborts_before_runc_runs(node: Node) -> None:
+    bundle = node.bundle(["ls", "/dev"], env=[f"{ENV}=9"])
+    before = spec_bytes(bundle)
+    cid = node.new_id()
+    result = node.wrapped("run", "--bundle", bundle, cid)
+    assert result.returncode != 0
+    assert result.stdout == b""
+    message = result.stderr.decode()
+    assert f"{ENV}='9' asks for '9', which is not on this node" in message
+    assert "cards on this node: 0 (0000:11:00.0), 1 (0000:12:00.0)" in message
+    assert not node.exists(cid)
+    assert not os.path.exists(os.path.join(node.state, cid))
+    assert spec_bytes(bundle) == before
+    with open(node.log, encoding="utf-8") as handle:
+        assert "which is not on this node" in json.loads(handle.readline())["msg"]
+
+
+def test_volume_mount_request(node: Node) -> None:
+    mounts = [
+        {
+            "destination": f"{edits.VOLUME_MOUNT_DIR}/gcu2",
+            "type": "bind",
+            "source": "/dev/null",
+            "options": ["rbind", "ro"],
+        }
+    ]
+    bundle = node.bundle(LS_GCU, env=[f"{ENV}={edits.VOLUME_MOUNT_DIR}"], mounts=mounts)
+    result = node.run(bundle)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode().split() == ["/dev/gcu2", "/dev/gcuctl"]
+
+
+def test_cdi_annotation_request(node: Node) -> None:
+    bundle = node.bundle(LS_GCU, annotations={edits.CDI_ANNOTATION_KEY: "enflame.com/gcu=5"})
+    result = node.run(bundle)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode().split() == ["/dev/gcu5", "/dev/gcuctl"]
+
+
+def test_unprivileged_env_ignored_when_option_false(node: Node) -> None:
+    write_runtime_config(
+        node.config,
+        runtimes=[node.tools.runc],
+        root=node.root,
+        accept_envvar_when_unprivileged=False,
+        log_file=os.path.join(node.workdir, "runtime.log"),
+    )
+    unprivileged = node.bundle(["ls", "/dev"], env=[f"{ENV}=all"])
+    result = node.run(unprivileged)
+    assert result.returncode == 0, result.stderr
+    assert gcu_nodes(result.stdout) == []
+    privileged = node.bundle(["ls", "/dev"], env=[f"{ENV}=0"], privileged=True)
+    result = node.run(privileged)
+    assert result.returncode == 0, result.stderr
+    assert gcu_nodes(result.stdout) == ["gcu0", "gcuctl"]
+
+
+def test_create_start_state_delete_lifecycle_through_the_wrapper(node: Node) -> None:
+    # The containerd shim's sequence: create (edited), then start/state/delete (pass-through).
+    bundle = node.bundle(LS_GCU, env=[f"{ENV}=6,7"])
+    cid = node.new_id()
+    out_path = os.path.join(node.workdir, "container.out")
+    with open(out_path, "wb") as out:
+        created = launch_create(node, bundle, cid, out)
+    with open(out_path, encoding="utf-8") as handle:
+        assert created.returncode == 0, handle.read()
+    wrapped_state = node.wrapped("state", cid)
+    plain_state = node.plain("state", cid)
+    assert wrapped_state.returncode == plain_state.returncode == 0
+    assert json.loads(wrapped_state.stdout) == json.loads(plain_state.stdout)
+    assert json.loads(wrapped_state.stdout)["status"] == "created"
+    assert node.wrapped("start", cid).returncode == 0
+    node.wait_stopped(cid)
+    deleted = node.wrapped("delete", cid)
+    assert deleted.returncode == 0, deleted.stderr
+    assert not node.exists(cid)
+    with open(out_path, "rb") as handle:
+        assert handle.read().decode().split() == ["/dev/gcu6", "/dev/gcu7", "/dev/gcuctl"]
+
+
+def launch_create(
+    node: Node, bundle: str, cid: str, out: IO[bytes]
+) -> subprocess.CompletedProcess[bytes]:
+    """``create`` with the container's stdio on a file (a pipe would stay open until it exits)."""
+    env = dict(os.environ, **{runtime_config.PATH_ENV: node.config})
+    pid_file = os.path.join(node.workdir, f"{cid}.pid")
+    args = node.runtime_args("create", "--bundle", bundle, "--pid-file", pid_file, cid)
+    # stderr goes to the file too: the container inherits it and holds it until it exits.
+    return subprocess.run(
+        [node.wrapper, *args], stdout=out, stderr=out, env=env, check=False, timeout=30
+    )
