@@ -1,0 +1,227 @@
+"""`enflame-ctk doctor` on healthy and broken simulated nodes: each check's pass and fail paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from enflame_gcu import simulate
+from enflame_gcu.container_toolkit import dev_char, doctor, engines
+from enflame_gcu.container_toolkit.cli import main
+from tests.conftest import MakeNode
+from tests.container_toolkit import installer_fixtures as fx
+
+RUNC = '#!/bin/sh\necho "runc version {version}"\necho "spec: 1.0.2-dev"\n'
+
+
+def _serve(path: str) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(8)
+    return server
+
+
+def _stale(path: str) -> None:
+    """A socket file nobody listens on, as a crashed plugin leaves it."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.close()
+
+
+@pytest.fixture
+def healthy(make_node: MakeNode) -> Iterator[str]:
+    """A vendor 8-card node with everything the FAQ asks for set up right."""
+    root = make_node("vendor-8card")
+    fx.fake_host(root)
+    fx.write(root, "/usr/bin/sh", "stands in for the host's shell", 0o755)
+    fx.write(root, "/usr/bin/enflame-container-runtime", "#!/usr/bin/sh\n", 0o755)
+    options = engines.RuntimeOptions(set_as_default=True)
+    for engine in ("docker", "containerd"):
+        engines.configure(engine, None, options, host_root=root)
+    fx.write(root, "/usr/bin/runc", RUNC.format(version="1.1.12"), 0o755)
+    plugin_dir = os.path.join(root, "var/lib/kubelet/device-plugins")
+    os.makedirs(plugin_dir)
+    fx.write(root, "/var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\n")
+    fx.write(root, "/proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n")
+    servers = [_serve(os.path.join(plugin_dir, n)) for n in ("kubelet.sock", "enflame.sock")]
+    yield root
+    for server in servers:
+        server.close()
+
+
+def _result(root: str, name: str) -> doctor.Result:
+    results = [r for r in doctor.run(root) if r.name == name]
+    assert len(results) == 1, results
+    return results[0]
+
+
+def test_healthy_node_passes_every_check(healthy: str, capsys: pytest.CaptureFixture[str]) -> None:
+    results = doctor.run(healthy)
+    assert [r for r in results if r.status != "pass"] == []
+    assert {r.name for r in results} >= {
+        "driver",
+        "devices",
+        "runtime-binary",
+        "runtime-config",
+        "engine-docker",
+        "engine-containerd",
+        "runc",
+        "kubelet",
+        "plugin-socket",
+        "swap",
+        "cpu-manager",
+    }
+    assert main(["doctor", "--root", healthy]) == 0
+    out = capsys.readouterr().out
+    assert "PASS  driver" in out and "enflame driver 1.0.20230110 loaded" in out
+
+
+def test_unloaded_driver_fails_driver_and_devices(healthy: str) -> None:
+    simulate.unload_driver(healthy)
+    driver = _result(healthy, "driver")
+    assert driver.status == "fail" and "modprobe enflame" in driver.fix
+    assert _result(healthy, "devices").status == "fail"
+
+
+def test_missing_device_node_names_the_card(healthy: str) -> None:
+    os.unlink(os.path.join(healthy, "dev/gcu3"))
+    result = _result(healthy, "devices")
+    assert result.status == "fail"
+    assert "gcu3: /dev/gcu3 is missing" in result.detail
+    assert "modprobe enflame" in result.fix
+
+
+def test_missing_control_node_fails(healthy: str) -> None:
+    os.unlink(os.path.join(healthy, "dev/gcuctl"))
+    result = _result(healthy, "devices")
+    assert result.status == "fail" and "/dev/gcuctl is missing" in result.detail
+
+
+def test_runtime_binary_missing_or_without_interpreter(healthy: str) -> None:
+    os.unlink(os.path.join(healthy, "usr/bin/sh"))
+    result = _result(healthy, "runtime-binary")
+    assert result.status == "fail" and "needs /usr/bin/sh, which does not exist" in result.detail
+    os.unlink(os.path.join(healthy, "usr/bin/enflame-container-runtime"))
+    result = _result(healthy, "runtime-binary")
+    assert result.status == "fail" and "does not exist" in result.detail
+    assert "install.sh" in result.fix
+
+
+def test_malformed_runtime_config_fails(healthy: str) -> None:
+    fx.write(healthy, "/etc/enflame-container-runtime/config.toml", "[table]\n")
+    result = _result(healthy, "runtime-config")
+    assert result.status == "fail" and "config.toml" in result.fix
+
+
+def test_docker_without_enflame_fails_and_not_default_warns(healthy: str) -> None:
+    engines.unconfigure("docker", None, host_root=healthy)
+    result = _result(healthy, "engine-docker")
+    assert result.status == "fail"
+    assert result.fix == "enflame-ctk runtime configure --runtime docker --set-as-default --restart"
+    engines.configure("docker", None, engines.RuntimeOptions(), host_root=healthy)
+    assert _result(healthy, "engine-docker").status == "warn"
+
+
+def test_containerd_entry_without_systemd_cgroup_fails(healthy: str) -> None:
+    path = os.path.join(healthy, "etc/containerd/config.toml")
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    fx.write(
+        healthy,
+        "/etc/containerd/config.toml",
+        "SystemdCgroup = false".join(text.rsplit("SystemdCgroup = true", 1)),
+    )
+    result = _result(healthy, "engine-containerd")
+    assert result.status == "fail" and "crash-loop" in result.detail
+
+
+def test_no_engine_at_all_warns(make_node: MakeNode) -> None:
+    root = make_node("flat-4card")
+    result = _result(root, "engine")
+    assert result.status == "warn"
+
+
+def test_affected_runc_with_systemd_needs_dev_char_links(healthy: str) -> None:
+    fx.write(healthy, "/usr/bin/runc", RUNC.format(version="1.1.5"), 0o755)
+    result = _result(healthy, "runc")
+    assert result.status == "fail"  # containerd's runc uses SystemdCgroup = true
+    assert "/dev/char/" in result.detail
+    assert result.fix.startswith("enflame-ctk system create-dev-char-symlinks")
+    dev_char.create_links(healthy)
+    assert _result(healthy, "runc").status == "pass"
+
+
+def test_affected_runc_without_known_systemd_driver_only_warns(make_node: MakeNode) -> None:
+    root = make_node("flat-4card")
+    fx.write(root, "/usr/bin/runc", RUNC.format(version="1.1.3"), 0o755)
+    assert _result(root, "runc").status == "warn"
+
+
+def test_missing_runc_warns(make_node: MakeNode) -> None:
+    result = _result(make_node("flat-4card"), "runc")
+    assert result.status == "warn" and "no runc" in result.detail
+
+
+def test_kubelet_not_running_fails(healthy: str) -> None:
+    os.unlink(os.path.join(healthy, "var/lib/kubelet/device-plugins/kubelet.sock"))
+    result = _result(healthy, "kubelet")
+    assert result.status == "fail" and "kubelet.sock is missing" in result.detail
+    _stale(os.path.join(healthy, "var/lib/kubelet/device-plugins/kubelet.sock"))
+    assert "is stale" in _result(healthy, "kubelet").detail
+
+
+def test_not_a_kubernetes_node_warns(make_node: MakeNode) -> None:
+    root = make_node("flat-4card")
+    assert _result(root, "kubelet").status == "warn"
+    assert [r for r in doctor.run(root) if r.name == "plugin-socket"] == []
+
+
+def test_stale_enflame_sock_fails_with_the_faq_fix(healthy: str) -> None:
+    path = os.path.join(healthy, "var/lib/kubelet/device-plugins/enflame.sock")
+    os.unlink(path)
+    assert _result(healthy, "plugin-socket").status == "warn"
+    _stale(path)
+    result = _result(healthy, "plugin-socket")
+    assert result.status == "fail"
+    assert result.fix.startswith("rm /var/lib/kubelet/device-plugins/enflame.sock")
+
+
+def test_swap_on_fails_unless_kubelet_tolerates_it(healthy: str) -> None:
+    fx.write(healthy, "/proc/swaps", "Filename\tType\n/dev/dm-1  partition  8388604  0  -2\n")
+    result = _result(healthy, "swap")
+    assert result.status == "fail" and "/dev/dm-1" in result.detail
+    assert result.fix.startswith("swapoff -a")
+    fx.write(healthy, "/var/lib/kubelet/config.yaml", "failSwapOn: false\n")
+    assert _result(healthy, "swap").status == "warn"
+
+
+def test_static_cpu_manager_needs_pass_device_specs(healthy: str) -> None:
+    fx.write(healthy, "/var/lib/kubelet/config.yaml", "cpuManagerPolicy: static\n")
+    result = _result(healthy, "cpu-manager")
+    assert result.status == "warn"
+    assert "enflame-device-plugin-compat-with-cpumanager.yaml" in result.fix
+    fx.write(healthy, "/proc/4242/cmdline", "/usr/bin/enflame-device-plugin\0--pass-device-specs\0")
+    assert _result(healthy, "cpu-manager").status == "pass"
+
+
+def test_kubelet_flag_wins_over_its_config_file(healthy: str) -> None:
+    fx.write(healthy, "/proc/77/cmdline", "/usr/bin/kubelet\0--cpu-manager-policy=static\0")
+    assert _result(healthy, "cpu-manager").status == "warn"
+
+
+def test_exit_code_and_json_reflect_the_worst_result(
+    healthy: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    os.unlink(os.path.join(healthy, "var/lib/kubelet/device-plugins/enflame.sock"))
+    assert main(["doctor", "--root", healthy]) == 1
+    capsys.readouterr()
+    simulate.unload_driver(healthy)
+    assert main(["doctor", "--root", healthy, "--json"]) == 2
+    document = json.loads(capsys.readouterr().out)
+    assert document["status"] == "fail"
+    driver = next(r for r in document["results"] if r["name"] == "driver")
+    assert driver["status"] == "fail" and driver["fix"]
