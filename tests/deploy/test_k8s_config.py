@@ -130,3 +130,16 @@ def test_no_engine_found_is_a_clear_error(tmp_path: Path) -> None:
     result = run(tmp_path, bare)
     assert result.returncode == 1
     assert "no container engine found" in result.stderr
+
+
+def test_the_enflame_ctk_calls_are_ones_the_real_cli_accepts(tmp_path: Path, node: Path) -> None:
+    from enflame_gcu.container_toolkit import cli
+
+    assert run(tmp_path, node).returncode == 0
+    assert run(tmp_path, node, "--dry-run").returncode == 0
+    calls = ctk_calls(tmp_path)
+    assert len(calls) == 2
+    for call in calls:
+        args = cli.build_parser().parse_args(call.split())
+        assert args.runtime == "containerd"
+        assert args.set_as_default is True
