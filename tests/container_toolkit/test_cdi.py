@@ -1,0 +1,232 @@
+"""CDI specs: generate (same nodes as Allocate and the runtime), list, validate; schema-checked."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+import yaml
+
+from enflame_gcu import devices, edits
+from enflame_gcu.container_toolkit import cdi, cdi_validate, cli
+from tests.container_toolkit.runtime.schemas import CDI_DIR, assert_valid_cdi
+
+
+def generate(vendor_node: str, output: str, *extra: str) -> int:
+    return cli.main(["cdi", "generate", "--root", vendor_node, "--output", output, *extra])
+
+
+@pytest.fixture
+def no_runtime_config(monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]) -> None:
+    """Point the runtime config at an empty file so the host's real config is not read."""
+    path = os.path.join(str(tmp_path), "empty.toml")
+    open(path, "w").close()
+    monkeypatch.setenv("ENFLAME_CONTAINER_RUNTIME_CONFIG", path)
+
+
+def load_spec(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as handle:
+        data: dict[str, Any] = yaml.safe_load(handle)
+    return data
+
+
+@pytest.mark.usefixtures("no_runtime_config")
+def test_generate_writes_a_valid_spec_with_minors_all_and_common_gcuctl(
+    vendor_node: str, tmp_path: os.PathLike[str]
+) -> None:
+    out = os.path.join(str(tmp_path), "cdi")
+    assert generate(vendor_node, out) == 0
+    assert os.listdir(out) == ["enflame.com-gcu.yaml"]
+    spec = load_spec(os.path.join(out, "enflame.com-gcu.yaml"))
+    assert_valid_cdi(spec)
+    assert spec["cdiVersion"] == "0.5.0"
+    assert spec["kind"] == "enflame.com/gcu"
+    assert [d["name"] for d in spec["devices"]] == [str(n) for n in range(8)] + ["all"]
+    assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == ["/dev/gcuctl"]
+    zero = spec["devices"][0]["containerEdits"]
+    assert zero["deviceNodes"] == [
+        {
+            "path": "/dev/gcu0",
+            "hostPath": "/dev/gcu0",
+            "type": "c",
+            "major": 238,
+            "minor": 0,
+            "permissions": "rwm",
+            "fileMode": 0o666,
+            "uid": 0,
+            "gid": 0,
+        }
+    ]
+    every = spec["devices"][-1]["containerEdits"]["deviceNodes"]
+    assert [n["path"] for n in every] == [f"/dev/gcu{n}" for n in range(8)]
+    assert os.stat(os.path.join(out, "enflame.com-gcu.yaml")).st_mode & 0o777 == 0o644
+
+
+@pytest.mark.usefixtures("no_runtime_config")
+def test_cdi_injects_exactly_what_the_runtime_injects(vendor_node: str) -> None:
+    inventory = devices.discover(vendor_node)
+    (named,) = cdi.build_specs(inventory)
+    for names in (["gcu3"], ["gcu0", "gcu5"]):
+        from_cdi = list(named.spec["containerEdits"]["deviceNodes"])
+        for name in names:
+            device = next(d for d in named.spec["devices"] if d["name"] == name[3:])
+            from_cdi += device["containerEdits"]["deviceNodes"]
+        runtime_nodes = edits.for_devices(inventory, names).to_cdi()["deviceNodes"]
+        assert sorted(from_cdi, key=lambda n: n["path"]) == sorted(
+            runtime_nodes, key=lambda n: n["path"]
+        )
+
+
+def test_config_mounts_and_env_go_into_the_common_edits(
+    vendor_node: str, tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = os.path.join(str(tmp_path), "config.toml")
+    with open(config, "w", encoding="utf-8") as handle:
+        handle.write('mounts = ["/usr/bin/efsmi"]\nenv = ["EF_X=1"]\n')
+    monkeypatch.setenv("ENFLAME_CONTAINER_RUNTIME_CONFIG", config)
+    out = os.path.join(str(tmp_path), "cdi")
+    assert generate(vendor_node, out, "--format", "json") == 0
+    with open(os.path.join(out, "enflame.com-gcu.json"), encoding="utf-8") as handle:
+        spec = json.load(handle)
+    assert_valid_cdi(spec)
+    assert spec["containerEdits"]["env"] == ["EF_X=1"]
+    assert spec["containerEdits"]["mounts"][0]["containerPath"] == "/usr/bin/efsmi"
+    assert spec["cdiVersion"] == "0.5.0"
+
+
+@pytest.mark.usefixtures("no_runtime_config")
+def test_vgcus_get_their_own_kind(make_node: Any, tmp_path: os.PathLike[str]) -> None:
+    root = make_node("vgcu-2card")
+    specs = cdi.build_specs(devices.discover(root))
+    assert [named.spec["kind"] for named in specs] == ["enflame.com/gcu", "enflame.com/vgcu"]
+    for named in specs:
+        assert_valid_cdi(named.spec)
+    vgcu = specs[1].spec
+    assert all(d["name"].isdigit() for d in vgcu["devices"])
+    assert [n["path"] for n in vgcu["containerEdits"]["deviceNodes"]] == ["/dev/gcuctl"]
+
+
+@pytest.mark.usefixtures("no_runtime_config")
+def test_generate_to_stdout(vendor_node: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert generate(vendor_node, "-") == 0
+    spec = yaml.safe_load(capsys.readouterr().out)
+    assert_valid_cdi(spec)
+
+
+@pytest.mark.usefixtures("no_runtime_config")
+def test_generate_without_gcuctl_fails_clearly(
+    vendor_node: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    os.unlink(os.path.join(vendor_node, "dev", "gcuctl"))
+    assert generate(vendor_node, "-") == 1
+    assert "/dev/gcuctl is missing" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("no_runtime_config")
+def test_list_names_every_device(
+    vendor_node: str, tmp_path: os.PathLike[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = os.path.join(str(tmp_path), "cdi")
+    generate(vendor_node, out)
+    capsys.readouterr()
+    assert cli.main(["cdi", "list", "--spec-dir", out, "--spec-dir", "/nonexistent"]) == 0
+    names = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
+    assert names == [f"enflame.com/gcu={n}" for n in range(8)] + ["enflame.com/gcu=all"]
+
+
+@pytest.mark.usefixtures("no_runtime_config")
+def test_list_with_nothing_found_fails(
+    tmp_path: os.PathLike[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["cdi", "list", "--spec-dir", str(tmp_path)]) == 1
+    assert "no CDI devices found" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("no_runtime_config")
+def test_validate_accepts_generated_specs(
+    vendor_node: str, tmp_path: os.PathLike[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = os.path.join(str(tmp_path), "cdi")
+    generate(vendor_node, out)
+    path = os.path.join(out, "enflame.com-gcu.yaml")
+    if not os.path.isdir(CDI_DIR):
+        pytest.skip(f"schema folder {CDI_DIR} is absent")
+    assert cli.main(["cdi", "validate", path, "--schema-dir", CDI_DIR]) == 0
+    assert "valid (schema and semantic checks)" in capsys.readouterr().out
+
+
+def good_spec() -> dict[str, Any]:
+    return {
+        "cdiVersion": "0.5.0",
+        "kind": "enflame.com/gcu",
+        "devices": [
+            {
+                "name": "0",
+                "containerEdits": {"deviceNodes": [{"path": "/dev/gcu0", "hostPath": "/dev/gcu0"}]},
+            }
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda s: s.update(cdiVersion="0.4.0"), "too low for the fields used (needs 0.5.0)"),
+        (lambda s: s.update(cdiVersion="9.9.9"), "cdiVersion '9.9.9' is unknown"),
+        (lambda s: s.update(kind="gcu"), "must look like vendor.com/class"),
+        (lambda s: s.update(kind="enflame/gcu"), "must be a domain name"),
+        (lambda s: s["devices"].append(s["devices"][0]), "defined twice"),
+        (lambda s: s["devices"][0].update(name="-x"), "device name '-x' is invalid"),
+        (lambda s: s["devices"][0].update(containerEdits={}), "has no containerEdits"),
+        (
+            lambda s: s["devices"][0]["containerEdits"]["deviceNodes"][0].update(path="dev/x"),
+            "must be absolute",
+        ),
+        (
+            lambda s: s["devices"][0]["containerEdits"].update(env=["NOVALUE"]),
+            "must be KEY=VALUE",
+        ),
+        (lambda s: s.update(devices=[]), "defines no devices"),
+    ],
+)
+def test_semantic_problems_are_found(change: Any, problem: str) -> None:
+    spec = good_spec()
+    assert cdi_validate.semantic_problems(spec) == []
+    change(spec)
+    assert any(problem in found for found in cdi_validate.semantic_problems(spec))
+
+
+def test_schema_problems_are_found() -> None:
+    if not os.path.isdir(CDI_DIR):
+        pytest.skip(f"schema folder {CDI_DIR} is absent")
+    spec = good_spec()
+    del spec["devices"][0]["containerEdits"]
+    problems = cdi_validate.schema_problems(spec, CDI_DIR)
+    assert problems == ["schema: devices/0: 'containerEdits' is a required property"]
+
+
+def test_validate_command_reports_problems_and_fails(
+    tmp_path: os.PathLike[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = os.path.join(str(tmp_path), "bad.json")
+    spec = good_spec()
+    spec["cdiVersion"] = "0.3.0"
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(spec, handle)
+    assert cli.main(["cdi", "validate", path]) == 1
+    assert "too low for the fields used" in capsys.readouterr().err
+
+
+def test_required_version_rises_with_the_fields_used() -> None:
+    spec = good_spec()
+    assert cdi.required_version(spec) == "0.5.0"
+    del spec["devices"][0]["containerEdits"]["deviceNodes"][0]["hostPath"]
+    assert cdi.required_version(spec) == "0.3.0"
+    spec["devices"][0]["containerEdits"]["mounts"] = [
+        {"hostPath": "/a", "containerPath": "/a", "type": "bind"}
+    ]
+    assert cdi.required_version(spec) == "0.4.0"
+    spec["annotations"] = {"a": "b"}
+    assert cdi.required_version(spec) == "0.6.0"
