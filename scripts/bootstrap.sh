@@ -5,8 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-want_debs=(runc busybox-static containerd)
+want_debs=(runc busybox-static containerd shellcheck)
 missing=()
+# Debian's own python3 needs python3-venv (ensurepip) before `python3 -m venv` works.
+if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    want_debs+=(python3-venv)
+fi
 for pkg in "${want_debs[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done

@@ -8,7 +8,8 @@ EnflameError
 │   └── AllocationError     no set of devices satisfies the request
 ├── ConfigError             a config file, flag or environment variable is invalid
 ├── SpecError               an OCI or CDI spec cannot be read, edited or written
-└── EngineConfigError       a container engine config cannot be read, edited or written
+├── EngineConfigError       a container engine config cannot be read, edited or written
+└── InstallError            installing or uninstalling the toolkit on a host failed
 """
 
 from __future__ import annotations
@@ -48,3 +49,7 @@ class SpecError(EnflameError):
 
 class EngineConfigError(EnflameError):
     """A container engine's configuration cannot be read, edited or written."""
+
+
+class InstallError(EnflameError):
+    """Installing or uninstalling the toolkit on a host failed."""

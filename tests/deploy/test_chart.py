@@ -215,7 +215,11 @@ def test_toolkit_defaults_equal_the_static_manifest() -> None:
     rendered += ["--set-as-default"] * vals["setAsDefault"] + ["--restart-engine"] * vals[
         "restartEngine"
     ]
+    rendered += ["--ready-file", "/run/enflame/ready"]
     assert container["command"] == rendered
+    probe = {"exec": {"command": ["test", "-f", "/run/enflame/ready"]}}
+    assert container["readinessProbe"]["exec"] == probe["exec"]
+    assert 'command: ["test", "-f", "/run/enflame/ready"]' in text
     for word in rendered:
         assert f"            - {word}\n" in text, word
     assert "hostPID: true" in text and "privileged: true" in text

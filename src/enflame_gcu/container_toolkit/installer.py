@@ -29,7 +29,7 @@ import enflame_gcu
 from enflame_gcu import fileio
 from enflame_gcu.container_toolkit import engines, launcher
 from enflame_gcu.container_toolkit.engines import hosts
-from enflame_gcu.errors import EnflameError
+from enflame_gcu.errors import EnflameError, InstallError
 
 MANIFEST_NAME = "install-manifest.json"
 MANIFEST_VERSION = 1
@@ -41,10 +41,6 @@ LOG_DIR = "/var/log/enflame"
 FALLBACK_CONFIG = "# enflame-container-runtime config; an empty file means every default.\n"
 
 Action = dict[str, Any]
-
-
-class InstallError(EnflameError):
-    """Installing or uninstalling the toolkit on a host failed (belongs in errors.py)."""
 
 
 @dataclass(frozen=True, slots=True)
