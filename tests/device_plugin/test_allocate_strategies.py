@@ -26,7 +26,7 @@ def allocate(ids: list[str], node_change: Any = None, **settings: Any) -> Any:
     async def main() -> Any:
         if node_change is not None:
             node_change(root)
-        resource = runner.Resource(cfg)
+        resource = runner.NodeResources(cfg)
         server = kubelet.ResourceServer(cfg, resource.state)
         await server.start()
         try:
@@ -140,9 +140,9 @@ def test_unplugged_card_known_only_to_discovery_is_still_checked_by_health() -> 
     try:
         cfg = config.PluginConfig(plugin_dir=plugins, host_root=root)
         os.unlink(os.path.join(root, "dev/gcu1"))
-        resource = runner.Resource(cfg)
+        resource = runner.NodeResources(cfg)
         assert resource.state.snapshot.healthy_ids() == ["gcu0", "gcu2", "gcu3"]
         simulate.unload_driver(root)
-        assert runner.Resource(cfg).state.snapshot.devices() == ()
+        assert runner.NodeResources(cfg).state.snapshot.devices() == ()
     finally:
         shutil.rmtree(work)

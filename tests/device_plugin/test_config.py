@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from enflame_gcu import __version__
@@ -18,8 +20,14 @@ def test_defaults_match_the_product_names() -> None:
     assert got.health_interval == 5.0
 
 
-def test_every_option_has_an_env_var() -> None:
+def test_every_option_has_an_env_var(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "c.yaml").write_text("version: v1\n")
     env = {
+        "CONFIG_FILE": str(tmp_path / "c.yaml"),
+        "DP_RESOURCES": "gcu,vgcu",
+        "DP_VGCU_RESOURCE_NAME": "example.com/v",
+        "DP_SHARED_RESOURCE_NAME": "example.com/s",
+        "DP_METRICS_PORT": "9400",
         "DP_PLUGIN_DIR": "/p",
         "DP_HOST_ROOT": "/host",
         "DP_RESOURCE_NAME": "example.com/x",
@@ -36,6 +44,11 @@ def test_every_option_has_an_env_var() -> None:
     assert got == config.PluginConfig(
         plugin_dir="/p",
         host_root="/host",
+        config_file=str(tmp_path / "c.yaml"),
+        resources=("gcu", "vgcu"),
+        vgcu_resource_name="example.com/v",
+        shared_resource_name="example.com/s",
+        metrics_port=9400,
         resource_name="example.com/x",
         pass_device_specs=True,
         device_list_strategy=("volume-mounts", "cdi-cri"),

@@ -17,7 +17,7 @@ def test_two_resources_register_on_their_own_sockets_and_stop_cleanly() -> None:
 
     async def main() -> None:
         signals = kubelet.Signals()
-        resource = runner.Resource(cfg)
+        resource = runner.NodeResources(cfg)
         servers = [
             kubelet.ResourceServer(cfg, resource.state),
             kubelet.ResourceServer(

@@ -1,8 +1,9 @@
-"""Typed plugin settings: every flag has an env var; precedence CLI > env > (file) > defaults.
+"""Typed plugin settings: every flag has an env var; precedence CLI > env > file > defaults.
 
-The options table below is the single source for the CLI flags, the env var names, the
-``--help`` text and validation. Layers are plain mappings of option name to raw value, so a
-config file (a later issue) is one more layer between the environment and the defaults.
+The options table below is the single source for the CLI flags, the env var names, the config
+file's ``flags`` keys (camelCase), the ``--help`` text and validation. Layers are plain mappings
+of option name to value; the config file (:mod:`.config_file`) is one more layer between the
+environment and the defaults, and the only source of the sharing settings.
 """
 
 from __future__ import annotations
@@ -11,16 +12,22 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from enflame_gcu import allocation, edits
+from enflame_gcu import allocation, edits, sharing
 from enflame_gcu.errors import ConfigError
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_RESOURCE = "enflame.com/gcu"
 SOCKET_NAME = "enflame.sock"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# The resources one process can serve, each on its own socket (kinds as --resources names them).
+GCU, VGCU, SHARED_GCU = "gcu", "vgcu", "shared-gcu"
+RESOURCE_KINDS = (GCU, VGCU, SHARED_GCU)
+KIND_SOCKETS = {VGCU: "enflame-vgcu.sock", SHARED_GCU: "enflame-shared-gcu.sock"}
+# Settings only the config file can give (not flags): filled by the file layer.
+FILE_ONLY = ("sharing", "shared_cards")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +36,11 @@ class PluginConfig:
 
     plugin_dir: str = DEFAULT_PLUGIN_DIR
     host_root: str = "/"
+    config_file: str | None = None
+    resources: tuple[str, ...] = (GCU,)
     resource_name: str = DEFAULT_RESOURCE
+    vgcu_resource_name: str = "enflame.com/vgcu"
+    shared_resource_name: str = "enflame.com/shared-gcu"
     socket_name: str = SOCKET_NAME
     pass_device_specs: bool = False
     device_list_strategy: tuple[str, ...] = ("envvar",)
@@ -38,15 +49,42 @@ class PluginConfig:
     fail_on_init_error: bool = False
     allocation_policy: str = "topology"
     log_level: str = "info"
+    metrics_port: int = 0
+    sharing: sharing.SharingSettings = field(default_factory=sharing.SharingSettings)
+    # Cards to share as slices (``gcuN`` or PCI bus ids); None = every card.
+    shared_cards: tuple[str, ...] | None = None
 
     @property
     def socket_path(self) -> str:
         """Where the plugin serves: ``<plugin dir>/<socket name>``."""
         return os.path.join(self.plugin_dir, self.socket_name)
 
+    def resource_names(self) -> dict[str, str]:
+        """``{kind: extended resource name}`` for every kind served, in --resources order."""
+        names = {
+            GCU: self.resource_name,
+            VGCU: self.vgcu_resource_name,
+            SHARED_GCU: self.shared_resource_name,
+        }
+        return {kind: names[kind] for kind in self.resources}
+
+    def socket_for(self, kind: str) -> str:
+        """Socket file name of a kind: ``enflame.sock`` for whole cards, own names otherwise."""
+        return KIND_SOCKETS.get(kind, self.socket_name)
+
     def describe(self) -> str:
         """One line with every setting, for the start-up log."""
-        return " ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        return " ".join(
+            f"{f.name}={_show(getattr(self, f.name))}" for f in dataclasses.fields(self)
+        )
+
+
+def _show(value: Any) -> str:
+    # Nested settings use ':' so that every setting shows exactly one '=' in the log line.
+    if isinstance(value, sharing.SharingSettings):
+        parts = [f"{f.name}:{getattr(value, f.name)!r}" for f in dataclasses.fields(value)]
+        return "{" + ", ".join(parts).replace("=", ":") + "}"
+    return repr(value)
 
 
 def _bool(text: str) -> bool:
@@ -73,6 +111,23 @@ def _strategies(text: str) -> tuple[str, ...]:
             f"unknown strategy {', '.join(bad) or '(none)'}; valid: {', '.join(edits.STRATEGIES)}"
         )
     return chosen
+
+
+def _kinds(text: str) -> tuple[str, ...]:
+    chosen = tuple(dict.fromkeys(part.strip().lower() for part in text.split(",") if part.strip()))
+    bad = [kind for kind in chosen if kind not in RESOURCE_KINDS]
+    if bad or not chosen:
+        raise ValueError(
+            f"unknown resource {', '.join(bad) or '(none)'}; valid: {', '.join(RESOURCE_KINDS)}"
+        )
+    return chosen
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"{text} is outside 0..65535 (0 turns metrics off)")
+    return value
 
 
 def _resource(text: str) -> str:
@@ -120,7 +175,26 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("plugin_dir", "DP_PLUGIN_DIR", _path, "kubelet device plugin directory"),
     Option("host_root", "DP_HOST_ROOT", _path, "where the host's / is mounted (sysfs, /dev)"),
-    Option("resource_name", "DP_RESOURCE_NAME", _resource, "extended resource to advertise"),
+    Option(
+        "config_file",
+        "CONFIG_FILE",
+        _path,
+        "versioned YAML config file: flags (camelCase) and sharing settings",
+    ),
+    Option(
+        "resources",
+        "DP_RESOURCES",
+        _kinds,
+        f"resources to serve, comma list of {', '.join(RESOURCE_KINDS)} (one socket each)",
+    ),
+    Option("resource_name", "DP_RESOURCE_NAME", _resource, "extended resource for whole cards"),
+    Option("vgcu_resource_name", "DP_VGCU_RESOURCE_NAME", _resource, "extended resource for vGCUs"),
+    Option(
+        "shared_resource_name",
+        "DP_SHARED_RESOURCE_NAME",
+        _resource,
+        "extended resource for time-shared slices",
+    ),
     Option(
         "pass_device_specs",
         "PASS_DEVICE_SPECS",
@@ -155,6 +229,12 @@ OPTIONS: tuple[Option, ...] = (
         "how GetPreferredAllocation chooses cards",
     ),
     Option("log_level", "DP_LOG_LEVEL", _choice(LOG_LEVELS), "log verbosity"),
+    Option(
+        "metrics_port",
+        "DP_METRICS_PORT",
+        _port,
+        "Prometheus metrics port on all addresses; 0 = off",
+    ),
 )
 
 
@@ -174,6 +254,11 @@ def resolve(layers: Sequence[Mapping[str, Any]]) -> PluginConfig:
             except ValueError as exc:
                 raise ConfigError(f"invalid {option.field.replace('_', '-')}: {exc}") from exc
             break
+    for name in FILE_ONLY:
+        for layer in layers:
+            if layer.get(name) is not None:
+                values[name] = layer[name]
+                break
     return PluginConfig(**values)
 
 

@@ -1,4 +1,5 @@
-"""``enflame-device-plugin``: parse flags and env vars, log the effective config, run the plugin."""
+"""``enflame-device-plugin``: parse flags, env vars and the config file; log the effective config;
+run the plugin (SIGHUP re-reads the file)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from enflame_gcu import __version__
 from enflame_gcu.device_plugin import config as plugin_config
-from enflame_gcu.device_plugin import kubelet, runner
+from enflame_gcu.device_plugin import config_file, kubelet, runner
 from enflame_gcu.errors import ConfigError
 
 log = logging.getLogger("enflame_gcu.device_plugin")
+
+
+_LISTS = ("device_list_strategy", "resources")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,8 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="enflame-device-plugin",
         description="Advertise Enflame GCUs to the kubelet (Kubernetes device plugin v1beta1).",
-        epilog="Precedence: command line > environment > defaults. SIGHUP rediscovers and "
-        "re-registers; SIGTERM/SIGINT stop cleanly.",
+        epilog="Precedence: command line > environment > config file > defaults. SIGHUP "
+        "re-reads the config file (an invalid one is refused), rediscovers and re-registers; "
+        "SIGTERM/SIGINT stop cleanly.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     defaults = plugin_config.PluginConfig()
@@ -40,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(
                 name, action=argparse.BooleanOptionalAction, default=None, help=text
             )
-        elif option.field == "device_list_strategy":
+        elif option.field in _LISTS:
             parser.add_argument(name, action="append", default=None, help=text + "; repeatable")
         else:
             parser.add_argument(name, default=None, help=text)
@@ -51,20 +56,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_config(argv: Sequence[str] | None, environ: dict[str, str]) -> plugin_config.PluginConfig:
-    """Parse argv over the environment over the defaults."""
+    """Parse argv over the environment over the config file (if any) over the defaults."""
     args = vars(build_parser().parse_args(argv))
-    if args.get("device_list_strategy") is not None:
-        args["device_list_strategy"] = ",".join(args["device_list_strategy"])
-    return plugin_config.resolve([args, plugin_config.env_layer(environ)])
+    for name in _LISTS:
+        if args.get(name) is not None:
+            args[name] = ",".join(args[name])
+    env = plugin_config.env_layer(environ)
+    layers: list[Mapping[str, object]] = [args, env]
+    path = plugin_config.resolve(layers).config_file
+    if path is not None:
+        layers.append(config_file.load(path))
+    return plugin_config.resolve(layers)
 
 
-async def _serve(config: plugin_config.PluginConfig) -> int:
+async def _serve(config: plugin_config.PluginConfig, reload: runner.Reload) -> int:
     signals = kubelet.Signals()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, signals.stop.set)
     loop.add_signal_handler(signal.SIGINT, signals.stop.set)
     loop.add_signal_handler(signal.SIGHUP, signals.restart.set)
-    return await runner.run(config, signals)
+    return await runner.run(config, signals, reload)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,15 +85,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"enflame-device-plugin: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=plugin_config.log_level(config),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # gRPC's and asyncio's debug chatter drowns our own debug lines; keep them at WARNING.
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    apply_log_level(config)
+    log.info("enflame-device-plugin %s starting: %s", __version__, config.describe())
+    environ = dict(os.environ)
+
+    def reload() -> plugin_config.PluginConfig:
+        # Same command line and environment; only the file can have changed.
+        new = load_config(argv, environ)
+        apply_log_level(new)
+        return new
+
+    return asyncio.run(_serve(config, reload))
+
+
+def apply_log_level(config: plugin_config.PluginConfig) -> None:
+    """Set our log level; gRPC's and asyncio's debug chatter stays at WARNING or above."""
+    logging.getLogger().setLevel(plugin_config.log_level(config))
     for noisy in ("grpc", "asyncio"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, plugin_config.log_level(config)))
-    log.info("enflame-device-plugin %s starting: %s", __version__, config.describe())
-    return asyncio.run(_serve(config))
 
 
 if __name__ == "__main__":

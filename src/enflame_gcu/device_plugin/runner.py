@@ -1,4 +1,11 @@
-"""The plugin's life: discover, watch health, serve the resource; SIGHUP starts it all over."""
+"""The plugin's life: discover, watch health, serve every resource; SIGHUP starts it all over.
+
+One discovery and one health monitor per process feed every served resource (whole cards,
+vGCUs, shared slices), each on its own socket with its own registration. A card's health
+reaches its vGCUs and slices through :meth:`HealthReport.for_derived`, so they fail and recover
+together. SIGHUP re-reads the config file: a valid one applies, an invalid one is refused and the
+running config kept; either way the node is rediscovered and every resource served again.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +13,45 @@ import asyncio
 import contextlib
 import gc
 import logging
+from collections.abc import Callable
 
 from enflame_gcu import devices, health
 from enflame_gcu.device_plugin import config as plugin_config
-from enflame_gcu.device_plugin import kubelet
+from enflame_gcu.device_plugin import kubelet, resources
 from enflame_gcu.device_plugin import state as plugin_state
+from enflame_gcu.errors import ConfigError
 
 log = logging.getLogger(__name__)
+Reload = Callable[[], plugin_config.PluginConfig]
+HealthListener = Callable[[str, plugin_state.Snapshot], None]
 
 
 def _describe(inventory: devices.Inventory) -> str:
     usable = ", ".join(card.name for card in inventory.usable_cards()) or "none"
     version = inventory.driver_version or "not loaded"
-    return f"driver {version}; {len(inventory.cards)} card(s), usable: {usable}"
+    vgcus = f", {len(inventory.vgcus)} vGCU(s)" if inventory.vgcus else ""
+    return f"driver {version}; {len(inventory.cards)} card(s){vgcus}, usable: {usable}"
 
 
-class Resource:
-    """Discovery, health and state of the whole-card resource; rediscovers on driver change."""
+def _describe_assignment(placed: resources.Assignment, config: plugin_config.PluginConfig) -> str:
+    def names(cards: tuple[devices.Card, ...]) -> str:
+        return ", ".join(card.name for card in cards) or "none"
 
-    def __init__(self, config: plugin_config.PluginConfig) -> None:
+    served = ", ".join(f"{kind}={name}" for kind, name in config.resource_names().items())
+    return (
+        f"serving {served}; whole cards: {names(placed.whole)}; shared cards: "
+        f"{names(placed.shared)}; cards in vGCU mode: {names(placed.vgcu_mode)}"
+    )
+
+
+class NodeResources:
+    """One discovery and health monitor; a :class:`PluginState` per served resource."""
+
+    def __init__(
+        self, config: plugin_config.PluginConfig, listener: HealthListener | None = None
+    ) -> None:
         self.config = config
+        self._listener = listener
         inventory = devices.discover(config.host_root)
         self.monitor = health.HealthMonitor(
             config.host_root,
@@ -34,40 +60,96 @@ class Resource:
             interval=config.health_interval,
             disabled=config.disable_healthchecks,
         )
-        self.state = plugin_state.PluginState(
-            plugin_state.snapshot_for(
-                inventory, config.allocation_policy, self.monitor.report.healthy()
+        kinds, self.assignment = resources.build(inventory, config)
+        report = self.monitor.report
+        self.states = {
+            key: plugin_state.PluginState(
+                plugin_state.Snapshot(kind, resources.health_of(kind, report))
             )
-        )
+            for key, kind in kinds.items()
+        }
+        self._notify()
+
+    @property
+    def state(self) -> plugin_state.PluginState:
+        """The first served resource's state (whole cards with the default --resources)."""
+        return next(iter(self.states.values()))
 
     @property
     def inventory(self) -> devices.Inventory:
         """The current discovery."""
         return self.state.snapshot.inventory
 
+    def _notify(self) -> None:
+        if self._listener is not None:
+            for key, state in self.states.items():
+                self._listener(key, state.snapshot)
+
     def on_health(self, update: health.HealthUpdate) -> None:
         """Apply a health update; a driver change means the cards may differ: rediscover."""
         if update.rediscover:
             inventory = devices.discover(self.config.host_root)
             report = self.monitor.reset(inventory.cards, inventory.driver_version)
+            kinds, self.assignment = resources.build(inventory, self.config)
             log.info("rediscovered after driver change: %s", _describe(inventory))
-            self.state.replace(
-                plugin_state.snapshot_for(
-                    inventory, self.config.allocation_policy, report.healthy()
+            for key, kind in kinds.items():
+                self.states[key].replace(
+                    plugin_state.Snapshot(kind, resources.health_of(kind, report))
                 )
-            )
         else:
-            self.state.set_health(update.report.healthy())
+            for state in self.states.values():
+                kind = state.snapshot.kind
+                state.set_health(resources.health_of(kind, update.report))
+        self._notify()
+
+    def servers(self) -> list[kubelet.ResourceServer]:
+        """One ResourceServer per served resource, on its own socket."""
+        names = self.config.resource_names()
+        return [
+            kubelet.ResourceServer(
+                self.config,
+                state,
+                resource_name=names[key],
+                socket_name=self.config.socket_for(key),
+            )
+            for key, state in self.states.items()
+        ]
 
 
-async def run(config: plugin_config.PluginConfig, signals: kubelet.Signals) -> int:
+async def _serve_all(node: NodeResources, signals: kubelet.Signals) -> str:
+    outcomes = await asyncio.gather(*(s.serve_until_signal(signals) for s in node.servers()))
+    return "stop" if "stop" in outcomes else "restart"
+
+
+def _reloaded(
+    config: plugin_config.PluginConfig, reload: Reload | None
+) -> plugin_config.PluginConfig:
+    if reload is None:
+        return config
+    try:
+        new = reload()
+    except ConfigError as exc:
+        log.error("SIGHUP: new config refused, keeping the running one: %s", exc)
+        return config
+    if new != config:
+        log.info("SIGHUP: config reloaded: %s", new.describe())
+    return new
+
+
+async def run(
+    config: plugin_config.PluginConfig,
+    signals: kubelet.Signals,
+    reload: Reload | None = None,
+    listener: HealthListener | None = None,
+) -> int:
     """Serve until SIGTERM/SIGINT (exit status 0); 1 when init fails and that is fatal."""
     while True:
-        resource = Resource(config)
-        log.info("discovered under %s: %s", config.host_root, _describe(resource.inventory))
-        for problem in resource.inventory.problems:
+        node = NodeResources(config, listener)
+        log.info("discovered under %s: %s", config.host_root, _describe(node.inventory))
+        log.info("%s", _describe_assignment(node.assignment, config))
+        for problem in (*node.inventory.problems, *node.assignment.notes):
             log.warning("%s", problem)
-        if not resource.inventory.usable_cards():
+        if not node.inventory.usable_cards():
             if config.fail_on_init_error:
                 log.error(
                     "no usable GCU found under %s and --fail-on-init-error is set", config.host_root
@@ -77,11 +159,9 @@ async def run(config: plugin_config.PluginConfig, signals: kubelet.Signals) -> i
         # Start-up objects (grpc, protobuf, discovery) live for the whole process: keeping them
         # out of the collector's scans removes most GC pauses from the RPC latency tail.
         gc.freeze()
-        monitor_task = asyncio.ensure_future(resource.monitor.run(resource.on_health))
+        monitor_task = asyncio.ensure_future(node.monitor.run(node.on_health))
         try:
-            outcome = await kubelet.ResourceServer(config, resource.state).serve_until_signal(
-                signals
-            )
+            outcome = await _serve_all(node, signals)
         finally:
             monitor_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -90,4 +170,5 @@ async def run(config: plugin_config.PluginConfig, signals: kubelet.Signals) -> i
             log.info("stopped")
             return 0
         signals.restart.clear()
+        config = _reloaded(config, reload)
         log.info("SIGHUP: restarting with a fresh discovery")

@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 
 import grpc
 
-from enflame_gcu import edits
 from enflame_gcu._proto import api_pb2, api_pb2_grpc
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import state as plugin_state
@@ -44,10 +43,12 @@ def device_list(snapshot: plugin_state.Snapshot) -> Any:
 def container_response(
     snapshot: plugin_state.Snapshot, ids: list[str], config: plugin_config.PluginConfig
 ) -> Any:
-    """One ContainerAllocateResponse: device-list edits per strategy, DeviceSpecs if asked."""
-    listed = edits.device_list(ids, config.device_list_strategy)
+    """One ContainerAllocateResponse: the resource's grant, DeviceSpecs if asked."""
+    grant = snapshot.kind.grant(ids, config)
+    listed = grant.listed
     response = api_pb2.ContainerAllocateResponse(
-        envs=dict(listed.edits.env), annotations=dict(listed.edits.annotations)
+        envs={**dict(listed.edits.env), **dict(grant.env)},
+        annotations=dict(listed.edits.annotations),
     )
     for mount in listed.edits.mounts:
         response.mounts.add(
@@ -57,13 +58,12 @@ def container_response(
         )
     for name in listed.cdi_devices:
         response.cdi_devices.add(name=name)
-    if config.pass_device_specs:
-        for node in edits.for_devices(snapshot.inventory, ids).device_nodes:
-            response.devices.add(
-                container_path=node.path,
-                host_path=node.host_path,
-                permissions=DEVICE_SPEC_PERMISSIONS,
-            )
+    for node in grant.device_nodes:
+        response.devices.add(
+            container_path=node.path,
+            host_path=node.host_path,
+            permissions=DEVICE_SPEC_PERMISSIONS,
+        )
     return response
 
 

@@ -1,7 +1,8 @@
 """What one resource currently offers: discovery, health and policy, with change notification.
 
-The gRPC service reads a :class:`Snapshot`; health updates and rediscovery replace it. Each
-replacement wakes every ListAndWatch stream, which then sends the whole new list.
+The gRPC service reads a :class:`Snapshot` (a resource kind from :mod:`.resources` plus device
+health); health updates and rediscovery replace it. Each replacement wakes every ListAndWatch
+stream, which then sends the whole new list.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from enflame_gcu import allocation, devices, topology
+from enflame_gcu import allocation, devices
+from enflame_gcu.device_plugin import resources
 from enflame_gcu.errors import InvalidRequestError
 
 HEALTHY = "Healthy"
@@ -37,16 +39,24 @@ class DeviceInfo:
 class Snapshot:
     """Everything an RPC needs, immutable; ``generation`` grows with every change."""
 
-    inventory: devices.Inventory
-    policy: allocation.AllocationPolicy
+    kind: resources.DeviceKind
     health: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
     generation: int = 0
 
+    @property
+    def inventory(self) -> devices.Inventory:
+        """The discovery behind the devices."""
+        return self.kind.inventory
+
+    @property
+    def policy(self) -> allocation.AllocationPolicy:
+        """The resource's GetPreferredAllocation policy."""
+        return self.kind.policy
+
     def devices(self) -> tuple[DeviceInfo, ...]:
-        """Every discovered card in minor order; a card without a health verdict is unhealthy."""
+        """Every advertised device in order; a device without a health verdict is unhealthy."""
         return tuple(
-            DeviceInfo(card.name, self.health.get(card.name, False), card.numa_node)
-            for card in self.inventory.cards
+            DeviceInfo(d.id, self.health.get(d.id, False), d.numa_node) for d in self.kind.catalog
         )
 
     def healthy_ids(self) -> list[str]:
@@ -57,11 +67,11 @@ class Snapshot:
 def snapshot_for(
     inventory: devices.Inventory, policy_name: str, health: Mapping[str, bool] | None = None
 ) -> Snapshot:
-    """A snapshot of a discovery; without ``health`` every card is as discovery found it."""
-    policy = allocation.policy_by_name(policy_name, topology.Topology.from_inventory(inventory))
+    """Whole cards, every card of a discovery; without ``health`` as discovery found them."""
+    kind = resources.whole_cards(inventory, inventory.cards, policy_name)
     if health is None:
         health = {card.name: card.usable for card in inventory.cards}
-    return Snapshot(inventory, policy, MappingProxyType(dict(health)))
+    return Snapshot(kind, MappingProxyType(dict(health)))
 
 
 class PluginState:
@@ -122,12 +132,14 @@ def check_allocatable(snapshot: Snapshot, ids: list[str]) -> None:
         problems.append(f"repeated device(s) {', '.join(repeated)}")
     if problems:
         raise InvalidRequestError(f"{'; '.join(problems)}; healthy devices: {healthy}")
+    snapshot.kind.check(ids)
 
 
 def check_known(snapshot: Snapshot, ids: list[str]) -> None:
     """Raise InvalidRequestError naming IDs this resource never advertised, and the known ones."""
     known = [d.id for d in snapshot.devices()]
-    unknown = [i for i in dict.fromkeys(ids) if i not in known]
+    advertised = set(known)
+    unknown = [i for i in dict.fromkeys(ids) if i not in advertised]
     if unknown:
         raise InvalidRequestError(
             f"unknown device(s) {', '.join(unknown)}; devices: {', '.join(known) or 'none'}"

@@ -1,0 +1,238 @@
+"""The resources one plugin process serves, and which card goes into which.
+
+Rule (each card is in exactly one resource):
+
+- a card whose driver exposes vGCU nodes is in vGCU mode: only its vGCUs are advertised
+  (``enflame.com/vgcu``); the card is never handed out whole or as slices, even by a process that
+  does not serve vGCUs, because a second plugin process may be handing out its vGCUs;
+- otherwise, when ``shared-gcu`` is served and ``sharing.cards`` names the card (or is ``all``),
+  the card is advertised as slices (``enflame.com/shared-gcu``);
+- every other card is a whole card (``enflame.com/gcu``).
+
+Each kind lists its devices with the card whose health they follow, chooses preferred sets, and
+builds what Allocate gives a container through the one edits model (:mod:`enflame_gcu.edits`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from enflame_gcu import allocation, devices, edits, health, sharing, topology, virtual
+from enflame_gcu.device_plugin import config as plugin_config
+
+
+@dataclass(frozen=True, slots=True)
+class Advertised:
+    """One device of a resource: ID, the card it follows (None = itself) and NUMA node."""
+
+    id: str
+    card: str | None
+    numa_node: int | None
+    usable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What Allocate gives one container, before translation to protobuf."""
+
+    listed: edits.DeviceListEdits
+    env: tuple[tuple[str, str], ...] = ()
+    device_nodes: tuple[edits.DeviceNodeEdit, ...] = ()
+
+
+class DeviceKind(Protocol):
+    """One resource's devices, policy and Allocate answer."""
+
+    @property
+    def inventory(self) -> devices.Inventory:
+        """The discovery the devices come from."""
+        ...
+
+    @property
+    def policy(self) -> allocation.AllocationPolicy:
+        """How GetPreferredAllocation chooses."""
+        ...
+
+    @property
+    def catalog(self) -> tuple[Advertised, ...]:
+        """Every device of the resource, in advertising order."""
+        ...
+
+    def check(self, ids: Sequence[str]) -> None:
+        """Resource-specific request checks (InvalidRequestError), beyond known-and-healthy."""
+        ...
+
+    def grant(self, ids: Sequence[str], config: plugin_config.PluginConfig) -> Grant:
+        """Edits for one container holding ``ids``."""
+        ...
+
+
+def health_of(kind: DeviceKind, report: health.HealthReport) -> dict[str, bool]:
+    """``{device: healthy}``: a device follows its card; one without a card, its discovery."""
+    derived = report.for_derived({d.id: d.card for d in kind.catalog if d.card is not None})
+    return {d.id: derived[d.id] if d.card is not None else d.usable for d in kind.catalog}
+
+
+def _nodes(
+    inventory: devices.Inventory, names: Sequence[str], config: plugin_config.PluginConfig
+) -> tuple[edits.DeviceNodeEdit, ...]:
+    if not config.pass_device_specs:
+        return ()
+    return edits.for_devices(inventory, names).device_nodes
+
+
+@dataclass(frozen=True, slots=True)
+class NamedDevices:
+    """Whole cards or vGCUs: each device ID is a node name (``gcuN``/``vgcuN``)."""
+
+    inventory: devices.Inventory
+    policy: allocation.AllocationPolicy
+    catalog: tuple[Advertised, ...]
+
+    def check(self, ids: Sequence[str]) -> None:
+        """Nothing beyond the generic checks."""
+
+    def grant(self, ids: Sequence[str], config: plugin_config.PluginConfig) -> Grant:
+        """The devices themselves, named for the runtime by each device-list strategy."""
+        listed = edits.device_list(ids, config.device_list_strategy)
+        return Grant(listed, (), _nodes(self.inventory, ids, config))
+
+
+@dataclass(frozen=True, slots=True)
+class SharedSlices:
+    """Time-shared slices ``gcuN-sliceK``; a container gets each of its cards once."""
+
+    inventory: devices.Inventory
+    settings: sharing.SharingSettings
+    slices_of: Mapping[str, int]
+    catalog: tuple[Advertised, ...]
+    policy: allocation.AllocationPolicy = field(default_factory=sharing.PackedPolicy)
+
+    def check(self, ids: Sequence[str]) -> None:
+        """The per-container cap and slice IDs (AllocationError/InvalidRequestError)."""
+        sharing.grant(ids, self.slices_of, self.settings.max_slices_per_container)
+
+    def grant(self, ids: Sequence[str], config: plugin_config.PluginConfig) -> Grant:
+        """The slices' cards by minor (so the runtime injects exactly them) and the share env."""
+        given = sharing.grant(ids, self.slices_of, self.settings.max_slices_per_container)
+        listed = edits.device_list(given.cards, config.device_list_strategy)
+        return Grant(
+            listed, tuple(given.env().items()), _nodes(self.inventory, given.cards, config)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Which card went where, plus notes for the log (e.g. unknown cards in sharing.cards)."""
+
+    whole: tuple[devices.Card, ...]
+    shared: tuple[devices.Card, ...]
+    vgcu_mode: tuple[devices.Card, ...]
+    notes: tuple[str, ...] = ()
+
+
+def assign(inventory: devices.Inventory, config: plugin_config.PluginConfig) -> Assignment:
+    """Put every card into exactly one resource (see the module docstring)."""
+    partitioned = {v.parent_minor for v in inventory.vgcus if v.parent_minor is not None}
+    by_ref = {card.name: card for card in inventory.cards}
+    by_ref.update({card.bdf: card for card in inventory.cards})
+    notes: list[str] = []
+    wanted: set[str] | None = None
+    if config.shared_cards is not None:
+        wanted = set()
+        for ref in config.shared_cards:
+            card = by_ref.get(ref)
+            if card is None:
+                # One ConfigMap may serve many nodes: a card missing here is not an error.
+                names = ", ".join(c.name for c in inventory.cards) or "none"
+                notes.append(
+                    f"sharing.cards names {ref}, which is not on this node (cards: {names})"
+                )
+            else:
+                wanted.add(card.name)
+    whole: list[devices.Card] = []
+    shared: list[devices.Card] = []
+    vgcu_mode: list[devices.Card] = []
+    serving_shared = plugin_config.SHARED_GCU in config.resources
+    for card in inventory.cards:
+        if card.minor in partitioned:
+            vgcu_mode.append(card)
+            if wanted is not None and card.name in wanted:
+                notes.append(f"{card.name} is in vGCU mode; it is served as vGCUs, not as slices")
+        elif serving_shared and (wanted is None or card.name in wanted):
+            shared.append(card)
+        else:
+            whole.append(card)
+    return Assignment(tuple(whole), tuple(shared), tuple(vgcu_mode), tuple(notes))
+
+
+def whole_cards(
+    inventory: devices.Inventory, cards: Sequence[devices.Card], policy_name: str
+) -> NamedDevices:
+    """The whole-card kind over ``cards`` with the named topology policy."""
+    policy = allocation.policy_by_name(policy_name, topology.Topology(cards))
+    catalog = tuple(Advertised(c.name, c.name, c.numa_node, c.usable) for c in cards)
+    return NamedDevices(inventory, policy, catalog)
+
+
+def vgcus(inventory: devices.Inventory) -> NamedDevices:
+    """Every vGCU, carrying its card's NUMA node; health follows the card when linked."""
+    cards = {card.minor: card for card in inventory.cards}
+    catalog = []
+    for vgcu in inventory.vgcus:
+        card = cards.get(vgcu.parent_minor) if vgcu.parent_minor is not None else None
+        numa = card.numa_node if card is not None else None
+        parent = card.name if card is not None else None
+        catalog.append(Advertised(vgcu.name, parent, numa, vgcu.usable))
+    policy = virtual.VgcuPolicy(
+        virtual.parents(inventory), topology.Topology.from_inventory(inventory)
+    )
+    return NamedDevices(inventory, policy, tuple(catalog))
+
+
+def shared_slices(
+    inventory: devices.Inventory, cards: Sequence[devices.Card], settings: sharing.SharingSettings
+) -> SharedSlices:
+    """The slices of ``cards`` (count per card by settings), with the configured policy."""
+    slices_of = {card.name: settings.slices_for(card.name, card.model) for card in cards}
+    ids = sharing.slice_ids(((c.name, c.model) for c in cards), settings)
+    numa = {card.name: card.numa_node for card in cards}
+    catalog = tuple(
+        Advertised(i, card, numa[card]) for i in ids for card in [sharing.parse_slice_id(i)[0]]
+    )
+    policy = sharing.policy_by_name(settings.policy)
+    return SharedSlices(inventory, settings, slices_of, catalog, policy)
+
+
+def _settings_by_name(
+    settings: sharing.SharingSettings, inventory: devices.Inventory
+) -> sharing.SharingSettings:
+    # slicesByCard may name cards by bus id; slices_for() looks them up by gcuN.
+    names = {card.bdf: card.name for card in inventory.cards}
+    by_card = {names.get(ref, ref): count for ref, count in settings.slices_by_card.items()}
+    return sharing.SharingSettings(
+        settings.slices,
+        dict(settings.slices_by_model),
+        by_card,
+        settings.policy,
+        settings.max_slices_per_container,
+    )
+
+
+def build(
+    inventory: devices.Inventory, config: plugin_config.PluginConfig
+) -> tuple[dict[str, DeviceKind], Assignment]:
+    """Every served kind (``{gcu|vgcu|shared-gcu: kind}``) for a discovery, and the assignment."""
+    placed = assign(inventory, config)
+    kinds: dict[str, DeviceKind] = {}
+    for kind in config.resources:
+        if kind == plugin_config.GCU:
+            kinds[kind] = whole_cards(inventory, placed.whole, config.allocation_policy)
+        elif kind == plugin_config.VGCU:
+            kinds[kind] = vgcus(inventory)
+        else:
+            settings = _settings_by_name(config.sharing, inventory)
+            kinds[kind] = shared_slices(inventory, placed.shared, settings)
+    return kinds, placed
