@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
+import re
 import signal
+import textwrap
 
 import pytest
+import yaml
 
 from enflame_gcu import sharing
 from enflame_gcu.device_plugin import config, config_file, main
@@ -227,3 +231,49 @@ def test_sighup_applies_a_valid_new_file_and_refuses_an_invalid_one(
             assert plugin.process is not None and plugin.process.returncode is None
 
     asyncio.run(scenario())
+
+
+CHART = pathlib.Path(__file__).parents[2] / "deploy" / "helm" / "enflame-gcu"
+
+
+def render_chart_config(sharing_values: dict[str, object]) -> str:
+    """The chart's config.yaml body with ``sharing`` values, for the few template forms it uses.
+
+    No helm binary exists here; this keeps the chart's keys and the plugin's parser in step.
+    """
+    template = (CHART / "templates" / "configmap-plugin-config.yaml").read_text()
+    body = template.split("config.yaml: |", 1)[1].split("{{- end }}", 1)[0]
+
+    def value(name: str) -> object:
+        return sharing_values[name.removeprefix(".Values.sharing.")]
+
+    def if_else(match: re.Match[str]) -> str:
+        return json.dumps(value(match[1])) if value(match[1]) else match[2]
+
+    body = re.sub(
+        r"\{\{ if (\S+) \}\}\{\{ toJson \1 \}\}\{\{ else \}\}(\w+)\{\{ end \}\}", if_else, body
+    )
+    body = re.sub(r"\{\{ toJson (\S+) \}\}", lambda m: json.dumps(value(m[1])), body)
+    body = re.sub(r"\{\{ (\.Values\.\S+) \}\}", lambda m: str(value(m[1])), body)
+    assert "{{" not in body, body
+    return textwrap.dedent(body)
+
+
+def test_the_charts_config_map_is_a_config_file_the_plugin_accepts() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["sharing"]
+    defaults = config.resolve([config_file.parse(render_chart_config(values))])
+    assert defaults.sharing == sharing.SharingSettings(slices=values["slicesPerCard"])
+    assert defaults.shared_cards is None  # empty list in values = every card
+    values.update(
+        cards=[4, "0000:9d:00.0"],
+        slicesByModel={"S60 48GB": 8},
+        slicesByCard={"4": 3},
+        policy="distributed",
+        maxSlicesPerContainer=2,
+    )
+    got = config.resolve([config_file.parse(render_chart_config(values))])
+    assert got.shared_cards == ("gcu4", "0000:9d:00.0")
+    assert got.sharing == sharing.SharingSettings(
+        slices=6, slices_by_model={"S60 48GB": 8}, slices_by_card={"gcu4": 3},
+        policy="distributed", max_slices_per_container=2,
+    )  # fmt: skip

@@ -116,6 +116,8 @@ def card_ref(value: Any, path: str) -> str:
         return f"gcu{value}"
     if isinstance(value, str):
         text = value.strip().lower()
+        if text.isdigit():
+            return f"gcu{int(text)}"
         if match := _CARD.match(text):
             return f"gcu{int(match.group(1))}"
         if _BUS_ID.match(text):
