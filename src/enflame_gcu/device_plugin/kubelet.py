@@ -66,9 +66,11 @@ class ResourceServer:
         *,
         resource_name: str | None = None,
         socket_name: str | None = None,
+        observer: service.AllocationObserver | None = None,
     ) -> None:
         self.config = config
         self.state = state
+        self.observer = observer
         self.resource_name = resource_name or config.resource_name
         self.socket_name = socket_name or config.socket_name
         self.socket_path = os.path.join(config.plugin_dir, self.socket_name)
@@ -90,7 +92,9 @@ class ResourceServer:
             log.info("removing stale socket %s left by an earlier instance", path)
             os.unlink(path)
         server = grpc.aio.server()
-        self._service = service.DevicePluginService(self.state, self.config)
+        self._service = service.DevicePluginService(
+            self.state, self.config, self.resource_name, self.observer
+        )
         api_pb2_grpc.add_DevicePluginServicer_to_server(self._service, server)
         server.add_insecure_port(f"unix://{path}")
         await server.start()

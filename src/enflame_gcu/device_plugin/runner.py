@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from enflame_gcu import devices, health
 from enflame_gcu.device_plugin import config as plugin_config
-from enflame_gcu.device_plugin import kubelet, resources
+from enflame_gcu.device_plugin import kubelet, metrics, resources, service
 from enflame_gcu.device_plugin import state as plugin_state
 from enflame_gcu.errors import ConfigError
 
@@ -82,8 +82,9 @@ class NodeResources:
 
     def _notify(self) -> None:
         if self._listener is not None:
+            names = self.config.resource_names()
             for key, state in self.states.items():
-                self._listener(key, state.snapshot)
+                self._listener(names[key], state.snapshot)
 
     def on_health(self, update: health.HealthUpdate) -> None:
         """Apply a health update; a driver change means the cards may differ: rediscover."""
@@ -102,7 +103,9 @@ class NodeResources:
                 state.set_health(resources.health_of(kind, update.report))
         self._notify()
 
-    def servers(self) -> list[kubelet.ResourceServer]:
+    def servers(
+        self, observer: service.AllocationObserver | None = None
+    ) -> list[kubelet.ResourceServer]:
         """One ResourceServer per served resource, on its own socket."""
         names = self.config.resource_names()
         return [
@@ -111,14 +114,25 @@ class NodeResources:
                 state,
                 resource_name=names[key],
                 socket_name=self.config.socket_for(key),
+                observer=observer,
             )
             for key, state in self.states.items()
         ]
 
 
-async def _serve_all(node: NodeResources, signals: kubelet.Signals) -> str:
-    outcomes = await asyncio.gather(*(s.serve_until_signal(signals) for s in node.servers()))
+async def _serve_all(
+    node: NodeResources, signals: kubelet.Signals, observer: metrics.Metrics | None
+) -> str:
+    servers = node.servers(observer)
+    outcomes = await asyncio.gather(*(s.serve_until_signal(signals) for s in servers))
     return "stop" if "stop" in outcomes else "restart"
+
+
+def _health_listener(exported: metrics.Metrics) -> HealthListener:
+    def listen(resource: str, snapshot: plugin_state.Snapshot) -> None:
+        exported.set_devices(resource, ((d.id, d.healthy) for d in snapshot.devices()))
+
+    return listen
 
 
 def _reloaded(
@@ -133,6 +147,8 @@ def _reloaded(
         return config
     if new != config:
         log.info("SIGHUP: config reloaded: %s", new.describe())
+    if new.metrics_port != config.metrics_port:
+        log.warning("SIGHUP: a new metrics port takes effect only after a restart")
     return new
 
 
@@ -140,10 +156,16 @@ async def run(
     config: plugin_config.PluginConfig,
     signals: kubelet.Signals,
     reload: Reload | None = None,
-    listener: HealthListener | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT (exit status 0); 1 when init fails and that is fatal."""
+    exported: metrics.Metrics | None = None
+    if config.metrics_port:
+        exported = metrics.Metrics()
+        exported.serve(config.metrics_port)
     while True:
+        listener = None if exported is None else _health_listener(exported)
+        if exported is not None:
+            exported.retain(config.resource_names().values())
         node = NodeResources(config, listener)
         log.info("discovered under %s: %s", config.host_root, _describe(node.inventory))
         log.info("%s", _describe_assignment(node.assignment, config))
@@ -161,7 +183,7 @@ async def run(
         gc.freeze()
         monitor_task = asyncio.ensure_future(node.monitor.run(node.on_health))
         try:
-            outcome = await _serve_all(node, signals)
+            outcome = await _serve_all(node, signals, exported)
         finally:
             monitor_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

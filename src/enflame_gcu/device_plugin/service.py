@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -67,29 +67,55 @@ def container_response(
     return response
 
 
-async def _guard(rpc: str, context: Any, work: Callable[[], Awaitable[T]]) -> T:
+class AllocationObserver(Protocol):
+    """Told about every Allocate outcome (metrics)."""
+
+    def allocated(self, resource: str, containers: list[list[str]]) -> None:
+        """A successful Allocate: the device IDs of each container."""
+
+    def refused(self, resource: str, code: str) -> None:
+        """A refused Allocate and its status code name."""
+
+
+async def _guard(
+    rpc: str,
+    context: Any,
+    work: Callable[[], Awaitable[T]],
+    on_error: Callable[[str], None] | None = None,
+) -> T:
     """Run an RPC body, turning our errors into explicit status codes."""
     try:
         return await work()
     except InvalidRequestError as exc:
         log.warning("%s rejected: %s", rpc, exc)
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rpc}: {exc}")
+        code, message = grpc.StatusCode.INVALID_ARGUMENT, f"{rpc}: {exc}"
     except EnflameError as exc:
         log.warning("%s failed: %s", rpc, exc)
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{rpc}: {exc}")
+        code, message = grpc.StatusCode.FAILED_PRECONDITION, f"{rpc}: {exc}"
     except Exception as exc:
         # A bug: say so plainly instead of letting gRPC answer UNKNOWN with a traceback.
         log.exception("%s failed unexpectedly", rpc)
-        await context.abort(grpc.StatusCode.INTERNAL, f"{rpc}: internal error: {exc!r}")
+        code, message = grpc.StatusCode.INTERNAL, f"{rpc}: internal error: {exc!r}"
+    if on_error is not None:
+        on_error(code.name)
+    await context.abort(code, message)
     raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 
 
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
     """Serves one resource's devices from a :class:`~state.PluginState`."""
 
-    def __init__(self, state: plugin_state.PluginState, config: plugin_config.PluginConfig):
+    def __init__(
+        self,
+        state: plugin_state.PluginState,
+        config: plugin_config.PluginConfig,
+        resource_name: str = "",
+        observer: AllocationObserver | None = None,
+    ):
         self._state = state
         self._config = config
+        self._resource = resource_name or config.resource_name
+        self._observer = observer
         self._stopping = asyncio.Event()
 
     def stop_streams(self) -> None:
@@ -156,9 +182,15 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
                 # The IDs were fine; the node is not (e.g. /dev/gcuctl vanished).
                 raise EnflameError(str(exc)) from exc
             log.info("Allocate %s", " | ".join(",".join(ids) for ids in requests))
+            if self._observer is not None:
+                self._observer.allocated(self._resource, requests)
             return api_pb2.AllocateResponse(container_responses=responses)
 
-        return await _guard("Allocate", context, work)
+        def refused(code: str) -> None:
+            if self._observer is not None:
+                self._observer.refused(self._resource, code)
+
+        return await _guard("Allocate", context, work, refused)
 
     async def PreStartContainer(self, request: Any, context: Any) -> Any:
         """Nothing to do before a container starts (not required in our options)."""
