@@ -6,9 +6,8 @@ untouched and is reported with the step that failed; the caller then does not ru
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from enflame_gcu import devices, edits
 from enflame_gcu.container_toolkit import device_request, modifiers, oci, runtime, runtime_log
@@ -16,6 +15,19 @@ from enflame_gcu.container_toolkit.runtime_config import RuntimeConfig
 from enflame_gcu.errors import EnflameError
 
 T = TypeVar("T")
+
+
+class Log(Protocol):
+    """What the create path logs through (a ``logging.Logger`` fits too)."""
+
+    def info(self, message: str, /, *args: object) -> None:
+        """Log at info level."""
+
+    def warning(self, message: str, /, *args: object) -> None:
+        """Log at warning level."""
+
+    def error(self, message: str, /, *args: object) -> None:
+        """Log at error level."""
 
 
 class StepError(Exception):
@@ -31,7 +43,7 @@ def _step(what: str, action: Callable[[], T]) -> T:
         raise StepError(f"{what}: {exc}") from exc
 
 
-def edit_bundle(bundle: str, config: RuntimeConfig, log: logging.Logger) -> str:
+def edit_bundle(bundle: str, config: RuntimeConfig, log: Log) -> str:
     """Give the container in ``bundle`` the GCUs its spec asks for; return what was done.
 
     Raises StepError; the spec file is only replaced (atomically) after every step succeeded.

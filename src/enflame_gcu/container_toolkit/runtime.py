@@ -163,6 +163,24 @@ def _self_path(argv: list[str]) -> str:
     return name
 
 
+# Every way a spec can ask for GCUs contains one of these byte strings (engines write JSON
+# without escaping ASCII letters), so a spec with none of them is passed on without parsing.
+REQUEST_MARKERS = (b"ENFLAME_VISIBLE_DEVICES", b"enflame-container-devices", b"cdi.k8s.io/")
+
+
+def may_request_devices(bundle: str) -> bool:
+    """Cheap pre-check before the edit machinery is imported: could this spec ask for GCUs?
+
+    Unreadable specs return True so that the create path reports the problem properly.
+    """
+    try:
+        with open(os.path.join(bundle, "config.json"), "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return True
+    return any(marker in raw for marker in REQUEST_MARKERS)
+
+
 def report_error(invocation: Invocation | None, message: str) -> None:
     """Tell the engine: one line on stderr and, when runc was given ``--log``, in its format."""
     sys.stderr.write(f"{PROG}: {message}\n")
@@ -195,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     except EnflameError as exc:
         report_error(invocation, str(exc))
         return 1
-    if invocation.edits_spec:
+    if invocation.edits_spec and may_request_devices(invocation.bundle or "."):
         from enflame_gcu.container_toolkit import create
 
         if not create.prepare(invocation, config):
