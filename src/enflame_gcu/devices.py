@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import stat
 from dataclasses import dataclass, field
 
 from enflame_gcu import fileio
-
-log = logging.getLogger(__name__)
 
 VENDOR_ID = 0x1E36
 ACCELERATOR_CLASS = 0x12

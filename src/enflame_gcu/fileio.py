@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 
 
 def host_path(root: str, path: str) -> str:
@@ -14,6 +13,18 @@ def host_path(root: str, path: str) -> str:
     if root in ("", "/"):
         return path
     return os.path.join(root, path.lstrip("/"))
+
+
+def _create_temp(directory: str, name: str) -> tuple[int, str]:
+    # O_EXCL with a random name is what tempfile does; doing it here keeps tempfile (and the
+    # random/shutil imports behind it) off the runtime shim's create path.
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{name}.{os.urandom(6).hex()}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a unique temporary file next to {name} in {directory}")
 
 
 def atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
@@ -28,7 +39,7 @@ def atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
             mode = os.stat(path).st_mode & 0o7777
         except FileNotFoundError:
             mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    fd, tmp = _create_temp(directory, os.path.basename(path))
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
