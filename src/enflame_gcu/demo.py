@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from enflame_gcu import devices, report, simulate
-from enflame_gcu.testing import kubelet_stub, plugin_process
+from enflame_gcu.testing import containers, kubelet_stub, plugin_process
 
 RESOURCE = "enflame.com/gcu"
 WIDTH = 78
@@ -107,16 +107,37 @@ async def admit(ctx: DemoContext, pod: str, count: int) -> None:
     say(indent(allocate_response(main.response), "      "))
 
 
-# === HOOK: runtime demo step ================================================================
-# The container-runtime part of the project replaces this function to start a real container
-# (enflame-container-runtime + runc) with pod 1's Allocate answer and list its /dev/gcu* nodes.
-# It gets the DemoContext and returns the lines to print; None means "not available here".
 def run_container_step(ctx: DemoContext) -> list[str] | None:
-    """Start a container for pod 1 and list its GCUs (provided by the runtime part)."""
-    return None
+    """Start pod 1's container for real (our runtime in front of runc) and list its GCUs.
 
-
-# =============================================================================================
+    The container gets exactly what the kubelet and containerd would give it from pod 1's
+    Allocate answer: its env, mounts and annotations. ``enflame-container-runtime`` then turns
+    ``ENFLAME_VISIBLE_DEVICES`` into device nodes and cgroup rules. None when runc or
+    busybox-static is missing here.
+    """
+    if containers.missing_tools():
+        return None
+    response = ctx.pods["pod1"]["main"].response
+    run = containers.run(
+        ctx.root,
+        os.path.join(os.path.dirname(ctx.plugin_dir), "container"),
+        ["ls", "/dev"],
+        env=dict(response.envs),
+        mounts=[
+            containers.Mount(m.host_path, m.container_path, m.read_only) for m in response.mounts
+        ],
+        annotations=dict(response.annotations),
+    )
+    shown = " ".join(os.path.basename(part) for part in run.argv[:4]) + " ..."
+    lines = [f"$ {shown} ls /dev     (env from pod1's Allocate)"]
+    if run.returncode != 0:
+        return [*lines, f"FAILED (exit {run.returncode}): {run.stderr.strip()}"]
+    gcus = [name for name in run.stdout.split() if "gcu" in name]
+    cards = [name for name in gcus if name != "gcuctl"]
+    others = len(devices.discover(ctx.root).cards) - len(cards)
+    lines.append(f"inside the container: {' '.join(gcus)}")
+    lines.append(f"(no other GCU: the node's other {others} cards stay out of this container)")
+    return lines
 
 
 async def story(work: str, root: str, plugins: str) -> int:
@@ -175,12 +196,17 @@ async def story(work: str, root: str, plugins: str) -> int:
             )
             say(f"   replugged: gcu3 Healthy again after {ms:.0f} ms, no restart needed")
 
-            step(7, "Run a container with pod1's GCUs")
+            step(7, "pod1's container for real: our runtime in front of runc")
             lines = run_container_step(ctx)
             if lines is None:
-                say("   (skipped: the container runtime part is not wired into the demo yet)")
+                problems = "; ".join(containers.missing_tools())
+                say(f"   (skipped: {problems}; `make demo` as root installs runc and busybox)")
             else:
                 say(indent("\n".join(lines)))
+                if not any(
+                    line.startswith("inside the container: gcu0 gcu1 gcuctl") for line in lines
+                ):
+                    return 1
 
             step(8, "Stop the plugin (SIGTERM)")
             started = time.monotonic()

@@ -19,6 +19,9 @@ def test_demo_runs_the_manual_scenario_and_heals() -> None:
     assert "re-registered in" in out
     assert "gcu3    Unhealthy" in out
     assert "gcu3 Healthy again" in out
+    # The last step starts a real runc container through our runtime with pod1's answer.
+    assert "inside the container: gcu0 gcu1 gcuctl\n" in out
+    assert "the node's other 6 cards stay out of this container" in out
     assert "exit status 0" in out and "socket removed: yes" in out
     assert out.rstrip().endswith("Demo finished.")
     # Nothing of the demo's plugin survives it, and its temp dir is gone.
