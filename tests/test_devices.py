@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from enflame_gcu import devices, simulate
+from enflame_gcu import devices, products, simulate
 
 from .conftest import MakeNode
 
@@ -59,7 +59,7 @@ def test_unknown_device_id_gets_a_generic_name(make_node: MakeNode) -> None:
     (card,) = devices.discover(root).cards
     assert card.usable
     assert card.model == "Enflame GCU (device 0xbeef)"
-    assert devices.product_family(card.model) == "GCU"
+    assert products.product_family(card.model) == "GCU"
 
 
 def test_numa_minus_one_means_unknown(make_node: MakeNode) -> None:

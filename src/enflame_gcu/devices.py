@@ -3,56 +3,21 @@
 from __future__ import annotations
 
 import os
-import re
 import stat
 from dataclasses import dataclass, field
 
-from enflame_gcu import fileio
+from enflame_gcu import fileio, products, sysfs
 
 VENDOR_ID = 0x1E36
 ACCELERATOR_CLASS = 0x12
-DRIVER_DIRS = ("enflame", "zixiao")
-PCI_DEVICES = "/sys/bus/pci/devices"
-SYS_DEVICES = "/sys/devices"
-DRIVER_VERSION_FILE = "/sys/module/enflame/version"
+# The host layout discovery reads; sysfs.py holds the readers.
+DRIVER_DIRS = sysfs.DRIVER_DIRS
+PCI_DEVICES = sysfs.PCI_DEVICES
+SYS_DEVICES = sysfs.SYS_DEVICES
+DRIVER_VERSION_FILE = sysfs.DRIVER_VERSION_FILE
+read_driver_version = sysfs.read_driver_version
 CONTROL_NODE = "/dev/gcuctl"
 SIMULATION_MARKER = ".enflame-sim"
-
-# Product names by PCI device id, from the public pci.ids database (SPEC §2).
-PRODUCT_NAMES: dict[int, str] = {
-    0x0001: "T10",
-    0x0002: "T11",
-    0x0003: "T10 (QSFP-DD)",
-    0x0021: "T20 32GB",
-    0x0022: "T20 64GB",
-    0x0023: "T21 32GB",
-    0x0024: "T21 64GB",
-    0x8001: "I20",
-    0x8011: "I10",
-    0x8012: "I10L",
-    0x8031: "S6",
-    0x8032: "S6 24GB",
-    0xC031: "S30",
-    0xC032: "S90 48GB",
-    0xC033: "S60G 48GB",
-    0xC035: "S60 48GB",
-    0xC041: "L300",
-    0xC042: "L600",
-}
-
-_NODE_NAME = re.compile(r"^(v?gcu)(\d+)$")
-_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-
-
-def product_name(device_id: int) -> str:
-    """Model name for a PCI device id; unknown ids get a generic name, never an error."""
-    return PRODUCT_NAMES.get(device_id, f"Enflame GCU (device 0x{device_id:04x})")
-
-
-def product_family(model: str) -> str:
-    """Family of a model name: the leading letters (``T20 32GB`` -> ``T``); generic -> ``GCU``."""
-    match = re.match(r"^([A-Z]+)\d", model)
-    return match.group(1) if match else "GCU"
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,36 +134,6 @@ class Inventory:
         return {card.name: card for card in self.cards}
 
 
-def _read(root: str, path: str, problems: list[str]) -> str | None:
-    """Read a small sysfs file under root; on failure record a precise problem and return None."""
-    full = fileio.host_path(root, path)
-    try:
-        with open(full, encoding="utf-8") as handle:
-            return handle.read().strip()
-    except FileNotFoundError:
-        problems.append(f"{path} is missing")
-    except OSError as exc:
-        problems.append(f"cannot read {path}: {exc.strerror or exc}")
-    return None
-
-
-def _parse_int(text: str | None, base: int, what: str, problems: list[str]) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text, base)
-    except ValueError:
-        problems.append(f"{what} has unexpected content {text!r}")
-        return None
-
-
-def read_driver_version(root: str = "/") -> str | None:
-    """The enflame kernel module's version, or None when the module is not loaded."""
-    problems: list[str] = []
-    text = _read(root, DRIVER_VERSION_FILE, problems)
-    return text or None
-
-
 def is_simulated(root: str) -> bool:
     """True when ``root`` is a simulated node (made by :mod:`enflame_gcu.simulate`)."""
     return root not in ("", "/") and os.path.isdir(os.path.join(root, SIMULATION_MARKER))
@@ -225,70 +160,17 @@ def stat_node(root: str, path: str, simulated: bool) -> tuple[DeviceNode, str | 
     return DeviceNode(path, present=True), f"{path} is not a character device"
 
 
-def _pci_chain(root: str, bdf: str, problems: list[str]) -> tuple[str, tuple[str, ...]]:
-    """Root complex and bridge chain of a PCI device from where its sysfs link points."""
-    link = fileio.host_path(root, f"{PCI_DEVICES}/{bdf}")
-    devices_dir = os.path.realpath(fileio.host_path(root, SYS_DEVICES))
-    target = os.path.realpath(link)
-    relative = os.path.relpath(target, devices_dir)
-    parts = relative.split(os.sep)
-    if relative.startswith("..") or len(parts) < 2 or not parts[0].startswith("pci"):
-        problems.append(f"{PCI_DEVICES}/{bdf} does not lead into {SYS_DEVICES}/pci*/ ({target})")
-        return "", ()
-    if parts[-1] != bdf:
-        problems.append(f"{PCI_DEVICES}/{bdf} leads to {parts[-1]}, not to itself")
-    chain = tuple(part for part in parts[1:-1] if _BDF.match(part))
-    return parts[0], chain
-
-
-def _driver_nodes(root: str, bdf: str) -> tuple[str | None, list[tuple[str, int]]]:
-    """The driver dir name used by this card and the gcuN/vgcuN entries inside it."""
-    for dirname in DRIVER_DIRS:
-        directory = fileio.host_path(root, f"{PCI_DEVICES}/{bdf}/{dirname}")
-        try:
-            entries = sorted(os.listdir(directory))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except OSError:
-            return dirname, []
-        nodes = []
-        for entry in entries:
-            match = _NODE_NAME.match(entry)
-            if match:
-                nodes.append((match.group(1), int(match.group(2))))
-        return dirname, nodes
-    return None, []
-
-
-def _sysfs_numbers(root: str, path: str, problems: list[str]) -> tuple[int | None, int | None]:
-    text = _read(root, path, problems)
-    if text is None:
-        return None, None
-    major, sep, minor = text.partition(":")
-    if not sep or not major.isdigit() or not minor.isdigit():
-        problems.append(f"{path} has unexpected content {text!r} (want major:minor)")
-        return None, None
-    return int(major), int(minor)
-
-
-def _numa_node(root: str, bdf: str, problems: list[str]) -> int | None:
-    ignored: list[str] = []
-    text = _read(root, f"{PCI_DEVICES}/{bdf}/numa_node", ignored)
-    value = _parse_int(text, 10, f"{PCI_DEVICES}/{bdf}/numa_node", problems)
-    return None if value is None or value < 0 else value
-
-
 def _discover_card(
     root: str, bdf: str, driver_loaded: bool, simulated: bool
 ) -> tuple[list[Card], list[VirtualDevice], bool]:
     """Cards and vGCUs behind one Enflame PCI function; the flag says it was bound at all."""
     problems: list[str] = []
-    device_id = _parse_int(
-        _read(root, f"{PCI_DEVICES}/{bdf}/device", problems), 16, "device id", problems
+    device_id = sysfs.parse_int(
+        sysfs.read(root, f"{PCI_DEVICES}/{bdf}/device", problems), 16, "device id", problems
     )
-    root_complex, chain = _pci_chain(root, bdf, problems)
-    numa = _numa_node(root, bdf, problems)
-    driver_dir, nodes = _driver_nodes(root, bdf)
+    root_complex, chain = sysfs.pci_chain(root, bdf, problems)
+    numa = sysfs.numa_node(root, bdf, problems)
+    driver_dir, nodes = sysfs.driver_nodes(root, bdf)
     if driver_dir is None:
         return [], [], False
     cards: list[Card] = []
@@ -297,7 +179,7 @@ def _discover_card(
     for kind, minor in nodes:
         node_problems = list(problems)
         sys_path = f"{PCI_DEVICES}/{bdf}/{driver_dir}/{kind}{minor}/dev"
-        major, sys_minor = _sysfs_numbers(root, sys_path, node_problems)
+        major, sys_minor = sysfs.major_minor(root, sys_path, node_problems)
         if sys_minor is not None and sys_minor != minor:
             node_problems.append(
                 f"{sys_path} says minor {sys_minor} but the entry is {kind}{minor}"
@@ -320,7 +202,7 @@ def _discover_card(
                     minor=minor,
                     bdf=bdf,
                     device_id=device_id if device_id is not None else 0,
-                    model=product_name(device_id) if device_id is not None else "unknown",
+                    model=products.product_name(device_id) if device_id is not None else "unknown",
                     numa_node=numa,
                     root_complex=root_complex,
                     pci_chain=chain,
@@ -343,7 +225,7 @@ def _loose_vgcus(root: str, known: set[int], simulated: bool) -> list[VirtualDev
         return []
     found = []
     for entry in sorted(entries):
-        match = _NODE_NAME.match(entry)
+        match = sysfs.NODE_NAME.match(entry)
         if not match or match.group(1) != "vgcu" or int(match.group(2)) in known:
             continue
         node, problem = stat_node(root, f"/dev/{entry}", simulated)
@@ -373,7 +255,9 @@ def discover(root: str = "/") -> Inventory:
     unbound: list[str] = []
     for bdf in functions:
         ignored: list[str] = []
-        vendor = _parse_int(_read(root, f"{PCI_DEVICES}/{bdf}/vendor", ignored), 16, "", ignored)
+        vendor = sysfs.parse_int(
+            sysfs.read(root, f"{PCI_DEVICES}/{bdf}/vendor", ignored), 16, "", ignored
+        )
         if vendor != VENDOR_ID:
             continue
         found_cards, found_vgcus, bound = _discover_card(

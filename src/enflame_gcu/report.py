@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from enflame_gcu import devices, topology
+from enflame_gcu import devices, products, topology
 
 
 def as_dict(inventory: devices.Inventory) -> dict[str, Any]:
@@ -32,7 +32,7 @@ def as_dict(inventory: devices.Inventory) -> dict[str, Any]:
                 "bdf": card.bdf,
                 "device_id": f"0x{card.device_id:04x}",
                 "model": card.model,
-                "family": devices.product_family(card.model),
+                "family": products.product_family(card.model),
                 "numa_node": card.numa_node,
                 "root_complex": card.root_complex,
                 "pci_chain": list(card.pci_chain),
