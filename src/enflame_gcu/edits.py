@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from enflame_gcu import devices, fileio
+from enflame_gcu import devices, fileio, oci_edits
 from enflame_gcu.errors import InvalidRequestError
 
 VISIBLE_DEVICES_ENV = "ENFLAME_VISIBLE_DEVICES"
@@ -71,67 +71,10 @@ class ContainerEdits:
     def apply_to(self, spec: dict[str, Any]) -> None:
         """Add these edits to an OCI runtime spec in place, keeping every unknown field.
 
-        Each device node gets a ``linux.devices`` entry and a ``linux.resources.devices`` allow
-        rule, because runc does not derive the cgroup rule from the device list.
+        Renders them (:meth:`to_cdi`) and hands them to :func:`oci_edits.apply`, the one
+        applier the runtime's prepared-edits fast path uses too.
         """
-        # Only touch linux.* when there are nodes: edits without devices (mounts/env only)
-        # must not add empty lists to a spec.
-        if self.device_nodes:
-            self._apply_devices(spec)
-        if self.env:
-            process = spec.setdefault("process", {})
-            env_list: list[str] = process.setdefault("env", [])
-            keys = dict(self.env)
-            env_list[:] = [item for item in env_list if item.partition("=")[0] not in keys]
-            env_list.extend(f"{key}={value}" for key, value in self.env)
-        if self.mounts:
-            spec_mounts: list[dict[str, Any]] = spec.setdefault("mounts", [])
-            taken = {m.get("destination") for m in spec_mounts}
-            for mount in self.mounts:
-                if mount.container_path in taken:
-                    continue
-                options = ["rbind", "nosuid", "nodev"] + (["ro"] if mount.read_only else [])
-                spec_mounts.append(
-                    {
-                        "destination": mount.container_path,
-                        "type": "bind",
-                        "source": mount.host_path,
-                        "options": options,
-                    }
-                )
-        if self.annotations:
-            spec.setdefault("annotations", {}).update(dict(self.annotations))
-
-    def _apply_devices(self, spec: dict[str, Any]) -> None:
-        linux = spec.setdefault("linux", {})
-        spec_devices: list[dict[str, Any]] = linux.setdefault("devices", [])
-        existing = {entry.get("path") for entry in spec_devices}
-        rules: list[dict[str, Any]] = linux.setdefault("resources", {}).setdefault("devices", [])
-        for node in self.device_nodes:
-            if node.path not in existing:
-                entry: dict[str, Any] = {
-                    "path": node.path,
-                    "type": "c",
-                    "major": node.major,
-                    "minor": node.minor,
-                }
-                if node.file_mode is not None:
-                    entry["fileMode"] = node.file_mode
-                if node.uid is not None:
-                    entry["uid"] = node.uid
-                if node.gid is not None:
-                    entry["gid"] = node.gid
-                spec_devices.append(entry)
-                existing.add(node.path)
-            rule = {
-                "allow": True,
-                "type": "c",
-                "major": node.major,
-                "minor": node.minor,
-                "access": node.permissions,
-            }
-            if rule not in rules:
-                rules.append(rule)
+        oci_edits.apply(spec, self.to_cdi(), dict(self.annotations))
 
     def to_cdi(self) -> dict[str, Any]:
         """The ``containerEdits`` object of a CDI spec (fields of cdiVersion 0.5.0)."""
