@@ -1,0 +1,58 @@
+"""``enflame-ctk doctor``: the vendor manual's FAQ as checks, each with the exact fix.
+
+Every path is read under a host root, so the same checks run on ``/``, on ``/host`` in a pod
+and on a simulated node. A check never raises for what it finds; it returns Results.
+The checks live by what they look at: ``gcu_checks`` (driver, device nodes),
+``runtime_checks`` (runtime binary and config, engines, runc) and ``kubelet_checks``
+(device-plugin dir and sockets, swap, CPU manager); ``model`` holds Result and Node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from enflame_gcu import devices
+from enflame_gcu.container_toolkit.doctor import (
+    engine_configs,
+    gcu_checks,
+    kubelet_checks,
+    processes,
+    runtime_checks,
+)
+from enflame_gcu.container_toolkit.doctor.model import RANK, Node, Result, Status
+
+__all__ = ["CHECKS", "Node", "Result", "Status", "inspect", "run", "worst"]
+
+CHECKS: tuple[Callable[[Node], list[Result]], ...] = (
+    gcu_checks.check_driver,
+    gcu_checks.check_devices,
+    runtime_checks.check_runtime_binary,
+    runtime_checks.check_runtime_config,
+    runtime_checks.check_engines,
+    runtime_checks.check_runc,
+    kubelet_checks.check_kubelet,
+    kubelet_checks.check_plugin_socket,
+    kubelet_checks.check_swap,
+    kubelet_checks.check_cpu_manager,
+)
+
+
+def inspect(root: str = "/") -> Node:
+    """Read everything the checks need from the node under ``root``."""
+    return Node(
+        root,
+        devices.discover(root),
+        engine_configs.read_engines(root),
+        processes.read_processes(root),
+    )
+
+
+def run(root: str = "/") -> list[Result]:
+    """Every check's results for the node under ``root``, in FAQ order."""
+    node = inspect(root)
+    return [result for check in CHECKS for result in check(node)]
+
+
+def worst(results: list[Result]) -> Status:
+    """The most severe status among ``results`` (pass when there are none)."""
+    return max((r.status for r in results), key=RANK.__getitem__, default="pass")

@@ -1,0 +1,115 @@
+"""What docker's, containerd's and CRI-O's configs on a node say about the enflame runtime.
+
+Read with the parsers the engine editors use (``engines/``), so doctor sees a config the way
+``runtime configure`` wrote it; containerd imports and CRI-O drop-ins are merged as the engines do.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from enflame_gcu import fileio
+from enflame_gcu.container_toolkit.engines import base, containerd, crio, formats, hosts
+from enflame_gcu.errors import EnflameError
+
+
+@dataclass(frozen=True, slots=True)
+class EngineView:
+    """What an engine's config says about the enflame runtime."""
+
+    engine: str
+    runtime_path: str | None
+    is_default: bool
+    systemd_cgroup: bool | None
+    problem: str | None = None
+
+
+def _ours(runtimes: Any, path_of: Callable[[Any], Any]) -> tuple[str | None, str | None]:
+    """(name, binary) of the runtime entry that runs enflame-container-runtime, if any."""
+    if not isinstance(runtimes, dict):
+        return None, None
+    for name, entry in runtimes.items():
+        binary = path_of(entry) if isinstance(entry, dict) else None
+        if isinstance(binary, str) and binary.endswith("enflame-container-runtime"):
+            return name, binary
+    return None, None
+
+
+def _toml(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as handle:
+        return dict(formats.plain(formats.FORMATS["toml"].parse(handle.read(), path)))
+
+
+def _merge(into: dict[str, Any], other: dict[str, Any]) -> None:
+    for key, value in other.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _docker_view(root: str) -> EngineView:
+    with open(hosts.default_config_path("docker", root), encoding="utf-8") as handle:
+        data = json.load(handle)
+    name, binary = _ours(data.get("runtimes"), lambda entry: entry.get("path"))
+    options = " ".join(str(o) for o in data.get("exec-opts") or [])
+    systemd = "cgroupdriver=systemd" in options or None
+    default = name is not None and data.get("default-runtime") == name
+    return EngineView("docker", binary, default, systemd)
+
+
+def _containerd_view(root: str) -> EngineView:
+    path = hosts.default_config_path("containerd", root)
+    document = _toml(path)
+    for pattern in document.get("imports") or []:
+        # containerd merges imported files over the main config (drop-ins of version 3).
+        for imported in sorted(glob.glob(fileio.host_path(root, pattern))):
+            _merge(document, _toml(imported))
+    version = containerd.config_version(document, path)
+    table = base.lookup(document, (*containerd.CRI_TABLE[version], "containerd")) or {}
+    runtimes = table.get("runtimes") or {}
+    name, binary = _ours(runtimes, lambda entry: (entry.get("options") or {}).get("BinaryName"))
+    runc = base.lookup(runtimes, ("runc", "options", "SystemdCgroup"))
+    problem = None
+    ours = base.lookup(runtimes, (name, "options", "SystemdCgroup")) if name else None
+    if name is not None and runc is True and ours is not True:
+        problem = (
+            f"runc uses SystemdCgroup = true but runtime {name!r} does not: its pods "
+            "crash-loop on systemd hosts"
+        )
+    default = name is not None and table.get("default_runtime_name") == name
+    return EngineView("containerd", binary, default, runc if runc is not None else None, problem)
+
+
+def _crio_view(root: str) -> EngineView:
+    runtime = crio.effective_runtime_config(hosts.default_config_path("crio", root), skip="")
+    name, binary = _ours(runtime.get("runtimes"), lambda entry: entry.get("runtime_path"))
+    default = name is not None and runtime.get("default_runtime") == name
+    # CRI-O's cgroup_manager defaults to systemd.
+    systemd = runtime.get("cgroup_manager", "systemd") == "systemd"
+    return EngineView("crio", binary, default, systemd)
+
+
+VIEWS: dict[str, Callable[[str], EngineView]] = {
+    "docker": _docker_view,
+    "containerd": _containerd_view,
+    "crio": _crio_view,
+}
+
+
+def read_engines(root: str) -> tuple[EngineView, ...]:
+    """What each engine found under ``root`` has configured for the enflame runtime."""
+    views = []
+    for engine in hosts.detect(root):
+        config = hosts.DEFAULT_CONFIGS[engine]
+        try:
+            views.append(VIEWS[engine](root))
+        except FileNotFoundError:
+            views.append(EngineView(engine, None, False, None, f"{config} does not exist"))
+        except (OSError, ValueError, EnflameError) as exc:
+            views.append(EngineView(engine, None, False, None, f"cannot read {config}: {exc}"))
+    return tuple(views)

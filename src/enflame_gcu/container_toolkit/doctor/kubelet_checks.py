@@ -1,0 +1,117 @@
+"""Doctor checks of the kubelet side: its device-plugin dir and sockets, swap, CPU manager."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+
+from enflame_gcu.container_toolkit.doctor import processes
+from enflame_gcu.container_toolkit.doctor.model import Node, Result, Status
+
+PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+
+
+def _listening(path: str) -> bool:
+    """True when something accepts connections on the unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2)
+        directory_fd = None
+        try:
+            if len(path) > 100:  # sun_path holds 108 bytes; go through the directory's fd
+                directory_fd = os.open(os.path.dirname(path), os.O_PATH)
+                path = f"/proc/self/fd/{directory_fd}/{os.path.basename(path)}"
+            sock.connect(path)
+            return True
+        except OSError:
+            return False
+        finally:
+            if directory_fd is not None:
+                os.close(directory_fd)
+
+
+def _socket_state(local: str) -> str:
+    try:
+        mode = os.lstat(local).st_mode
+    except FileNotFoundError:
+        return "missing"
+    if not stat.S_ISSOCK(mode):
+        return "not a socket"
+    return "listening" if _listening(local) else "stale"
+
+
+def check_kubelet(node: Node) -> list[Result]:
+    """The kubelet's device-plugin dir exists and it serves kubelet.sock there."""
+    if not os.path.isdir(node.path("/var/lib/kubelet")):
+        detail = "no /var/lib/kubelet: not a Kubernetes node (or a non-default --root-dir)"
+        return [
+            Result("kubelet", "warn", detail, "join the node to the cluster (kubeadm join ...)")
+        ]
+    if not os.path.isdir(node.path(PLUGIN_DIR)):
+        detail = f"{PLUGIN_DIR} is missing: the kubelet has not started its device manager"
+        return [Result("kubelet", "fail", detail, "systemctl restart kubelet")]
+    state = _socket_state(node.path(f"{PLUGIN_DIR}/kubelet.sock"))
+    if state != "listening":
+        detail = f"{PLUGIN_DIR}/kubelet.sock is {state}: the kubelet is not running"
+        return [
+            Result("kubelet", "fail", detail, "systemctl restart kubelet; journalctl -u kubelet")
+        ]
+    return [Result("kubelet", "pass", f"kubelet serves {PLUGIN_DIR}/kubelet.sock")]
+
+
+def check_plugin_socket(node: Node) -> list[Result]:
+    """``enflame.sock`` is served by a live device plugin, not left stale."""
+    if not os.path.isdir(node.path(PLUGIN_DIR)):
+        return []
+    path = f"{PLUGIN_DIR}/enflame.sock"
+    state = _socket_state(node.path(path))
+    if state == "missing":
+        detail = "no enflame.sock: the device plugin is not running on this node"
+        return [
+            Result(
+                "plugin-socket",
+                "warn",
+                detail,
+                "kubectl apply -f deploy/yaml/enflame-device-plugin.yaml",
+            )
+        ]
+    if state != "listening":
+        detail = f"{path} is {state}: nobody listens (bind: address already in use on restart)"
+        fix = f"rm {path} && systemctl restart kubelet   # then restart the device plugin pod"
+        return [Result("plugin-socket", "fail", detail, fix)]
+    return [Result("plugin-socket", "pass", f"the device plugin serves {path}")]
+
+
+def check_swap(node: Node) -> list[Result]:
+    """Swap is off, as the kubelet (and the vendor manual) require."""
+    try:
+        with open(node.path("/proc/swaps"), encoding="utf-8") as handle:
+            lines = handle.read().splitlines()[1:]
+    except OSError as exc:
+        return [Result("swap", "warn", f"cannot read /proc/swaps: {exc.strerror}", "swapon --show")]
+    active = [line.split()[0] for line in lines if line.strip()]
+    if not active:
+        return [Result("swap", "pass", "swap is off")]
+    fix = "swapoff -a   # and comment out the swap lines in /etc/fstab"
+    failing = processes.kubelet_setting(node, "failSwapOn", "--fail-swap-on")
+    tolerated = str(failing).lower() == "false"
+    status: Status = "warn" if tolerated else "fail"
+    note = " (the kubelet tolerates it: failSwapOn is false)" if tolerated else ""
+    return [Result("swap", status, f"swap is on: {', '.join(active)}{note}", fix)]
+
+
+def check_cpu_manager(node: Node) -> list[Result]:
+    """With cpuManagerPolicy static, the plugin must pass device specs (compat manifest)."""
+    policy = processes.kubelet_setting(node, "cpuManagerPolicy", "--cpu-manager-policy") or "none"
+    if policy != "static":
+        return [Result("cpu-manager", "pass", f"kubelet cpuManagerPolicy is {policy}")]
+    plugin_flags = processes.flags(node, "enflame-device-plugin")
+    if any(name == "--pass-device-specs" for name, _ in plugin_flags):
+        detail = "cpuManagerPolicy static, and the device plugin runs with --pass-device-specs"
+        return [Result("cpu-manager", "pass", detail)]
+    detail = (
+        "cpuManagerPolicy static rewrites container cgroups: GCUs the runtime injected lose "
+        "access (efml: HAL initialization failed) unless the plugin runs --pass-device-specs"
+    )
+    fix = "kubectl apply -f deploy/yaml/enflame-device-plugin-compat-with-cpumanager.yaml"
+    return [Result("cpu-manager", "warn", detail, fix)]

@@ -1,0 +1,147 @@
+"""Doctor checks of the runtime path: the binary and its config, each engine, and runc.
+
+The engines must run enflame-container-runtime (by default), and an affected runc needs the
+``/dev/char`` links that ``dev_char`` plans, or a daemon-reload drops the GCUs (runc #3671).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+from enflame_gcu.container_toolkit import dev_char, runtime_config
+from enflame_gcu.container_toolkit.doctor import processes
+from enflame_gcu.container_toolkit.doctor.model import Node, Result
+from enflame_gcu.container_toolkit.engines import base
+from enflame_gcu.errors import EnflameError
+
+RUNTIME_PATH = base.DEFAULT_RUNTIME_PATH
+RUNC_PATHS = ("/usr/bin/runc", "/usr/sbin/runc", "/usr/local/bin/runc", "/usr/local/sbin/runc")
+RELOAD_BUG = ((1, 1, 3), (1, 1, 6))  # runc versions that drop devices on daemon-reload (#3671)
+
+
+def _configure_fix(engine: str) -> str:
+    return f"enflame-ctk runtime configure --runtime {engine} --set-as-default --restart"
+
+
+def check_engines(node: Node) -> list[Result]:
+    """Each engine knows the enflame runtime, keeps SystemdCgroup and uses it by default."""
+    if not node.engines:
+        detail = "no docker, containerd or CRI-O found (binaries, /etc dirs or sockets)"
+        return [
+            Result("engine", "warn", detail, "install a container engine, then: deploy/install.sh")
+        ]
+    results = []
+    for view in node.engines:
+        name, fix = f"engine-{view.engine}", _configure_fix(view.engine)
+        if view.runtime_path is None:
+            detail = view.problem or "no runtime entry runs enflame-container-runtime"
+            results.append(Result(name, "fail", detail, fix))
+        elif view.problem:
+            results.append(Result(name, "fail", view.problem, fix))
+        elif not view.is_default:
+            detail = (
+                f"enflame runtime ({view.runtime_path}) configured but not the default: pods get "
+                "GCUs only through the default runtime or a RuntimeClass with handler enflame"
+            )
+            results.append(Result(name, "warn", detail, fix))
+        else:
+            detail = f"enflame runtime {view.runtime_path} is the default runtime"
+            results.append(Result(name, "pass", detail))
+    return results
+
+
+def _resolve(node: Node, host_path: str) -> str:
+    """Follow symlinks the way the host would, staying under the root."""
+    path = host_path
+    for _ in range(40):
+        local = node.path(path)
+        if not os.path.islink(local):
+            return local
+        target = os.readlink(local)
+        path = os.path.normpath(os.path.join(os.path.dirname(path), target))
+    return node.path(path)
+
+
+def check_runtime_binary(node: Node) -> list[Result]:
+    """The runtime the engines point at (default /usr/bin/...) exists, runs, has its interpreter."""
+    paths = sorted({v.runtime_path for v in node.engines if v.runtime_path} or {RUNTIME_PATH})
+    fix = "deploy/install.sh   # or the enflame-container-toolkit DaemonSet"
+    problems = []
+    for path in paths:
+        local = _resolve(node, path)
+        if not os.path.isfile(local):
+            problems.append(f"{path} does not exist")
+        elif not os.access(local, os.X_OK):
+            problems.append(f"{path} is not executable")
+        else:
+            with open(local, "rb") as handle:
+                first = handle.readline(200)
+            if first.startswith(b"#!"):
+                interpreter = first[2:].split()[0].decode("utf-8", "replace")
+                if not os.path.exists(_resolve(node, interpreter)):
+                    problems.append(f"{path} needs {interpreter}, which does not exist")
+    if problems:
+        return [Result("runtime-binary", "fail", "; ".join(problems), fix)]
+    return [Result("runtime-binary", "pass", f"{', '.join(paths)} installed")]
+
+
+def check_runtime_config(node: Node) -> list[Result]:
+    """The runtime's config file parses (a missing one means defaults)."""
+    path = runtime_config.DEFAULT_PATH
+    if not os.path.exists(node.path(path)):
+        return [Result("runtime-config", "pass", f"{path} absent: built-in defaults apply")]
+    try:
+        runtime_config.load(node.path(path))
+    except EnflameError as exc:
+        return [Result("runtime-config", "fail", str(exc), f"fix or remove {path}")]
+    return [Result("runtime-config", "pass", f"{path} is valid")]
+
+
+def _runc_version(local: str) -> tuple[int, int, int] | None:
+    try:
+        result = subprocess.run(
+            [local, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"runc version (\d+)\.(\d+)\.(\d+)", result.stdout)
+    return (int(match[1]), int(match[2]), int(match[3])) if match else None
+
+
+def check_runc(node: Node) -> list[Result]:
+    """runc 1.1.3-1.1.6 + systemd cgroups: devices need /dev/char links to survive daemon-reload."""
+    found = next((p for p in RUNC_PATHS if os.path.isfile(node.path(p))), None)
+    if found is None:
+        return [
+            Result("runc", "warn", f"no runc in {', '.join(RUNC_PATHS)}", "apt-get install runc")
+        ]
+    version = _runc_version(node.path(found))
+    if version is None:
+        return [Result("runc", "warn", f"cannot tell the version of {found}", f"{found} --version")]
+    shown = ".".join(map(str, version))
+    if not RELOAD_BUG[0] <= version <= RELOAD_BUG[1]:
+        return [Result("runc", "pass", f"runc {shown}: not affected by runc issue 3671")]
+    links = dev_char.plan(node.root)
+    if not links:
+        return [Result("runc", "pass", f"runc {shown}: no GCU device nodes to keep (issue 3671)")]
+    missing = [
+        f"{link} -> {target}"
+        for link, target in links
+        if not (os.path.islink(node.path(link)) and os.readlink(node.path(link)) == target)
+    ]
+    if not missing:
+        return [Result("runc", "pass", f"runc {shown} with /dev/char links for every GCU node")]
+    systemd = (
+        any(v.systemd_cgroup for v in node.engines)
+        or processes.kubelet_setting(node, "cgroupDriver", "--cgroup-driver") == "systemd"
+    )
+    detail = (
+        f"runc {shown} drops GCU access on `systemctl daemon-reload` (runc issue 3671) unless "
+        f"/dev/char links exist; missing: {', '.join(missing)}"
+    )
+    if not systemd:
+        detail += " (only with the systemd cgroup driver, which doctor could not confirm)"
+    fix = "enflame-ctk system create-dev-char-symlinks   # or upgrade runc to 1.1.7+"
+    return [Result("runc", "fail" if systemd else "warn", detail, fix)]
