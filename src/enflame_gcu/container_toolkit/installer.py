@@ -1,7 +1,7 @@
-"""Put the GCU runtime on a host and take it off again: the work of install.sh and the DaemonSet.
+"""Put the GCU runtime on a host: the work of install.sh and the DaemonSet.
 
-Every step is recorded in ``<toolkit-dir>/install-manifest.json`` *before* it is made, so a crash
-at any point leaves a record that :func:`uninstall` can undo, and a second install adds only what
+Every step is recorded in the install manifest (``install_manifest``) *before* it is made, so
+:func:`uninstall` can undo it after a crash at any point, and a second install adds only what
 is missing. What the host gets:
 
 - ``<toolkit-dir>/bin/enflame-container-runtime``: a ``python -IS`` launcher (see ``launcher``).
@@ -15,32 +15,37 @@ is missing. What the host gets:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
-import subprocess
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
 
 import enflame_gcu
 from enflame_gcu import fileio
-from enflame_gcu.container_toolkit import engines, launcher
-from enflame_gcu.container_toolkit.engines import hosts
-from enflame_gcu.errors import EnflameError, InstallError
+from enflame_gcu.container_toolkit import engine_reload, engines, launcher, runtime_config
+from enflame_gcu.container_toolkit.engines import hosts, storage
+from enflame_gcu.container_toolkit.install_manifest import (
+    DEFAULT_TOOLKIT_DIR,
+    InstallRun,
+    Outcome,
+    uninstall,
+)
+from enflame_gcu.errors import InstallError
 
-MANIFEST_NAME = "install-manifest.json"
-MANIFEST_VERSION = 1
+__all__ = [
+    "DEFAULT_TOOLKIT_DIR",
+    "InstallError",
+    "InstallOptions",
+    "Outcome",
+    "install",
+    "uninstall",
+]
+
 RUNTIME_NAME = "enflame-container-runtime"
-DEFAULT_TOOLKIT_DIR = "/usr/local/enflame"
-CONFIG_PATH = "/etc/enflame-container-runtime/config.toml"
-LOG_DIR = "/var/log/enflame"
+CONFIG_PATH = runtime_config.DEFAULT_PATH
+LOG_DIR = os.path.dirname(runtime_config.DEFAULT_LOG_FILE)
 # Used only if the package was installed without its data file; the runtime's defaults apply.
 FALLBACK_CONFIG = "# enflame-container-runtime config; an empty file means every default.\n"
-
-Action = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,86 +72,7 @@ class InstallOptions:
         return os.path.join(self.toolkit_dir, "bin", RUNTIME_NAME)
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What an install or uninstall did (or, in a dry run, would do), one line per change."""
-
-    lines: tuple[str, ...]
-    engines: tuple[str, ...] = ()
-
-
-def _sha256(path: str) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
-
-
-class _Run:
-    """One install or uninstall: the host root, the manifest and the report lines."""
-
-    def __init__(self, host_root: str, toolkit_dir: str, dry_run: bool) -> None:
-        self.root, self.toolkit_dir, self.dry_run = host_root, toolkit_dir, dry_run
-        self.manifest_path = self.local(os.path.join(toolkit_dir, MANIFEST_NAME))
-        self.actions: list[Action] = []
-        self.lines: list[str] = []
-        self.verb = "would be " if dry_run else ""
-        try:
-            with open(self.manifest_path, encoding="utf-8") as handle:
-                manifest = json.load(handle)
-            self.actions = list(manifest["actions"])
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InstallError(
-                f"cannot read {self.manifest_path} (the record of a previous install): {exc}; "
-                "fix or remove it by hand after checking what it lists"
-            ) from exc
-
-    def local(self, host_path: str) -> str:
-        return fileio.host_path(self.root, host_path)
-
-    def record(self, action: Action) -> None:
-        """Add ``action`` to the manifest and save it before the change is made."""
-        if action not in self.actions:
-            self.actions.append(action)
-        self.save()
-
-    def save(self) -> None:
-        """Write the manifest (once its directory exists; until then it is kept in memory)."""
-        if self.dry_run or not os.path.isdir(os.path.dirname(self.manifest_path)):
-            return
-        manifest = {"version": MANIFEST_VERSION, "toolkit_dir": self.toolkit_dir}
-        manifest["actions"] = self.actions
-        fileio.atomic_write_text(self.manifest_path, json.dumps(manifest, indent=2) + "\n", 0o644)
-
-    def make_dirs(self, host_path: str) -> None:
-        """Create ``host_path`` and missing parents, recording each one we create."""
-        missing = []
-        path = host_path
-        while path != "/" and not os.path.isdir(self.local(path)):
-            missing.append(path)
-            path = os.path.dirname(path)
-        for path in reversed(missing):
-            self.record({"kind": "dir", "path": path})
-            if not self.dry_run:
-                os.mkdir(self.local(path), 0o755)
-            self.lines.append(f"{path}/ {self.verb}created")
-
-    def find(self, kind: str, path: str) -> Action | None:
-        """The recorded action of ``kind`` for ``path``, if this tool made it."""
-        return next((a for a in self.actions if a["kind"] == kind and a["path"] == path), None)
-
-    def refuse_foreign(self, kind: str, path: str, hint: str) -> None:
-        """Never replace a file this tool did not make: say what is there instead."""
-        local = self.local(path)
-        if os.path.lexists(local) and self.find(kind, path) is None:
-            what = f"a link to {os.readlink(local)}" if os.path.islink(local) else "a file"
-            raise InstallError(
-                f"cannot install {path}: {what} is already there and was not installed by "
-                f"enflame-ctk install (no entry in {self.manifest_path}); {hint}"
-            )
-
-
-def _copy_package(run: _Run) -> str:
+def _copy_package(run: InstallRun) -> str:
     """Copy the pure-Python package to ``<toolkit_dir>/lib``; return that dir (host view)."""
     lib = os.path.join(run.toolkit_dir, "lib")
     run.make_dirs(lib)
@@ -170,7 +96,7 @@ def _copy_package(run: _Run) -> str:
     return lib
 
 
-def _write_launcher(run: _Run, options: InstallOptions, package_dir: str) -> None:
+def _write_launcher(run: InstallRun, options: InstallOptions, package_dir: str) -> None:
     bin_dir = os.path.join(run.toolkit_dir, "bin")
     run.make_dirs(bin_dir)
     path = os.path.join(bin_dir, RUNTIME_NAME)
@@ -194,7 +120,7 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _link(run: _Run, link: str, target: str) -> None:
+def _link(run: InstallRun, link: str, target: str) -> None:
     local = run.local(link)
     if os.path.islink(local) and os.readlink(local) == target:
         run.lines.append(f"{link} -> {target}: up to date")
@@ -213,7 +139,7 @@ def _link(run: _Run, link: str, target: str) -> None:
     run.lines.append(f"{link} -> {target} {run.verb}linked")
 
 
-def _write_config(run: _Run) -> None:
+def _write_config(run: InstallRun) -> None:
     run.make_dirs(os.path.dirname(CONFIG_PATH))
     local = run.local(CONFIG_PATH)
     if os.path.lexists(local):
@@ -223,38 +149,14 @@ def _write_config(run: _Run) -> None:
         text = resources.files(enflame_gcu).joinpath("data/config.toml").read_text("utf-8")
     except OSError:
         text = FALLBACK_CONFIG
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    digest = storage.sha256(text)
     run.record({"kind": "file", "path": CONFIG_PATH, "sha256": digest, "keep_if_edited": True})
     if not run.dry_run:
         fileio.atomic_write_text(local, text, 0o644)
     run.lines.append(f"{CONFIG_PATH} {run.verb}written from the template")
 
 
-def reload_engine(change: engines.Change, host_root: str) -> str:
-    """Signal or restart the engine; from a container, systemctl runs chrooted into the host."""
-    if host_root in ("", "/"):
-        return engines.reload(change, host_root)
-    runtimes_only = all(path.startswith("runtimes.") for path in change.paths)
-
-    def chrooted(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["chroot", host_root, *command],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-
-    def which(name: str) -> str | None:
-        found = (f"{d}/{name}" for d in ("/usr/bin", "/bin", "/usr/sbin", "/sbin"))
-        return next((p for p in found if os.access(fileio.host_path(host_root, p), os.X_OK)), None)
-
-    return hosts.reload_engine(
-        change.engine, runtimes_only, host_root, runner=chrooted, which=which
-    )
-
-
-def _configure_engine(run: _Run, name: str, options: InstallOptions) -> None:
+def _configure_engine(run: InstallRun, name: str, options: InstallOptions) -> None:
     config = hosts.DEFAULT_CONFIGS[name]
     # Directories the engine editor would create are ours to remove again.
     run.make_dirs(os.path.dirname(config))
@@ -269,19 +171,12 @@ def _configure_engine(run: _Run, name: str, options: InstallOptions) -> None:
         run.lines.extend(change.diff.rstrip("\n").splitlines())
     run.lines.extend(change.describe().splitlines())
     if options.restart_engine and change.changed and not run.dry_run:
-        _reload(run, change)
-
-
-def _reload(run: _Run, change: engines.Change) -> None:
-    try:
-        run.lines.append(reload_engine(change, run.root))
-    except EnflameError as exc:
-        run.lines.append(f"warning: {exc}")
+        run.lines.append(engine_reload.reload_or_warn(change, run.root))
 
 
 def install(options: InstallOptions) -> Outcome:
     """Install the runtime, its config and the engine configs; idempotent, recorded, undoable."""
-    run = _Run(options.host_root, options.toolkit_dir, options.dry_run)
+    run = InstallRun(options.host_root, options.toolkit_dir, options.dry_run)
     if options.package_dir is None and not os.path.exists(run.local(options.python)):
         raise InstallError(
             f"cannot install: {options.python} does not exist on the host, and the runtime "
@@ -313,89 +208,3 @@ def install(options: InstallOptions) -> Outcome:
             "CRI-O); later run `enflame-ctk runtime configure --runtime NAME`"
         )
     return Outcome(tuple(run.lines), tuple(names))
-
-
-def _undo(run: _Run, action: Action, restart_engine: bool) -> None:
-    """Undo one recorded action; anything changed by others since is kept and reported."""
-    kind, path = action["kind"], action["path"]
-    local = run.local(path)
-    if kind == "engine":
-        change = engines.unconfigure(
-            action["engine"], None, host_root=run.root, dry_run=run.dry_run
-        )
-        run.lines.extend(change.describe().splitlines())
-        if restart_engine and change.changed and not run.dry_run:
-            _reload(run, change)
-    elif kind == "symlink":
-        if os.path.islink(local) and os.readlink(local) == action["target"]:
-            _remove(run, path, os.unlink)
-        elif os.path.lexists(local):
-            run.lines.append(f"kept {path}: it no longer links to {action['target']}")
-    elif kind == "file":
-        if not os.path.lexists(local):
-            return
-        if action.get("keep_if_edited") and _sha256(local) != action.get("sha256"):
-            run.lines.append(f"kept {path}: edited since it was installed")
-        else:
-            _remove(run, path, os.unlink)
-    elif kind == "tree":
-        for leftover in (local + ".new", local + ".old"):
-            if not run.dry_run:
-                shutil.rmtree(leftover, ignore_errors=True)
-        if os.path.lexists(local):
-            _remove(run, path + "/", shutil.rmtree)
-    elif kind == "dir":
-        if not os.path.isdir(local):
-            return
-        entries = os.listdir(local)
-        if entries:
-            run.lines.append(f"kept {path}/: not empty ({', '.join(sorted(entries)[:5])})")
-        else:
-            _remove(run, path + "/", os.rmdir)
-    else:
-        raise InstallError(f"{run.manifest_path} lists an unknown action kind {kind!r}")
-
-
-def _remove(run: _Run, shown: str, remover: Callable[[str], object]) -> None:
-    if not run.dry_run:
-        remover(run.local(shown.rstrip("/") or "/"))
-    run.lines.append(f"{shown} {run.verb}removed")
-
-
-def uninstall(
-    host_root: str = "/",
-    toolkit_dir: str = DEFAULT_TOOLKIT_DIR,
-    *,
-    restart_engine: bool = False,
-    dry_run: bool = False,
-) -> Outcome:
-    """Undo everything the manifest in ``toolkit_dir`` records, newest first; dirs go last."""
-    run = _Run(host_root, toolkit_dir, dry_run)
-    if not os.path.exists(run.manifest_path):
-        return Outcome((f"nothing to undo: {run.manifest_path} does not exist",))
-    undone_engines = tuple(a["engine"] for a in run.actions if a["kind"] == "engine")
-    failed: list[Action] = []
-    for action in reversed([a for a in run.actions if a["kind"] != "dir"]):
-        try:
-            _undo(run, action, restart_engine)
-        except (OSError, EnflameError) as exc:
-            failed.insert(0, action)
-            run.lines.append(f"could not undo {action['kind']} {action['path']}: {exc}")
-    dirs = [a for a in run.actions if a["kind"] == "dir"]
-    if failed:
-        # Keep what is left on record so a second uninstall can finish the job.
-        run.actions = dirs + failed
-        run.save()
-        raise InstallError(
-            "uninstall was incomplete:\n  "
-            + "\n  ".join(run.lines)
-            + f"\nthe rest is still recorded in {run.manifest_path}; fix the cause and re-run"
-        )
-    if not dry_run:
-        os.unlink(run.manifest_path)
-    for action in reversed(dirs):
-        try:
-            _undo(run, action, restart_engine)
-        except OSError as exc:
-            run.lines.append(f"kept {action['path']}/: {exc.strerror or exc}")
-    return Outcome(tuple(run.lines), undone_engines)

@@ -1,0 +1,193 @@
+"""The record of what an install changed on a host, and undoing exactly that.
+
+``<toolkit-dir>/install-manifest.json`` lists every change *before* it is made, so a crash at
+any point leaves a record :func:`uninstall` can undo, and a second install adds only what is
+missing. Undo never removes what someone else changed since: an edited config, a re-pointed
+link or a non-empty directory is kept and reported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from enflame_gcu import fileio
+from enflame_gcu.container_toolkit import engine_reload, engines
+from enflame_gcu.errors import EnflameError, InstallError
+
+MANIFEST_NAME = "install-manifest.json"
+MANIFEST_VERSION = 1
+DEFAULT_TOOLKIT_DIR = "/usr/local/enflame"
+
+Action = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an install or uninstall did (or, in a dry run, would do), one line per change."""
+
+    lines: tuple[str, ...]
+    engines: tuple[str, ...] = ()
+
+
+class InstallRun:
+    """One install or uninstall: the host root, the manifest and the report lines."""
+
+    def __init__(self, host_root: str, toolkit_dir: str, dry_run: bool) -> None:
+        self.root, self.toolkit_dir, self.dry_run = host_root, toolkit_dir, dry_run
+        self.manifest_path = self.local(os.path.join(toolkit_dir, MANIFEST_NAME))
+        self.actions: list[Action] = []
+        self.lines: list[str] = []
+        self.verb = "would be " if dry_run else ""
+        try:
+            with open(self.manifest_path, encoding="utf-8") as handle:
+                manifest = json.load(handle)
+            self.actions = list(manifest["actions"])
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InstallError(
+                f"cannot read {self.manifest_path} (the record of a previous install): {exc}; "
+                "fix or remove it by hand after checking what it lists"
+            ) from exc
+
+    def local(self, host_path: str) -> str:
+        """``host_path`` as seen from here."""
+        return fileio.host_path(self.root, host_path)
+
+    def record(self, action: Action) -> None:
+        """Add ``action`` to the manifest and save it before the change is made."""
+        if action not in self.actions:
+            self.actions.append(action)
+        self.save()
+
+    def save(self) -> None:
+        """Write the manifest (once its directory exists; until then it is kept in memory)."""
+        if self.dry_run or not os.path.isdir(os.path.dirname(self.manifest_path)):
+            return
+        manifest = {"version": MANIFEST_VERSION, "toolkit_dir": self.toolkit_dir}
+        manifest["actions"] = self.actions
+        fileio.atomic_write_text(self.manifest_path, json.dumps(manifest, indent=2) + "\n", 0o644)
+
+    def make_dirs(self, host_path: str) -> None:
+        """Create ``host_path`` and missing parents, recording each one we create."""
+        missing = []
+        path = host_path
+        while path != "/" and not os.path.isdir(self.local(path)):
+            missing.append(path)
+            path = os.path.dirname(path)
+        for path in reversed(missing):
+            self.record({"kind": "dir", "path": path})
+            if not self.dry_run:
+                os.mkdir(self.local(path), 0o755)
+            self.lines.append(f"{path}/ {self.verb}created")
+
+    def find(self, kind: str, path: str) -> Action | None:
+        """The recorded action of ``kind`` for ``path``, if this tool made it."""
+        return next((a for a in self.actions if a["kind"] == kind and a["path"] == path), None)
+
+    def refuse_foreign(self, kind: str, path: str, hint: str) -> None:
+        """Never replace a file this tool did not make: say what is there instead."""
+        local = self.local(path)
+        if os.path.lexists(local) and self.find(kind, path) is None:
+            what = f"a link to {os.readlink(local)}" if os.path.islink(local) else "a file"
+            raise InstallError(
+                f"cannot install {path}: {what} is already there and was not installed by "
+                f"enflame-ctk install (no entry in {self.manifest_path}); {hint}"
+            )
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def _undo(run: InstallRun, action: Action, restart_engine: bool) -> None:
+    """Undo one recorded action; anything changed by others since is kept and reported."""
+    kind, path = action["kind"], action["path"]
+    local = run.local(path)
+    if kind == "engine":
+        change = engines.unconfigure(
+            action["engine"], None, host_root=run.root, dry_run=run.dry_run
+        )
+        run.lines.extend(change.describe().splitlines())
+        if restart_engine and change.changed and not run.dry_run:
+            run.lines.append(engine_reload.reload_or_warn(change, run.root))
+    elif kind == "symlink":
+        if os.path.islink(local) and os.readlink(local) == action["target"]:
+            _remove(run, path, os.unlink)
+        elif os.path.lexists(local):
+            run.lines.append(f"kept {path}: it no longer links to {action['target']}")
+    elif kind == "file":
+        if not os.path.lexists(local):
+            return
+        if action.get("keep_if_edited") and _sha256(local) != action.get("sha256"):
+            run.lines.append(f"kept {path}: edited since it was installed")
+        else:
+            _remove(run, path, os.unlink)
+    elif kind == "tree":
+        for leftover in (local + ".new", local + ".old"):
+            if not run.dry_run:
+                shutil.rmtree(leftover, ignore_errors=True)
+        if os.path.lexists(local):
+            _remove(run, path + "/", shutil.rmtree)
+    elif kind == "dir":
+        if not os.path.isdir(local):
+            return
+        entries = os.listdir(local)
+        if entries:
+            run.lines.append(f"kept {path}/: not empty ({', '.join(sorted(entries)[:5])})")
+        else:
+            _remove(run, path + "/", os.rmdir)
+    else:
+        raise InstallError(f"{run.manifest_path} lists an unknown action kind {kind!r}")
+
+
+def _remove(run: InstallRun, shown: str, remover: Callable[[str], object]) -> None:
+    if not run.dry_run:
+        remover(run.local(shown.rstrip("/") or "/"))
+    run.lines.append(f"{shown} {run.verb}removed")
+
+
+def uninstall(
+    host_root: str = "/",
+    toolkit_dir: str = DEFAULT_TOOLKIT_DIR,
+    *,
+    restart_engine: bool = False,
+    dry_run: bool = False,
+) -> Outcome:
+    """Undo everything the manifest in ``toolkit_dir`` records, newest first; dirs go last."""
+    run = InstallRun(host_root, toolkit_dir, dry_run)
+    if not os.path.exists(run.manifest_path):
+        return Outcome((f"nothing to undo: {run.manifest_path} does not exist",))
+    undone_engines = tuple(a["engine"] for a in run.actions if a["kind"] == "engine")
+    failed: list[Action] = []
+    for action in reversed([a for a in run.actions if a["kind"] != "dir"]):
+        try:
+            _undo(run, action, restart_engine)
+        except (OSError, EnflameError) as exc:
+            failed.insert(0, action)
+            run.lines.append(f"could not undo {action['kind']} {action['path']}: {exc}")
+    dirs = [a for a in run.actions if a["kind"] == "dir"]
+    if failed:
+        # Keep what is left on record so a second uninstall can finish the job.
+        run.actions = dirs + failed
+        run.save()
+        raise InstallError(
+            "uninstall was incomplete:\n  "
+            + "\n  ".join(run.lines)
+            + f"\nthe rest is still recorded in {run.manifest_path}; fix the cause and re-run"
+        )
+    if not dry_run:
+        os.unlink(run.manifest_path)
+    for action in reversed(dirs):
+        try:
+            _undo(run, action, restart_engine)
+        except OSError as exc:
+            run.lines.append(f"kept {action['path']}/: {exc.strerror or exc}")
+    return Outcome(tuple(run.lines), undone_engines)
