@@ -9,6 +9,7 @@ CDI merges env by "last device wins", which would hide all but one card of a mul
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 import yaml
 
 from enflame_gcu import devices, edits, fileio
+from enflame_gcu.container_toolkit import prepared_edits
 from enflame_gcu.errors import SpecError
 
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
@@ -130,6 +132,41 @@ def write(specs: Sequence[NamedSpec], output_dir: str, fmt: str) -> list[str]:
         fileio.atomic_write_text(path, render(named.spec, fmt), mode=0o644)
         written.append(path)
     return written
+
+
+def prepared_edits_document(
+    inventory: devices.Inventory, root: str | None = None
+) -> dict[str, Any]:
+    """The runtime's prepared edits for this node: its CDI specs and the root they describe.
+
+    ``root`` is the runtime's view of the host root (default: where discovery ran); the
+    runtime uses the file only when its own ``root`` setting is the same. Driver mounts and
+    env are left out on purpose: the runtime takes them from its config at create time.
+    """
+    return {
+        prepared_edits.FORMAT_KEY: prepared_edits.FORMAT_VERSION,
+        "root": inventory.root if root is None else root,
+        "specs": [named.spec for named in build_specs(inventory)],
+    }
+
+
+def refresh_prepared_edits(
+    path: str, inventory: devices.Inventory, root: str | None = None
+) -> bool:
+    """Write the prepared edits file atomically; on a node with no usable GCU remove it.
+
+    Returns True when written. A removed (or never written) file only means the runtime
+    discovers the devices on each create, which is slower but always right.
+    """
+    try:
+        document = prepared_edits_document(inventory, root)
+    except SpecError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return False
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fileio.atomic_write_text(path, json.dumps(document, separators=(",", ":")) + "\n", mode=0o644)
+    return True
 
 
 def load_file(path: str) -> dict[str, Any]:

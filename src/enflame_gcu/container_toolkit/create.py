@@ -1,33 +1,51 @@
 """The runtime's create path: load the spec, find the request, edit, save atomically.
 
-Imported lazily by :mod:`runtime` only for ``create``/``run``. Any failure leaves the bundle
-untouched and is reported with the step that failed; the caller then does not run runc.
+Imported lazily by :mod:`runtime` only for ``create``/``run``. Requests are first answered from
+the node's prepared edits (:mod:`prepared_edits`, standard library only); when those cannot
+answer, or disagree with the node, discovery and the ``edits`` model do it (they import
+``dataclasses``, which alone costs about as much as runc's own run). Both apply the same
+rendering through :mod:`enflame_gcu.oci_edits`. Any failure leaves the bundle untouched and
+is reported with the step that failed; the caller then does not run runc.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol, TypeVar
+import os
 
-from enflame_gcu import devices, edits
-from enflame_gcu.container_toolkit import device_request, modifiers, oci, runtime, runtime_log
-from enflame_gcu.container_toolkit.runtime_config import RuntimeConfig
+from enflame_gcu import oci_edits
+from enflame_gcu.container_toolkit import (
+    device_request,
+    oci,
+    prepared_edits,
+    runtime,
+    runtime_log,
+)
 from enflame_gcu.errors import EnflameError
 
-T = TypeVar("T")
+# typing costs milliseconds on this path; the names below are for mypy only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, Protocol, TypeVar
 
+    from enflame_gcu.container_toolkit.runtime_config import RuntimeConfig
 
-class Log(Protocol):
-    """What the create path logs through (a ``logging.Logger`` fits too)."""
+    T = TypeVar("T")
 
-    def info(self, message: str, /, *args: object) -> None:
-        """Log at info level."""
+    class Log(Protocol):
+        """What the create path logs through (a ``logging.Logger`` fits too)."""
 
-    def warning(self, message: str, /, *args: object) -> None:
-        """Log at warning level."""
+        def debug(self, message: str, /, *args: object) -> None:
+            """Log at debug level."""
 
-    def error(self, message: str, /, *args: object) -> None:
-        """Log at error level."""
+        def info(self, message: str, /, *args: object) -> None:
+            """Log at info level."""
+
+        def warning(self, message: str, /, *args: object) -> None:
+            """Log at warning level."""
+
+        def error(self, message: str, /, *args: object) -> None:
+            """Log at error level."""
 
 
 class StepError(Exception):
@@ -43,22 +61,35 @@ def _step(what: str, action: Callable[[], T]) -> T:
         raise StepError(f"{what}: {exc}") from exc
 
 
-def edit_bundle(bundle: str, config: RuntimeConfig, log: Log) -> str:
-    """Give the container in ``bundle`` the GCUs its spec asks for; return what was done.
+def _from_prepared(
+    spec: oci.Spec, request: device_request.DeviceRequest, config: RuntimeConfig, log: Log
+) -> list[str] | None:
+    """Edit ``spec.data`` from the prepared edits; None (data untouched) when they cannot."""
+    try:
+        names, rendered = prepared_edits.resolve(request, config)
+    except prepared_edits.Unavailable as exc:
+        missing = not config.prepared_edits or not os.path.exists(config.prepared_edits)
+        (log.debug if missing else log.info)("prepared edits not used (%s); discovering GCUs", exc)
+        return None
+    try:
+        oci_edits.apply(spec.data, rendered)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        # An odd spec shape: the discovery path's modifier chain names the step that fails.
+        spec.data = spec.fresh_data()
+        return None
+    oci_edits.mark_processed(spec.data, device_request.visible_value(names))
+    log.debug("used prepared edits %s", config.prepared_edits)
+    return names
 
-    Raises StepError; the spec file is only replaced (atomically) after every step succeeded.
-    """
-    spec = _step("reading the bundle's spec", lambda: oci.load(bundle))
-    if modifiers.is_processed(spec.data):
-        return f"{spec.path} was already processed; left as is"
-    request = _step(
-        "reading the requested GCUs",
-        lambda: device_request.from_spec(spec.data, config.accept_envvar_when_unprivileged),
-    )
-    for ignored in request.ignored:
-        log.warning("ignoring %s", ignored)
-    if not request.wants_edits:
-        return "no GCU requested; spec left untouched"
+
+def _from_discovery(
+    data: dict[str, Any], request: device_request.DeviceRequest, config: RuntimeConfig
+) -> list[str]:
+    """Edit ``data`` from a fresh discovery of the node; raises StepError with clear messages."""
+    # Imported only when the prepared edits cannot answer: dataclasses and friends.
+    from enflame_gcu import devices, edits  # noqa: PLC0415
+    from enflame_gcu.container_toolkit import modifiers  # noqa: PLC0415
+
     root = config.root
     inventory = _step(f"discovering GCUs under {root}", lambda: devices.discover(root))
     names = _step(
@@ -69,13 +100,34 @@ def edit_bundle(bundle: str, config: RuntimeConfig, log: Log) -> str:
         "building the container edits",
         lambda: edits.for_devices(inventory, names, env=dict(config.env), mounts=mounts),
     )
-    marker = edits.visible_value(names)
-    chain = modifiers.for_edits(container_edits, marker)
-    _step(chain.name, lambda: chain.modify(spec.data))
+    chain = modifiers.for_edits(container_edits, edits.visible_value(names))
+    _step(chain.name, lambda: chain.modify(data))
+    return names
+
+
+def edit_bundle(bundle: str, config: RuntimeConfig, log: Log) -> str:
+    """Give the container in ``bundle`` the GCUs its spec asks for; return what was done.
+
+    Raises StepError; the spec file is only replaced (atomically) after every step succeeded.
+    """
+    spec = _step("reading the bundle's spec", lambda: oci.load(bundle))
+    if oci_edits.is_processed(spec.data):
+        return f"{spec.path} was already processed; left as is"
+    request = _step(
+        "reading the requested GCUs",
+        lambda: device_request.from_spec(spec.data, config.accept_envvar_when_unprivileged),
+    )
+    for ignored in request.ignored:
+        log.warning("ignoring %s", ignored)
+    if not request.wants_edits:
+        return "no GCU requested; spec left untouched"
+    names = _from_prepared(spec, request, config, log)
+    if names is None:
+        names = _from_discovery(spec.data, request, config)
     _step("saving the spec", lambda: oci.save(spec, spec.data))
     sources = "; ".join(source.description for source in request.sources)
     if request.none_requested:
-        sources = "; ".join(filter(None, (sources, f"{edits.VISIBLE_DEVICES_ENV}=none")))
+        sources = "; ".join(filter(None, (sources, f"{device_request.VISIBLE_DEVICES_ENV}=none")))
     return f"gave {', '.join(names) or 'no cards'} (requested by {sources})"
 
 

@@ -10,16 +10,25 @@ list is in the volume mounts" (the device plugin's ``volume-mounts`` strategy).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
-
-from enflame_gcu import devices, edits
 from enflame_gcu.errors import InvalidRequestError
 
+# Annotation-only imports: the runtime's create path imports this module, and typing,
+# dataclasses and the discovery model cost milliseconds there (mypy reads this block).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from enflame_gcu import devices
+
+# The request grammar's names, shared with the device plugin through ``edits`` (a test keeps
+# them equal); not imported from there because ``edits`` pulls in ``dataclasses``.
+VISIBLE_DEVICES_ENV = "ENFLAME_VISIBLE_DEVICES"
+VOLUME_MOUNT_DIR = "/var/run/enflame-container-devices"
+CDI_VENDOR = "enflame.com"
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
-_CDI_KINDS = {f"{edits.CDI_VENDOR}/gcu": "gcu", f"{edits.CDI_VENDOR}/vgcu": "vgcu"}
+_CDI_KINDS = {f"{CDI_VENDOR}/gcu": "gcu", f"{CDI_VENDOR}/vgcu": "vgcu"}
 _HEX = frozenset("0123456789abcdef")
 SYNTAX_HELP = (
     "use void, none, all, or a comma list of card minors (0,1), device names (gcu0, vgcu3) "
@@ -27,26 +36,47 @@ SYNTAX_HELP = (
 )
 
 
-@dataclass(frozen=True, slots=True)
 class Source:
     """One place in the spec that names devices, e.g. the env var or one volume mount."""
 
-    description: str
-    tokens: tuple[str, ...]
+    __slots__ = ("description", "tokens")
+
+    def __init__(self, description: str, tokens: tuple[str, ...]) -> None:
+        self.description = description
+        self.tokens = tokens
+
+    def __repr__(self) -> str:
+        return f"Source(description={self.description!r}, tokens={self.tokens!r})"
 
 
-@dataclass(frozen=True, slots=True)
 class DeviceRequest:
-    """Everything a spec asks for; ``wants_edits`` is False when the container is left alone."""
+    """Everything a spec asks for; ``wants_edits`` is False when the container is left alone.
 
-    sources: tuple[Source, ...] = ()
-    none_requested: bool = False
-    ignored: tuple[str, ...] = ()
+    Plain slotted classes rather than dataclasses: see the import block above.
+    """
+
+    __slots__ = ("ignored", "none_requested", "sources")
+
+    def __init__(
+        self,
+        sources: tuple[Source, ...] = (),
+        none_requested: bool = False,
+        ignored: tuple[str, ...] = (),
+    ) -> None:
+        self.sources = sources
+        self.none_requested = none_requested
+        self.ignored = ignored
 
     @property
     def wants_edits(self) -> bool:
         """True when some source names devices or says ``none``."""
         return bool(self.sources) or self.none_requested
+
+    def __repr__(self) -> str:
+        return (
+            f"DeviceRequest(sources={self.sources!r}, none_requested={self.none_requested!r}, "
+            f"ignored={self.ignored!r})"
+        )
 
 
 def _is_bus_id(token: str) -> bool:
@@ -85,7 +115,7 @@ def parse_visible_devices(value: str, where: str) -> tuple[str, tuple[str, ...]]
         return "void", ()
     if keyword == "none":
         return "none", ()
-    if text.rstrip("/") == edits.VOLUME_MOUNT_DIR:
+    if text.rstrip("/") == VOLUME_MOUNT_DIR:
         return "mounts", ()
     items = [item for item in text.split(",") if item.strip()]
     tokens = tuple(normalise_token(item, where) for item in items)
@@ -99,7 +129,7 @@ def _env_value(env: Sequence[str]) -> str | None:
     found = None
     for item in env:
         key, sep, value = item.partition("=")
-        if sep and key == edits.VISIBLE_DEVICES_ENV:
+        if sep and key == VISIBLE_DEVICES_ENV:
             found = value
     return found
 
@@ -117,7 +147,7 @@ def from_spec(spec: Mapping[str, Any], accept_envvar_when_unprivileged: bool) ->
     none_requested = False
     value = _env_value(spec.get("process", {}).get("env", []))
     if value is not None:
-        where = f"{edits.VISIBLE_DEVICES_ENV}={value!r}"
+        where = f"{VISIBLE_DEVICES_ENV}={value!r}"
         kind, tokens = parse_visible_devices(value, where)
         env_counts = accept_envvar_when_unprivileged or is_privileged(spec)
         if kind in ("none", "list") and not env_counts:
@@ -131,8 +161,8 @@ def from_spec(spec: Mapping[str, Any], accept_envvar_when_unprivileged: bool) ->
             sources.append(Source(where, tokens))
     for mount in spec.get("mounts", []):
         destination = str(mount.get("destination", "")).rstrip("/")
-        if destination.startswith(edits.VOLUME_MOUNT_DIR + "/"):
-            name = destination[len(edits.VOLUME_MOUNT_DIR) + 1 :]
+        if destination.startswith(VOLUME_MOUNT_DIR + "/"):
+            name = destination[len(VOLUME_MOUNT_DIR) + 1 :]
             where = f"volume mount {destination}"
             sources.append(Source(where, (normalise_token(name, where),)))
     for key, text in sorted(spec.get("annotations", {}).items()):
@@ -198,3 +228,13 @@ def resolve(request: DeviceRequest, inventory: devices.Inventory) -> list[str]:
                 )
             names.append(name)
     return list(dict.fromkeys(names))
+
+
+def visible_value(names: Sequence[str]) -> str:
+    """The grammar's spelling of resolved names (``edits.visible_value``; a test keeps them equal).
+
+    ``["gcu0", "gcu1"]`` -> ``"0,1"``; vGCUs keep their name; no names -> ``"none"``.
+    """
+    if not names:
+        return "none"
+    return ",".join(name[3:] if name.startswith("gcu") else name for name in dict.fromkeys(names))

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from enflame_gcu import edits
+from enflame_gcu import edits, oci_edits
 from enflame_gcu.errors import SpecError
 
 
@@ -68,7 +68,7 @@ class MarkProcessed:
 
     def modify(self, spec: dict[str, Any]) -> None:
         """Set the processed annotation."""
-        spec.setdefault("annotations", {})[edits.PROCESSED_ANNOTATION] = self.value
+        oci_edits.mark_processed(spec, self.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,18 +92,22 @@ class Chain:
 
 def is_processed(spec: dict[str, Any]) -> bool:
     """True when an earlier run already edited this spec."""
-    return edits.PROCESSED_ANNOTATION in (spec.get("annotations") or {})
+    return oci_edits.is_processed(spec)
 
 
 def for_edits(container_edits: edits.ContainerEdits, marker: str) -> Chain:
-    """The chain that applies one ContainerEdits and marks the spec processed."""
+    """The chain that applies one ContainerEdits and marks the spec processed.
+
+    Steps run in :func:`oci_edits.apply`'s order, so the chain writes the same JSON as the
+    runtime's prepared-edits fast path, which applies the rendering in one call.
+    """
     steps: list[SpecModifier] = []
     if container_edits.device_nodes:
         steps.append(DeviceNodes(container_edits.device_nodes))
-    if container_edits.mounts:
-        steps.append(Mounts(container_edits.mounts))
     if container_edits.env:
         steps.append(Env(container_edits.env))
+    if container_edits.mounts:
+        steps.append(Mounts(container_edits.mounts))
     steps.append(MarkProcessed(marker))
     return Chain(tuple(steps))
 

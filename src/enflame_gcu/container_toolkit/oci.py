@@ -4,22 +4,35 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
-from typing import Any
 
 from enflame_gcu import fileio
 from enflame_gcu.errors import SpecError
 
+# typing and dataclasses stay off the runtime's create path (milliseconds each to import).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 CONFIG_NAME = "config.json"
 
 
-@dataclass(frozen=True, slots=True)
 class Spec:
     """A bundle's spec as read: its path, the exact bytes, and the decoded object to edit."""
 
-    path: str
-    raw: bytes
-    data: dict[str, Any]
+    __slots__ = ("data", "path", "raw")
+
+    def __init__(self, path: str, raw: bytes, data: dict[str, Any]) -> None:
+        self.path = path
+        self.raw = raw
+        self.data = data
+
+    def fresh_data(self) -> dict[str, Any]:
+        """The spec decoded again from the bytes read, for a second attempt at editing it."""
+        data: dict[str, Any] = json.loads(self.raw)
+        return data
+
+    def __repr__(self) -> str:
+        return f"Spec(path={self.path!r}, raw=<{len(self.raw)} bytes>)"
 
 
 def spec_path(bundle: str) -> str:

@@ -17,6 +17,8 @@ from enflame_gcu.errors import ConfigError
 DEFAULT_PATH = "/etc/enflame-container-runtime/config.toml"
 PATH_ENV = "ENFLAME_CONTAINER_RUNTIME_CONFIG"
 DEFAULT_LOG_FILE = "/var/log/enflame/enflame-container-runtime.log"
+# Written by `enflame-ctk cdi generate --prepared-edits` (and the installer); see the template.
+DEFAULT_PREPARED_EDITS = "/var/run/enflame/prepared-edits.json"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -31,6 +33,7 @@ class RuntimeConfig:
         "log_level",
         "mounts",
         "path",
+        "prepared_edits",
         "root",
         "runtimes",
     )
@@ -47,6 +50,7 @@ class RuntimeConfig:
         mounts: tuple[tuple[str, str], ...] = (),
         env: tuple[tuple[str, str], ...] = (),
         cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi"),
+        prepared_edits: str = DEFAULT_PREPARED_EDITS,
     ) -> None:
         self.path = path
         self.runtimes = runtimes
@@ -57,6 +61,7 @@ class RuntimeConfig:
         self.mounts = mounts
         self.env = env
         self.cdi_spec_dirs = cdi_spec_dirs
+        self.prepared_edits = prepared_edits
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in sorted(self.__slots__))
@@ -98,6 +103,7 @@ def from_values(values: dict[str, object], path: str | None = None) -> RuntimeCo
         "mounts",
         "env",
         "cdi-spec-dirs",
+        "prepared-edits",
     }
     unknown = sorted(set(values) - known)
     if unknown:
@@ -126,6 +132,11 @@ def from_values(values: dict[str, object], path: str | None = None) -> RuntimeCo
                 "with absolute paths"
             )
         mounts.append((host, container))
+    prepared = _string(values, "prepared-edits", where, DEFAULT_PREPARED_EDITS)
+    if prepared and not prepared.startswith("/"):
+        raise ConfigError(
+            f'{where}: prepared-edits must be an absolute path or "", got {prepared!r}'
+        )
     env = []
     for item in _strings(values, "env", where, []):
         key, sep, value = item.partition("=")
@@ -142,6 +153,7 @@ def from_values(values: dict[str, object], path: str | None = None) -> RuntimeCo
         mounts=tuple(mounts),
         env=tuple(env),
         cdi_spec_dirs=tuple(_strings(values, "cdi-spec-dirs", where, ["/etc/cdi", "/var/run/cdi"])),
+        prepared_edits=prepared,
     )
 
 

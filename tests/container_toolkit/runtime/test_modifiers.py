@@ -102,7 +102,7 @@ def test_for_edits_builds_one_modifier_per_part(vendor_node: str) -> None:
     chain = modifiers.for_edits(container_edits, "3")
     assert [type(m).__name__ for m in chain.modifiers] == [
         "DeviceNodes",
-        "Mounts",
         "Env",
+        "Mounts",
         "MarkProcessed",
     ]

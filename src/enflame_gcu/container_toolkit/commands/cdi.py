@@ -26,6 +26,13 @@ def register(subparsers: Any) -> None:
     generate.add_argument(
         "--config", help="runtime config whose mounts/env to include (default: its usual path)"
     )
+    generate.add_argument(
+        "--prepared-edits",
+        metavar="FILE",
+        help="also write the runtime's prepared edits file (its fast create path) to FILE, "
+        "or 'config' for the runtime config's prepared-edits path; a node without usable "
+        "GCUs gets the file removed",
+    )
     generate.set_defaults(handler=_generate)
 
     listing = actions.add_parser("list", help="list the CDI device names found in spec dirs")
@@ -48,7 +55,16 @@ def _generate(args: argparse.Namespace) -> int:
     config = runtime_config.load(args.config)
     root = args.root or config.root
     mounts = [edits.MountEdit(host, container) for host, container in config.mounts]
-    specs = cdi.build_specs(devices.discover(root), mounts, config.env)
+    inventory = devices.discover(root)
+    if args.prepared_edits:
+        path = config.prepared_edits if args.prepared_edits == "config" else args.prepared_edits
+        if not path:
+            print("the runtime config turns prepared-edits off; nothing to write", file=sys.stderr)
+        elif cdi.refresh_prepared_edits(path, inventory, config.root):
+            print(f"wrote {path}", file=sys.stderr if args.output == "-" else sys.stdout)
+        else:
+            print(f"removed {path}: no usable GCU to prepare", file=sys.stderr)
+    specs = cdi.build_specs(inventory, mounts, config.env)
     if args.output == "-":
         sys.stdout.write(
             ("---\n" if args.format == "yaml" else "").join(
