@@ -230,3 +230,51 @@ def test_required_version_rises_with_the_fields_used() -> None:
     assert cdi.required_version(spec) == "0.4.0"
     spec["annotations"] = {"a": "b"}
     assert cdi.required_version(spec) == "0.6.0"
+
+
+def test_prepared_edits_hold_the_cdi_renderings_and_the_root(
+    vendor_node: str, tmp_path: os.PathLike[str]
+) -> None:
+    path = os.path.join(str(tmp_path), "run", "prepared-edits.json")
+    inventory = devices.discover(vendor_node)
+    assert cdi.refresh_prepared_edits(path, inventory, root="/")
+    with open(path, encoding="utf-8") as handle:
+        document = json.load(handle)
+    assert document["enflamePreparedEdits"] == "v1"
+    assert document["root"] == "/"
+    # Exactly the specs `cdi generate` writes (without config mounts/env), each schema-valid.
+    assert document["specs"] == [named.spec for named in cdi.build_specs(inventory)]
+    for spec in document["specs"]:
+        assert_valid_cdi(spec)
+    assert oct(os.stat(path).st_mode & 0o777) == "0o644"
+
+
+def test_prepared_edits_are_removed_on_a_node_without_usable_gcus(
+    vendor_node: str, tmp_path: os.PathLike[str]
+) -> None:
+    path = os.path.join(str(tmp_path), "prepared-edits.json")
+    assert cdi.refresh_prepared_edits(path, devices.discover(vendor_node))
+    os.unlink(os.path.join(vendor_node, "dev", "gcuctl"))
+    assert not cdi.refresh_prepared_edits(path, devices.discover(vendor_node))
+    assert not os.path.exists(path)
+    assert not cdi.refresh_prepared_edits(path, devices.discover(vendor_node))  # idempotent
+
+
+def test_generate_writes_the_prepared_edits_for_the_configs_root(
+    vendor_node: str,
+    tmp_path: os.PathLike[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    prepared = os.path.join(str(tmp_path), "prepared-edits.json")
+    config = os.path.join(str(tmp_path), "config.toml")
+    with open(config, "w", encoding="utf-8") as handle:
+        handle.write(f"root = {json.dumps(vendor_node)}\nprepared-edits = {json.dumps(prepared)}\n")
+    monkeypatch.setenv("ENFLAME_CONTAINER_RUNTIME_CONFIG", config)
+    out = os.path.join(str(tmp_path), "cdi")
+    assert cli.main(["cdi", "generate", "--output", out, "--prepared-edits", "config"]) == 0
+    assert f"wrote {prepared}" in capsys.readouterr().out
+    with open(prepared, encoding="utf-8") as handle:
+        document = json.load(handle)
+    assert document["root"] == vendor_node
+    assert document["specs"] == [load_spec(os.path.join(out, "enflame.com-gcu.yaml"))]

@@ -78,7 +78,8 @@ def _from_prepared(
         spec.data = spec.fresh_data()
         return None
     oci_edits.mark_processed(spec.data, device_request.visible_value(names))
-    log.debug("used prepared edits %s", config.prepared_edits)
+    if request.sources:  # "none" alone is answered without the file
+        log.debug("used prepared edits %s", config.prepared_edits)
     return names
 
 

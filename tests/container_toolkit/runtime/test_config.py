@@ -102,8 +102,15 @@ def test_values_are_read(write_config: object) -> None:
         ({"mounts": ["relative:/x"]}, "mounts entry"),
         ({"env": ["NOEQUALS"]}, "KEY=VALUE"),
         ({"cdi-spec-dirs": "/etc/cdi"}, "array of strings"),
+        ({"prepared-edits": "relative.json"}, "prepared-edits must be an absolute path"),
+        ({"prepared-edits": ["/x"]}, "prepared-edits must be a string"),
     ],
 )
 def test_invalid_values_are_named(values: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         runtime_config.from_values(values, "cfg.toml")
+
+
+def test_prepared_edits_defaults_to_the_documented_path_and_can_be_turned_off() -> None:
+    assert runtime_config.from_values({}).prepared_edits == runtime_config.DEFAULT_PREPARED_EDITS
+    assert runtime_config.from_values({"prepared-edits": ""}).prepared_edits == ""
