@@ -2,7 +2,8 @@
 
 Each iteration runs every variant once, in a shuffled order so drift hits all alike:
 ``runc run`` of busybox ``true`` directly; through the minimal-start launcher (``python -IS``)
-and through pip's console script, with no GCU and with all 8 cards of a simulated vendor node;
+and through pip's console script, with no GCU and with all 8 cards of a simulated vendor node
+(answered from the prepared edits file, and with no such file, i.e. by discovery);
 and a pass-through ``state`` call on an existing container, plain and wrapped. Medians, and
 ratios against plain runc measured in the same run.
 """
@@ -22,8 +23,8 @@ import time
 import uuid
 from typing import Any
 
-from enflame_gcu import simulate
-from enflame_gcu.container_toolkit import launcher
+from enflame_gcu import devices, simulate
+from enflame_gcu.container_toolkit import cdi, launcher
 
 RUNS = int(os.environ.get("BENCH_RUNS", "30"))
 CONSOLE_SCRIPT = os.path.join(os.path.dirname(sys.executable), "enflame-container-runtime")
@@ -69,15 +70,22 @@ def main() -> int:
     try:
         node = os.path.join(work, "node")
         simulate.create(node, simulate.load("vendor-8card"))
-        config = os.path.join(work, "config.toml")
-        with open(config, "w", encoding="utf-8") as handle:
-            handle.write(
-                f'runtimes = ["{runc}"]\nroot = "{node}"\n'
-                f'log-file = "{os.path.join(work, "runtime.log")}"\n'
-            )
+        prepared = os.path.join(work, "prepared-edits.json")
+        if not cdi.refresh_prepared_edits(prepared, devices.discover(node)):
+            raise SystemExit("could not prepare the simulated node's edits")
+        configs = {}
+        for name, prepared_path in (("prepared", prepared), ("discovery", "")):
+            configs[name] = os.path.join(work, f"config-{name}.toml")
+            with open(configs[name], "w", encoding="utf-8") as handle:
+                handle.write(
+                    f'runtimes = ["{runc}"]\nroot = "{node}"\n'
+                    f'log-file = "{os.path.join(work, "runtime.log")}"\n'
+                    f'prepared-edits = "{prepared_path}"\n'
+                )
         wrapper = os.path.join(work, "enflame-container-runtime")
         launcher.write_launcher(wrapper, sys.executable)
-        env = dict(os.environ, ENFLAME_CONTAINER_RUNTIME_CONFIG=config)
+        env = dict(os.environ, ENFLAME_CONTAINER_RUNTIME_CONFIG=configs["prepared"])
+        env_discovery = dict(os.environ, ENFLAME_CONTAINER_RUNTIME_CONFIG=configs["discovery"])
         state = os.path.join(work, "state")
         bundles = {
             "none": make_bundle(work, runc, busybox, "none", []),
@@ -103,19 +111,25 @@ def main() -> int:
         with open(os.path.join(bundles["all"], "config.json"), "rb") as handle:
             edited_all = handle.read()
 
-        def run(binary: str, key: str, spec_bytes: bytes) -> float:
+        def run(binary: str, key: str, spec_bytes: bytes, call_env: dict[str, str] = env) -> float:
             with open(os.path.join(bundles[key], "config.json"), "wb") as handle:
                 handle.write(spec_bytes)
             cid = f"bench-{uuid.uuid4().hex[:10]}"
-            return timed([binary, "--root", state, "run", "--bundle", bundles[key], cid], env)
+            argv = [binary, "--root", state, "run", "--bundle", bundles[key], cid]
+            return timed(argv, call_env)
 
         variants: dict[str, Any] = {
             "runc_run": lambda: run(runc, "none", originals["none"]),
             "runc_run_8_cards_pre_edited": lambda: run(runc, "all", edited_all),
             "launcher_run_no_cards": lambda: run(wrapper, "none", originals["none"]),
-            "launcher_run_8_cards": lambda: run(wrapper, "all", originals["all"]),
+            "launcher_run_8_cards_prepared": lambda: run(wrapper, "all", originals["all"]),
+            "launcher_run_8_cards_discovery": lambda: run(
+                wrapper, "all", originals["all"], env_discovery
+            ),
             "console_script_run_no_cards": lambda: run(CONSOLE_SCRIPT, "none", originals["none"]),
-            "console_script_run_8_cards": lambda: run(CONSOLE_SCRIPT, "all", originals["all"]),
+            "console_script_run_8_cards_prepared": lambda: run(
+                CONSOLE_SCRIPT, "all", originals["all"]
+            ),
         }
         # A container left in "created" for the pass-through state calls.
         subprocess.run(
@@ -154,9 +168,14 @@ def main() -> int:
         "median_ms": medians,
         "ratios_vs_runc_run": {
             "launcher_no_cards": round(medians["launcher_run_no_cards"] / base, 2),
-            "launcher_8_cards": round(medians["launcher_run_8_cards"] / base, 2),
+            "launcher_8_cards_prepared": round(medians["launcher_run_8_cards_prepared"] / base, 2),
+            "launcher_8_cards_discovery": round(
+                medians["launcher_run_8_cards_discovery"] / base, 2
+            ),
             "console_script_no_cards": round(medians["console_script_run_no_cards"] / base, 2),
-            "console_script_8_cards": round(medians["console_script_run_8_cards"] / base, 2),
+            "console_script_8_cards": round(
+                medians["console_script_run_8_cards_prepared"] / base, 2
+            ),
             "runc_8_cards_pre_edited": round(medians["runc_run_8_cards_pre_edited"] / base, 2),
         },
         "pass_through_added_ms": {
