@@ -87,6 +87,8 @@ def snapshot(root: str) -> Snapshot:
                 found[rel] = ("link", mode, os.readlink(local))
             elif stat.S_ISDIR(info.st_mode):
                 found[rel] = ("dir", mode, "")
+            elif stat.S_ISCHR(info.st_mode):  # a simulated GCU node: compare its numbers
+                found[rel] = ("char", mode, f"{os.major(info.st_rdev)}:{os.minor(info.st_rdev)}")
             else:
                 with open(local, "rb") as handle:
                     found[rel] = ("file", mode, handle.read().decode("utf-8", "replace"))

@@ -12,6 +12,7 @@ import time
 import pytest
 import tomlkit
 
+from enflame_gcu import simulate
 from enflame_gcu.container_toolkit import installer
 from enflame_gcu.container_toolkit.cli import main
 from enflame_gcu.container_toolkit.commands.install import READY_LINE
@@ -24,6 +25,10 @@ CTK = [sys.executable, "-m", "enflame_gcu.container_toolkit.cli"]
 @pytest.fixture
 def host(tmp_path: object) -> str:
     return fx.fake_host(str(tmp_path))
+
+
+def topofile_vendor() -> simulate.SimTopology:
+    return simulate.load("vendor-8card")
 
 
 def _local(root: str, path: str) -> str:
@@ -92,6 +97,28 @@ def test_uninstall_restores_the_host_tree_exactly(host: str) -> None:
     assert fx.diff(before, fx.snapshot(host)) != []
     installer.uninstall(host)
     assert fx.diff(before, fx.snapshot(host)) == []
+
+
+def test_install_prepares_the_runtime_fast_path_for_the_nodes_cards(tmp_path: object) -> None:
+    host = fx.fake_host(str(tmp_path))
+    simulate.create(host, topofile_vendor())
+    before = fx.snapshot(host)
+    outcome = installer.install(installer.InstallOptions(host_root=host))
+    prepared = "/var/run/enflame/prepared-edits.json"
+    assert f"{prepared} written (8 usable GCUs)" in outcome.lines
+    document = json.loads(_read(host, prepared))
+    assert document["enflamePreparedEdits"] == "v1"
+    assert document["root"] == "/"  # as the runtime on the host sees it
+    (spec,) = [s for s in document["specs"] if s["kind"] == "enflame.com/gcu"]
+    assert sorted(d["name"] for d in spec["devices"]) == [*(str(i) for i in range(8)), "all"]
+    installer.uninstall(host)
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
+def test_install_on_a_node_without_gcus_writes_no_prepared_edits(host: str) -> None:
+    outcome = installer.install(installer.InstallOptions(host_root=host))
+    assert any("no usable GCU on this node, none written" in line for line in outcome.lines)
+    assert not os.path.exists(_local(host, "/var/run/enflame/prepared-edits.json"))
 
 
 def test_crio_drop_in_and_its_directory_are_removed_again(tmp_path: object) -> None:

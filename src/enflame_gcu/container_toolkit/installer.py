@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from importlib import resources
 
 import enflame_gcu
-from enflame_gcu import fileio
-from enflame_gcu.container_toolkit import engine_reload, engines, launcher, runtime_config
+from enflame_gcu import devices, fileio
+from enflame_gcu.container_toolkit import cdi, engine_reload, engines, launcher, runtime_config
 from enflame_gcu.container_toolkit.engines import hosts, storage
 from enflame_gcu.container_toolkit.install_manifest import (
     DEFAULT_TOOLKIT_DIR,
@@ -156,6 +156,28 @@ def _write_config(run: InstallRun) -> None:
     run.lines.append(f"{CONFIG_PATH} {run.verb}written from the template")
 
 
+def _prepare_edits(run: InstallRun) -> None:
+    """Write the runtime's prepared edits for this node's cards (the create fast path).
+
+    A cache, not configuration: the runtime checks it against /dev on every create and falls
+    back to discovery when it is missing or stale, so rewriting it is always safe.
+    """
+    path = runtime_config.DEFAULT_PREPARED_EDITS
+    run.make_dirs(os.path.dirname(path))
+    run.record({"kind": "file", "path": path})
+    if run.dry_run:
+        run.lines.append(f"{path} {run.verb}written from the node's GCUs")
+        return
+    inventory = devices.discover(run.root)
+    # The document describes the host as the runtime sees it there: root "/".
+    if cdi.refresh_prepared_edits(run.local(path), inventory, root="/"):
+        run.lines.append(f"{path} written ({len(inventory.usable_cards())} usable GCUs)")
+    else:
+        run.lines.append(
+            f"{path}: no usable GCU on this node, none written (the runtime discovers on create)"
+        )
+
+
 def _configure_engine(run: InstallRun, name: str, options: InstallOptions) -> None:
     config = hosts.DEFAULT_CONFIGS[name]
     # Directories the engine editor would create are ours to remove again.
@@ -199,6 +221,7 @@ def install(options: InstallOptions) -> Outcome:
             _link(run, os.path.join(options.bin_dir, "enflame-ctk"), options.ctk)
     _write_config(run)
     run.make_dirs(LOG_DIR)
+    _prepare_edits(run)
     names = options.engines if options.engines is not None else tuple(engines.detect(run.root))
     for name in names:
         _configure_engine(run, name, options)
