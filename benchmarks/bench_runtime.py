@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import Any
 
-from enflame_gcu import devices, simulate
+from enflame_gcu import devices, simulate, topofile
 from enflame_gcu.container_toolkit import cdi, launcher
 
 RUNS = int(os.environ.get("BENCH_RUNS", "30"))
@@ -69,7 +69,7 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="bench-runtime-")
     try:
         node = os.path.join(work, "node")
-        simulate.create(node, simulate.load("vendor-8card"))
+        simulate.create(node, topofile.load("vendor-8card"))
         prepared = os.path.join(work, "prepared-edits.json")
         if not cdi.refresh_prepared_edits(prepared, devices.discover(node)):
             raise SystemExit("could not prepare the simulated node's edits")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from enflame_gcu import simulate
+from enflame_gcu import simulate, topofile
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMAS_DIR = os.path.join(os.path.dirname(PROJECT_ROOT), "shared", "schemas")
@@ -21,7 +21,7 @@ def make_node(tmp_path_factory: pytest.TempPathFactory) -> MakeNode:
 
     def make(topology: str = "vendor-8card", *, text: bool = False, **kwargs: object) -> str:
         root = str(tmp_path_factory.mktemp("node"))
-        topo = simulate.parse(topology) if text else simulate.load(topology)
+        topo = topofile.parse(topology) if text else topofile.load(topology)
         simulate.create(root, topo, **kwargs)  # type: ignore[arg-type]
         return root
 

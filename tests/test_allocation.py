@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from enflame_gcu import allocation, devices, simulate, topology
+from enflame_gcu import allocation, devices, simulate, topofile, topology
 from enflame_gcu.errors import AllocationError, InvalidRequestError
 
 
@@ -52,7 +52,7 @@ def boards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, topology.Topol
     result = {}
     for name in ("vendor-8card", "flat-4card", "2socket-16card"):
         root = str(tmp_path_factory.mktemp(name))
-        simulate.create(root, simulate.load(name))
+        simulate.create(root, topofile.load(name))
         result[name] = topology.Topology.from_inventory(devices.discover(root))
     return result
 

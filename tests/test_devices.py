@@ -6,14 +6,14 @@ import os
 
 import pytest
 
-from enflame_gcu import devices, products, simulate
+from enflame_gcu import devices, products, simulate, topofile
 
 from .conftest import MakeNode
 
 
-@pytest.mark.parametrize("name", simulate.builtin_names())
+@pytest.mark.parametrize("name", topofile.builtin_names())
 def test_every_builtin_topology_is_discovered_completely(make_node: MakeNode, name: str) -> None:
-    topo = simulate.load(name)
+    topo = topofile.load(name)
     inventory = devices.discover(make_node(name))
     assert [card.minor for card in inventory.cards] == [card.minor for card in topo.cards]
     assert all(card.usable for card in inventory.cards), [c.problems for c in inventory.cards]

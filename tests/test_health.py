@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from enflame_gcu import devices, health, simulate
+from enflame_gcu import devices, health, simulate, topofile
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def node() -> Iterator[str]:
     """A simulated vendor 8-card node."""
     work = tempfile.mkdtemp(prefix="gcuh-", dir="/tmp")
     root = os.path.join(work, "n")
-    simulate.create(root, simulate.load("vendor-8card"))
+    simulate.create(root, topofile.load("vendor-8card"))
     yield root
     shutil.rmtree(work)
 

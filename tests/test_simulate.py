@@ -7,15 +7,15 @@ import stat
 
 import pytest
 
-from enflame_gcu import devices, simulate
-from enflame_gcu.errors import SimulationError, TopologyError
+from enflame_gcu import devices, simulate, topofile
+from enflame_gcu.errors import SimulationError
 
 from .conftest import MakeNode
 
 
-@pytest.mark.parametrize("name", simulate.builtin_names())
+@pytest.mark.parametrize("name", topofile.builtin_names())
 def test_round_trip_simulate_discover_matches_description(make_node: MakeNode, name: str) -> None:
-    topo = simulate.load(name)
+    topo = topofile.load(name)
     inventory = devices.discover(make_node(name))
     found = [
         (c.minor, c.bdf, c.pci_chain, c.numa_node, c.device_id, c.driver_dir, c.root_complex)
@@ -26,12 +26,6 @@ def test_round_trip_simulate_discover_matches_description(make_node: MakeNode, n
         for c in topo.cards
     ]
     assert found == described
-
-
-@pytest.mark.parametrize("name", simulate.builtin_names())
-def test_render_parses_back_to_the_same_topology(name: str) -> None:
-    topo = simulate.load(name)
-    assert simulate.parse(simulate.render(topo), topo.name) == topo
 
 
 def test_tree_on_disk_is_shaped_like_sysfs(vendor_node: str) -> None:
@@ -94,7 +88,7 @@ def test_driver_version_change(vendor_node: str) -> None:
 
 def test_creating_twice_is_refused(vendor_node: str) -> None:
     with pytest.raises(SimulationError, match="already holds a simulated node"):
-        simulate.create(vendor_node, simulate.load("flat-4card"))
+        simulate.create(vendor_node, topofile.load("flat-4card"))
 
 
 def test_unknown_card_action_names_the_cards(vendor_node: str) -> None:
@@ -105,42 +99,3 @@ def test_unknown_card_action_names_the_cards(vendor_node: str) -> None:
 def test_actions_on_a_plain_directory_are_refused(tmp_path: object) -> None:
     with pytest.raises(SimulationError, match="is not a simulated node"):
         simulate.unplug(str(tmp_path), 0)
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("gpu0 0000:01:00.0 <- cpu", "starts with gcuN"),
-        ("gcu0 0000:01:00.0 <- 0000:00:01.0", "want 'gcuN <BDF>"),
-        ("gcu0 0000:1:00.0 <- cpu", "is not a PCI address"),
-        ("gcu0 0000:01:00.0 <- cpu colour=red", "unknown option(s) colour"),
-        ("gcu0 0000:01:00.0 <- cpu numa=x", "numa must be a number"),
-        ("gcu0 0000:01:00.0 <- cpu dir=other", "dir must be enflame or zixiao"),
-        ("flavour: x\ngcu0 0000:01:00.0 <- cpu", "unknown header(s) flavour"),
-        ("gcu0 0000:01:00.0 <- cpu\ngcu0 0000:02:00.0 <- cpu", "card minors repeat"),
-        (
-            "gcu0 0000:02:00.0 <- 0000:01:00.0 <- 0000:00:01.0 <- cpu\n"
-            "gcu1 0000:03:00.0 <- 0000:01:00.0 <- 0000:00:02.0 <- cpu",
-            "has two parents",
-        ),
-    ],
-)
-def test_bad_descriptions_are_refused_with_the_reason(text: str, message: str) -> None:
-    with pytest.raises(TopologyError, match=None) as caught:
-        simulate.parse(text)
-    assert message in str(caught.value)
-
-
-def test_unknown_builtin_lists_the_builtins() -> None:
-    with pytest.raises(TopologyError, match="built-in: 2socket-16card"):
-        simulate.load("nope")
-
-
-def test_description_file_by_path(tmp_path: object) -> None:
-    path = os.path.join(str(tmp_path), "mine.topo")
-    with open(path, "w") as handle:
-        handle.write("# a comment\ndriver-version: 9.9\ngcu4 0000:01:00.0 <- cpu numa=1\n")
-    topo = simulate.load(path)
-    assert topo.name == "mine"
-    assert topo.driver_version == "9.9"
-    assert topo.cards == (simulate.SimCard(4, "0000:01:00.0", (), 1),)

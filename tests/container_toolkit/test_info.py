@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from enflame_gcu import simulate
+from enflame_gcu import topofile
 from enflame_gcu.container_toolkit import cli
 
 from ..conftest import MakeNode
@@ -87,7 +87,7 @@ def test_info_on_a_node_without_cards_says_so_and_fails(tmp_path: object) -> Non
     assert "cannot list /sys/bus/pci/devices" in result.stdout
 
 
-@pytest.mark.parametrize("name", simulate.builtin_names())
+@pytest.mark.parametrize("name", topofile.builtin_names())
 def test_info_works_on_every_builtin_topology(make_node: MakeNode, name: str) -> None:
     root = make_node(name)
     assert cli.main(["info", "--root", root, "--json"]) == 0

@@ -12,7 +12,7 @@ import time
 import pytest
 import tomlkit
 
-from enflame_gcu import simulate
+from enflame_gcu import simulate, topofile
 from enflame_gcu.container_toolkit import installer
 from enflame_gcu.container_toolkit.cli import main
 from enflame_gcu.container_toolkit.commands.install import READY_LINE
@@ -27,8 +27,8 @@ def host(tmp_path: object) -> str:
     return fx.fake_host(str(tmp_path))
 
 
-def topofile_vendor() -> simulate.SimTopology:
-    return simulate.load("vendor-8card")
+def topofile_vendor() -> topofile.SimTopology:
+    return topofile.load("vendor-8card")
 
 
 def _local(root: str, path: str) -> str:

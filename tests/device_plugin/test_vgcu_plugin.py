@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu import devices, edits, simulate, topology, virtual
+from enflame_gcu import devices, edits, simulate, topofile, topology, virtual
 from enflame_gcu._proto import api_pb2
 from enflame_gcu.device_plugin import config, resources
 from enflame_gcu.testing import plugin_process
@@ -31,7 +31,7 @@ gcu4 0000:9c:00.0 <- 0000:9b:00.0 <- 0000:9a:00.0 <- 0000:99:00.0 <- 0000:98:00.
 def discover(tmp_path: pathlib.Path, text: str | None = None) -> devices.Inventory:
     """Discovery of a fresh simulated node (the built-in vgcu-2card unless ``text``)."""
     root = str(tmp_path / "node")
-    topo = simulate.load("vgcu-2card") if text is None else simulate.parse(text)
+    topo = topofile.load("vgcu-2card") if text is None else topofile.parse(text)
     simulate.create(root, topo)
     return devices.discover(root)
 

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from enflame_gcu import simulate
+from enflame_gcu import simulate, topofile
 from enflame_gcu.testing import kubelet_stub
 
 
@@ -24,7 +24,7 @@ def make_node(topology_name: str = "vendor-8card") -> tuple[str, str, str]:
     work = tempfile.mkdtemp(prefix="gcu-", dir="/tmp")
     root = os.path.join(work, "n")
     plugins = os.path.join(work, "p")
-    simulate.create(root, simulate.load(topology_name))
+    simulate.create(root, topofile.load(topology_name))
     os.makedirs(plugins)
     return work, root, plugins
 

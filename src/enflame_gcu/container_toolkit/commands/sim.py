@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from enflame_gcu import simulate
+from enflame_gcu import simulate, topofile
 from enflame_gcu.errors import SimulationError
 
 
@@ -19,7 +19,7 @@ def register(subparsers: Any) -> None:
     create.add_argument(
         "--topology",
         default="vendor-8card",
-        help=f"built-in name ({', '.join(simulate.builtin_names())}) or a .topo file",
+        help=f"built-in name ({', '.join(topofile.builtin_names())}) or a .topo file",
     )
     create.add_argument(
         "--regular-files", action="store_true", help="make /dev nodes regular files, not mknod"
@@ -51,7 +51,7 @@ def register(subparsers: Any) -> None:
 
 
 def _create(args: argparse.Namespace) -> int:
-    topo = simulate.load(args.topology)
+    topo = topofile.load(args.topology)
     state = simulate.create(args.dir, topo, char_devices=False if args.regular_files else None)
     kind = "character devices (mknod)" if state.char_devices else "regular files (not root)"
     print(f"created simulated node {topo.name!r} with {len(topo.cards)} card(s) under {args.dir}")
@@ -60,8 +60,8 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _topologies(_args: argparse.Namespace) -> int:
-    for name in simulate.builtin_names():
-        topo = simulate.load(name)
+    for name in topofile.builtin_names():
+        topo = topofile.load(name)
         print(f"{name:16} {len(topo.cards):3} cards  {topo.description}")
     return 0
 
