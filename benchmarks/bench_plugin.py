@@ -98,17 +98,23 @@ async def bench_vendor_node(results: dict[str, Any]) -> None:
         results["unplug_to_unhealthy_on_list_and_watch"] = summary(samples)
 
 
+def preferred_requests(ids: list[str], sizes: list[int]) -> list[Any]:
+    """One GetPreferredAllocation request per size, each offering every ID."""
+    requests = []
+    for size in sizes:
+        request = api_pb2.PreferredAllocationRequest()
+        request.container_requests.add(available_deviceIDs=ids, allocation_size=size)
+        requests.append(request)
+    return requests
+
+
 async def bench_preferred(results: dict[str, Any], board: str, count: int) -> None:
     """GetPreferredAllocation latency with every card available, sizes 1..half the board."""
     async with plugin_process.running_node(board) as node:
         stub = node.kubelet.plugins[RESOURCE].stub
         cards = list(node.kubelet.devices())
         sizes = [s for s in (1, 2, 4, 8, 16, 32) if s <= len(cards) // 2]
-        requests = []
-        for size in sizes:
-            request = api_pb2.PreferredAllocationRequest()
-            request.container_requests.add(available_deviceIDs=cards, allocation_size=size)
-            requests.append(request)
+        requests = preferred_requests(cards, sizes)
 
         async def call(i: int) -> None:
             await stub.GetPreferredAllocation(requests[i % len(requests)], timeout=5)

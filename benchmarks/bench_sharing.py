@@ -16,7 +16,7 @@ import sys
 import tempfile
 from typing import Any
 
-from bench_plugin import measure, summary
+from bench_plugin import measure, preferred_requests, summary
 
 from enflame_gcu import simulate
 from enflame_gcu._proto import api_pb2
@@ -42,11 +42,7 @@ async def bench_policy(policy: str, count: int, results: dict[str, Any]) -> None
             stub = node.kubelet.plugins[SHARED].stub
             slices = list(node.kubelet.devices(SHARED))
             sizes = [1, 2, 4, 8, 16]
-            requests = []
-            for size in sizes:
-                request = api_pb2.PreferredAllocationRequest()
-                request.container_requests.add(available_deviceIDs=slices, allocation_size=size)
-                requests.append(request)
+            requests = preferred_requests(slices, sizes)
 
             async def prefer(i: int) -> None:
                 await stub.GetPreferredAllocation(requests[i % len(requests)], timeout=5)
