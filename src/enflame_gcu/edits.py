@@ -14,11 +14,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from enflame_gcu import devices, fileio, oci_edits
+from enflame_gcu import devices, fileio, naming, oci_edits
 from enflame_gcu.errors import InvalidRequestError
 
-VISIBLE_DEVICES_ENV = "ENFLAME_VISIBLE_DEVICES"
-PROCESSED_ANNOTATION = "com.enflame.gcu.processed"
+# The spellings the runtime reads back; they live in naming.py, shared with the shim.
+VISIBLE_DEVICES_ENV = naming.VISIBLE_DEVICES_ENV
+PROCESSED_ANNOTATION = naming.PROCESSED_ANNOTATION
+VOLUME_MOUNT_DIR = naming.VOLUME_MOUNT_DIR
+CDI_VENDOR = naming.CDI_VENDOR
+CDI_ANNOTATION_KEY = naming.CDI_ANNOTATION_KEY
+visible_value = naming.visible_value
+cdi_device_name = naming.cdi_device_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,32 +200,9 @@ def for_devices(
     )
 
 
-def visible_value(names: Sequence[str]) -> str:
-    """``ENFLAME_VISIBLE_DEVICES`` value for device names: minors of cards, names otherwise.
-
-    ``["gcu0", "gcu1"]`` -> ``"0,1"``; vGCUs keep their name (``vgcu3``) so the grammar stays
-    unambiguous; no names -> ``"none"``.
-    """
-    if not names:
-        return "none"
-    values = []
-    for name in dict.fromkeys(names):
-        values.append(name[3:] if name.startswith("gcu") else name)
-    return ",".join(values)
-
-
 # --- how the device plugin tells the runtime which devices a container got ------------------
 
-VOLUME_MOUNT_DIR = "/var/run/enflame-container-devices"
-CDI_VENDOR = "enflame.com"
-CDI_ANNOTATION_KEY = "cdi.k8s.io/enflame-gcu"
 STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
-
-
-def cdi_device_name(name: str) -> str:
-    """Fully qualified CDI name of a device: ``gcu3`` -> ``enflame.com/gcu=3``."""
-    kind = name.rstrip("0123456789")
-    return f"{CDI_VENDOR}/{kind}={name[len(kind) :]}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,13 @@ runtime imports this module on every ``create`` and each of those costs millisec
 
 from __future__ import annotations
 
+from enflame_gcu import naming
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-PROCESSED_ANNOTATION = "com.enflame.gcu.processed"
+PROCESSED_ANNOTATION = naming.PROCESSED_ANNOTATION
 # Options of a bind mount in the OCI spec; CDI renders read-only as "ro" among its options.
 _BIND_OPTIONS = ("rbind", "nosuid", "nodev")
 

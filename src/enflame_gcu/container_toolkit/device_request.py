@@ -10,6 +10,7 @@ list is in the volume mounts" (the device plugin's ``volume-mounts`` strategy).
 
 from __future__ import annotations
 
+from enflame_gcu import naming
 from enflame_gcu.errors import InvalidRequestError
 
 # Annotation-only imports: the runtime's create path imports this module, and typing,
@@ -21,11 +22,11 @@ if TYPE_CHECKING:
 
     from enflame_gcu import devices
 
-# The request grammar's names, shared with the device plugin through ``edits`` (a test keeps
-# them equal); not imported from there because ``edits`` pulls in ``dataclasses``.
-VISIBLE_DEVICES_ENV = "ENFLAME_VISIBLE_DEVICES"
-VOLUME_MOUNT_DIR = "/var/run/enflame-container-devices"
-CDI_VENDOR = "enflame.com"
+# The spellings the device plugin writes (naming.py, stdlib only: no dataclasses via edits).
+VISIBLE_DEVICES_ENV = naming.VISIBLE_DEVICES_ENV
+VOLUME_MOUNT_DIR = naming.VOLUME_MOUNT_DIR
+CDI_VENDOR = naming.CDI_VENDOR
+visible_value = naming.visible_value
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 _CDI_KINDS = {f"{CDI_VENDOR}/gcu": "gcu", f"{CDI_VENDOR}/vgcu": "vgcu"}
@@ -228,13 +229,3 @@ def resolve(request: DeviceRequest, inventory: devices.Inventory) -> list[str]:
                 )
             names.append(name)
     return list(dict.fromkeys(names))
-
-
-def visible_value(names: Sequence[str]) -> str:
-    """The grammar's spelling of resolved names (``edits.visible_value``; a test keeps them equal).
-
-    ``["gcu0", "gcu1"]`` -> ``"0,1"``; vGCUs keep their name; no names -> ``"none"``.
-    """
-    if not names:
-        return "none"
-    return ",".join(name[3:] if name.startswith("gcu") else name for name in dict.fromkeys(names))

@@ -10,11 +10,10 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu import devices, edits, oci_edits, simulate
+from enflame_gcu import devices, edits, simulate
 from enflame_gcu.container_toolkit import (
     cdi,
     create,
-    device_request,
     launcher,
     oci,
     runtime_config,
@@ -324,15 +323,6 @@ def test_missing_prepared_file_falls_back_with_a_debug_line_only(
 
 def _lines(text: str) -> list[tuple[str, str]]:
     return [tuple(line.split(" ", 1)) for line in text.splitlines()]  # type: ignore[misc]
-
-
-def test_request_grammar_names_match_the_edits_model() -> None:
-    assert device_request.VISIBLE_DEVICES_ENV == edits.VISIBLE_DEVICES_ENV
-    assert device_request.VOLUME_MOUNT_DIR == edits.VOLUME_MOUNT_DIR
-    assert device_request.CDI_VENDOR == edits.CDI_VENDOR
-    assert oci_edits.PROCESSED_ANNOTATION == edits.PROCESSED_ANNOTATION
-    for names in ([], ["gcu0"], ["gcu3", "gcu1", "gcu3"], ["vgcu2", "gcu0"]):
-        assert device_request.visible_value(names) == edits.visible_value(names)
 
 
 FAST_CREATE = """
