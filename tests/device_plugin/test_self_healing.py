@@ -247,9 +247,15 @@ def test_socket_deleted_while_waiting_for_the_kubelet_is_served_again() -> None:
                     break
                 await asyncio.sleep(0.025)
             os.unlink(path)  # no kubelet yet: registration is still being retried
+            # The kubelet comes up only once the plugin has noticed; started earlier, it could
+            # race the plugin into the after-registration path (a different, also healing, log).
+            for _ in range(400):
+                if "our socket vanished before registration" in plugin.log_text():
+                    break
+                await asyncio.sleep(0.025)
+            assert "our socket vanished before registration" in plugin.log_text()
             async with KubeletStub(plugins) as kubelet:
                 await kubelet.wait_for(lambda k: k.capacity() == 4, 10, "registration")
-            assert "our socket vanished before registration" in plugin.log_text()
         finally:
             assert await plugin.stop() == 0
             shutil.rmtree(work)
