@@ -110,6 +110,27 @@ def test_schema_accepts_good_values(path: str, value: Any) -> None:
 # each of those fields from exactly these values.
 
 
+def _patterns(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+        return found + [p for value in node.values() for p in _patterns(value)]
+    if isinstance(node, list):
+        return [p for value in node for p in _patterns(value)]
+    return []
+
+
+# Constructs Python's re accepts but Go's RE2 (what helm validates values.schema.json with)
+# rejects; one of them once made the whole schema unusable: real `helm lint` refused it.
+NOT_IN_RE2 = re.compile(r"\(\?[=!]|\(\?<[=!]|\\[1-9]")
+
+
+def test_schema_patterns_use_only_what_helms_regex_engine_accepts() -> None:
+    patterns = _patterns(schema())
+    assert patterns, "the schema has no patterns: this test checks nothing"
+    assert [p for p in patterns if NOT_IN_RE2.search(p)] == []
+    assert NOT_IN_RE2.search("^(?!kubernetes\\.io/)x$")  # the guard itself can fail
+
+
 def plugin_args(vals: dict[str, Any]) -> list[str]:
     """The argument list daemonset-device-plugin.yaml renders (kept in step with the template)."""
     plugin = vals["devicePlugin"]
@@ -246,7 +267,10 @@ def test_sharing_config_template_writes_a_versioned_config() -> None:
 # --- with a real helm ------------------------------------------------------------------------
 
 HELM = shutil.which("helm")
-NO_HELM = "helm is not on PATH (no registry here ships it); templates checked structurally above"
+NO_HELM = (
+    "no helm binary on PATH (Debian 12 packages none; the helm library on PyPI, helm-sdkpy, "
+    "needs Python >= 3.12); templates checked structurally above"
+)
 
 
 @pytest.mark.skipif(HELM is None, reason=NO_HELM)
