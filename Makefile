@@ -32,4 +32,4 @@ bench: setup
 	@bash scripts/bench.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) .venv-helm .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

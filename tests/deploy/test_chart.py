@@ -15,6 +15,7 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kv
 
+from tests.conftest import PROJECT_ROOT
 from tests.deploy.helpers import CHART_DIR, YAML_DIR, load_all, load_one
 
 PLUGIN_DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
@@ -304,3 +305,63 @@ def test_helm_template_renders_valid_objects(overrides: list[str], tmp_path: Any
             plugin["spec"]["template"]["spec"]["containers"]
             == static["spec"]["template"]["spec"]["containers"]
         )
+
+
+# --- with Helm's own Go library (helm-sdkpy), where bootstrap could install it ------------------
+
+HELM_SDK = os.path.join(PROJECT_ROOT, ".venv-helm", "bin", "python")
+NO_HELM_SDK = (
+    ".venv-helm is missing: scripts/bootstrap.sh makes it only where a Python >= 3.12 exists "
+    "(helm-sdkpy, Helm's Go library for Python, needs one)"
+)
+HELM_LINT = os.path.join(os.path.dirname(__file__), "helm_lint.py")
+
+
+def _real_helm_lint(chart_dir: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [HELM_SDK, HELM_LINT, chart_dir], capture_output=True, text=True, check=True, timeout=120
+    )
+    lint: dict[str, Any] = json.loads(result.stdout)
+    return lint
+
+
+def _chart_copy(tmp_path: Any, enabled: tuple[str, ...]) -> str:
+    target = os.path.join(str(tmp_path), "enflame-gcu")
+    shutil.copytree(CHART_DIR, target)
+    path = os.path.join(target, "values.yaml")
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    for section in enabled:
+        text, count = re.subn(rf"(?m)^({section}:\n  enabled: )false$", r"\1true", text)
+        assert count == 1, f"values.yaml has no '{section}.enabled: false' to switch on"
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return target
+
+
+@pytest.mark.skipif(not os.path.exists(HELM_SDK), reason=NO_HELM_SDK)
+@pytest.mark.parametrize(
+    "enabled", [(), ("vgcu",), ("sharing",), ("toolkit",), ("vgcu", "sharing", "toolkit")]
+)
+def test_real_helm_lint_accepts_every_variant(enabled: tuple[str, ...], tmp_path: Any) -> None:
+    lint = _real_helm_lint(_chart_copy(tmp_path, enabled))
+    assert lint["errors"] is None
+    # Helm's severities: 1 info (e.g. "icon is recommended"), 2 warning, 3 error.
+    assert [m for m in lint["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.skipif(not os.path.exists(HELM_SDK), reason=NO_HELM_SDK)
+def test_real_helm_lint_catches_a_broken_chart(tmp_path: Any) -> None:
+    """The harness can fail: a template error and an RE2-incompatible schema are both caught."""
+    chart_dir = _chart_copy(tmp_path / "template", ())
+    with open(os.path.join(chart_dir, "templates", "broken.yaml"), "w") as handle:
+        handle.write("{{ .Values.nope.deeper }}\n")
+    assert _real_helm_lint(chart_dir)["errors"]
+    chart_dir = _chart_copy(tmp_path / "schema", ())
+    schema_path = os.path.join(chart_dir, "values.schema.json")
+    with open(schema_path, encoding="utf-8") as handle:
+        broken = json.load(handle)
+    broken["properties"]["nameOverride"]["pattern"] = "^(?!x)"
+    with open(schema_path, "w", encoding="utf-8") as handle:
+        json.dump(broken, handle)
+    assert _real_helm_lint(chart_dir)["errors"]
