@@ -14,6 +14,7 @@ from enflame_gcu.errors import EnflameError
 # Subcommand groups, in the order --help lists them. Each module has register(subparsers).
 COMMAND_MODULES = (
     "info",
+    "labels",
     "sim",
     "cdi",
     "runtime",
