@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 
@@ -27,11 +26,12 @@ def _create_temp(directory: str, name: str) -> tuple[int, str]:
     raise FileExistsError(f"could not create a unique temporary file next to {name} in {directory}")
 
 
-def atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
+def atomic_write(path: str, data: bytes, mode: int | None = None, durable: bool = True) -> None:
     """Write ``data`` to ``path`` via a temp file in the same directory, fsync and rename.
 
     Readers see either the old file or the new one, never a half-written one. The new file
-    keeps the old file's permission bits unless ``mode`` is given.
+    keeps the old file's permission bits unless ``mode`` is given. ``durable=False`` skips the
+    two fsyncs: still atomic for every reader, only not guaranteed to survive a power loss.
     """
     directory = os.path.dirname(os.path.abspath(path)) or "."
     if mode is None:
@@ -43,20 +43,33 @@ def atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+        try:  # noqa: SIM105 - contextlib stays off the runtime's create path
             os.unlink(tmp)
+        except FileNotFoundError:
+            pass
         raise
-    with contextlib.suppress(OSError):
+    if durable:
+        _fsync_directory(directory)
+
+
+def _fsync_directory(directory: str) -> None:
+    # Plain try/except rather than contextlib: this module is on the runtime's create path.
+    try:
         dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
 
 
 def atomic_write_text(path: str, text: str, mode: int | None = None) -> None:
