@@ -72,6 +72,15 @@ def _fsync_directory(directory: str) -> None:
         os.close(dir_fd)
 
 
+def replace_symlink(target: str, path: str) -> None:
+    """Point the symlink ``path`` at ``target`` atomically: never a moment without the link."""
+    temporary = f"{path}.enflame-tmp"
+    if os.path.lexists(temporary):
+        os.unlink(temporary)
+    os.symlink(target, temporary)
+    os.replace(temporary, path)
+
+
 def atomic_write_text(path: str, text: str, mode: int | None = None) -> None:
     """Text flavour of :func:`atomic_write` (UTF-8)."""
     atomic_write(path, text.encode("utf-8"), mode)

@@ -57,10 +57,6 @@ def create_links(root: str, dry_run: bool = False) -> list[LinkAction]:
             action = "created"
         if not dry_run:
             os.makedirs(os.path.dirname(full), exist_ok=True)
-            temporary = f"{full}.enflame-tmp"
-            if os.path.lexists(temporary):
-                os.unlink(temporary)
-            os.symlink(target, temporary)
-            os.replace(temporary, full)  # atomic swap: never a moment without the link
+            fileio.replace_symlink(target, full)
         actions.append(LinkAction(link, target, action if not dry_run else f"would be {action}"))
     return actions

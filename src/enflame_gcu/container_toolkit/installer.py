@@ -131,11 +131,7 @@ def _link(run: InstallRun, link: str, target: str) -> None:
         run.actions.remove(previous)
     run.record({"kind": "symlink", "path": link, "target": target})
     if not run.dry_run:
-        temporary = local + ".enflame-tmp"
-        if os.path.lexists(temporary):
-            os.unlink(temporary)
-        os.symlink(target, temporary)
-        os.replace(temporary, local)
+        fileio.replace_symlink(target, local)
     run.lines.append(f"{link} -> {target} {run.verb}linked")
 
 
