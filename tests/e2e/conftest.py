@@ -90,6 +90,16 @@ class Node:
     log: str
     created: list[str] = field(default_factory=list)
 
+    def ignore_envvar_when_unprivileged(self) -> None:
+        """Rewrite the runtime config with ``accept-envvar-when-unprivileged = false``."""
+        write_runtime_config(
+            self.config,
+            runtimes=[self.tools.runc],
+            root=self.root,
+            accept_envvar_when_unprivileged=False,
+            log_file=os.path.join(self.workdir, "runtime.log"),
+        )
+
     def new_id(self) -> str:
         """A container id unique across parallel test runs."""
         cid = f"enf-e2e-{uuid.uuid4().hex[:12]}"

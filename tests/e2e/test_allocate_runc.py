@@ -6,7 +6,6 @@ The plugin's own translation function builds the response; kubelet + containerd 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from enflame_gcu.device_plugin import service
 from enflame_gcu.device_plugin import state as plugin_state
 from tests.container_toolkit.runtime.schemas import assert_valid_cdi, assert_valid_oci
 from tests.e2e import kubelet_emulation
-from tests.e2e.conftest import Node, gcu_nodes, write_runtime_config
+from tests.e2e.conftest import Node, gcu_nodes
 
 pytestmark = pytest.mark.runc
 ENV = edits.VISIBLE_DEVICES_ENV
@@ -42,13 +41,7 @@ def run_pod(
 ) -> list[str]:
     """Start a container built from the response; return the GCU nodes it sees."""
     if strict:  # the SPEC §6.7 mode: only the plugin's volume-mount/CDI requests count
-        write_runtime_config(
-            node.config,
-            runtimes=[node.tools.runc],
-            root=node.root,
-            accept_envvar_when_unprivileged=False,
-            log_file=os.path.join(node.workdir, "runtime.log"),
-        )
+        node.ignore_envvar_when_unprivileged()
     specs = [named.spec for named in cdi.build_specs(devices.discover(node.root))]
     for spec in specs:
         assert_valid_cdi(spec)

@@ -12,7 +12,7 @@ import pytest
 from enflame_gcu import edits
 from enflame_gcu.container_toolkit import runtime_config
 from tests.container_toolkit.runtime.schemas import assert_valid_oci
-from tests.e2e.conftest import Node, gcu_nodes, write_runtime_config
+from tests.e2e.conftest import Node, gcu_nodes
 
 pytestmark = pytest.mark.runc
 ENV = edits.VISIBLE_DEVICES_ENV
@@ -112,13 +112,7 @@ def test_cdi_annotation_request(node: Node) -> None:
 
 
 def test_unprivileged_env_ignored_when_option_false(node: Node) -> None:
-    write_runtime_config(
-        node.config,
-        runtimes=[node.tools.runc],
-        root=node.root,
-        accept_envvar_when_unprivileged=False,
-        log_file=os.path.join(node.workdir, "runtime.log"),
-    )
+    node.ignore_envvar_when_unprivileged()
     unprivileged = node.bundle(["ls", "/dev"], env=[f"{ENV}=all"])
     result = node.run(unprivileged)
     assert result.returncode == 0, result.stderr

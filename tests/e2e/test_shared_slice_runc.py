@@ -8,7 +8,6 @@ GetPreferredAllocation and Allocate answers go through the emulated kubelet + co
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import tempfile
 from typing import Any
@@ -22,7 +21,7 @@ from enflame_gcu.container_toolkit import cdi
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import runner
 from tests.e2e import kubelet_emulation
-from tests.e2e.conftest import Node, gcu_nodes, write_runtime_config
+from tests.e2e.conftest import Node, gcu_nodes
 
 pytestmark = pytest.mark.runc
 
@@ -69,13 +68,7 @@ def shared_allocation(root: str, strategies: tuple[str, ...], size: int) -> tupl
 def run_container(node: Node, response: Any, strict: bool = False) -> tuple[list[str], str]:
     """Start a container from the response; return the GCU nodes it sees and its ENFLAME env."""
     if strict:  # only the plugin's mounts count; the image's ENFLAME_VISIBLE_DEVICES=all not
-        write_runtime_config(
-            node.config,
-            runtimes=[node.tools.runc],
-            root=node.root,
-            accept_envvar_when_unprivileged=False,
-            log_file=os.path.join(node.workdir, "runtime.log"),
-        )
+        node.ignore_envvar_when_unprivileged()
     specs = [named.spec for named in cdi.build_specs(devices.discover(node.root))]
 
     def edit(spec: dict[str, Any]) -> None:

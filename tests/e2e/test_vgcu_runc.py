@@ -17,7 +17,7 @@ from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import runner, service
 from tests.conftest import MakeNode
 from tests.e2e import kubelet_emulation
-from tests.e2e.conftest import Node, gcu_nodes, write_runtime_config
+from tests.e2e.conftest import Node, gcu_nodes
 
 pytestmark = pytest.mark.runc
 
@@ -45,12 +45,7 @@ def test_container_sees_exactly_its_vgcus(node: Node, strategy: str) -> None:
     assert ids == ["vgcu1", "vgcu2"]  # the same card
     strict = strategy != "envvar"
     if strict:  # only the plugin's mounts/CDI names count, not the image's env
-        write_runtime_config(
-            node.config,
-            runtimes=[node.tools.runc],
-            root=node.root,
-            accept_envvar_when_unprivileged=False,
-        )
+        node.ignore_envvar_when_unprivileged()
     specs = [named.spec for named in cdi.build_specs(devices.discover(node.root))]
     assert [spec["kind"] for spec in specs] == ["enflame.com/gcu", "enflame.com/vgcu"]
 
