@@ -1,41 +1,57 @@
-"""Regenerate the committed v1beta1 stubs from api.proto with the pinned grpcio-tools."""
+"""Regenerate the committed gRPC stubs from the ``*.proto`` files here with the pinned grpcio-tools.
+
+protoc runs with the ``src`` directory as its include root, so every file is registered under a
+distinct name (``enflame_gcu/_proto/<file>.proto``: the kubelet's own protos are all called
+``api.proto``, and one descriptor pool refuses two files of one name) and the generated gRPC
+modules import their message modules by absolute package path, with no rewriting afterwards.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import tempfile
 
-PROTO = "api.proto"
 HERE = os.path.dirname(os.path.abspath(__file__))
-GENERATED = ("api_pb2.py", "api_pb2_grpc.py")
+PACKAGE_PATH = ("enflame_gcu", "_proto")
+# Device plugin v1beta1 (SPEC §3), then the DRA driver's protocols (DRA.md §1-3).
+PROTOS = (
+    "api.proto",
+    "pluginregistration_v1.proto",
+    "dra_v1.proto",
+    "dra_v1beta1.proto",
+    "drahealth_v1.proto",
+    "drahealth_v1alpha1.proto",
+)
+
+
+def generated_names(proto: str) -> tuple[str, str]:
+    """The message and gRPC module file names protoc writes for one proto file."""
+    stem = proto.removesuffix(".proto")
+    return f"{stem}_pb2.py", f"{stem}_pb2_grpc.py"
 
 
 def generate(out_dir: str, proto_dir: str = HERE) -> list[str]:
-    """Run protoc on api.proto into ``out_dir``; return the paths of the generated files."""
+    """Run protoc on every proto into ``out_dir``; return the paths of the generated files."""
     from grpc_tools import protoc  # type: ignore[import-untyped]  # noqa: PLC0415 (dev-only)
 
     include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
+    # The include root is the directory that holds the enflame_gcu package.
+    src_root = os.path.dirname(os.path.dirname(proto_dir))
+    relative = [os.path.join(*PACKAGE_PATH, proto) for proto in PROTOS]
     args = [
         "grpc_tools.protoc",
-        f"-I{proto_dir}",
+        f"-I{src_root}",
         f"-I{include}",
         f"--python_out={out_dir}",
         f"--grpc_python_out={out_dir}",
-        os.path.join(proto_dir, PROTO),
+        *(os.path.join(src_root, path) for path in relative),
     ]
     if protoc.main(args) != 0:
-        raise RuntimeError(f"protoc failed on {os.path.join(proto_dir, PROTO)}")
-    grpc_stub = os.path.join(out_dir, "api_pb2_grpc.py")
-    with open(grpc_stub, encoding="utf-8") as handle:
-        text = handle.read()
-    # protoc writes a top-level import; inside a package it must be relative to resolve.
-    text = re.sub(r"^import api_pb2 as", "from . import api_pb2 as", text, flags=re.MULTILINE)
-    with open(grpc_stub, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    return [os.path.join(out_dir, name) for name in GENERATED]
+        raise RuntimeError(f"protoc failed on {', '.join(PROTOS)} in {proto_dir}")
+    target = os.path.join(out_dir, *PACKAGE_PATH)
+    return [os.path.join(target, name) for proto in PROTOS for name in generated_names(proto)]
 
 
 def main(argv: list[str] | None = None) -> int:
