@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from typing import Any
+
+import grpc
 
 from enflame_gcu.device_plugin import config, kubelet, runner
 from enflame_gcu.testing import plugin_process
@@ -41,4 +44,47 @@ def test_two_resources_register_on_their_own_sockets_and_stop_cleanly() -> None:
     try:
         asyncio.run(main())
     finally:
+        shutil.rmtree(work)
+
+
+def test_socket_deleted_between_bind_and_registration_is_served_again() -> None:
+    """The race behind a rare failure: the socket file exists as soon as the server binds, so a
+    deletion can land before the server has noted which file is its own."""
+    work, root, plugins = plugin_process.make_node("flat-4card")
+    cfg = config.PluginConfig(plugin_dir=plugins, host_root=root)
+    real_server = grpc.aio.server
+    losses = []
+
+    def server_losing_its_first_socket(*args: Any, **kwargs: Any) -> Any:
+        server = real_server(*args, **kwargs)
+        real_start = server.start
+
+        async def start() -> None:
+            await real_start()
+            if not losses:  # only the first server: someone deletes the file right after bind
+                losses.append(cfg.socket_path)
+                os.unlink(cfg.socket_path)
+
+        server.start = start
+        return server
+
+    async def main() -> None:
+        signals = kubelet.Signals()
+        resource = runner.NodeResources(cfg)
+        server = kubelet.ResourceServer(cfg, resource.state)
+        task = asyncio.ensure_future(server.serve_until_signal(signals))
+        try:
+            async with KubeletStub(plugins) as stub:
+                await stub.wait_for(lambda k: k.capacity() == 4, 10, "registration")
+        finally:
+            signals.stop.set()
+            assert await task == "stop"
+        assert losses == [cfg.socket_path]
+
+    original = grpc.aio.server
+    grpc.aio.server = server_losing_its_first_socket
+    try:
+        asyncio.run(main())
+    finally:
+        grpc.aio.server = original
         shutil.rmtree(work)

@@ -99,8 +99,14 @@ class ResourceServer:
         server.add_insecure_port(f"unix://{path}")
         await server.start()
         self._server = server
+        # The file exists from bind() on, so it can be deleted before we note it here: then
+        # this is None and _lost() says so (it never compares None with a vanished file).
         self._socket = identity(path)
         log.debug("serving %s on %s", self.resource_name, path)
+
+    def _lost(self) -> bool:
+        """True when the file at our socket path is not the one our server bound."""
+        return self._socket is None or identity(self.socket_path) != self._socket
 
     async def stop(self) -> None:
         """End the streams, stop the server, remove our socket (only if it is still ours)."""
@@ -127,7 +133,7 @@ class ResourceServer:
         """Register, retrying until the kubelet answers; False on a signal or a lost socket."""
         delay, warned = 0.05, False
         while signals.pending() is None:
-            if identity(self.socket_path) != self._socket:
+            if self._lost():
                 log.info("our socket vanished before registration; serving again")
                 return False
             kubelet = identity(self.kubelet_socket)
@@ -158,7 +164,7 @@ class ResourceServer:
 
     def restart_reason(self) -> str | None:
         """Why we must serve and register again, or None."""
-        if identity(self.socket_path) != self._socket:
+        if self._lost():
             return f"our socket {self.socket_path} was deleted or replaced"
         kubelet = identity(self.kubelet_socket)
         if kubelet is not None and kubelet != self._kubelet:
