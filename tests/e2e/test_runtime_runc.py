@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
-from typing import IO
+from typing import IO, Any
 
 import pytest
 
@@ -157,3 +158,84 @@ def launch_create(
     return subprocess.run(
         [node.wrapper, *args], stdout=out, stderr=out, env=env, check=False, timeout=30
     )
+
+
+# --- strict mode: only what the device plugin sends counts (issue 10) ----------------------
+
+PLUGIN_MOUNT_OPTIONS = ["rbind", "rprivate", "ro"]  # what containerd writes for Allocate's mount
+
+
+def device_mount(name: str, source: str = "/dev/null", **fields: Any) -> dict[str, Any]:
+    mount: dict[str, Any] = {
+        "destination": f"{edits.VOLUME_MOUNT_DIR}/{name}",
+        "type": "bind",
+        "source": source,
+        "options": PLUGIN_MOUNT_OPTIONS,
+    }
+    mount.update(fields)
+    return mount
+
+
+def runtime_log(node: Node) -> str:
+    with open(os.path.join(node.workdir, "runtime.log"), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def forged_mounts(workdir: str) -> dict[str, dict[str, Any]]:
+    """Mounts a pod author can write that are not the plugin's /dev/null bind."""
+    directory = os.path.join(workdir, "emptydir")
+    os.makedirs(directory, exist_ok=True)
+    fake_null = os.path.join(workdir, "null")  # a real char device 1:3, but not /dev/null
+    if not os.path.exists(fake_null):
+        os.mknod(fake_null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    os.symlink("/dev/null", os.path.join(workdir, "null-link"))
+    return {
+        "emptyDir": device_mount("all", directory),
+        "hostPath dir": device_mount("all", "/etc"),
+        "tmpfs": device_mount("all", "tmpfs", type="tmpfs", options=["nosuid", "nodev"]),
+        "char 1:3 elsewhere": device_mount("all", fake_null),
+        "symlink to /dev/null": device_mount("all", os.path.join(workdir, "null-link")),
+        "/dev/../dev/null": device_mount("all", "/dev/../dev/null"),
+        "/dev/null read-write": device_mount("all", options=["rbind", "rprivate", "rw"]),
+        "/dev/null without ro": device_mount("all", options=["rbind"]),
+    }
+
+
+FORGED = [
+    "emptyDir",
+    "hostPath dir",
+    "tmpfs",
+    "char 1:3 elsewhere",
+    "symlink to /dev/null",
+    "/dev/../dev/null",
+    "/dev/null read-write",
+    "/dev/null without ro",
+]
+
+
+@pytest.mark.parametrize("kind", FORGED)
+def test_strict_mode_ignores_a_device_mount_that_is_not_the_plugins(node: Node, kind: str) -> None:
+    node.ignore_envvar_when_unprivileged()
+    mount = forged_mounts(node.workdir)[kind]
+    bundle = node.bundle(["ls", "/dev"], env=[f"{ENV}=all"], mounts=[mount])
+    before = spec_bytes(bundle)
+    cid = node.new_id()
+    result = node.wrapped("run", "--bundle", bundle, cid)
+    assert result.returncode == 0, result.stderr
+    assert gcu_nodes(result.stdout) == []
+    assert b"null" in result.stdout  # the container did run and list /dev
+    assert spec_bytes(bundle) == before
+    warnings = [line for line in runtime_log(node).splitlines() if "WARNING" in line]
+    ignored = [line for line in warnings if f"{edits.VOLUME_MOUNT_DIR}/all" in line]
+    assert len(ignored) == 1, warnings
+    assert cid in ignored[0]
+
+
+def test_strict_mode_grants_the_plugins_mount_only(node: Node) -> None:
+    node.ignore_envvar_when_unprivileged()
+    genuine = device_mount("gcu2")
+    forged = forged_mounts(node.workdir)["emptyDir"]
+    bundle = node.bundle(LS_GCU, env=[f"{ENV}={edits.VOLUME_MOUNT_DIR}"], mounts=[genuine, forged])
+    result = node.run(bundle)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode().split() == ["/dev/gcu2", "/dev/gcuctl"]

@@ -106,7 +106,7 @@ def _from_discovery(
     return names
 
 
-def edit_bundle(bundle: str, config: RuntimeConfig, log: Log) -> str:
+def edit_bundle(bundle: str, config: RuntimeConfig, log: Log, container: str = "(no id)") -> str:
     """Give the container in ``bundle`` the GCUs its spec asks for; return what was done.
 
     Raises StepError; the spec file is only replaced (atomically) after every step succeeded.
@@ -119,7 +119,7 @@ def edit_bundle(bundle: str, config: RuntimeConfig, log: Log) -> str:
         lambda: device_request.from_spec(spec.data, config.accept_envvar_when_unprivileged),
     )
     for ignored in request.ignored:
-        log.warning("ignoring %s", ignored)
+        log.warning("container %s: ignoring %s", container, ignored)
     if not request.wants_edits:
         return "no GCU requested; spec left untouched"
     names = _from_prepared(spec, request, config, log)
@@ -138,7 +138,7 @@ def prepare(invocation: runtime.Invocation, config: RuntimeConfig) -> bool:
     bundle = invocation.bundle or "."
     container = invocation.container_id or "(no id)"
     try:
-        outcome = edit_bundle(bundle, config, log)
+        outcome = edit_bundle(bundle, config, log, container)
     except StepError as exc:
         message = (
             f"{invocation.command} {container} aborted while {exc} "

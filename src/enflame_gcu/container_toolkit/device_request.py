@@ -29,6 +29,8 @@ CDI_VENDOR = naming.CDI_VENDOR
 visible_value = naming.visible_value
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
+# The only source a device-list volume mount may have (what the device plugin sends).
+NULL_DEVICE = "/dev/null"
 _CDI_KINDS = {f"{CDI_VENDOR}/gcu": "gcu", f"{CDI_VENDOR}/vgcu": "vgcu"}
 _HEX = frozenset("0123456789abcdef")
 SYNTAX_HELP = (
@@ -165,6 +167,10 @@ def from_spec(spec: Mapping[str, Any], accept_envvar_when_unprivileged: bool) ->
         if destination.startswith(VOLUME_MOUNT_DIR + "/"):
             name = destination[len(VOLUME_MOUNT_DIR) + 1 :]
             where = f"volume mount {destination}"
+            problem = _not_the_plugins_mount(mount)
+            if problem:
+                ignored.append(f"{where} ({problem}; only the device plugin's mount counts)")
+                continue
             sources.append(Source(where, (normalise_token(name, where),)))
     for key, text in sorted(spec.get("annotations", {}).items()):
         if key.startswith(CDI_ANNOTATION_PREFIX):
@@ -172,6 +178,32 @@ def from_spec(spec: Mapping[str, Any], accept_envvar_when_unprivileged: bool) ->
             if tokens:
                 sources.append(Source(f"annotation {key}={text!r}", tokens))
     return DeviceRequest(tuple(sources), none_requested, tuple(ignored))
+
+
+def _not_the_plugins_mount(mount: Mapping[str, Any]) -> str | None:
+    """Why a mount at the device-list dir is not the plugin's read-only /dev/null bind, or None.
+
+    The source is compared as a string, exactly: the device plugin (through the kubelet and
+    the engine) always writes ``/dev/null``, and runc binds exactly the path written, so any
+    other spelling (a symlink, ``/dev/../dev/null``, another 1:3 node) is something the plugin
+    never sends. A stat would add nothing: a pod cannot change the host's ``/dev/null``.
+    """
+    source = mount.get("source")
+    if source != NULL_DEVICE:
+        return f"its source is {source!r}, not {NULL_DEVICE}"
+    options = mount.get("options") or []
+    if not isinstance(options, list) or not all(isinstance(item, str) for item in options):
+        return "its options are not a list of strings"
+    kind = mount.get("type")
+    # runc binds for type "bind", or for no/"none" type with a bind option (older engines).
+    is_bind = kind == "bind" or (
+        kind in (None, "none") and ("bind" in options or "rbind" in options)
+    )
+    if not is_bind:
+        return f"it is a {kind!r} mount, not a bind"
+    if "ro" not in options or "rw" in options:
+        return "it is not read-only"
+    return None
 
 
 def _cdi_tokens(text: str, where: str) -> tuple[str, ...]:

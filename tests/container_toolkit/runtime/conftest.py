@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from enflame_gcu import naming
 from enflame_gcu.container_toolkit import runtime_config
 
 # A complete, schema-valid spec in the shape `runc spec` writes, with an unknown extra field.
@@ -40,6 +41,20 @@ BASE_SPEC: dict[str, Any] = {
 }
 
 MakeBundle = Callable[..., str]
+# The OCI mount containerd writes for the device plugin's read-only /dev/null bind.
+PLUGIN_MOUNT_OPTIONS = ("rbind", "rprivate", "ro")
+
+
+def plugin_mount(name: str) -> dict[str, Any]:
+    """A device-list volume mount exactly as the device plugin's Allocate makes it reach a spec."""
+    return {
+        "destination": f"{naming.VOLUME_MOUNT_DIR}/{name}",
+        "type": "bind",
+        "source": "/dev/null",
+        "options": list(PLUGIN_MOUNT_OPTIONS),
+    }
+
+
 WriteConfig = Callable[..., str]
 
 

@@ -145,7 +145,12 @@ def test_volume_mount_request_rewrites_the_env_to_the_cards(
     config = runtime_config.RuntimeConfig(root=vendor_node, accept_envvar_when_unprivileged=False)
     listed = edits.device_list(["gcu4", "gcu5"], ["volume-mounts"])
     mounts = [
-        {"destination": m.container_path, "type": "bind", "source": m.host_path}
+        {
+            "destination": m.container_path,
+            "type": "bind",
+            "source": m.host_path,
+            "options": ["rbind", "ro" if m.read_only else "rw"],
+        }
         for m in listed.edits.mounts
     ]
     bundle = make_bundle(env=[f"{k}={v}" for k, v in listed.edits.env], mounts=mounts)

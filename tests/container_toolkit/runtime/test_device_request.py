@@ -7,7 +7,7 @@ import pytest
 from enflame_gcu import devices, edits
 from enflame_gcu.container_toolkit import device_request
 from enflame_gcu.errors import InvalidRequestError
-from tests.container_toolkit.runtime.conftest import make_spec
+from tests.container_toolkit.runtime.conftest import make_spec, plugin_mount
 
 ENV = edits.VISIBLE_DEVICES_ENV
 
@@ -75,8 +75,8 @@ def test_volume_mounts_and_annotations_are_requests() -> None:
     spec = make_spec(
         env=[f"{ENV}={edits.VOLUME_MOUNT_DIR}"],
         mounts=[
-            {"destination": f"{edits.VOLUME_MOUNT_DIR}/gcu2", "source": "/dev/null"},
-            {"destination": f"{edits.VOLUME_MOUNT_DIR}/3", "source": "/dev/null"},
+            plugin_mount("gcu2"),
+            plugin_mount("3"),
         ],
         annotations={
             edits.CDI_ANNOTATION_KEY: "enflame.com/gcu=4,nvidia.com/gpu=0",
@@ -111,7 +111,7 @@ def test_env_counts_for_privileged_when_not_accepted() -> None:
 def test_volume_mounts_count_when_env_is_not_accepted() -> None:
     spec = make_spec(
         env=[f"{ENV}=all"],
-        mounts=[{"destination": f"{edits.VOLUME_MOUNT_DIR}/gcu1", "source": "/dev/null"}],
+        mounts=[plugin_mount("gcu1")],
     )
     request = device_request.from_spec(spec, accept_envvar_when_unprivileged=False)
     assert [s.tokens for s in request.sources] == [("gcu1",)]
@@ -145,3 +145,53 @@ def test_all_on_a_node_without_cards_is_an_error(tmp_path: object) -> None:
     request = device_request.from_spec(make_spec(env=[f"{ENV}=all"]), True)
     with pytest.raises(InvalidRequestError, match="asks for all cards but none is usable"):
         device_request.resolve(request, devices.discover(str(tmp_path)))
+
+
+def _with(**fields: object) -> dict[str, object]:
+    mount = plugin_mount("all")
+    mount.update(fields)
+    return mount
+
+
+NOT_THE_PLUGINS_MOUNT = {
+    "emptyDir": (_with(source="/var/lib/kubelet/pods/x/volumes/empty-dir/v"), "its source is"),
+    "hostPath dir": (_with(source="/etc"), "its source is '/etc'"),
+    "tmpfs": (_with(type="tmpfs", source="tmpfs", options=["nosuid"]), "its source is"),
+    "alias of /dev/null": (_with(source="/dev/../dev/null"), "its source is"),
+    "no source": ({"destination": f"{edits.VOLUME_MOUNT_DIR}/all"}, "its source is None"),
+    "read-write": (_with(options=["rbind", "rw"]), "not read-only"),
+    "ro then rw": (_with(options=["ro", "rbind", "rw"]), "not read-only"),
+    "no options": (_with(options=None), "not read-only"),
+    "not a bind": (_with(type="devtmpfs"), "not a bind"),
+    "no type, no bind option": (_with(type=None, options=["ro"]), "not a bind"),
+    "options not strings": (_with(options=[{"ro": True}]), "not a list of strings"),
+}
+
+
+@pytest.mark.parametrize(
+    ("mount", "reason"), list(NOT_THE_PLUGINS_MOUNT.values()), ids=list(NOT_THE_PLUGINS_MOUNT)
+)
+@pytest.mark.parametrize("accept_env", [True, False], ids=["lenient", "strict"])
+def test_a_device_mount_counts_only_in_the_plugins_shape(
+    mount: dict[str, object], reason: str, accept_env: bool
+) -> None:
+    request = device_request.from_spec(make_spec(mounts=[mount]), accept_env)
+    assert not request.wants_edits
+    [ignored] = request.ignored
+    assert ignored.startswith(f"volume mount {edits.VOLUME_MOUNT_DIR}/all (")
+    assert reason in ignored
+
+
+@pytest.mark.parametrize(
+    "mount",
+    [
+        plugin_mount("gcu1"),
+        _with(destination=f"{edits.VOLUME_MOUNT_DIR}/gcu1", options=["ro", "rbind", "rprivate"]),
+        _with(destination=f"{edits.VOLUME_MOUNT_DIR}/gcu1", type="none", options=["bind", "ro"]),
+        _with(destination=f"{edits.VOLUME_MOUNT_DIR}/gcu1", type=None, options=["rbind", "ro"]),
+    ],
+    ids=["containerd", "cri-o", "type none", "no type"],
+)
+def test_the_plugins_mount_counts_as_engines_write_it(mount: dict[str, object]) -> None:
+    request = device_request.from_spec(make_spec(mounts=[mount]), False)
+    assert [source.tokens for source in request.sources] == [("gcu1",)]

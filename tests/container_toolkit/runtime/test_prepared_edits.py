@@ -19,7 +19,7 @@ from enflame_gcu.container_toolkit import (
     runtime_config,
 )
 from tests.conftest import MakeNode
-from tests.container_toolkit.runtime.conftest import MakeBundle
+from tests.container_toolkit.runtime.conftest import MakeBundle, plugin_mount
 
 ENV = edits.VISIBLE_DEVICES_ENV
 MOUNT_DIR = edits.VOLUME_MOUNT_DIR
@@ -97,10 +97,7 @@ VENDOR_REQUESTS: dict[str, dict[str, Any]] = {
     "later env wins": {"env": [f"{ENV}=all", f"{ENV}=6"]},
     "volume mounts": {
         "env": [f"{ENV}={MOUNT_DIR}"],
-        "mounts": [
-            {"destination": f"{MOUNT_DIR}/gcu{n}", "type": "bind", "source": "/dev/null"}
-            for n in (4, 2)
-        ],
+        "mounts": [plugin_mount(f"gcu{n}") for n in (4, 2)],
     },
     "annotations": {"annotations": {ANNOTATION: "enflame.com/gcu=1,enflame.com/gcu=7"}},
     "annotation all": {"annotations": {"cdi.k8s.io/x": "vendor.com/x=1,enflame.com/gcu=all"}},
@@ -114,7 +111,7 @@ VGCU_REQUESTS: dict[str, dict[str, Any]] = {
     "all cards": {"env": [f"{ENV}=all"]},
     "vgcu volume mount": {
         "env": [f"{ENV}={MOUNT_DIR}"],
-        "mounts": [{"destination": f"{MOUNT_DIR}/vgcu4", "type": "bind", "source": "/dev/null"}],
+        "mounts": [plugin_mount("vgcu4")],
     },
 }
 UNTOUCHED: dict[str, dict[str, Any]] = {

@@ -9,7 +9,7 @@ import pytest
 
 from enflame_gcu import edits
 from enflame_gcu.container_toolkit import device_request, oci, runtime, runtime_log
-from tests.container_toolkit.runtime.conftest import MakeBundle
+from tests.container_toolkit.runtime.conftest import MakeBundle, plugin_mount
 
 
 def test_lines_at_or_above_the_level_are_appended(tmp_path: os.PathLike[str]) -> None:
@@ -45,7 +45,7 @@ def test_every_request_the_grammar_accepts_carries_a_marker(make_bundle: MakeBun
     # The fast path is only safe if no request can be written without a marker.
     for kwargs in (
         {"env": [f"{edits.VISIBLE_DEVICES_ENV}=all"]},
-        {"mounts": [{"destination": f"{edits.VOLUME_MOUNT_DIR}/1", "source": "/dev/null"}]},
+        {"mounts": [plugin_mount("1")]},
         {"annotations": {"cdi.k8s.io/x": "enflame.com/gcu=1"}},
     ):
         bundle = make_bundle(**kwargs)
