@@ -216,6 +216,8 @@ class DeviceListEdits:
 def device_list(names: Sequence[str], strategies: Sequence[str]) -> DeviceListEdits:
     """Encode a device list for the runtime with each chosen strategy (they combine).
 
+    Every encoding lists the devices in index order (:func:`naming.index_order`).
+
     - ``envvar``: ``ENFLAME_VISIBLE_DEVICES=0,1``.
     - ``volume-mounts``: ``/dev/null`` mounted at ``VOLUME_MOUNT_DIR/<name>``; the env var is
       set to ``VOLUME_MOUNT_DIR`` (unless envvar is also chosen) so an image's own
@@ -233,7 +235,9 @@ def device_list(names: Sequence[str], strategies: Sequence[str]) -> DeviceListEd
     mounts: list[MountEdit] = []
     notes: dict[str, str] = {}
     cdi: tuple[str, ...] = ()
-    qualified = [cdi_device_name(name) for name in dict.fromkeys(names)]
+    # Index order everywhere (the kubelet's order is arbitrary): logical card 0 is the lowest.
+    names = naming.index_order(names)
+    qualified = [cdi_device_name(name) for name in names]
     if "volume-mounts" in strategies:
         env[VISIBLE_DEVICES_ENV] = VOLUME_MOUNT_DIR
         mounts = [MountEdit("/dev/null", f"{VOLUME_MOUNT_DIR}/{name}") for name in names]

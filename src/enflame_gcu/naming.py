@@ -18,15 +18,61 @@ CDI_ANNOTATION_KEY = "cdi.k8s.io/enflame-gcu"
 PROCESSED_ANNOTATION = "com.enflame.gcu.processed"
 
 
+# Linux device minors have 20 bits (MINORBITS); no card index is larger.
+MAX_INDEX = (1 << 20) - 1
+_ASCII_DIGITS = frozenset("0123456789")
+# Leading zeros are accepted ("007"), within reason: no index is spelled in more characters.
+_MAX_INDEX_LENGTH = 10
+
+
+def index(text: str) -> int | None:
+    """The index (card minor) that ``text`` spells, or None when it is not an index.
+
+    Only ASCII digits are digits here: ``str.isdigit`` and ``int`` also take ``²`` or ``٣``
+    (other scripts), which no device plugin writes and which must not name a card. Values beyond the
+    largest minor, or longer than 10 characters, are not indexes either (``int`` would even
+    raise on digit strings past 4300 characters).
+    """
+    if not text or len(text) > _MAX_INDEX_LENGTH or not _ASCII_DIGITS.issuperset(text):
+        return None
+    value = int(text)
+    return value if value <= MAX_INDEX else None
+
+
+def device_index(name: str) -> tuple[str, int] | None:
+    """``gcu3`` -> ``("gcu", 3)``, ``vgcu12`` -> ``("vgcu", 12)``; None for any other name."""
+    for kind in ("vgcu", "gcu"):
+        if name.startswith(kind):
+            number = index(name[len(kind) :])
+            return None if number is None else (kind, number)
+    return None
+
+
+def _order(name: str) -> tuple[int, int, str]:
+    parsed = device_index(name)
+    if parsed is None:
+        return (2, 0, name)
+    return (0 if parsed[0] == "gcu" else 1, parsed[1], name)
+
+
+def index_order(names: Sequence[str]) -> list[str]:
+    """Device names without repeats, cards by index, then vGCUs by index (then anything else).
+
+    The kubelet lists allocated IDs in no particular order (a real one gave ``1,0``); sorting
+    makes logical card 0 in a container the lowest physical card, whatever the request order.
+    """
+    return sorted(dict.fromkeys(names), key=_order)
+
+
 def visible_value(names: Sequence[str]) -> str:
     """``ENFLAME_VISIBLE_DEVICES`` value for device names: minors of cards, names otherwise.
 
-    ``["gcu0", "gcu1"]`` -> ``"0,1"``; vGCUs keep their name (``vgcu3``) so the grammar stays
-    unambiguous; repeats collapse; no names -> ``"none"``.
+    ``["gcu1", "gcu0"]`` -> ``"0,1"`` (index order, see :func:`index_order`); vGCUs keep their
+    name (``vgcu3``) so the grammar stays unambiguous; repeats collapse; no names -> ``"none"``.
     """
     if not names:
         return "none"
-    return ",".join(name[3:] if name.startswith("gcu") else name for name in dict.fromkeys(names))
+    return ",".join(name[3:] if name.startswith("gcu") else name for name in index_order(names))
 
 
 def cdi_device_name(name: str) -> str:

@@ -239,3 +239,46 @@ def test_strict_mode_grants_the_plugins_mount_only(node: Node) -> None:
     result = node.run(bundle)
     assert result.returncode == 0, result.stderr
     assert result.stdout.decode().split() == ["/dev/gcu2", "/dev/gcuctl"]
+
+
+@pytest.mark.parametrize(
+    "strategies",
+    [("envvar",), ("volume-mounts",), ("cdi-annotations",), ("volume-mounts", "cdi-cri")],
+    ids="+".join,
+)
+def test_cards_are_listed_in_index_order_whatever_the_kubelets_order(
+    node: Node, strategies: tuple[str, ...]
+) -> None:
+    # A real kubelet asked Allocate for "1,0": logical card 0 must still be /dev/gcu0.
+    from enflame_gcu import devices
+    from enflame_gcu.container_toolkit import cdi
+    from enflame_gcu.device_plugin import config as plugin_config
+    from enflame_gcu.device_plugin import service
+    from enflame_gcu.device_plugin import state as plugin_state
+    from tests.e2e import kubelet_emulation
+
+    if "envvar" not in strategies:
+        node.ignore_envvar_when_unprivileged()
+    snapshot = plugin_state.snapshot_for(devices.discover(node.root), "topology")
+    config = plugin_config.PluginConfig(host_root=node.root, device_list_strategy=strategies)
+    response = service.container_response(snapshot, ["gcu5", "gcu1", "gcu0"], config)
+    assert [device.name for device in response.cdi_devices] in (
+        [],
+        [f"{edits.CDI_VENDOR}/gcu={n}" for n in (0, 1, 5)],
+    )
+    specs = [named.spec for named in cdi.build_specs(devices.discover(node.root))]
+    bundle = node.bundle(
+        ["sh", "-c", f"echo ${ENV}; ls /dev/gcu*"],
+        edit=lambda spec: kubelet_emulation.apply_response(spec, response, node.root, specs),
+    )
+    result = node.run(bundle)
+    assert result.returncode == 0, result.stderr
+    visible, *nodes = result.stdout.decode().split()
+    assert visible == "0,1,5"
+    assert nodes == ["/dev/gcu0", "/dev/gcu1", "/dev/gcu5", "/dev/gcuctl"]
+
+
+def test_env_request_in_any_order_is_listed_in_index_order(node: Node) -> None:
+    result = node.run(node.bundle(["sh", "-c", f"echo ${ENV}"], env=[f"{ENV}=7,gcu2,0"]))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode().split() == ["0,2,7"]

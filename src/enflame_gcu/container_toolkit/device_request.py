@@ -33,6 +33,9 @@ CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 NULL_DEVICE = "/dev/null"
 _CDI_KINDS = {f"{CDI_VENDOR}/gcu": "gcu", f"{CDI_VENDOR}/vgcu": "vgcu"}
 _HEX = frozenset("0123456789abcdef")
+# Whitespace the grammar ignores around items: ASCII only (str.strip() would also drop
+# Unicode separators such as U+001C or U+00A0).
+ASCII_SPACE = " \t\r\n\v\f"
 SYNTAX_HELP = (
     "use void, none, all, or a comma list of card minors (0,1), device names (gcu0, vgcu3) "
     "or PCI bus ids (0000:11:00.0)"
@@ -90,37 +93,52 @@ def _is_bus_id(token: str) -> bool:
         return False
     bus_dev, function = parts[2].split(".", 1)
     fields = (parts[0], 4), (parts[1], 2), (bus_dev, 2)
-    return (
-        all(len(text) == size and set(text) <= _HEX for text, size in fields) and function.isdigit()
+    return all(len(text) == size and set(text) <= _HEX for text, size in fields) and (
+        len(function) == 1 and function in "01234567"
     )
 
 
 def normalise_token(token: str, where: str) -> str:
-    """Check one list item; return it canonical (``all``, ``gcuN``, ``vgcuN``, bus id)."""
-    item = token.strip().lower()
-    if item == "all":
-        return "all"
-    if item.isdigit():
-        return f"gcu{int(item)}"
-    for prefix in ("vgcu", "gcu"):
-        if item.startswith(prefix) and item[len(prefix) :].isdigit():
-            return f"{prefix}{int(item[len(prefix) :])}"
-    if _is_bus_id(item):
-        return item if item.count(":") == 2 else f"0000:{item}"
-    raise InvalidRequestError(f"{where}: {token.strip()!r} is not a device id; {SYNTAX_HELP}")
+    """Check one list item; return it canonical (``all``, ``gcuN``, ``vgcuN``, bus id).
+
+    The grammar is ASCII: only ``0``-``9`` are digits (``²`` or ``٣`` are not an index).
+    """
+    item = token.strip(ASCII_SPACE).lower()
+    if item.isascii():
+        if item == "all":
+            return "all"
+        number = naming.index(item)
+        if number is not None:
+            return f"gcu{number}"
+        parsed = naming.device_index(item)
+        if parsed is not None:
+            return f"{parsed[0]}{parsed[1]}"
+        if _is_bus_id(item):
+            return item if item.count(":") == 2 else f"0000:{item}"
+    raise InvalidRequestError(
+        f"{where}: {token.strip(ASCII_SPACE)!r} is not a device id; {SYNTAX_HELP}"
+    )
+
+
+def classify_visible_devices(value: str) -> str:
+    """The kind of an env value without checking its ids: void, none, mounts or list."""
+    text = value.strip(ASCII_SPACE)
+    keyword = text.lower()
+    if keyword in ("", "void"):
+        return "void"
+    if keyword == "none":
+        return "none"
+    if text.rstrip("/") == VOLUME_MOUNT_DIR:
+        return "mounts"
+    return "list"
 
 
 def parse_visible_devices(value: str, where: str) -> tuple[str, tuple[str, ...]]:
     """Classify an env value: ("void"|"none"|"mounts"|"list", canonical tokens)."""
-    text = value.strip()
-    keyword = text.lower()
-    if keyword in ("", "void"):
-        return "void", ()
-    if keyword == "none":
-        return "none", ()
-    if text.rstrip("/") == VOLUME_MOUNT_DIR:
-        return "mounts", ()
-    items = [item for item in text.split(",") if item.strip()]
+    kind = classify_visible_devices(value)
+    if kind != "list":
+        return kind, ()
+    items = [item for item in value.split(",") if item.strip(ASCII_SPACE)]
     tokens = tuple(normalise_token(item, where) for item in items)
     if "all" in tokens and len(tokens) > 1:
         raise InvalidRequestError(f"{where}: 'all' cannot be combined with other ids")
@@ -140,7 +158,10 @@ def _env_value(env: Sequence[str]) -> str | None:
 def is_privileged(spec: Mapping[str, Any]) -> bool:
     """True when the container keeps CAP_SYS_ADMIN in its bounding set."""
     caps = spec.get("process", {}).get("capabilities", {}) or {}
-    return CAP_SYS_ADMIN in (caps.get("bounding") or [])
+    if not isinstance(caps, dict):
+        raise InvalidRequestError("'process.capabilities' must be a JSON object")
+    bounding = caps.get("bounding") or []
+    return isinstance(bounding, list) and CAP_SYS_ADMIN in bounding
 
 
 def from_spec(spec: Mapping[str, Any], accept_envvar_when_unprivileged: bool) -> DeviceRequest:
@@ -151,9 +172,10 @@ def from_spec(spec: Mapping[str, Any], accept_envvar_when_unprivileged: bool) ->
     value = _env_value(spec.get("process", {}).get("env", []))
     if value is not None:
         where = f"{VISIBLE_DEVICES_ENV}={value!r}"
-        kind, tokens = parse_visible_devices(value, where)
+        kind = classify_visible_devices(value)
         env_counts = accept_envvar_when_unprivileged or is_privileged(spec)
         if kind in ("none", "list") and not env_counts:
+            # Ignored means not even parsed: an image's odd value cannot fail the container.
             ignored.append(
                 f"{where} (accept-envvar-when-unprivileged is false and the container lacks "
                 f"{CAP_SYS_ADMIN})"
@@ -161,7 +183,7 @@ def from_spec(spec: Mapping[str, Any], accept_envvar_when_unprivileged: bool) ->
         elif kind == "none":
             none_requested = True
         elif kind == "list":
-            sources.append(Source(where, tokens))
+            sources.append(Source(where, parse_visible_devices(value, where)[1]))
     for mount in spec.get("mounts", []):
         destination = str(mount.get("destination", "")).rstrip("/")
         if destination.startswith(VOLUME_MOUNT_DIR + "/"):
@@ -207,20 +229,27 @@ def _not_the_plugins_mount(mount: Mapping[str, Any]) -> str | None:
 
 
 def _cdi_tokens(text: str, where: str) -> tuple[str, ...]:
+    """Our devices in a CDI annotation value; only names our CDI specs define are accepted.
+
+    Those are ``enflame.com/gcu=<minor>`` (decimal, no leading zeros, ASCII digits),
+    ``enflame.com/gcu=all`` and ``enflame.com/vgcu=<minor>``; a CDI-aware engine would
+    refuse any other spelling as unresolvable, so the runtime refuses it too.
+    """
     tokens = []
-    for name in (item.strip() for item in text.split(",")):
+    for name in (item.strip(ASCII_SPACE) for item in text.split(",")):
         kind, sep, device = name.partition("=")
         prefix = _CDI_KINDS.get(kind)
         if not sep or prefix is None:
             continue  # another vendor's device: not ours to inject
+        number = naming.index(device)
         if device == "all" and prefix == "gcu":
             tokens.append("all")
-        elif device.isdigit():
-            tokens.append(f"{prefix}{int(device)}")
+        elif number is not None and str(number) == device:
+            tokens.append(f"{prefix}{number}")
         else:
             raise InvalidRequestError(
                 f"{where}: {name!r} names no {kind} device; devices are named by minor "
-                f"({kind}=0) or 'all'"
+                f"({kind}=0){' or all' if prefix == 'gcu' else ''}"
             )
     return tuple(tokens)
 
@@ -237,7 +266,7 @@ def describe_devices(inventory: devices.Inventory) -> str:
 
 
 def resolve(request: DeviceRequest, inventory: devices.Inventory) -> list[str]:
-    """Device names (``gcuN``/``vgcuN``) for a request, in request order, without duplicates."""
+    """Device names (``gcuN``/``vgcuN``) for a request, in index order, without duplicates."""
     by_bus = {card.bdf: card.name for card in inventory.cards}
     known = {card.name for card in inventory.cards} | {v.name for v in inventory.vgcus}
     names: list[str] = []
@@ -260,4 +289,4 @@ def resolve(request: DeviceRequest, inventory: devices.Inventory) -> list[str]:
                     f"cards on this node: {describe_devices(inventory)}"
                 )
             names.append(name)
-    return list(dict.fromkeys(names))
+    return naming.index_order(names)

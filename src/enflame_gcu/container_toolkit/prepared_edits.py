@@ -16,7 +16,7 @@ import json
 import os
 import stat
 
-from enflame_gcu import oci_edits
+from enflame_gcu import naming, oci_edits
 from enflame_gcu.container_toolkit import device_request
 
 TYPE_CHECKING = False
@@ -91,7 +91,7 @@ def _parse(path: str, data: Any, root: str) -> Prepared:
             common.setdefault(_checked(node)["path"], node)
         for device in spec["devices"]:
             name = device["name"]
-            if not name.isdigit():
+            if naming.index(name) is None:
                 continue  # "all": the card list below says the same, per card
             devices[f"{kind}{name}"] = [
                 _checked(n) for n in device["containerEdits"]["deviceNodes"]
@@ -137,7 +137,9 @@ def _dev_cards(root: str) -> list[str]:
         entries = os.listdir(_host(root, "/dev"))
     except OSError as exc:
         raise Unavailable(f"cannot list /dev: {exc.strerror or exc}") from None
-    return sorted(name for name in entries if name.startswith("gcu") and name[3:].isdigit())
+    return sorted(
+        name for name in entries if naming.device_index(name) is not None and name[0] == "g"
+    )
 
 
 def names_for(request: device_request.DeviceRequest, prepared: Prepared, root: str) -> list[str]:
@@ -157,7 +159,7 @@ def names_for(request: device_request.DeviceRequest, prepared: Prepared, root: s
                 names.append(token)
             else:
                 raise Unavailable(f"{token} is not among the prepared devices")
-    return list(dict.fromkeys(names))
+    return naming.index_order(names)
 
 
 def _node_order(node: dict[str, Any]) -> tuple[int, str, int]:

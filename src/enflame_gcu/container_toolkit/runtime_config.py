@@ -259,7 +259,9 @@ def _value(scan: _Scanner, in_array: bool) -> object:
     if word in ("true", "false"):
         return word == "true"
     digits = word[1:] if word[:1] in "+-" else word
-    if digits.replace("_", "").isdigit() and not digits.startswith("_"):
+    plain = digits.replace("_", "")
+    # ASCII digits only: int() would take "²" or "٣" (and raise on the first).
+    if plain and plain.isascii() and plain.isdigit() and not digits.startswith("_"):
         return int(word.replace("_", ""))
     what = "an array element" if in_array else "a value"
     raise scan.error(f"expected {what} (string, true/false, integer or array), found {word!r}")

@@ -122,10 +122,10 @@ def resolve(vendor_node: str, value: str) -> list[str]:
     return device_request.resolve(request, devices.discover(vendor_node))
 
 
-def test_resolution_by_minor_name_and_bus_id(vendor_node: str) -> None:
-    assert resolve(vendor_node, "1, gcu0,0000:15:00.0,19:00.0,1") == [
-        "gcu1",
+def test_resolution_by_minor_name_and_bus_id_in_index_order(vendor_node: str) -> None:
+    assert resolve(vendor_node, "1, gcu0,0000:19:00.0,15:00.0,1") == [
         "gcu0",
+        "gcu1",
         "gcu2",
         "gcu3",
     ]
@@ -195,3 +195,75 @@ def test_a_device_mount_counts_only_in_the_plugins_shape(
 def test_the_plugins_mount_counts_as_engines_write_it(mount: dict[str, object]) -> None:
     request = device_request.from_spec(make_spec(mounts=[mount]), False)
     assert [source.tokens for source in request.sources] == [("gcu1",)]
+
+
+# Digits of other scripts: str.isdigit() says yes to all of them, int() takes most.
+NOT_ASCII_DIGITS = ["²", "٣", "３", "੩", "𝟑", "1٣"]
+
+
+@pytest.mark.parametrize("digits", NOT_ASCII_DIGITS)
+@pytest.mark.parametrize("spelling", ["{}", "gcu{}", "vgcu{}", "GCU{}", "0000:11:00.{}"])
+def test_only_ascii_digits_are_indexes_in_the_env_grammar(digits: str, spelling: str) -> None:
+    value = spelling.format(digits)
+    with pytest.raises(InvalidRequestError, match="is not a device id"):
+        device_request.parse_visible_devices(value, f"{ENV}={value!r}")
+
+
+@pytest.mark.parametrize("value", ["\u00a00", "0\x1c", "\u20030", "ａｌｌ", "all\u0085"])
+def test_only_ascii_whitespace_is_ignored_around_items(value: str) -> None:
+    with pytest.raises(InvalidRequestError, match="is not a device id"):
+        device_request.parse_visible_devices(value, "env")
+
+
+@pytest.mark.parametrize(
+    "value", ["9" * 5000, "gcu" + "1" * 5000, "0000000000007", str(1 << 20), "0000:11:00.8"]
+)
+def test_oversized_ids_are_not_device_ids(value: str) -> None:
+    with pytest.raises(InvalidRequestError, match="is not a device id"):
+        device_request.parse_visible_devices(value, "env")
+
+
+@pytest.mark.parametrize(
+    "device", [*NOT_ASCII_DIGITS, "03", "+3", "3_0", "", "-1", "ALL", "gcu3", "3\x00"]
+)
+def test_cdi_annotation_accepts_only_the_names_our_cdi_specs_define(device: str) -> None:
+    notes = {edits.CDI_ANNOTATION_KEY: f"enflame.com/gcu={device}"}
+    with pytest.raises(InvalidRequestError, match=r"names no enflame\.com/gcu device"):
+        device_request.from_spec(make_spec(annotations=notes), False)
+
+
+def test_cdi_vgcu_has_no_all() -> None:
+    notes = {edits.CDI_ANNOTATION_KEY: "enflame.com/vgcu=all"}
+    with pytest.raises(InvalidRequestError, match=r"names no enflame\.com/vgcu device"):
+        device_request.from_spec(make_spec(annotations=notes), False)
+
+
+def test_cdi_annotation_counts_in_strict_mode_and_names_exact_devices(vendor_node: str) -> None:
+    notes = {
+        "cdi.k8s.io/a": "enflame.com/gcu=5,enflame.com/gcu=1",
+        "cdi.k8s.io/b": "ENFLAME.COM/gcu=2,enflame.com/gpu=3,nvidia.com/gpu=all",  # not ours
+    }
+    request = device_request.from_spec(make_spec(annotations=notes), False)
+    assert device_request.resolve(request, devices.discover(vendor_node)) == ["gcu1", "gcu5"]
+
+
+def test_cdi_annotation_naming_a_missing_card_is_refused(vendor_node: str) -> None:
+    notes = {edits.CDI_ANNOTATION_KEY: "enflame.com/gcu=1,enflame.com/gcu=8"}
+    request = device_request.from_spec(make_spec(annotations=notes), False)
+    with pytest.raises(InvalidRequestError, match="asks for '8', which is not on this node"):
+        device_request.resolve(request, devices.discover(vendor_node))
+
+
+def test_ignored_env_is_not_even_parsed() -> None:
+    # Strict mode ignores an unprivileged container's env: an image's odd value cannot fail it.
+    request = device_request.from_spec(make_spec(env=[f"{ENV}=gpu0,²"]), False)
+    assert not request.wants_edits
+    assert "lacks CAP_SYS_ADMIN" in request.ignored[0]
+
+
+@pytest.mark.parametrize("capabilities", [["CAP_SYS_ADMIN"], "CAP_SYS_ADMIN", 1])
+def test_capabilities_of_the_wrong_shape_are_an_error_not_a_crash(capabilities: object) -> None:
+    spec = make_spec(env=[f"{ENV}=0"])
+    spec["process"]["capabilities"] = capabilities
+    with pytest.raises(InvalidRequestError, match=r"process\.capabilities"):
+        device_request.from_spec(spec, False)
