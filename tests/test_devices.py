@@ -174,3 +174,143 @@ def test_vgcu_nodes_are_found_with_their_parent(make_node: MakeNode) -> None:
         ("vgcu17", 0, True),
     ]
     assert (inventory.vgcus[0].node.major, inventory.vgcus[0].node.minor) == (239, 16)
+
+
+# --- malformed sysfs: the card is skipped or unusable with the path named; discovery goes on --
+
+PCI0 = "sys/bus/pci/devices/0000:11:00.0"  # gcu0 on the vendor machine
+
+
+def _write_bytes(root: str, relative: str, data: bytes) -> None:
+    with open(os.path.join(root, relative), "wb") as handle:
+        handle.write(data)
+
+
+@pytest.mark.parametrize(
+    ("attribute", "data"),
+    [
+        ("numa_node", b"\xff\xfe0\n"),
+        ("device", b"0x00\x80\x81\n"),
+        ("enflame/gcu0/dev", b"238:\xe9\n"),
+    ],
+)
+def test_non_utf8_attribute_makes_only_that_card_unusable(
+    vendor_node: str, attribute: str, data: bytes
+) -> None:
+    _write_bytes(vendor_node, f"{PCI0}/{attribute}", data)
+    inventory = devices.discover(vendor_node)
+    by_name = inventory.card_by_name()
+    assert not by_name["gcu0"].usable
+    assert f"/sys/bus/pci/devices/0000:11:00.0/{attribute} is not UTF-8 text" in (
+        by_name["gcu0"].problems
+    )
+    assert [c.name for c in inventory.usable_cards()] == [f"gcu{i}" for i in range(1, 8)]
+
+
+@pytest.mark.parametrize(
+    ("attribute", "text", "problem"),
+    [
+        ("numa_node", "99999999999999999999999", "numa_node is out of range"),
+        ("numa_node", "4096", "numa_node is out of range"),
+        ("numa_node", "\u0661", "numa_node has unexpected content"),  # Arabic-Indic one
+        ("numa_node", "1_0", "numa_node has unexpected content"),
+        ("numa_node", "garbage", "numa_node has unexpected content"),
+        ("device", "0x1ffffffff", "device is out of range"),
+        ("device", "0x00\x01", "device has unexpected content"),
+        ("enflame/gcu0/dev", "238:\u00b2", "want major:minor"),  # superscript two
+        ("enflame/gcu0/dev", "99999:0", "out of range"),
+        ("enflame/gcu0/dev", "238:" + "9" * 100, "want major:minor"),
+    ],
+)
+def test_absurd_attribute_values_make_only_that_card_unusable(
+    vendor_node: str, attribute: str, text: str, problem: str
+) -> None:
+    _write_bytes(vendor_node, f"{PCI0}/{attribute}", text.encode() + b"\n")
+    inventory = devices.discover(vendor_node)
+    gcu0 = inventory.card_by_name()["gcu0"]
+    assert not gcu0.usable
+    assert any(problem in p and "0000:11:00.0" in p for p in gcu0.problems), gcu0.problems
+    assert all("\n" not in p and "\x01" not in p for p in gcu0.problems)
+    assert len(inventory.usable_cards()) == 7
+
+
+def test_unreadable_numa_node_makes_the_card_unusable(vendor_node: str) -> None:
+    path = os.path.join(vendor_node, PCI0, "numa_node")
+    os.unlink(path)
+    os.mkdir(path)  # reading fails even as root
+    gcu0 = devices.discover(vendor_node).card_by_name()["gcu0"]
+    assert gcu0.problems[0].startswith(f"cannot read /{PCI0}/numa_node:")
+
+
+def test_missing_numa_node_file_means_unknown_not_broken(vendor_node: str) -> None:
+    os.unlink(os.path.join(vendor_node, PCI0, "numa_node"))
+    gcu0 = devices.discover(vendor_node).card_by_name()["gcu0"]
+    assert gcu0.usable and gcu0.numa_node is None
+
+
+def test_huge_attribute_file_is_not_read_whole(vendor_node: str) -> None:
+    _write_bytes(vendor_node, f"{PCI0}/numa_node", b"0" * 10_000_000)
+    gcu0 = devices.discover(vendor_node).card_by_name()["gcu0"]
+    assert gcu0.problems == (f"/{PCI0}/numa_node is longer than 4096 bytes",)
+
+
+def test_fifo_or_symlink_in_place_of_an_attribute_is_not_read(vendor_node: str) -> None:
+    os.unlink(os.path.join(vendor_node, PCI0, "numa_node"))
+    os.mkfifo(os.path.join(vendor_node, PCI0, "numa_node"))  # a read would block forever
+    gcu1 = os.path.join(vendor_node, "sys/bus/pci/devices/0000:12:00.0/device")
+    os.unlink(gcu1)
+    os.symlink("/etc/hostname", gcu1)
+    by_name = devices.discover(vendor_node).card_by_name()
+    assert by_name["gcu0"].problems == (f"cannot read /{PCI0}/numa_node: not a regular file",)
+    assert (
+        by_name["gcu1"]
+        .problems[0]
+        .startswith("cannot read /sys/bus/pci/devices/0000:12:00.0/device:")
+    )
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["gcu2\n", "gcu\u0661\u0662", "gcu02", "gcu 2", "gcu2x", "gcu", "gcu99999999", "gcu\udcff"],
+)
+def test_driver_entries_not_named_gcu_and_ascii_digits_are_skipped_with_a_warning(
+    vendor_node: str, entry: str
+) -> None:
+    driver = os.path.join(vendor_node, PCI0, "enflame")
+    os.rename(os.path.join(driver, "gcu0"), os.path.join(driver, entry))
+    inventory = devices.discover(vendor_node)
+    assert "gcu0" not in inventory.card_by_name()
+    assert [c.name for c in inventory.usable_cards()] == [f"gcu{i}" for i in range(1, 8)]
+    [warning] = [p for p in inventory.problems if "0000:11:00.0/enflame/" in p]
+    assert warning.startswith("ignoring /sys/bus/pci/devices/0000:11:00.0/enflame/")
+    assert "not gcu or vgcu followed by a card number" in warning
+    assert warning.isprintable() and "\udcff" not in warning
+
+
+def test_two_functions_claiming_one_minor_are_both_unusable(vendor_node: str) -> None:
+    driver = os.path.join(vendor_node, "sys/bus/pci/devices/0000:12:00.0/enflame")
+    os.rename(os.path.join(driver, "gcu1"), os.path.join(driver, "gcu0"))
+    with open(os.path.join(driver, "gcu0/dev"), "w") as handle:
+        handle.write("238:0\n")
+    inventory = devices.discover(vendor_node)
+    claimed = [c for c in inventory.cards if c.minor == 0]
+    assert len(claimed) == 2
+    assert all(not c.usable for c in claimed)
+    assert all("gcu0 is claimed by 0000:11:00.0 and 0000:12:00.0" in c.problems for c in claimed)
+
+
+def test_pci_entry_that_is_not_an_address_is_skipped_with_a_warning(vendor_node: str) -> None:
+    pci = os.path.join(vendor_node, "sys/bus/pci/devices")
+    os.rename(os.path.join(pci, "0000:11:00.0"), os.path.join(pci, "0000:11:00.0\n"))
+    inventory = devices.discover(vendor_node)
+    assert "gcu0" not in inventory.card_by_name()
+    assert len(inventory.usable_cards()) == 7
+    assert any(
+        p.startswith("ignoring /sys/bus/pci/devices/0000:11:00.0\\n:") for p in inventory.problems
+    ), inventory.problems
+
+
+def test_non_ascii_vgcu_nodes_in_dev_are_not_taken_for_vgcus(vendor_node: str) -> None:
+    os.mknod(os.path.join(vendor_node, "dev", "vgcu\u0663"), 0o666 | 0o020000, os.makedev(239, 3))
+    os.mknod(os.path.join(vendor_node, "dev", "vgcu4\n"), 0o666 | 0o020000, os.makedev(239, 4))
+    assert devices.discover(vendor_node).vgcus == ()

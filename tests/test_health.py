@@ -6,11 +6,12 @@ import asyncio
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from enflame_gcu import devices, health, simulate, topofile
+from enflame_gcu import devices, edits, health, simulate, topofile
+from enflame_gcu.errors import InvalidRequestError
 
 
 @pytest.fixture
@@ -208,3 +209,80 @@ def test_a_failing_consumer_does_not_stop_the_monitor(node: str) -> None:
         assert seen[0]["gcu0"] is False and seen[-1]["gcu0"] is True
 
     asyncio.run(main())
+
+
+# --- one definition of a usable card: health agrees with what the runtime accepts -----------
+
+GCU0 = "sys/bus/pci/devices/0000:11:00.0"
+
+
+def _runtime_accepts(root: str, name: str) -> bool:
+    """Would the runtime (which rediscovers at create) give a container this card?"""
+    try:
+        edits.for_devices(devices.discover(root), [name])
+    except InvalidRequestError:
+        return False
+    return True
+
+
+def _damage_numa(root: str) -> None:
+    with open(os.path.join(root, GCU0, "numa_node"), "w") as handle:
+        handle.write("garbage\n")
+
+
+def _damage_device_id(root: str) -> None:
+    with open(os.path.join(root, GCU0, "device"), "wb") as handle:
+        handle.write(b"\xff\xfe")
+
+
+def _damage_dev_file(root: str) -> None:
+    with open(os.path.join(root, GCU0, "enflame/gcu0/dev"), "w") as handle:
+        handle.write("238:7\n")
+
+
+def _damage_pci_link(root: str) -> None:
+    link = os.path.join(root, "sys/bus/pci/devices/0000:11:00.0")
+    os.unlink(link)
+    os.symlink("/nonexistent", link)
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (_damage_numa, "numa_node has unexpected content 'garbage'"),
+        (_damage_device_id, "device is not UTF-8 text"),
+        (_damage_dev_file, "says minor 7 but the entry is gcu0"),
+        (_damage_pci_link, "PCI device 0000:11:00.0 is gone"),
+    ],
+)
+def test_health_reports_unhealthy_whatever_the_runtime_would_refuse(
+    node: str, damage: Callable[[str], None], reason: str
+) -> None:
+    known = cards(node)
+    damage(node)
+    report = health.check(node, known)
+    assert not _runtime_accepts(node, "gcu0")
+    assert report.healthy()["gcu0"] is False
+    assert reason in report.reasons()["gcu0"]
+    for card in known[1:]:  # the other cards: both say usable
+        assert report.healthy()[card.name] is _runtime_accepts(node, card.name) is True
+
+
+def test_card_broken_at_discovery_is_unhealthy_and_recovers_when_sysfs_does(node: str) -> None:
+    _damage_numa(node)
+    inventory = devices.discover(node)
+    monitor = health.HealthMonitor(node, inventory.cards, driver_version=inventory.driver_version)
+    assert monitor.report.healthy()["gcu0"] is False
+    with open(os.path.join(node, GCU0, "numa_node"), "w") as handle:
+        handle.write("0\n")
+    update = monitor.rescan()
+    assert update is not None and update.report.healthy()["gcu0"] is True
+    assert _runtime_accepts(node, "gcu0")
+
+
+def test_health_check_survives_a_damaged_tree(node: str) -> None:
+    known = cards(node)
+    with open(os.path.join(node, "sys/module/enflame/version"), "wb") as handle:
+        handle.write(b"\xff\n")
+    report = health.check(node, known)  # must not raise
+    assert set(report.reasons().values()) == {"driver not loaded"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from dataclasses import dataclass, field
@@ -161,16 +162,17 @@ def stat_node(root: str, path: str, simulated: bool) -> tuple[DeviceNode, str | 
 
 
 def _discover_card(
-    root: str, bdf: str, driver_loaded: bool, simulated: bool
+    root: str, bdf: str, driver_loaded: bool, simulated: bool, warnings: list[str]
 ) -> tuple[list[Card], list[VirtualDevice], bool]:
     """Cards and vGCUs behind one Enflame PCI function; the flag says it was bound at all."""
     problems: list[str] = []
+    device_path = f"{PCI_DEVICES}/{bdf}/device"
     device_id = sysfs.parse_int(
-        sysfs.read(root, f"{PCI_DEVICES}/{bdf}/device", problems), 16, "device id", problems
+        sysfs.read(root, device_path, problems), 16, device_path, problems, (0, 0xFFFF)
     )
     root_complex, chain = sysfs.pci_chain(root, bdf, problems)
     numa = sysfs.numa_node(root, bdf, problems)
-    driver_dir, nodes = sysfs.driver_nodes(root, bdf)
+    driver_dir, nodes = sysfs.driver_nodes(root, bdf, warnings)
     if driver_dir is None:
         return [], [], False
     cards: list[Card] = []
@@ -187,7 +189,7 @@ def _discover_card(
         node, node_problem = stat_node(root, f"/dev/{kind}{minor}", simulated)
         if node_problem:
             node_problems.append(node_problem)
-        elif node.is_char and (node.major, node.minor) != (major, sys_minor):
+        elif node.is_char and major is not None and (node.major, node.minor) != (major, sys_minor):
             node_problems.append(
                 f"/dev/{kind}{minor} is {node.major}:{node.minor} but {sys_path} says "
                 f"{major}:{sys_minor}"
@@ -217,6 +219,38 @@ def _discover_card(
     return cards, vgcus, True
 
 
+def recheck(root: str, card: Card, *, driver_loaded: bool, simulated: bool) -> tuple[str, ...]:
+    """What discovery would say is wrong with ``card`` now (health uses this, so the plugin
+    never advertises a card the runtime would refuse); empty when nothing is."""
+    ignored: list[str] = []
+    cards, _, bound = _discover_card(root, card.bdf, driver_loaded, simulated, ignored)
+    for fresh in cards:
+        if fresh.minor == card.minor:
+            return fresh.problems
+    if not bound:
+        return (f"{card.bdf} has no enflame/ or zixiao/ directory (driver not bound)",)
+    return (f"{PCI_DEVICES}/{card.bdf}/{card.driver_dir}/{card.name} is gone",)
+
+
+def _claimed_twice(cards: list[Card]) -> list[Card]:
+    """Cards whose minor another PCI function claims too get a problem naming both."""
+    owners: dict[int, list[str]] = {}
+    for card in cards:
+        owners.setdefault(card.minor, []).append(card.bdf)
+    return [
+        dataclasses.replace(
+            card,
+            problems=(
+                *card.problems,
+                f"{card.name} is claimed by {' and '.join(owners[card.minor])}",
+            ),
+        )
+        if len(owners[card.minor]) > 1
+        else card
+        for card in cards
+    ]
+
+
 def _loose_vgcus(root: str, known: set[int], simulated: bool) -> list[VirtualDevice]:
     """``/dev/vgcuN`` nodes that sysfs does not link to any card."""
     try:
@@ -225,11 +259,11 @@ def _loose_vgcus(root: str, known: set[int], simulated: bool) -> list[VirtualDev
         return []
     found = []
     for entry in sorted(entries):
-        match = sysfs.NODE_NAME.match(entry)
-        if not match or match.group(1) != "vgcu" or int(match.group(2)) in known:
+        parsed = sysfs.node_name(entry)
+        if parsed is None or parsed[0] != "vgcu" or parsed[1] in known:
             continue
         node, problem = stat_node(root, f"/dev/{entry}", simulated)
-        found.append(VirtualDevice(int(match.group(2)), node, None, (problem,) if problem else ()))
+        found.append(VirtualDevice(parsed[1], node, None, (problem,) if problem else ()))
     return found
 
 
@@ -256,12 +290,18 @@ def discover(root: str = "/") -> Inventory:
     for bdf in functions:
         ignored: list[str] = []
         vendor = sysfs.parse_int(
-            sysfs.read(root, f"{PCI_DEVICES}/{bdf}/vendor", ignored), 16, "", ignored
+            sysfs.read(root, f"{PCI_DEVICES}/{bdf}/vendor", ignored), 16, "", ignored, (0, 0xFFFF)
         )
         if vendor != VENDOR_ID:
             continue
+        if not sysfs.is_bdf(bdf):
+            node_problems.append(
+                f"ignoring {PCI_DEVICES}/{sysfs.printable(bdf)}: not a PCI address "
+                "(domain:bus:device.function)"
+            )
+            continue
         found_cards, found_vgcus, bound = _discover_card(
-            root, bdf, driver_version is not None, simulated
+            root, bdf, driver_version is not None, simulated, node_problems
         )
         if not bound:
             unbound.append(bdf)
@@ -279,7 +319,7 @@ def discover(root: str = "/") -> Inventory:
     return Inventory(
         root=root,
         driver_version=driver_version,
-        cards=tuple(sorted(cards, key=lambda card: card.minor)),
+        cards=tuple(sorted(_claimed_twice(cards), key=lambda card: (card.minor, card.bdf))),
         control=control,
         vgcus=tuple(sorted(vgcus, key=lambda vgcu: vgcu.minor)),
         unbound=tuple(unbound),

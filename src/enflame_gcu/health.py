@@ -1,9 +1,11 @@
 """Card health that flips both ways: inotify on /dev, the PCI bus and the driver, plus a rescan.
 
 A card is healthy when its ``/dev/gcuN`` node is the character device discovery found, its PCI
-directory and driver entry exist and the driver is loaded. Anything we cannot establish counts as
-unhealthy (SPEC §6.5 and DESIGN 11). Derived devices (slices, vGCUs) follow their parent card
-through :meth:`HealthReport.for_derived`.
+directory and driver entry exist, the driver is loaded and discovery, run again for that card,
+finds nothing wrong with it: the runtime rediscovers at every create, so whatever it would refuse
+is reported unhealthy here first (one definition of a usable card). Anything we cannot
+establish counts as unhealthy (SPEC §6.5 and DESIGN 11). Derived devices (slices, vGCUs)
+follow their parent card through :meth:`HealthReport.for_derived`.
 """
 
 from __future__ import annotations
@@ -78,10 +80,9 @@ def _card_problem(root: str, card: devices.Card, simulated: bool) -> str:
         numbers = (os.major(info.st_rdev), os.minor(info.st_rdev))
         if card.node.major is not None and numbers != (card.node.major, card.minor):
             return f"{card.dev_path} is now {numbers[0]}:{numbers[1]}"
-        return ""
-    if simulated and stat.S_ISREG(info.st_mode):
-        return ""
-    return f"{card.dev_path} is not a character device"
+    elif not (simulated and stat.S_ISREG(info.st_mode)):
+        return f"{card.dev_path} is not a character device"
+    return "; ".join(devices.recheck(root, card, driver_loaded=True, simulated=simulated))
 
 
 def check(root: str, cards: Sequence[devices.Card], *, disabled: bool = False) -> HealthReport:

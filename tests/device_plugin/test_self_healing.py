@@ -261,3 +261,33 @@ def test_socket_deleted_while_waiting_for_the_kubelet_is_served_again() -> None:
             shutil.rmtree(work)
 
     asyncio.run(main())
+
+
+def test_card_the_runtime_would_refuse_is_advertised_unhealthy_and_not_allocated() -> None:
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("flat-4card")
+        numa = os.path.join(root, "sys/bus/pci/devices/0000:04:00.0/numa_node")
+        with open(numa, "w") as handle:
+            handle.write("garbage\n")  # discovery (and so the runtime) refuses gcu1
+        plugin = plugin_process.PluginProcess(plugins, root, EVENTS_ONLY)
+        try:
+            async with KubeletStub(plugins) as kubelet:
+                await plugin.start()
+                await kubelet.wait_for(lambda k: k.capacity() == 4, 10, "registration")
+                assert kubelet.devices()["gcu1"] == "Unhealthy"
+                assert kubelet.allocatable() == ["gcu0", "gcu2", "gcu3"]
+                request = api_pb2.AllocateRequest()
+                request.container_requests.add(devices_ids=["gcu1"])
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await kubelet.plugins["enflame.com/gcu"].stub.Allocate(request, timeout=5)
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "unhealthy device(s) gcu1" in (caught.value.details() or "")
+                assert (
+                    "gcu1 is unhealthy: /sys/bus/pci/devices/0000:04:00.0/numa_node has "
+                    "unexpected content 'garbage'" in plugin.log_text()
+                )
+        finally:
+            assert await plugin.stop() == 0
+            shutil.rmtree(work)
+
+    asyncio.run(main())

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu import devices, edits, simulate, topofile, topology, virtual
+from enflame_gcu import devices, edits, health, simulate, topofile, topology, virtual
 from enflame_gcu._proto import api_pb2
 from enflame_gcu.device_plugin import config, resources
+from enflame_gcu.errors import InvalidRequestError
 from enflame_gcu.testing import plugin_process
 
 VGCU = "enflame.com/vgcu"
@@ -177,3 +178,20 @@ def test_vgcus_follow_their_card_health_and_allocate_refuses_unknown_ids() -> No
         assert await node.plugin.wait(5) == 0
 
     run(["--resources=vgcu"], scenario)
+
+
+def test_vgcu_the_runtime_would_refuse_is_unhealthy_though_its_card_is_fine(
+    tmp_path: pathlib.Path,
+) -> None:
+    root = str(tmp_path / "node")
+    simulate.create(root, topofile.load("vgcu-2card"))
+    (tmp_path / "node" / "dev" / "vgcu2").unlink()
+    inventory = devices.discover(root)
+    kind = resources.vgcus(inventory)
+    report = health.check(root, inventory.cards)
+    assert report.healthy() == {"gcu0": True, "gcu1": True}
+    verdict = resources.health_of(kind, report)
+    assert verdict["vgcu2"] is False
+    with pytest.raises(InvalidRequestError, match="unusable device"):
+        edits.for_devices(inventory, ["vgcu2"])  # what the runtime does at create
+    assert all(verdict[f"vgcu{i}"] for i in (0, 1, 3, 4, 5, 6, 7))

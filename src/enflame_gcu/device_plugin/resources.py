@@ -70,9 +70,14 @@ class DeviceKind(Protocol):
 
 
 def health_of(kind: DeviceKind, report: health.HealthReport) -> dict[str, bool]:
-    """``{device: healthy}``: a device follows its card; one without a card, its discovery."""
+    """``{device: healthy}``: a device follows its card and, when it is not the card itself
+    (a vGCU), also its own discovery verdict, since the runtime refuses a broken vGCU node
+    whatever its card says; a device without a card follows its discovery alone."""
     derived = report.for_derived({d.id: d.card for d in kind.catalog if d.card is not None})
-    return {d.id: derived[d.id] if d.card is not None else d.usable for d in kind.catalog}
+    return {
+        d.id: d.usable if d.card is None else derived[d.id] and (d.usable or d.card == d.id)
+        for d in kind.catalog
+    }
 
 
 def _nodes(

@@ -171,6 +171,8 @@ async def run(
         log.info("%s", _describe_assignment(node.assignment, config))
         for problem in (*node.inventory.problems, *node.assignment.notes):
             log.warning("%s", problem)
+        for name, reason in node.monitor.report.reasons().items():
+            log.warning("%s is unhealthy: %s", name, reason)
         if not node.inventory.usable_cards():
             if config.fail_on_init_error:
                 log.error(
