@@ -5,7 +5,8 @@ EnflameError
 ├── TopologyError           a topology description or PCI chain makes no sense
 ├── SimulationError         a simulated node cannot be created or changed
 ├── InvalidRequestError     a device request names unknown, unhealthy or duplicate devices
-│   └── AllocationError     no set of devices satisfies the request
+│   ├── AllocationError     no set of devices satisfies the request
+│   └── ClaimError          a DRA ResourceClaim cannot be prepared on this node
 ├── ConfigError             a config file, flag or environment variable is invalid
 ├── SpecError               an OCI or CDI spec cannot be read, edited or written
 ├── EngineConfigError       a container engine config cannot be read, edited or written
@@ -37,6 +38,10 @@ class InvalidRequestError(EnflameError):
 
 class AllocationError(InvalidRequestError):
     """No set of available devices satisfies the request."""
+
+
+class ClaimError(InvalidRequestError):
+    """A DRA ResourceClaim is missing, not allocated here, or names devices it cannot have."""
 
 
 class ConfigError(EnflameError):

@@ -18,15 +18,17 @@ from typing import Any
 
 import yaml
 
-from enflame_gcu import devices, edits, fileio
+from enflame_gcu import cdispec, devices, edits, fileio
 from enflame_gcu.container_toolkit import prepared_edits
 from enflame_gcu.errors import SpecError
 
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 DEFAULT_OUTPUT_DIR = "/var/run/cdi"
-# The cdiVersion each field first appeared in (CDI spec version history).
-KNOWN_VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
-BASE_VERSION = "0.3.0"
+# Version facts live in the domain (the DRA driver writes CDI specs too).
+KNOWN_VERSIONS = cdispec.KNOWN_VERSIONS
+BASE_VERSION = cdispec.BASE_VERSION
+version_key = cdispec.version_key
+required_version = cdispec.required_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +37,6 @@ class NamedSpec:
 
     file_name: str
     spec: dict[str, Any]
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """Sortable form of a version string: ``0.5.0`` -> ``(0, 5, 0)``."""
-    return tuple(int(part) for part in version.split("."))
 
 
 def _device_entry(inventory: devices.Inventory, name: str, names: Sequence[str]) -> dict[str, Any]:
@@ -87,33 +84,6 @@ def build_specs(
         spec["cdiVersion"] = required_version(spec)
         specs.append(NamedSpec(f"{edits.CDI_VENDOR}-{kind}", spec))
     return specs
-
-
-def required_version(spec: dict[str, Any]) -> str:
-    """The lowest cdiVersion that covers every field the spec uses (older podman ignores newer)."""
-    needed = BASE_VERSION
-    all_edits = [spec.get("containerEdits") or {}] + [
-        device.get("containerEdits") or {} for device in spec.get("devices") or []
-    ]
-
-    def need(version: str) -> None:
-        nonlocal needed
-        if version_key(version) > version_key(needed):
-            needed = version
-
-    for container_edits in all_edits:
-        if any("type" in mount for mount in container_edits.get("mounts") or []):
-            need("0.4.0")
-        if any("hostPath" in node for node in container_edits.get("deviceNodes") or []):
-            need("0.5.0")
-        if "intelRdt" in container_edits or "additionalGids" in container_edits:
-            need("0.7.0")
-    has_annotations = "annotations" in spec or any(
-        "annotations" in device for device in spec.get("devices") or []
-    )
-    if has_annotations or "." in str(spec.get("kind", "")).partition("/")[2]:
-        need("0.6.0")
-    return needed
 
 
 def render(spec: dict[str, Any], fmt: str) -> str:

@@ -1,0 +1,1 @@
+"""``enflame-dra-plugin``: the gcu.enflame.com DRA driver (kubelet side and API side)."""

@@ -1,0 +1,138 @@
+"""The node as the driver sees it: discovered GCUs, their health, and who is waiting for changes.
+
+Both the kubelet's health stream and the ResourceSlice publisher follow this one object: the
+health monitor feeds it, :meth:`NodeDevices.changed` wakes every waiter, and a driver version
+change (an upgrade) re-discovers the node (SPEC §6.4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from enflame_gcu import devices, health, resourceslices
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceHealth:
+    """Health of one published device, as the kubelet's health stream reports it."""
+
+    name: str
+    healthy: bool
+    reason: str
+    since: int
+
+
+class NodeDevices:
+    """Inventory + health of one node; ``version`` grows on every change."""
+
+    def __init__(
+        self,
+        root: str,
+        options: resourceslices.PublishOptions,
+        *,
+        health_interval: float = health.DEFAULT_INTERVAL,
+        health_disabled: bool = False,
+    ) -> None:
+        self.root = root
+        self.options = options
+        self.inventory = devices.discover(root)
+        self.monitor = health.HealthMonitor(
+            root,
+            self.inventory.cards,
+            driver_version=self.inventory.driver_version,
+            interval=health_interval,
+            disabled=health_disabled,
+        )
+        self.version = 0
+        self._since: dict[str, int] = {}
+        self._last: dict[str, bool] = {}
+        self._changed = asyncio.Event()
+        self._stamp()
+
+    @property
+    def report(self) -> health.HealthReport:
+        """The latest health report."""
+        return self.monitor.report
+
+    def healthy(self) -> dict[str, bool]:
+        """``{gcuN: healthy}``."""
+        return self.report.healthy()
+
+    def published(self) -> list[dict[str, object]]:
+        """The devices to publish now (see :func:`resourceslices.node_devices`)."""
+        return resourceslices.node_devices(self.inventory, self.healthy(), self.options)
+
+    def published_names(self) -> dict[str, str]:
+        """``{published device name: node device name}`` of what is on offer now."""
+        return {
+            str(d["name"]): resourceslices.node_device(str(d["name"])) for d in self.published()
+        }
+
+    def slices_of(self) -> dict[str, int]:
+        """Slices of each shareable card (``{gcuN: slices}``); empty when sharing is off."""
+        if self.options.shared_slices <= 0:
+            return {}
+        return {card.name: self.options.shared_slices for card in self.inventory.cards}
+
+    def parent_of(self, node_name: str) -> str | None:
+        """The card a node device stands on: itself for a card, its card for a vGCU."""
+        if node_name.startswith("gcu"):
+            return node_name
+        for vgcu in self.inventory.vgcus:
+            if vgcu.name == node_name and vgcu.parent_minor is not None:
+                return f"gcu{vgcu.parent_minor}"
+        return None
+
+    def device_health(self) -> list[DeviceHealth]:
+        """Health of every published device; a vGCU follows its card."""
+        healthy = self.healthy()
+        reasons = self.report.reasons()
+        result = []
+        for published, node_name in self.published_names().items():
+            card = self.parent_of(node_name)
+            ok = card is not None and healthy.get(card, False)
+            reason = "" if ok else reasons.get(card or "", "its card is unknown")
+            result.append(DeviceHealth(published, ok, reason, self._since.get(published, 0)))
+        return result
+
+    def _stamp(self) -> None:
+        # When each device last changed health: the stream's last_updated_time.
+        now = int(time.time())
+        healthy = self.healthy()
+        for name, node_name in self.published_names().items():
+            ok = healthy.get(self.parent_of(node_name) or "", False)
+            if self._last.get(name) != ok:
+                self._since[name] = now
+                self._last[name] = ok
+
+    def apply(self, update: health.HealthUpdate) -> None:
+        """Take a health update (re-discovering the node after a driver change)."""
+        if update.rediscover:
+            self.inventory = devices.discover(self.root)
+            self.monitor.reset(self.inventory.cards, self.inventory.driver_version)
+            log.info("re-discovered %d card(s) after a driver change", len(self.inventory.cards))
+        self.notify()
+
+    def notify(self) -> None:
+        """Wake everyone waiting for a change."""
+        self._stamp()
+        self.version += 1
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def changed(self, seen: int, timeout: float | None = None) -> int:
+        """Wait until ``version`` passes ``seen`` (or ``timeout``); return the version."""
+        if self.version == seen:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout)
+        return self.version
+
+    async def run(self) -> None:
+        """Watch health until cancelled."""
+        await self.monitor.run(self.apply)
