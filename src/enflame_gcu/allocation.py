@@ -7,7 +7,8 @@ never be given inconsistent sets (the vendor plugin's documented limitation, SPE
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import operator
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -69,64 +70,106 @@ def _natural(name: str) -> tuple[str, int, str]:
     return (name.rstrip("0123456789"), int(digits) if digits else -1, name)
 
 
-# Cost of a choice, summed over groups: (NUMA nodes, root ports, switches, -pairs sharing a
-# group). Tuples compare lexicographically and addition keeps that order, so the dynamic
-# programme below finds the exact optimum of topology.SetScore without enumerating sets.
-_Cost = tuple[int, int, int, int]
-_Best = dict[int, tuple[_Cost, tuple[int, ...], tuple[str, ...]]]
-_ZERO: _Cost = (0, 0, 0, 0)
+# Cost of a choice: a tuple summed over the groups the choice touches. Tuples compare
+# lexicographically and addition keeps that order, so the dynamic programme below finds the
+# exact optimum without enumerating sets. The fields, most important first:
+#
+#   0-3   how local THIS request's set is, as topology.SetScore ranks it: NUMA nodes, root
+#         ports, switches, then -(pairs of chosen cards sharing a group, summed over the three
+#         levels), which is the pair-distance sum up to a constant
+#   4-6   intact groups split (switch, root port, NUMA node): a group is intact when every card
+#         it has is in ``available``; taking some of its cards but not all splits it
+#   7     free cards left under the switches touched: best fit, so that the biggest free
+#         groups stay whole for the next request
+#   8     cards under the switches touched: a card alone under its switch is worth the least to
+#         a later multi-card pod, and a free card whose switch partner is busy becomes part of
+#         a free pair again when the partner is released
+#   9-10  free cards left in the root ports and NUMA nodes touched (best fit, outer levels)
+#   11    -(bitmask of the chosen cards, the lowest minor the highest bit): lowest minors win
+#
+# Fields 4-11 only break ties between sets that are equally local for this request: the next
+# request's benefit never costs this one any locality.
+_Cost = tuple[int, ...]
+_Table = dict[int, _Cost]  # cards taken -> the cost of the best way to take that many
+_LEVELS = (topology.Level.NUMA, topology.Level.PORT, topology.Level.SWITCH)  # fields 0, 1, 2
+_SPLIT = {topology.Level.SWITCH: 4, topology.Level.PORT: 5, topology.Level.NUMA: 6}
+_LEFT = {topology.Level.SWITCH: 7, topology.Level.PORT: 9, topology.Level.NUMA: 10}
+_SWITCH_SIZE = 8
+_WIDTH = 12
+_ZERO: _Cost = (0,) * _WIDTH
 
 
 def _add(a: _Cost, b: _Cost) -> _Cost:
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
+    return tuple(map(operator.add, a, b))
 
 
-def _better(
-    candidate: tuple[_Cost, tuple[int, ...], tuple[str, ...]],
-    incumbent: tuple[_Cost, tuple[int, ...], tuple[str, ...]] | None,
-) -> bool:
-    # Equal costs: the set with the lower sorted minors wins, which for disjoint parts is
-    # decided part by part, so choosing each part's best keeps the whole optimal.
-    return incumbent is None or (candidate[0], candidate[1]) < (incumbent[0], incumbent[1])
-
-
-def _level_cost(level: int, taken: int) -> _Cost:
-    if taken == 0:
-        return _ZERO
-    cost = [0, 0, 0, -(taken * (taken - 1) // 2)]
-    cost[level] = 1
-    return (cost[0], cost[1], cost[2], cost[3])
-
-
-def _combine(children: list[_Best], level: int | None) -> _Best:
-    table: _Best = {0: (_ZERO, (), ())}
+def _combine(children: Iterable[_Table]) -> _Table:
+    """Best cost of taking n cards from disjoint groups, for every n."""
+    table: _Table = {0: _ZERO}
     for child in children:
-        merged: _Best = {}
-        for have, (cost, minors, names) in table.items():
-            for take, (c_cost, c_minors, c_names) in child.items():
-                candidate = (
-                    _add(cost, c_cost),
-                    tuple(sorted(minors + c_minors)),
-                    names + c_names,
-                )
-                if _better(candidate, merged.get(have + take)):
+        merged: _Table = {}
+        for have, cost in table.items():
+            for take, child_cost in child.items():
+                candidate = _add(cost, child_cost)
+                incumbent = merged.get(have + take)
+                if incumbent is None or candidate < incumbent:
                     merged[have + take] = candidate
         table = merged
-    if level is None:
-        return table
+    return table
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """One switch, root port or NUMA node as a request sees it."""
+
+    level: topology.Level
+    size: int  # its cards, free or not
+    free: int  # its cards in ``available``
+
+
+def _group_cost(group: _Group, taken: int, spare_groups: bool) -> _Cost:
+    """What taking ``taken`` cards of a group adds to a choice's cost."""
+    if taken == 0:
+        return _ZERO
+    cost = [0] * _WIDTH
+    cost[_LEVELS.index(group.level)] = 1
+    cost[3] = -(taken * (taken - 1) // 2)
+    if spare_groups:
+        cost[_SPLIT[group.level]] = int(group.free == group.size and taken < group.free)
+        cost[_LEFT[group.level]] = group.free - taken
+        if group.level is topology.Level.SWITCH:
+            cost[_SWITCH_SIZE] = group.size
+    return tuple(cost)
+
+
+def _close(table: _Table, group: _Group, spare_groups: bool) -> _Table:
     return {
-        taken: (_add(cost, _level_cost(level, taken)) if taken else cost, minors, names)
-        for taken, (cost, minors, names) in table.items()
+        taken: _add(cost, _group_cost(group, taken, spare_groups)) for taken, cost in table.items()
     }
 
 
 class TopologyPolicy:
-    """Fewest NUMA nodes, then root ports, then switches, then closest pairs; lowest minors."""
+    """The most local set for this request; among equally local sets, the one that keeps the
+    biggest free groups whole (best fit); then the lowest minors.
+
+    Local means, outermost level first: fewest NUMA nodes, then root ports, then switches, then
+    the smallest pair-distance sum (the order of :class:`topology.SetScore`). Keeping groups
+    whole means: fewest intact switches split, then intact root ports, then intact NUMA nodes;
+    then the fewest free cards left under the switches touched, then cards of small switches
+    first, then the fewest free cards left in the root ports and NUMA nodes touched.
+    ``spare_groups=False`` skips that second step (lowest minors directly), which is how the
+    policy chose before; benchmarks compare the two.
+    """
 
     name = "topology"
 
-    def __init__(self, topo: topology.Topology) -> None:
+    def __init__(self, topo: topology.Topology, *, spare_groups: bool = True) -> None:
         self._topology = topo
+        self._spare_groups = spare_groups
+        self._sizes = {
+            level: {key: len(cards) for key, cards in topo.groups(level).items()}
+            for level in _LEVELS
+        }
 
     def _place(self, name: str, index: int) -> topology.Placement:
         try:
@@ -136,41 +179,55 @@ class TopologyPolicy:
             own = f"unknown:{name}"
             return topology.Placement(name, 1_000_000 + index, own, own, own)
 
+    def _group(self, level: topology.Level, key: str, free: int) -> _Group:
+        return _Group(level, self._sizes[level].get(key, 1), free)
+
     def choose(self, available: Sequence[str], required: Sequence[str], size: int) -> list[str]:
-        """The best-scoring set of ``size`` devices from ``available`` containing ``required``."""
+        """The best set of ``size`` devices from ``available`` containing ``required``."""
         check_request(available, required, size)
         must = set(required)
-        places = [self._place(name, i) for i, name in enumerate(available)]
+        places = sorted(
+            (self._place(name, i) for i, name in enumerate(available)),
+            key=lambda p: (p.minor, p.name),
+        )
+        bit = {p.name: 1 << (len(places) - 1 - rank) for rank, p in enumerate(places)}
         tree: dict[str, dict[str, dict[str, list[topology.Placement]]]] = {}
         for p in places:
             tree.setdefault(p.numa, {}).setdefault(p.port, {}).setdefault(p.switch, []).append(p)
+        spare = self._spare_groups
         numa_tables = []
-        for ports in tree.values():
+        for numa, ports in tree.items():
             port_tables = []
-            for switches in ports.values():
-                switch_tables = [self._switch_table(cards, must) for cards in switches.values()]
-                port_tables.append(_combine(switch_tables, level=1))
-            numa_tables.append(_combine(port_tables, level=0))
-        best = _combine(numa_tables, level=None).get(size)
+            for port, switches in ports.items():
+                switch_tables = [
+                    _close(
+                        _switch_table(cards, must, bit),
+                        self._group(topology.Level.SWITCH, switch, len(cards)),
+                        spare,
+                    )
+                    for switch, cards in switches.items()
+                ]
+                free = sum(len(cards) for cards in switches.values())
+                group = self._group(topology.Level.PORT, port, free)
+                port_tables.append(_close(_combine(switch_tables), group, spare))
+            free = sum(len(cards) for switches in ports.values() for cards in switches.values())
+            group = self._group(topology.Level.NUMA, numa, free)
+            numa_tables.append(_close(_combine(port_tables), group, spare))
+        best = _combine(numa_tables).get(size)
         if best is None:  # unreachable after check_request; kept as a guard with a clear text
             raise AllocationError(f"no set of {size} device(s) contains {sorted(must)}")
-        order = {p.name: p.minor for p in places}
-        return sorted(best[2], key=lambda name: (order[name], name))
+        return [p.name for p in places if -best[-1] & bit[p.name]]
 
-    @staticmethod
-    def _switch_table(cards: list[topology.Placement], must: set[str]) -> _Best:
-        forced = sorted((c for c in cards if c.name in must), key=lambda c: c.minor)
-        free = sorted((c for c in cards if c.name not in must), key=lambda c: c.minor)
-        table: _Best = {}
-        for extra in range(len(free) + 1):
-            chosen = forced + free[:extra]
-            taken = len(chosen)
-            table[taken] = (
-                _level_cost(2, taken),
-                tuple(sorted(c.minor for c in chosen)),
-                tuple(c.name for c in chosen),
-            )
-        return table
+
+def _switch_table(cards: list[topology.Placement], must: set[str], bit: dict[str, int]) -> _Table:
+    """Cost of taking n cards of one switch: its required cards, then its lowest minors."""
+    forced = [c for c in cards if c.name in must]
+    free = [c for c in cards if c.name not in must]
+    table: _Table = {}
+    for extra in range(len(free) + 1):
+        mask = sum(bit[c.name] for c in forced + free[:extra])
+        table[len(forced) + extra] = (*_ZERO[:-1], -mask)
+    return table
 
 
 PolicyFactory = Callable[[topology.Topology], AllocationPolicy]

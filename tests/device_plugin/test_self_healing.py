@@ -77,7 +77,7 @@ def test_deleted_plugin_socket_is_served_again_and_reregistered() -> None:
         assert os.path.exists(node.socket_path)
         assert "was deleted or replaced" in node.plugin.log_text()
         pod = await node.kubelet.allocate_pod("p", {"main": 1})
-        assert pod["main"].device_ids == ("gcu0",)
+        assert pod["main"].device_ids == ("gcu2",)  # one card; the free pair gcu0+gcu1 stays whole
 
     run_on_node(scenario)
 
