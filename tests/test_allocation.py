@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import re
 from typing import Any
 
 import pytest
@@ -288,3 +290,55 @@ def test_random_requests_on_the_16_card_board_match_the_brute_force_oracle(
             must,
             size,
         )
+
+
+GUIDES = ("user-guide.md", "user-guide.zh-CN.md")
+EXAMPLE_MARKER = "<!-- allocation-example:"
+
+
+def _cards(cell: str) -> list[str]:
+    """``"gcu0 … gcu3 gcu6"`` -> gcu0, gcu1, gcu2, gcu3, gcu6 (``…`` spans a range)."""
+    tokens = cell.split()
+    result: list[str] = []
+    for i, token in enumerate(tokens):
+        if token == "…":
+            first, last = int(tokens[i - 1][3:]), int(tokens[i + 1][3:])
+            result += gcus(*range(first + 1, last))
+        elif re.fullmatch(r"gcu\d+", token):
+            result.append(token)
+        else:
+            raise AssertionError(f"not a card list: {cell!r}")
+    return result
+
+
+def _guide_example(name: str) -> list[tuple[list[str], int, list[str]]]:
+    """The worked example's rows (free cards, size, expected) from one guide's markdown."""
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", name)
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(EXAMPLE_MARKER))
+    rows = []
+    for line in lines[start + 3 :]:  # the marker, the header row, the |---| row
+        if not line.startswith("|"):
+            break
+        free, size, gets = (cell.strip() for cell in line.strip("|").split("|")[:3])
+        rows.append((_cards(free), int(size), _cards(gets)))
+    return rows
+
+
+def test_the_user_guides_worked_example_is_what_the_policy_does(
+    boards: dict[str, topology.Topology],
+) -> None:
+    english, chinese = (_guide_example(name) for name in GUIDES)
+    assert len(english) >= 5
+    assert chinese == english, "the English and Chinese guides show different examples"
+    policy = allocation.policy_by_name("topology", boards["vendor-8card"])
+    for free, size, expected in english:
+        assert policy.choose(free, [], size) == expected, (free, size)
+
+
+def test_the_guide_example_parser_reads_ranges_and_refuses_prose() -> None:
+    assert _cards("gcu0 … gcu3 gcu6") == gcus(0, 1, 2, 3, 6)
+    assert _cards("gcu4 gcu5") == gcus(4, 5)
+    with pytest.raises(AssertionError, match="not a card list"):
+        _cards("all eight")
