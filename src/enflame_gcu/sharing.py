@@ -90,21 +90,59 @@ def _free_by_card(available: Sequence[str]) -> dict[str, list[int]]:
 
 @dataclass(frozen=True, slots=True)
 class PackedPolicy:
-    """Fill the cards that already have the fewest free slices first (keeps cards whole)."""
+    """Keep shared cards idle for as long as possible: pack onto cards already in use.
 
+    A choice is ranked, best first, by: the fewest idle cards it puts in use (a card is idle when
+    every slice it has is in ``available``; ``slices_of`` gives each card's slice count, and a
+    card missing from it never counts as idle), then the fewest cards for the container, then
+    the fewest free slices left on the cards it uses (best fit), then the lowest cards. Cards
+    that hold a must-include slice are used first: the container has them already.
+    """
+
+    slices_of: Mapping[str, int] = field(default_factory=dict)
     name: str = "packed"
 
     def choose(self, available: Sequence[str], required: Sequence[str], size: int) -> list[str]:
-        """Required slices, then the fullest cards' lowest free slices."""
+        """Required slices, their cards' other free slices, then the best cards' lowest slices."""
         check_request(available, required, size)
+        idle = {
+            card
+            for card, free in _free_by_card(available).items()
+            if len(free) == self.slices_of.get(card, -1)
+        }
         chosen = list(dict.fromkeys(required))
         free = _free_by_card([d for d in available if d not in chosen])
-        for card in sorted(free, key=lambda c: (len(free[c]), _card_order(c))):
-            for index in free[card]:
-                if len(chosen) == size:
-                    return _ordered(chosen)
-                chosen.append(slice_id(card, index))
+        for card in sorted({parse_slice_id(d)[0] for d in chosen}, key=_card_order):
+            take = free.pop(card, [])[: size - len(chosen)]
+            chosen += [slice_id(card, index) for index in take]
+        rest = size - len(chosen)
+        if rest:
+            cards = _pack(free, idle, rest)
+            for card in sorted(cards, key=lambda c: (len(free[c]), _card_order(c))):
+                take = free[card][: size - len(chosen)]
+                chosen += [slice_id(card, index) for index in take]
         return _ordered(chosen)
+
+
+def _pack(free: Mapping[str, Sequence[int]], idle: set[str], needed: int) -> list[str]:
+    """The cards to take ``needed`` slices from, by PackedPolicy's ranking.
+
+    A knapsack over the cards, exact because every part of the ranking adds up card by card:
+    (idle cards, cards, free slices on them, -bitmask of the cards with the lowest highest).
+    States are slices available so far, capped at ``needed``.
+    """
+    cards = sorted(free, key=_card_order)
+    bit = {card: 1 << (len(cards) - 1 - rank) for rank, card in enumerate(cards)}
+    table: dict[int, tuple[int, int, int, int]] = {0: (0, 0, 0, 0)}
+    for card in cards:
+        step = (int(card in idle), 1, len(free[card]), -bit[card])
+        for have, cost in list(table.items()):
+            reach = min(needed, have + len(free[card]))
+            candidate = (cost[0] + step[0], cost[1] + step[1], cost[2] + step[2], cost[3] + step[3])
+            if reach not in table or candidate < table[reach]:
+                table[reach] = candidate
+    mask = -table[needed][3]
+    return [card for card in cards if mask & bit[card]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,14 +174,15 @@ SLICE_POLICIES: dict[str, type[PackedPolicy | DistributedPolicy]] = {
 }
 
 
-def policy_by_name(name: str) -> PackedPolicy | DistributedPolicy:
-    """The named slice policy; ConfigError lists the valid names."""
-    try:
-        return SLICE_POLICIES[name]()
-    except KeyError:
-        raise ConfigError(
-            f"unknown sharing policy {name!r}; valid: {', '.join(SLICE_POLICIES)}"
-        ) from None
+def policy_by_name(
+    name: str, slices_of: Mapping[str, int] | None = None
+) -> PackedPolicy | DistributedPolicy:
+    """The named slice policy for cards with ``slices_of`` slices; ConfigError lists the names."""
+    if name not in SLICE_POLICIES:
+        raise ConfigError(f"unknown sharing policy {name!r}; valid: {', '.join(SLICE_POLICIES)}")
+    if name == "packed":
+        return PackedPolicy(dict(slices_of or {}))
+    return DistributedPolicy()
 
 
 @dataclass(frozen=True, slots=True)

@@ -207,7 +207,7 @@ def shared_slices(
     catalog = tuple(
         Advertised(i, card, numa[card]) for i in ids for card in [sharing.parse_slice_id(i)[0]]
     )
-    policy = sharing.policy_by_name(settings.policy)
+    policy = sharing.policy_by_name(settings.policy, slices_of)
     return SharedSlices(inventory, settings, slices_of, catalog, policy)
 
 
