@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from enflame_gcu import resourceslices
+from enflame_gcu import __version__, resourceslices
 from enflame_gcu.errors import ConfigError
 
 REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
@@ -98,7 +98,7 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         description="DRA driver gcu.enflame.com: publishes GCUs as ResourceSlices and "
         "prepares claims for the kubelet.",
     )
-    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--node-name", default=env.get("NODE_NAME", ""))
     parser.add_argument("--root", default=_flag(env, "ENFLAME_DRA_ROOT", "/"))
     parser.add_argument(
@@ -141,8 +141,6 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         if exc.code == 0:
             raise
         raise ConfigError("invalid command line (see the message above)") from None
-    if args.version:
-        raise SystemExit(0)
     return DraConfig(
         node_name=args.node_name,
         root=args.root,

@@ -1,0 +1,137 @@
+"""``enflame-dra-plugin``: serve the kubelet, publish the node's ResourceSlices, stop cleanly.
+
+``enflame-dra-plugin cleanup`` deletes the driver's ResourceSlices (one node, or every node
+with ``--all-nodes``): the chart runs it when the driver is uninstalled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from enflame_gcu import __version__
+from enflame_gcu.dra_plugin import apiserver, driver, kubelet, node, publisher
+from enflame_gcu.dra_plugin import config as dra_config
+from enflame_gcu.errors import ConfigError
+
+log = logging.getLogger("enflame_gcu.dra_plugin")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    numeric = logging.getLevelName(level.upper())
+    logging.getLogger().setLevel(numeric if isinstance(numeric, int) else logging.INFO)
+    for noisy in ("grpc", "asyncio", "httpx", "httpx2", "httpcore", "httpcore2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+async def run(settings: dra_config.DraConfig) -> int:
+    """Run until SIGTERM/SIGINT; 0 on a clean stop, 1 when the driver cannot start."""
+    devices = node.NodeDevices(
+        settings.root,
+        settings.publish_options(),
+        health_interval=settings.health_interval,
+        health_disabled=settings.health_disabled,
+    )
+    for problem in devices.inventory.problems:
+        log.warning("%s", problem)
+    client = apiserver.connect(settings.kubeconfig)
+    api = apiserver.ApiServer(client, settings.node_name, settings.driver_name)
+    prepare = driver.Driver(
+        node_name=settings.node_name,
+        devices=devices,
+        source=api,
+        cdi_dir=settings.cdi_dir,
+        state_dir=settings.data_dir,
+    )
+    try:
+        prepare.recover()
+    except ConfigError as exc:
+        log.error("%s", exc)
+        await client.close()
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    plugin = kubelet.KubeletPlugin(settings, prepare, devices)
+    tasks = [asyncio.ensure_future(plugin.serve_until(stop))]
+    health = asyncio.ensure_future(devices.run())
+    if settings.publish:
+        tasks.append(
+            asyncio.ensure_future(publisher.Publisher(api, devices, settings.node_name).run(stop))
+        )
+    try:
+        await stop.wait()
+    finally:
+        stop.set()
+        health.cancel()
+        results = await asyncio.gather(*tasks, health, return_exceptions=True)
+        await client.close()
+    failures = [r for r in results if isinstance(r, Exception)]
+    for failure in failures:
+        log.error("stopped with an error: %r", failure)
+    log.info("stopped")
+    return 1 if failures else 0
+
+
+async def _cleanup(settings: dra_config.DraConfig, every_node: bool) -> int:
+    client = apiserver.connect(settings.kubeconfig)
+    try:
+        api = apiserver.ApiServer(client, settings.node_name, settings.driver_name)
+        count = await api.delete_driver_slices(every_node)
+    finally:
+        await client.close()
+    scope = "every node" if every_node else f"node {settings.node_name}"
+    log.info("deleted %d ResourceSlice(s) of %s on %s", count, settings.driver_name, scope)
+    return 0
+
+
+def cleanup(argv: Sequence[str]) -> int:
+    """``enflame-dra-plugin cleanup [--all-nodes] [--node-name N] [--kubeconfig F]``."""
+    parser = argparse.ArgumentParser(prog="enflame-dra-plugin cleanup")
+    parser.add_argument("--all-nodes", action="store_true", help="every node's slices")
+    known, rest = parser.parse_known_args(argv)
+    try:
+        extra = ["--node-name", "all-nodes"] if known.all_nodes else []
+        settings = dra_config.parse([*rest, *extra] if known.all_nodes else rest)
+    except ConfigError as exc:
+        print(f"enflame-dra-plugin cleanup: {exc}", file=sys.stderr)
+        return 2
+    _setup_logging(settings.log_level)
+    return asyncio.run(_cleanup(settings, known.all_nodes))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``enflame-dra-plugin``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["cleanup"]:
+        return cleanup(args[1:])
+    try:
+        settings = dra_config.parse(args)
+    except ConfigError as exc:
+        print(f"enflame-dra-plugin: {exc}", file=sys.stderr)
+        return 2
+    _setup_logging(settings.log_level)
+    log.info(
+        "enflame-dra-plugin %s starting on node %s: root %s, registry %s, service %s, CDI %s, "
+        "shared slices %d, unhealthy devices: %s, publish %s",
+        __version__,
+        settings.node_name,
+        settings.root,
+        settings.registration_socket,
+        settings.endpoint,
+        settings.cdi_dir,
+        settings.shared_slices,
+        settings.unhealthy,
+        settings.publish,
+    )
+    return asyncio.run(run(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

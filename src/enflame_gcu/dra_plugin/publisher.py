@@ -1,0 +1,329 @@
+"""Keep the node's ResourceSlices equal to what the node offers, through any disturbance.
+
+The pool is the node's name; its slices are rebuilt from :class:`node.NodeDevices` and
+compared with what the API server holds. Only a real difference is written, with the pool
+generation raised by one (a restart that finds its own slices unchanged writes nothing).
+Triggers: a device or health change, a watch event on our slices (the kubelet deletes every
+slice of its node when it starts, and of a driver that went away: we publish again), and a
+periodic resync for anything a watch may miss. An update refused with 409 Conflict (someone
+else wrote the slice in between) is retried from a fresh list.
+
+After a write the returned objects are checked for fields the API server dropped: a cluster
+without device taints loses the NoSchedule taint of an unhealthy card, so the publisher then
+leaves unhealthy devices out instead; one without consumable capacity loses sharing, so cards
+are published exclusive (and say ``shareable: false``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from enflame_gcu import resourceslices
+from enflame_gcu.dra_plugin import node
+
+log = logging.getLogger(__name__)
+
+RESYNC_INTERVAL = 60.0
+CONFLICT_RETRIES = 5
+WATCH_RETRY_DELAY = 1.0
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i|[kMGTPE]|m|)$")
+_FACTORS = {
+    "": 1,
+    "m": 0.001,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+
+
+class Conflict(Exception):
+    """The API server refused an update: the object changed since we read it (409)."""
+
+
+class SliceApi(Protocol):
+    """The ResourceSlice endpoints the publisher uses (scoped to one node and driver)."""
+
+    async def list_slices(self) -> tuple[list[dict[str, Any]], str]:
+        """Our slices and the list's resourceVersion."""
+        ...
+
+    async def create_slice(self, document: dict[str, Any]) -> dict[str, Any]:
+        """Create; returns the stored object."""
+        ...
+
+    async def replace_slice(self, document: dict[str, Any]) -> dict[str, Any]:
+        """Update (the document carries the resourceVersion read); Conflict on 409."""
+        ...
+
+    async def delete_slice(self, name: str) -> None:
+        """Delete; an absent slice is fine."""
+        ...
+
+    def watch_slices(self, resource_version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Events on our slices after ``resource_version``."""
+        ...
+
+    async def node_uid(self) -> str | None:
+        """The Node's UID (for owner references), None when it cannot be read."""
+        ...
+
+
+def quantity_value(text: str) -> float:
+    """A Kubernetes quantity as a number (``32Gi`` and ``32768Mi`` are equal)."""
+    match = _QUANTITY.match(str(text).strip())
+    if not match:
+        return float("nan")
+    return float(match.group(1)) * _FACTORS[match.group(2)]
+
+
+def _normal_capacity(capacity: Mapping[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for name, entry in capacity.items():
+        normal: dict[str, Any] = {"value": quantity_value(entry.get("value", ""))}
+        policy = entry.get("requestPolicy") or {}
+        if policy:
+            normal["requestPolicy"] = {
+                "default": quantity_value(policy.get("default", "")),
+                "validRange": {
+                    key: quantity_value(value)
+                    for key, value in (policy.get("validRange") or {}).items()
+                },
+            }
+        result[name] = normal
+    return result
+
+
+def comparable(resource_slice: Mapping[str, Any]) -> dict[str, Any]:
+    """What must be equal for a stored slice to count as ours unchanged.
+
+    Ignores what the server adds or rewrites: the generation (compared on its own), metadata
+    beyond name and owners, a taint's ``timeAdded`` and the spelling of quantities.
+    """
+    metadata = resource_slice.get("metadata") or {}
+    spec = dict(resource_slice.get("spec") or {})
+    pool = dict(spec.get("pool") or {})
+    pool.pop("generation", None)
+    spec["pool"] = pool
+    device_list = []
+    for stored in spec.get("devices") or []:
+        device = dict(stored)
+        if "capacity" in device:
+            device["capacity"] = _normal_capacity(device["capacity"])
+        if "taints" in device:
+            device["taints"] = [
+                {k: v for k, v in taint.items() if k != "timeAdded"} for taint in device["taints"]
+            ]
+        device_list.append(device)
+    spec["devices"] = device_list
+    owners = [
+        {key: owner.get(key) for key in ("kind", "name", "uid")}
+        for owner in metadata.get("ownerReferences") or []
+    ]
+    return {"name": metadata.get("name"), "owners": owners, "spec": spec}
+
+
+def _generation(resource_slice: Mapping[str, Any]) -> int:
+    return int(((resource_slice.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+
+
+class Publisher:
+    """Publishes one node's pool and keeps it current."""
+
+    def __init__(
+        self,
+        api: SliceApi,
+        devices: node.NodeDevices,
+        node_name: str,
+        *,
+        resync_interval: float = RESYNC_INTERVAL,
+    ) -> None:
+        self.api = api
+        self.devices = devices
+        self.node_name = node_name
+        self.resync_interval = resync_interval
+        self.generation = 0
+        self.writes = 0
+        self.conflicts = 0
+        self.dropped: set[str] = set()
+        self._node_uid: str | None = None
+        self._wake = asyncio.Event()
+        self._resource_version = ""
+
+    def desired(self, generation: int) -> list[dict[str, Any]]:
+        """The slices the node should have at ``generation``."""
+        return resourceslices.build_slices(
+            self.node_name,
+            self._node_uid,
+            self.devices.published(),
+            generation,
+            self.devices.options,
+        )
+
+    async def sync(self) -> bool:
+        """Make the API server hold the desired slices; True when something was written."""
+        if self._node_uid is None:
+            self._node_uid = await self.api.node_uid()
+        for _ in range(CONFLICT_RETRIES):
+            existing, self._resource_version = await self.api.list_slices()
+            try:
+                return await self._sync_once(existing)
+            except Conflict as exc:
+                self.conflicts += 1
+                log.info("a ResourceSlice changed while we updated it (%s); listing again", exc)
+        raise Conflict(f"gave up after {CONFLICT_RETRIES} conflicting updates")
+
+    async def _sync_once(self, existing: Sequence[dict[str, Any]]) -> bool:
+        stored = {s["metadata"]["name"]: s for s in existing}
+        generations = {_generation(s) for s in existing}
+        base = max([self.generation, *generations])
+        current = self.desired(base)
+        if (
+            len(generations) == 1
+            and set(stored) == {s["metadata"]["name"] for s in current}
+            and all(comparable(stored[s["metadata"]["name"]]) == comparable(s) for s in current)
+        ):
+            self.generation = base
+            return False
+        wanted = self.desired(base + 1)
+        results = []
+        for document in wanted:
+            name = document["metadata"]["name"]
+            if name in stored:
+                version = stored[name]["metadata"].get("resourceVersion")
+                document["metadata"]["resourceVersion"] = version
+                results.append(await self.api.replace_slice(document))
+            else:
+                results.append(await self.api.create_slice(document))
+        for name in sorted(set(stored) - {d["metadata"]["name"] for d in wanted}):
+            await self.api.delete_slice(name)
+        self.generation = base + 1
+        self.writes += 1
+        log.info(
+            "published %d device(s) in %d ResourceSlice(s), pool %s generation %d",
+            sum(len(d["spec"].get("devices") or []) for d in wanted),
+            len(wanted),
+            self.node_name,
+            self.generation,
+        )
+        if self._check_dropped(wanted, results):
+            return await self._sync_once(await self._relist())
+        return True
+
+    async def _relist(self) -> list[dict[str, Any]]:
+        existing, self._resource_version = await self.api.list_slices()
+        return existing
+
+    def _check_dropped(
+        self, sent: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]]
+    ) -> bool:
+        """Adapt to fields the server dropped; True when the slices must be written again."""
+        sent_devices = [d for s in sent for d in s["spec"].get("devices") or []]
+        kept = {d["name"]: d for s in stored for d in (s.get("spec") or {}).get("devices") or []}
+        options = self.devices.options
+        changed = False
+        if any("taints" in d and "taints" not in kept.get(d["name"], {}) for d in sent_devices):
+            self.dropped.add("taints")
+            log.warning(
+                "the API server dropped device taints (DRADeviceTaints is off on this cluster): "
+                "unhealthy GCUs are left out of the slices instead"
+            )
+            options = dataclasses.replace(options, unhealthy="omit")
+            changed = True
+        if any(
+            d.get("allowMultipleAllocations")
+            and not kept.get(d["name"], {}).get("allowMultipleAllocations")
+            for d in sent_devices
+        ):
+            self.dropped.add("allowMultipleAllocations")
+            log.warning(
+                "the API server dropped allowMultipleAllocations (consumable capacity is off "
+                "on this cluster: Kubernetes < 1.36 without DRAConsumableCapacity): GCUs are "
+                "published exclusive, time-sharing is unavailable"
+            )
+            options = dataclasses.replace(options, shared_slices=0)
+            changed = True
+        self.devices.options = options
+        return changed
+
+    def wake(self) -> None:
+        """Ask for a sync soon."""
+        self._wake.set()
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                async for kind, document in self.api.watch_slices(self._resource_version):
+                    name = (document.get("metadata") or {}).get("name")
+                    log.debug("ResourceSlice %s: %s", name, kind)
+                    self.wake()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the watch is only a trigger; the resync still runs
+                log.info("watching ResourceSlices failed (%s); watching again", exc)
+            await asyncio.sleep(WATCH_RETRY_DELAY)
+            self.wake()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Publish now and after every trigger until ``stop``."""
+        watcher: asyncio.Task[None] | None = None
+        seen = -1
+        delay = 0.5
+        try:
+            while not stop.is_set():
+                self._wake.clear()
+                seen = self.devices.version
+                try:
+                    await self.sync()
+                    delay = 0.5
+                except Exception as exc:
+                    log.warning(
+                        "publishing ResourceSlices failed: %s; retrying in %.1fs", exc, delay
+                    )
+                    await _first(stop.wait(), asyncio.sleep(delay))
+                    delay = min(delay * 2, 30.0)
+                    continue
+                if watcher is None or watcher.done():
+                    watcher = asyncio.ensure_future(self._watch())
+                await _first(
+                    stop.wait(),
+                    self._wake.wait(),
+                    self.devices.changed(seen),
+                    asyncio.sleep(self.resync_interval),
+                )
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+
+    async def delete_all(self) -> int:
+        """Delete every slice of this node and driver (uninstall); returns how many."""
+        existing, _ = await self.api.list_slices()
+        for document in existing:
+            await self.api.delete_slice(document["metadata"]["name"])
+        return len(existing)
+
+
+async def _first(*waits: Any) -> None:
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
