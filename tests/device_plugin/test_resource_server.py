@@ -19,7 +19,6 @@ def test_two_resources_register_on_their_own_sockets_and_stop_cleanly() -> None:
     cfg = config.PluginConfig(plugin_dir=plugins, host_root=root)
 
     async def main() -> None:
-        signals = kubelet.Signals()
         resource = runner.NodeResources(cfg)
         servers = [
             kubelet.ResourceServer(cfg, resource.state),
@@ -28,7 +27,7 @@ def test_two_resources_register_on_their_own_sockets_and_stop_cleanly() -> None:
             ),
         ]
         async with KubeletStub(plugins) as stub:
-            tasks = [asyncio.ensure_future(s.serve_until_signal(signals)) for s in servers]
+            tasks = [asyncio.ensure_future(s.run()) for s in servers]
             await stub.wait_for(
                 lambda k: (
                     k.capacity("enflame.com/gcu") == 4 and k.capacity("example.com/gcu-b") == 4
@@ -37,8 +36,9 @@ def test_two_resources_register_on_their_own_sockets_and_stop_cleanly() -> None:
                 "both resources",
             )
             assert sorted(r.endpoint for r in stub.registrations) == ["b.sock", "enflame.sock"]
-            signals.stop.set()
-            assert await asyncio.gather(*tasks) == ["stop", "stop"]
+            for server in servers:
+                await server.close()
+            await asyncio.gather(*tasks)
         assert os.listdir(plugins) == []  # both sockets and kubelet.sock are gone
 
     try:
@@ -69,16 +69,15 @@ def test_socket_deleted_between_bind_and_registration_is_served_again() -> None:
         return server
 
     async def main() -> None:
-        signals = kubelet.Signals()
         resource = runner.NodeResources(cfg)
         server = kubelet.ResourceServer(cfg, resource.state)
-        task = asyncio.ensure_future(server.serve_until_signal(signals))
+        task = asyncio.ensure_future(server.run())
         try:
             async with KubeletStub(plugins) as stub:
                 await stub.wait_for(lambda k: k.capacity() == 4, 10, "registration")
         finally:
-            signals.stop.set()
-            assert await task == "stop"
+            await server.close()
+            await task
         assert losses == [cfg.socket_path]
 
     original = grpc.aio.server

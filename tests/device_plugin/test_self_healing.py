@@ -101,15 +101,35 @@ def test_stale_socket_file_from_a_dead_instance_is_replaced() -> None:
     asyncio.run(main())
 
 
-def test_sighup_restarts_with_a_fresh_discovery() -> None:
+def test_sighup_rediscovers_on_the_open_stream_without_a_gap() -> None:
+    """Make-before-break: the new discovery reaches the kubelet on the stream it already has.
+
+    Ending that stream (even after a new registration) would make a kubelet log "ListAndWatch
+    ended unexpectedly" and mark every card Unhealthy and the endpoint stopped.
+    """
+
     async def scenario(node: plugin_process.RunningNode) -> None:
+        kubelet = node.kubelet
         simulate.unplug(node.root, 7)
-        await node.kubelet.wait_for(health_is("gcu7", "Unhealthy"), 5, "gcu7 unhealthy")
+        await kubelet.wait_for(health_is("gcu7", "Unhealthy"), 5, "gcu7 unhealthy")
+        since = time.monotonic()
         node.plugin.send(signal.SIGHUP)
-        await node.kubelet.wait_for(registered(2), 10, "re-registration after SIGHUP")
-        await node.kubelet.wait_for(lambda k: k.capacity() == 7, 5, "7 cards after rediscovery")
-        assert "gcu7" not in node.kubelet.devices()
-        assert "SIGHUP" in node.plugin.log_text()
+        await kubelet.wait_for(lambda k: k.capacity() == 7, 10, "7 cards after rediscovery")
+        assert "gcu7" not in kubelet.devices()
+        for count in (2, 3):
+            node.plugin.send(signal.SIGHUP)
+            for _ in range(400):
+                if node.plugin.log_text().count("SIGHUP: ") >= count:
+                    break
+                await asyncio.sleep(0.025)
+        await asyncio.sleep(0.3)  # a late stream end or re-registration would show by now
+        assert node.plugin.log_text().count("SIGHUP: ") >= 3
+        assert kubelet.stream_ends == []
+        assert len(kubelet.registrations) == 1
+        dips = [a for a in kubelet.history if a.at >= since and a.healthy < 7]
+        assert dips == [], dips
+        pod = await kubelet.allocate_pod("after-sighup", {"main": 2})
+        assert len(set(pod["main"].device_ids) & {f"gcu{i}" for i in range(7)}) == 2
 
     run_on_node(scenario)
 
@@ -289,5 +309,76 @@ def test_card_the_runtime_would_refuse_is_advertised_unhealthy_and_not_allocated
         finally:
             assert await plugin.stop() == 0
             shutil.rmtree(work)
+
+    asyncio.run(main())
+
+
+def _error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if " ERROR " in line or "Traceback" in line]
+
+
+def test_missing_plugin_dir_is_one_error_line_then_back_off_until_it_appears() -> None:
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("flat-4card")
+        os.rmdir(plugins)  # a wrong hostPath: nothing there
+        plugin = plugin_process.PluginProcess(plugins, root, ["--log-level", "debug"])
+        try:
+            await plugin.start()
+            await asyncio.sleep(2.5)
+            text = plugin.log_text()
+            assert _error_lines(text) == [line for line in text.splitlines() if " ERROR " in line]
+            [error] = _error_lines(text)
+            assert f"plugin dir {plugins} does not exist" in error
+            assert "retrying with back-off" in error
+            assert text.count("still failing") >= 2  # it did retry, quietly
+            assert plugin.process is not None and plugin.process.returncode is None
+            os.mkdir(plugins)  # the kubelet comes up
+            async with KubeletStub(plugins) as kubelet:
+                await kubelet.wait_for(lambda k: k.capacity() == 4, 10, "registration")
+            assert "works again" in plugin.log_text()
+        finally:
+            assert await plugin.stop() == 0
+            shutil.rmtree(work)
+
+    asyncio.run(main())
+
+
+def test_read_only_plugin_dir_is_one_error_line_and_a_clean_exit() -> None:
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("flat-4card")
+        plugin = plugin_process.PluginProcess(plugins, root, ["--log-level", "debug"])
+        # A read-only mount of the dir, private to the plugin (as a readOnly hostPath would be).
+        remount = f"mount --bind {plugins} {plugins} && mount -o remount,bind,ro {plugins}"
+        plugin.wrapper = ["unshare", "-m", "sh", "-c", f'{remount} && exec "$@"', "sh"]
+        try:
+            await plugin.start()
+            await asyncio.sleep(2.5)
+            text = plugin.log_text()
+            [error] = _error_lines(text)
+            assert "Read-only file system" in error and plugins in error
+            assert text.count("still failing") >= 2
+            assert plugin.process is not None and plugin.process.returncode is None
+        finally:
+            assert await plugin.stop() == 0
+            shutil.rmtree(work)
+
+    asyncio.run(main())
+
+
+def test_plugin_dir_that_is_a_file_is_one_error_line() -> None:
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("flat-4card")
+        os.rmdir(plugins)
+        with open(plugins, "w") as handle:
+            handle.write("not a directory\n")
+        plugin = plugin_process.PluginProcess(plugins, root)
+        try:
+            await plugin.start()
+            await asyncio.sleep(1.5)
+            [error] = _error_lines(plugin.log_text())
+            assert f"plugin dir {plugins} is not a directory" in error
+        finally:
+            assert await plugin.stop() == 0
+            shutil.rmtree(work, ignore_errors=True)
 
     asyncio.run(main())

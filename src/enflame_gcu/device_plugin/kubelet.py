@@ -1,9 +1,19 @@
-"""Serving one resource to the kubelet: serve, then Register, then watch for reasons to redo it.
+"""Serving one resource to the kubelet: take the socket's lock, serve, Register, heal, repeat.
 
-The kubelet deletes every socket in its plugin dir when it restarts and re-creates
-``kubelet.sock``; someone may also delete our socket by hand. Inotify on the plugin dir (plus a
-one-second check for what events miss) notices both; the old server is stopped before the new
-one registers, so an old stream ending cannot race the new registration (SPEC §3).
+- **One instance per socket.** A :class:`~.socket_lock.SocketLock` decides who serves; another
+  instance on the same plugin dir stands by (logging once who holds the socket) and takes over
+  when the holder stops. A live socket at our path that nobody locked (an older plugin) is never
+  deleted: we wait for it to go away.
+- **Healing.** The kubelet deletes every socket in its plugin dir when it restarts and re-creates
+  ``kubelet.sock``; someone may also delete our socket by hand. Inotify on the plugin dir (plus a
+  one-second check for what events miss) notices both; the old server is stopped before the new
+  one registers, so an old stream ending cannot race the new registration (SPEC §3: the kubelet
+  marks a resource unhealthy and its endpoint stopped whenever any of its streams ends).
+- **A plugin dir we cannot use** (missing, read-only, not a directory) is one error line, then
+  retries with back-off (repeats at debug), then one line when it works again.
+- **Reconfiguration in place.** SIGHUP gives a running server a new config and snapshot
+  (:meth:`ResourceServer.reconfigure`): the open ListAndWatch stream sends the new list, nothing
+  ends, nothing re-registers (make-before-break without a break).
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ import grpc
 from enflame_gcu import health
 from enflame_gcu._proto import api_pb2, api_pb2_grpc
 from enflame_gcu.device_plugin import config as plugin_config
-from enflame_gcu.device_plugin import service
+from enflame_gcu.device_plugin import service, socket_lock
 from enflame_gcu.device_plugin import state as plugin_state
 
 log = logging.getLogger(__name__)
@@ -29,6 +39,8 @@ KUBELET_SOCKET = "kubelet.sock"
 REGISTER_TIMEOUT = 15.0  # the kubelet dials us back inside Register with a 10 s timeout
 STOP_GRACE = 0.5
 CHECK_INTERVAL = 1.0
+STANDBY_INTERVAL = 0.5  # how often a standby instance tries the lock (events wake it sooner)
+BACKOFF_FIRST, BACKOFF_MAX = 0.25, 5.0
 
 
 def identity(path: str) -> tuple[int, int] | None:
@@ -56,6 +68,36 @@ class Signals:
         return None
 
 
+class DirUnusable(Exception):
+    """The plugin dir cannot hold our socket right now (message says why)."""
+
+
+class Occupied(Exception):
+    """A live server we do not know listens on our socket path."""
+
+
+class _Trouble:
+    """Reports a recurring failure once at ERROR, repeats at DEBUG, recovery once at INFO."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.delay = BACKOFF_FIRST
+
+    def failed(self, reason: str) -> float:
+        if reason != self.reason:
+            log.error("%s; retrying with back-off (at most every %.0f s)", reason, BACKOFF_MAX)
+            self.reason, self.delay = reason, BACKOFF_FIRST
+        else:
+            log.debug("still failing: %s", reason)
+        delay, self.delay = self.delay, min(self.delay * 2, BACKOFF_MAX)
+        return delay
+
+    def recovered(self, what: str) -> None:
+        if self.reason is not None:
+            log.info("%s works again (was: %s)", what, self.reason)
+        self.reason, self.delay = None, BACKOFF_FIRST
+
+
 class ResourceServer:
     """One resource on one socket in the plugin dir; a process may run several side by side."""
 
@@ -74,29 +116,67 @@ class ResourceServer:
         self.resource_name = resource_name or config.resource_name
         self.socket_name = socket_name or config.socket_name
         self.socket_path = os.path.join(config.plugin_dir, self.socket_name)
+        self.lock = socket_lock.SocketLock(self.socket_path)
+        self.stopping = asyncio.Event()
         self._server: grpc.aio.Server | None = None
         self._service: service.DevicePluginService | None = None
         self._socket: tuple[int, int] | None = None
         self._kubelet: tuple[int, int] | None = None
+        self._trouble = _Trouble()
 
     @property
     def kubelet_socket(self) -> str:
         """The kubelet's registration socket."""
         return os.path.join(self.config.plugin_dir, KUBELET_SOCKET)
 
+    @property
+    def key(self) -> tuple[str, str]:
+        """What identifies this server to the kubelet: socket path and resource name."""
+        return (self.socket_path, self.resource_name)
+
+    def reconfigure(self, config: plugin_config.PluginConfig) -> None:
+        """Serve a new config (same socket and resource) from now on, on the open streams."""
+        self.config = config
+        if self._service is not None:
+            self._service.reconfigure(config)
+
+    # --- the socket ---------------------------------------------------------------------------
+
+    def _check_dir(self) -> None:
+        directory = self.config.plugin_dir
+        if not os.path.isdir(directory):
+            what = "is not a directory" if os.path.lexists(directory) else "does not exist"
+            raise DirUnusable(
+                f"plugin dir {directory} {what} (the kubelet creates it; check the hostPath "
+                "mount and --plugin-dir)"
+            )
+
     async def start(self) -> None:
-        """Serve on our socket, removing a stale file left by an earlier instance."""
+        """Serve on our socket (we hold the lock), removing a stale file nobody listens on."""
+        self._check_dir()
         path = self.socket_path
-        os.makedirs(self.config.plugin_dir, exist_ok=True)
         if os.path.lexists(path):
+            if socket_lock.listening(path):
+                raise Occupied(path)
             log.info("removing stale socket %s left by an earlier instance", path)
-            os.unlink(path)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise DirUnusable(f"cannot remove stale {path}: {exc.strerror or exc}") from exc
         server = grpc.aio.server()
         self._service = service.DevicePluginService(
             self.state, self.config, self.resource_name, self.observer
         )
         api_pb2_grpc.add_DevicePluginServicer_to_server(self._service, server)
-        server.add_insecure_port(f"unix://{path}")
+        try:
+            server.add_insecure_port(f"unix://{path}")
+        except RuntimeError as exc:  # grpc's whole report of a failed bind
+            self._service = None
+            raise DirUnusable(
+                f"cannot create socket {path} ({exc}; is the plugin dir writable?)"
+            ) from exc
         await server.start()
         self._server = server
         # The file exists from bind() on, so it can be deleted before we note it here: then
@@ -119,6 +199,8 @@ class ResourceServer:
                 os.unlink(self.socket_path)
         self._server = self._service = self._socket = None
 
+    # --- registration -------------------------------------------------------------------------
+
     async def _register_once(self) -> None:
         request = api_pb2.RegisterRequest(
             version=API_VERSION,
@@ -129,12 +211,15 @@ class ResourceServer:
         async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
             await api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=REGISTER_TIMEOUT)
 
-    async def register(self, watcher: health.ChangeWatcher, signals: Signals) -> bool:
-        """Register, retrying until the kubelet answers; False on a signal or a lost socket."""
+    async def register(self, watcher: health.ChangeWatcher) -> bool:
+        """Register, retrying until the kubelet answers; False when stopping or the socket or
+        the lock was lost meanwhile."""
         delay, warned = 0.05, False
-        while signals.pending() is None:
+        while not self.stopping.is_set():
             if self._lost():
                 log.info("our socket vanished before registration; serving again")
+                return False
+            if not self.lock.held():
                 return False
             kubelet = identity(self.kubelet_socket)
             if kubelet is None:
@@ -158,7 +243,7 @@ class ResourceServer:
                 warned = True
             else:
                 log.debug("register retry: %s", reason)
-            await wait_any(watcher, signals, delay)
+            await wait_any(watcher, self.stopping, delay)
             delay = min(delay * 2, 2.0)
         return False
 
@@ -166,39 +251,99 @@ class ResourceServer:
         """Why we must serve and register again, or None."""
         if self._lost():
             return f"our socket {self.socket_path} was deleted or replaced"
+        if not self.lock.held():
+            return f"our lock {self.lock.path} was deleted or replaced"
         kubelet = identity(self.kubelet_socket)
         if kubelet is not None and kubelet != self._kubelet:
             return f"{self.kubelet_socket} was re-created (kubelet restart)"
         return None
 
-    async def serve_until_signal(self, signals: Signals) -> str:
-        """Serve, register and heal until a signal; return ``stop`` or ``restart``."""
+    # --- the whole life -----------------------------------------------------------------------
+
+    async def _take_lock(self, watcher: health.ChangeWatcher) -> bool:
+        """Hold the lock and see no foreign live socket; wait (standby) meanwhile. False when
+        stopping."""
+        said = ""
+        while not self.stopping.is_set():
+            try:
+                self._check_dir()
+                got = self.lock.try_acquire()
+            except DirUnusable as exc:
+                await wait_any(watcher, self.stopping, self._trouble.failed(str(exc)))
+                continue
+            except OSError as exc:
+                reason = f"cannot lock {self.lock.path}: {exc.strerror or exc}"
+                await wait_any(watcher, self.stopping, self._trouble.failed(reason))
+                continue
+            self._trouble.recovered(f"plugin dir {self.config.plugin_dir}")
+            if got and not socket_lock.listening(self.socket_path):
+                if said:
+                    log.info("taking over %s", self.socket_path)
+                return True
+            if got:
+                message = (
+                    f"{self.socket_path} is served by a process that does not take "
+                    f"{self.lock.path} (an older enflame-device-plugin?); waiting for it to stop"
+                )
+                self.lock.release()
+            else:
+                message = (
+                    f"{self.socket_path} is served by another enflame-device-plugin "
+                    f"({self.lock.holder()}); this instance stands by and takes over when "
+                    "that one stops"
+                )
+            if message != said:
+                log.warning("%s", message)
+                said = message
+            watcher.refresh()
+            await wait_any(watcher, self.stopping, STANDBY_INTERVAL)
+        return False
+
+    async def run(self) -> None:
+        """Serve, register and heal until :meth:`close`; stand by while another holds the lock."""
         with health.ChangeWatcher([self.config.plugin_dir]) as watcher:
             try:
-                while True:
-                    await self.start()
-                    if await self.register(watcher, signals):
-                        while (reason := self.restart_reason()) is None:
-                            if signals.pending():
-                                break
-                            watcher.refresh()  # the plugin dir itself may have been re-created
-                            await wait_any(watcher, signals, CHECK_INTERVAL)
-                        else:
-                            log.info("%s: serving again and re-registering", reason)
-                    pending = signals.pending()
-                    if pending:
-                        return pending
+                while await self._take_lock(watcher):
+                    await self._serve_while_locked(watcher)
                     await self.stop()
+                    if not self.lock.held():  # deleted under us: _take_lock tries it anew
+                        self.lock.release(unlink=False)
             finally:
                 await self.stop()
+                self.lock.release()
+
+    async def _serve_while_locked(self, watcher: health.ChangeWatcher) -> None:
+        while not self.stopping.is_set():
+            try:
+                await self.start()
+            except Occupied:
+                return  # _take_lock waits for the foreign server to go
+            except DirUnusable as exc:
+                await self.stop()
+                await wait_any(watcher, self.stopping, self._trouble.failed(str(exc)))
+                return  # through _take_lock again: the lock may have gone with the dir
+            self._trouble.recovered(f"plugin dir {self.config.plugin_dir}")
+            if await self.register(watcher):
+                while (reason := self.restart_reason()) is None:
+                    if self.stopping.is_set():
+                        return
+                    watcher.refresh()  # the plugin dir itself may have been re-created
+                    await wait_any(watcher, self.stopping, CHECK_INTERVAL)
+                log.info("%s: serving again and re-registering", reason)
+            if not self.lock.held():
+                return  # run() stops the server; _take_lock decides whether we still may serve
+            await self.stop()
+
+    async def close(self) -> None:
+        """Ask :meth:`run` to end (it stops the server and releases the lock)."""
+        self.stopping.set()
 
 
-async def wait_any(watcher: health.ChangeWatcher, signals: Signals, timeout: float) -> None:
-    """Sleep until a plugin-dir event, a signal or ``timeout``."""
+async def wait_any(watcher: health.ChangeWatcher, stopping: asyncio.Event, timeout: float) -> None:
+    """Sleep until a plugin-dir event, ``stopping`` or ``timeout``."""
     tasks = [
         asyncio.ensure_future(watcher.wait(timeout)),
-        asyncio.ensure_future(signals.stop.wait()),
-        asyncio.ensure_future(signals.restart.wait()),
+        asyncio.ensure_future(stopping.wait()),
     ]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -4,7 +4,14 @@ One discovery and one health monitor per process feed every served resource (who
 vGCUs, shared slices), each on its own socket with its own registration. A card's health
 reaches its vGCUs and slices through :meth:`HealthReport.for_derived`, so they fail and recover
 together. SIGHUP re-reads the config file: a valid one applies, an invalid one is refused and the
-running config kept; either way the node is rediscovered and every resource served again.
+running config kept; either way the node is rediscovered.
+
+SIGHUP is make-before-break without the break: a resource served before and after (same name,
+same socket) keeps its server, registration and ListAndWatch stream, and the new discovery and
+config reach the kubelet as the next list on that stream. Only a resource that is new is
+registered, and only one that is gone (or moved to another socket) is stopped, before anything
+else registers: a kubelet marks a resource unhealthy and its endpoint stopped whenever any of
+its streams ends, so ending an old stream after a new registration would break the new one.
 """
 
 from __future__ import annotations
@@ -13,7 +20,8 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 
 from enflame_gcu import devices, health
 from enflame_gcu.device_plugin import config as plugin_config
@@ -48,7 +56,10 @@ class NodeResources:
     """One discovery and health monitor; a :class:`PluginState` per served resource."""
 
     def __init__(
-        self, config: plugin_config.PluginConfig, listener: HealthListener | None = None
+        self,
+        config: plugin_config.PluginConfig,
+        listener: HealthListener | None = None,
+        adopt: Mapping[str, plugin_state.PluginState] | None = None,
     ) -> None:
         self.config = config
         self._listener = listener
@@ -62,12 +73,15 @@ class NodeResources:
         )
         kinds, self.assignment = resources.build(inventory, config)
         report = self.monitor.report
-        self.states = {
-            key: plugin_state.PluginState(
-                plugin_state.Snapshot(kind, resources.health_of(kind, report))
-            )
-            for key, kind in kinds.items()
-        }
+        self.states: dict[str, plugin_state.PluginState] = {}
+        for key, kind in kinds.items():
+            snapshot = plugin_state.Snapshot(kind, resources.health_of(kind, report))
+            if adopt is not None and key in adopt:
+                # A running server's state: its open streams send this snapshot next.
+                self.states[key] = adopt[key]
+                self.states[key].replace(snapshot)
+            else:
+                self.states[key] = plugin_state.PluginState(snapshot)
         self._notify()
 
     @property
@@ -103,29 +117,76 @@ class NodeResources:
                 state.set_health(resources.health_of(kind, update.report))
         self._notify()
 
+    def server_keys(self) -> dict[str, tuple[str, str]]:
+        """``{kind: (socket path, resource name)}``: what a running server is reused for."""
+        names = self.config.resource_names()
+        return {
+            key: (os.path.join(self.config.plugin_dir, self.config.socket_for(key)), names[key])
+            for key in self.states
+        }
+
+    def server(
+        self, key: str, observer: service.AllocationObserver | None = None
+    ) -> kubelet.ResourceServer:
+        """A new ResourceServer for one served resource, on its own socket."""
+        return kubelet.ResourceServer(
+            self.config,
+            self.states[key],
+            resource_name=self.config.resource_names()[key],
+            socket_name=self.config.socket_for(key),
+            observer=observer,
+        )
+
     def servers(
         self, observer: service.AllocationObserver | None = None
     ) -> list[kubelet.ResourceServer]:
-        """One ResourceServer per served resource, on its own socket."""
-        names = self.config.resource_names()
-        return [
-            kubelet.ResourceServer(
-                self.config,
-                state,
-                resource_name=names[key],
-                socket_name=self.config.socket_for(key),
-                observer=observer,
-            )
-            for key, state in self.states.items()
-        ]
+        """A new ResourceServer per served resource, each on its own socket."""
+        return [self.server(key, observer) for key in self.states]
 
 
-async def _serve_all(
-    node: NodeResources, signals: kubelet.Signals, observer: metrics.Metrics | None
-) -> str:
-    servers = node.servers(observer)
-    outcomes = await asyncio.gather(*(s.serve_until_signal(signals) for s in servers))
-    return "stop" if "stop" in outcomes else "restart"
+class Servers:
+    """The running ResourceServers, kept across SIGHUPs by (socket path, resource name)."""
+
+    def __init__(self, observer: service.AllocationObserver | None) -> None:
+        self.observer = observer
+        self._running: dict[tuple[str, str], tuple[kubelet.ResourceServer, asyncio.Task[None]]]
+        self._running = {}
+
+    def states(self, config: plugin_config.PluginConfig) -> dict[str, plugin_state.PluginState]:
+        """States of running servers that ``config`` serves again (by kind), to adopt."""
+        result = {}
+        for key, name in config.resource_names().items():
+            path = os.path.join(config.plugin_dir, config.socket_for(key))
+            running = self._running.get((path, name))
+            if running is not None:
+                result[key] = running[0].state
+        return result
+
+    async def apply(self, node: NodeResources) -> None:
+        """Stop servers ``node`` no longer serves, reconfigure kept ones, start new ones."""
+        wanted = node.server_keys()
+        for gone in [k for k in self._running if k not in wanted.values()]:
+            server, task = self._running.pop(gone)
+            log.info("no longer serving %s on %s", gone[1], gone[0])
+            await server.close()
+            await task
+        for key, ident in wanted.items():
+            if ident in self._running:
+                self._running[ident][0].reconfigure(node.config)
+            else:
+                server = node.server(key, self.observer)
+                self._running[ident] = (server, asyncio.ensure_future(server.run()))
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The running servers' tasks."""
+        return [task for _, task in self._running.values()]
+
+    async def close(self) -> None:
+        """Stop every server (ends the streams, removes sockets and locks)."""
+        for server, _ in self._running.values():
+            await server.close()
+        await asyncio.gather(*self.tasks(), return_exceptions=True)
+        self._running.clear()
 
 
 def _health_listener(exported: metrics.Metrics) -> HealthListener:
@@ -152,6 +213,25 @@ def _reloaded(
     return new
 
 
+async def _until_signal(signals: kubelet.Signals, servers: Servers) -> str:
+    """Wait for SIGTERM/SIGINT (``stop``) or SIGHUP (``restart``); a server ending is a bug."""
+    waits = [
+        asyncio.ensure_future(signals.stop.wait()),
+        asyncio.ensure_future(signals.restart.wait()),
+    ]
+    try:
+        await asyncio.wait([*waits, *servers.tasks()], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    for task in servers.tasks():
+        if task.done() and not task.cancelled():
+            failure = task.exception()
+            if failure is not None:
+                raise failure
+    return "stop" if signals.stop.is_set() else "restart"
+
+
 async def run(
     config: plugin_config.PluginConfig,
     signals: kubelet.Signals,
@@ -162,37 +242,47 @@ async def run(
     if config.metrics_port:
         exported = metrics.Metrics()
         exported.serve(config.metrics_port)
-    while True:
-        listener = None if exported is None else _health_listener(exported)
-        if exported is not None:
-            exported.retain(config.resource_names().values())
-        node = NodeResources(config, listener)
-        log.info("discovered under %s: %s", config.host_root, _describe(node.inventory))
-        log.info("%s", _describe_assignment(node.assignment, config))
-        for problem in (*node.inventory.problems, *node.assignment.notes):
-            log.warning("%s", problem)
-        for name, reason in node.monitor.report.reasons().items():
-            log.warning("%s is unhealthy: %s", name, reason)
-        if not node.inventory.usable_cards():
-            if config.fail_on_init_error:
-                log.error(
-                    "no usable GCU found under %s and --fail-on-init-error is set", config.host_root
-                )
-                return 1
-            log.warning("no usable GCU yet; serving an empty list until the driver appears")
-        # Start-up objects (grpc, protobuf, discovery) live for the whole process: keeping them
-        # out of the collector's scans removes most GC pauses from the RPC latency tail.
-        gc.freeze()
-        monitor_task = asyncio.ensure_future(node.monitor.run(node.on_health))
-        try:
-            outcome = await _serve_all(node, signals, exported)
-        finally:
-            monitor_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await monitor_task
-        if outcome == "stop":
-            log.info("stopped")
-            return 0
-        signals.restart.clear()
-        config = _reloaded(config, reload)
-        log.info("SIGHUP: restarting with a fresh discovery")
+    servers = Servers(exported)
+    frozen = False
+    try:
+        while True:
+            listener = None if exported is None else _health_listener(exported)
+            if exported is not None:
+                exported.retain(config.resource_names().values())
+            node = NodeResources(config, listener, servers.states(config))
+            log.info("discovered under %s: %s", config.host_root, _describe(node.inventory))
+            log.info("%s", _describe_assignment(node.assignment, config))
+            for problem in (*node.inventory.problems, *node.assignment.notes):
+                log.warning("%s", problem)
+            for name, reason in node.monitor.report.reasons().items():
+                log.warning("%s is unhealthy: %s", name, reason)
+            if not node.inventory.usable_cards():
+                if config.fail_on_init_error:
+                    log.error(
+                        "no usable GCU found under %s and --fail-on-init-error is set",
+                        config.host_root,
+                    )
+                    return 1
+                log.warning("no usable GCU yet; serving an empty list until the driver appears")
+            await servers.apply(node)
+            if not frozen:
+                # Start-up objects (grpc, protobuf, discovery) live for the whole process:
+                # keeping them out of the collector's scans removes most GC pauses from the RPC
+                # latency tail. Once only: a freeze per SIGHUP would pin every old discovery.
+                gc.freeze()
+                frozen = True
+            monitor_task = asyncio.ensure_future(node.monitor.run(node.on_health))
+            try:
+                outcome = await _until_signal(signals, servers)
+            finally:
+                monitor_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await monitor_task
+            if outcome == "stop":
+                log.info("stopped")
+                return 0
+            signals.restart.clear()
+            config = _reloaded(config, reload)
+            log.info("SIGHUP: rediscovering; running registrations and streams are kept")
+    finally:
+        await servers.close()

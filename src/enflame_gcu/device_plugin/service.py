@@ -118,6 +118,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
         self._observer = observer
         self._stopping = asyncio.Event()
 
+    def reconfigure(self, config: plugin_config.PluginConfig) -> None:
+        """Answer with a new config from now on (SIGHUP; the state object stays the same)."""
+        self._config = config
+
     def stop_streams(self) -> None:
         """End every ListAndWatch stream of this server (shutdown or re-registration)."""
         self._stopping.set()

@@ -4,6 +4,13 @@ It serves Registration on ``<dir>/kubelet.sock``; inside Register it dials the p
 timeout), reads its options and keeps ListAndWatch open. Pods are admitted per container:
 GetPreferredAllocation only when there is a choice, then Allocate. ``restart()`` deletes every
 socket in the dir and re-creates ``kubelet.sock``, as a kubelet restart does.
+
+Like a current kubelet, a new registration does not close an older connection for the same
+resource, and whenever *any* ListAndWatch stream of a resource ends, the resource's current
+devices turn Unhealthy and its current endpoint counts as stopped (Allocate refused) until the
+next registration: the kubelet's disconnect handling is keyed by resource name, not by
+connection. ``stream_ends`` and ``history`` record what a kubelet log and the node's
+allocatable would have shown.
 """
 
 from __future__ import annotations
@@ -41,6 +48,24 @@ class Registration:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """A ListAndWatch stream that ended ("ListAndWatch ended unexpectedly" in a kubelet log)."""
+
+    resource_name: str
+    endpoint: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Allocatable:
+    """The healthy-device count of a resource at one moment (one entry per change)."""
+
+    resource_name: str
+    healthy: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerAllocation:
     """What one container got: device IDs, Allocate answer, whether a preference was asked."""
 
@@ -62,6 +87,7 @@ class PluginConnection:
     numa: dict[str, tuple[int, ...]] = field(default_factory=dict)
     stream_open: bool = False
     lists_received: int = 0
+    stopped: bool = False
     task: asyncio.Task[None] | None = None
 
     async def close(self) -> None:
@@ -88,7 +114,10 @@ class KubeletStub:
         self.plugin_dir = plugin_dir
         self.dial_timeout = dial_timeout
         self.registrations: list[Registration] = []
+        self.stream_ends: list[StreamEnd] = []
+        self.history: list[Allocatable] = []
         self.plugins: dict[str, PluginConnection] = {}
+        self._connections: list[PluginConnection] = []
         self.pods: dict[str, dict[str, ContainerAllocation]] = {}
         self._pod_resource: dict[str, str] = {}
         self._server: Any = None
@@ -100,6 +129,11 @@ class KubeletStub:
         return os.path.join(self.plugin_dir, KUBELET_SOCKET)
 
     def _notify(self) -> None:
+        for name, plugin in self.plugins.items():
+            healthy = sum(1 for h in plugin.devices.values() if h == "Healthy")
+            last = next((a for a in reversed(self.history) if a.resource_name == name), None)
+            if last is None or last.healthy != healthy:
+                self.history.append(Allocatable(name, healthy, time.monotonic()))
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -117,8 +151,9 @@ class KubeletStub:
         if self._server is not None:
             await self._server.stop(0)
             self._server = None
-        for plugin in list(self.plugins.values()):
+        for plugin in list(self._connections):
             await plugin.close()
+        self._connections.clear()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
         self._notify()
@@ -154,9 +189,6 @@ class KubeletStub:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"invalid resource name {request.resource_name!r}",
             )
-        old = self.plugins.pop(request.resource_name, None)
-        if old is not None:
-            await old.close()
         endpoint = os.path.join(self.plugin_dir, request.endpoint)
         channel = grpc.aio.insecure_channel(f"unix://{endpoint}")
         stub = api_pb2_grpc.DevicePluginStub(channel)
@@ -171,6 +203,7 @@ class KubeletStub:
         plugin = PluginConnection(request.resource_name, request.endpoint, options, channel, stub)
         plugin.task = asyncio.ensure_future(self._watch(plugin))
         self.plugins[request.resource_name] = plugin
+        self._connections.append(plugin)
         self.registrations.append(
             Registration(request.resource_name, request.endpoint, time.monotonic())
         )
@@ -193,8 +226,17 @@ class KubeletStub:
         finally:
             call.cancel()
             plugin.stream_open = False
-            # The kubelet marks every device of a plugin whose stream ended unhealthy.
-            plugin.devices = dict.fromkeys(plugin.devices, "Unhealthy")
+            with contextlib.suppress(ValueError):
+                self._connections.remove(plugin)
+            if self._server is not None:  # a dying kubelet logs nothing about its own streams
+                self.stream_ends.append(
+                    StreamEnd(plugin.resource_name, plugin.endpoint, time.monotonic())
+                )
+            # Whichever connection ended, the resource's current endpoint is marked.
+            current = self.plugins.get(plugin.resource_name, plugin)
+            for marked in {id(plugin): plugin, id(current): current}.values():
+                marked.devices = dict.fromkeys(marked.devices, "Unhealthy")
+                marked.stopped = True
             self._notify()
 
     # --- what the node looks like to the scheduler -------------------------------------------
@@ -256,6 +298,8 @@ class KubeletStub:
         plugin = self.plugins.get(resource)
         if plugin is None:
             raise AdmissionError(f"no plugin registered for {resource}")
+        if plugin.stopped:
+            raise AdmissionError(f"endpoint of {resource} is stopped")
         result: dict[str, ContainerAllocation] = {}
         self.pods[name], self._pod_resource[name] = result, resource
         try:

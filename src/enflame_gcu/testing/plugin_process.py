@@ -44,12 +44,15 @@ class PluginProcess:
         self.args = list(args)
         self.env = dict(env or {})
         self.log_path = os.path.join(os.path.dirname(plugin_dir), "plugin.log")
+        # Runs the plugin through another command (e.g. unshare for a private read-only mount).
+        self.wrapper: list[str] = []
         self.process: asyncio.subprocess.Process | None = None
 
     @property
     def command(self) -> list[str]:
         """The command line used."""
         return [
+            *self.wrapper,
             sys.executable,
             "-m",
             "enflame_gcu.device_plugin.main",

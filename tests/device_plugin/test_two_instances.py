@@ -1,0 +1,202 @@
+"""Two plugin processes on one plugin dir: exactly one serves, the other stands by, no fight.
+
+The rule: whoever holds ``<socket>.lock`` serves; another instance says once who does and waits,
+and takes over within moments when that one stops (even when it is killed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from enflame_gcu.testing import plugin_process
+from enflame_gcu.testing.kubelet_stub import KubeletStub
+
+STANDBY = "this instance stands by and takes over when that one stops"
+Start = Callable[[plugin_process.PluginProcess, plugin_process.PluginProcess], Awaitable[None]]
+
+
+def two_plugins(plugins: str, root: str) -> tuple[plugin_process.PluginProcess, ...]:
+    """Two plugin processes on the same dirs, each logging to its own file."""
+    result = []
+    for name in ("a", "b"):
+        plugin = plugin_process.PluginProcess(plugins, root)
+        plugin.log_path = os.path.join(os.path.dirname(plugins), f"plugin-{name}.log")
+        result.append(plugin)
+    return tuple(result)
+
+
+async def first_a_then_b(a: plugin_process.PluginProcess, b: plugin_process.PluginProcess) -> None:
+    """A starts and registers; B comes later (a manual run, a second manifest)."""
+    await a.start()
+    for _ in range(400):
+        if "registered enflame.com/gcu" in a.log_text():
+            break
+        await asyncio.sleep(0.025)
+    await b.start()
+
+
+async def first_b_then_a(a: plugin_process.PluginProcess, b: plugin_process.PluginProcess) -> None:
+    """The same the other way round."""
+    await first_a_then_b(b, a)
+
+
+async def together(a: plugin_process.PluginProcess, b: plugin_process.PluginProcess) -> None:
+    """Both at once (a DaemonSet surge pod starting while the old one comes up)."""
+    await asyncio.gather(a.start(), b.start())
+
+
+async def until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 25 ms; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        await asyncio.sleep(0.025)
+
+
+@pytest.mark.parametrize("start", [first_a_then_b, first_b_then_a, together])
+def test_exactly_one_instance_serves_the_other_stands_by_and_takes_over(start: Start) -> None:
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("flat-4card")
+        a, b = two_plugins(plugins, root)
+        try:
+            async with KubeletStub(plugins) as kubelet:
+                began = time.monotonic()
+                await start(a, b)
+                both = (a, b)
+                await until(
+                    lambda: (
+                        sum("registered enflame.com/gcu" in p.log_text() for p in both) == 1
+                        and sum(STANDBY in p.log_text() for p in both) == 1
+                    ),
+                    2 + (time.monotonic() - began),
+                    "one instance registered, the other standing by",
+                )
+                serving = a if "registered enflame.com/gcu" in a.log_text() else b
+                standby = b if serving is a else a
+                await kubelet.wait_for(lambda k: k.capacity() == 4, 5, "four cards")
+                settled = len(kubelet.registrations)
+                await asyncio.sleep(1.5)  # a fight re-registers about once a second
+                assert len(kubelet.registrations) == settled == 1
+                assert kubelet.stream_ends == []
+                pod = await kubelet.allocate_pod("p", {"main": 1})
+                assert pod["main"].device_ids == ("gcu0",)
+                assert "served by another enflame-device-plugin (pid " in standby.log_text()
+                assert standby.log_text().count(STANDBY) == 1  # said once, not per retry
+                assert all(p.process and p.process.returncode is None for p in both)
+
+                # The serving one stops (rolling update deletes the old pod): the other takes over.
+                stopped_at = time.monotonic()
+                assert await serving.stop() == 0
+                await kubelet.wait_for(
+                    lambda k: len(k.registrations) == 2 and len(k.allocatable()) == 4,
+                    5,
+                    "the standby instance registered",
+                )
+                assert kubelet.registrations[-1].at - stopped_at < 2.0
+                assert "taking over" in standby.log_text()
+                assert await standby.stop() == 0
+            assert os.listdir(plugins) == []  # no socket, no lock file left behind
+        finally:
+            for plugin in (a, b):
+                await plugin.stop()
+            shutil.rmtree(work)
+
+    asyncio.run(main())
+
+
+def test_a_killed_holder_is_replaced_by_the_standby() -> None:
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("flat-4card")
+        a, b = two_plugins(plugins, root)
+        try:
+            async with KubeletStub(plugins) as kubelet:
+                await first_a_then_b(a, b)
+                await until(lambda: STANDBY in b.log_text(), 5, "b standing by")
+                killed_at = time.monotonic()
+                a.send(signal.SIGKILL)  # no cleanup at all: stale socket and lock file stay
+                await a.wait(5)
+                await kubelet.wait_for(
+                    lambda k: len(k.registrations) == 2 and len(k.allocatable()) == 4,
+                    5,
+                    "b registered",
+                )
+                assert kubelet.registrations[-1].at - killed_at < 2.0
+                assert await b.stop() == 0
+        finally:
+            for plugin in (a, b):
+                await plugin.stop()
+            shutil.rmtree(work)
+
+    asyncio.run(main())
+
+
+def test_a_live_socket_nobody_locked_is_left_alone_until_it_goes() -> None:
+    """An older plugin without the lock serves enflame.sock: we do not delete its socket."""
+
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("flat-4card")
+        path = os.path.join(plugins, "enflame.sock")
+        older = socket.socket(socket.AF_UNIX)
+        older.bind(path)
+        older.listen()
+        plugin = plugin_process.PluginProcess(plugins, root)
+        try:
+            async with KubeletStub(plugins) as kubelet:
+                await plugin.start()
+                await until(
+                    lambda: "does not take" in plugin.log_text(), 5, "the plugin says why it waits"
+                )
+                await asyncio.sleep(0.5)
+                assert os.path.exists(path) and kubelet.registrations == []
+                older.close()
+                os.unlink(path)  # the older plugin stops and removes its socket
+                await kubelet.wait_for(lambda k: k.capacity() == 4, 5, "registration")
+        finally:
+            older.close()
+            assert await plugin.stop() == 0
+            shutil.rmtree(work)
+
+    asyncio.run(main())
+
+
+def test_a_kubelet_wiping_every_file_still_leaves_exactly_one_instance_serving() -> None:
+    """Older kubelets removed every file in the plugin dir on restart, our lock file too."""
+
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("flat-4card")
+        a, b = two_plugins(plugins, root)
+        try:
+            async with KubeletStub(plugins) as kubelet:
+                await first_a_then_b(a, b)
+                await until(lambda: STANDBY in b.log_text(), 5, "b standing by")
+                await kubelet.stop()
+                for name in os.listdir(plugins):
+                    os.unlink(os.path.join(plugins, name))
+                await kubelet.start()
+                await kubelet.wait_for(
+                    lambda k: len(k.registrations) == 2 and len(k.allocatable()) == 4,
+                    5,
+                    "one re-registration",
+                )
+                await asyncio.sleep(1.5)
+                assert len(kubelet.registrations) == 2
+                assert sorted(os.listdir(plugins)) == [
+                    "enflame.sock",
+                    "enflame.sock.lock",
+                    "kubelet.sock",
+                ]
+                assert all(p.process and p.process.returncode is None for p in (a, b))
+        finally:
+            for plugin in (a, b):
+                assert await plugin.stop() == 0
+            shutil.rmtree(work)
+
+    asyncio.run(main())
