@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup demo test lint types contracts unit proto bench clean
+.PHONY: setup demo test lint types contracts unit proto bench clean e2e
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -30,6 +30,9 @@ proto: setup
 
 bench: setup
 	@bash scripts/bench.sh
+
+e2e: setup
+	@bash scripts/e2e.sh
 
 clean:
 	rm -rf $(VENV) .venv-helm .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
