@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from enflame_gcu import oci_edits
+from enflame_gcu import fileio, oci_edits
 from enflame_gcu.container_toolkit import (
     device_request,
     oci,
@@ -116,7 +116,11 @@ def edit_bundle(bundle: str, config: RuntimeConfig, log: Log, container: str = "
         return f"{spec.path} was already processed; left as is"
     request = _step(
         "reading the requested GCUs",
-        lambda: device_request.from_spec(spec.data, config.accept_envvar_when_unprivileged),
+        lambda: device_request.from_spec(
+            spec.data,
+            config.accept_envvar_when_unprivileged,
+            tuple(fileio.host_path(config.root, d) for d in config.cdi_spec_dirs),
+        ),
     )
     for ignored in request.ignored:
         log.warning("container %s: ignoring %s", container, ignored)

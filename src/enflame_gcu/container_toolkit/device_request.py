@@ -10,7 +10,7 @@ list is in the volume mounts" (the device plugin's ``volume-mounts`` strategy).
 
 from __future__ import annotations
 
-from enflame_gcu import naming
+from enflame_gcu import claim_specs, naming
 from enflame_gcu.errors import InvalidRequestError
 
 # Annotation-only imports: the runtime's create path imports this module, and typing,
@@ -164,8 +164,16 @@ def is_privileged(spec: Mapping[str, Any]) -> bool:
     return isinstance(bounding, list) and CAP_SYS_ADMIN in bounding
 
 
-def from_spec(spec: Mapping[str, Any], accept_envvar_when_unprivileged: bool) -> DeviceRequest:
-    """Read every device request out of an OCI spec (raises InvalidRequestError on bad syntax)."""
+def from_spec(
+    spec: Mapping[str, Any],
+    accept_envvar_when_unprivileged: bool,
+    claim_spec_dirs: Sequence[str] = (),
+) -> DeviceRequest:
+    """Read every device request out of an OCI spec (raises InvalidRequestError on bad syntax).
+
+    ``claim_spec_dirs``: where the DRA driver's per-claim CDI specs are, for annotations that
+    name ``k8s.gcu.enflame.com/claim`` devices (the kubelet's annotation path).
+    """
     sources: list[Source] = []
     ignored: list[str] = []
     none_requested = False
@@ -196,7 +204,7 @@ def from_spec(spec: Mapping[str, Any], accept_envvar_when_unprivileged: bool) ->
             sources.append(Source(where, (normalise_token(name, where),)))
     for key, text in sorted(spec.get("annotations", {}).items()):
         if key.startswith(CDI_ANNOTATION_PREFIX):
-            tokens = _cdi_tokens(str(text), f"annotation {key}")
+            tokens = _cdi_tokens(str(text), f"annotation {key}", claim_spec_dirs)
             if tokens:
                 sources.append(Source(f"annotation {key}={text!r}", tokens))
     return DeviceRequest(tuple(sources), none_requested, tuple(ignored))
@@ -228,16 +236,33 @@ def _not_the_plugins_mount(mount: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _cdi_tokens(text: str, where: str) -> tuple[str, ...]:
+def _claim_tokens(device: str, where: str, claim_spec_dirs: Sequence[str]) -> tuple[str, ...]:
+    """The cards of one DRA per-claim CDI device: its spec's list, in our own grammar."""
+    try:
+        value = claim_specs.visible_devices(device, claim_spec_dirs)
+    except claim_specs.ClaimSpecError as exc:
+        raise InvalidRequestError(f"{where}: {exc}") from exc
+    kind, tokens = parse_visible_devices(value, f"{where} ({claim_specs.CDI_KIND}={device})")
+    if kind != "list" or "all" in tokens:
+        raise InvalidRequestError(
+            f"{where}: {claim_specs.CDI_KIND}={device} lists {value!r}, not the claim's cards"
+        )
+    return tokens
+
+
+def _cdi_tokens(text: str, where: str, claim_spec_dirs: Sequence[str] = ()) -> tuple[str, ...]:
     """Our devices in a CDI annotation value; only names our CDI specs define are accepted.
 
     Those are ``enflame.com/gcu=<minor>`` (decimal, no leading zeros, ASCII digits),
     ``enflame.com/gcu=all`` and ``enflame.com/vgcu=<minor>``; a CDI-aware engine would
     refuse any other spelling as unresolvable, so the runtime refuses it too.
     """
-    tokens = []
+    tokens: list[str] = []
     for name in (item.strip(ASCII_SPACE) for item in text.split(",")):
         kind, sep, device = name.partition("=")
+        if sep and kind == claim_specs.CDI_KIND:
+            tokens.extend(_claim_tokens(device, where, claim_spec_dirs))
+            continue
         prefix = _CDI_KINDS.get(kind)
         if not sep or prefix is None:
             continue  # another vendor's device: not ours to inject

@@ -15,12 +15,13 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from enflame_gcu import cdispec, devices, edits, fileio, resourceslices, sharing
+from enflame_gcu import cdispec, claim_specs, devices, edits, fileio, sharing
 from enflame_gcu.dra_plugin import checkpoint
 
-CDI_VENDOR = f"k8s.{resourceslices.DRIVER}"
-CDI_CLASS = "claim"
-CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
+# The spellings live where the runtime reads them back (claim_specs, standard library only).
+CDI_VENDOR = claim_specs.CDI_VENDOR
+CDI_CLASS = claim_specs.CDI_CLASS
+CDI_KIND = claim_specs.CDI_KIND
 
 
 def device_name(claim_uid: str, request: str) -> str:
@@ -35,7 +36,7 @@ def qualified_name(claim_uid: str, request: str) -> str:
 
 def spec_path(cdi_dir: str, claim_uid: str) -> str:
     """Where the claim's spec file lives."""
-    return os.path.join(cdi_dir, f"{CDI_VENDOR}-{CDI_CLASS}_{claim_uid}.json")
+    return os.path.join(cdi_dir, claim_specs.file_name(claim_uid))
 
 
 def requests_of(devices_list: Sequence[checkpoint.PreparedDevice]) -> dict[str, list[str]]:
@@ -100,7 +101,7 @@ def remove(cdi_dir: str, claim_uid: str) -> bool:
 
 def claim_uids_on_disk(cdi_dir: str) -> set[str]:
     """UIDs of every per-claim spec of ours in ``cdi_dir``."""
-    prefix, suffix = f"{CDI_VENDOR}-{CDI_CLASS}_", ".json"
+    prefix, suffix = claim_specs.FILE_PREFIX, claim_specs.FILE_SUFFIX
     try:
         names = os.listdir(cdi_dir)
     except FileNotFoundError:
