@@ -10,7 +10,8 @@ EnflameError
 ├── ConfigError             a config file, flag or environment variable is invalid
 ├── SpecError               an OCI or CDI spec cannot be read, edited or written
 ├── EngineConfigError       a container engine config cannot be read, edited or written
-└── InstallError            installing or uninstalling the toolkit on a host failed
+├── InstallError            installing or uninstalling the toolkit on a host failed
+└── PathOutsideRootError    a path under a host root would lead out of it (symlink or ..)
 """
 
 from __future__ import annotations
@@ -58,3 +59,7 @@ class EngineConfigError(EnflameError):
 
 class InstallError(EnflameError):
     """Installing or uninstalling the toolkit on a host failed."""
+
+
+class PathOutsideRootError(EnflameError):
+    """A path resolved under a host root would leave it (a ``..`` or symlink past the root)."""

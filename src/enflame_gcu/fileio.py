@@ -4,14 +4,111 @@ from __future__ import annotations
 
 import os
 
+from enflame_gcu.errors import PathOutsideRootError
+
+# As many links as Linux follows in one lookup (MAXSYMLINKS) before ELOOP.
+MAX_SYMLINKS = 40
+
 
 def host_path(root: str, path: str) -> str:
-    """Return ``path`` (absolute, as seen on the host) resolved under ``root``."""
+    """Return ``path`` (absolute, as seen on the host) joined under ``root``, lexically.
+
+    No symlink is looked at: cheap enough for discovery and the runtime, which read kernel
+    trees (sysfs, /dev). Anything that reads or writes files an operator manages (engine
+    configs, install targets, doctor) uses :func:`resolve`, which keeps links inside ``root``.
+    """
     if not path.startswith("/"):
         raise ValueError(f"host path must be absolute, got {path!r}")
     if root in ("", "/"):
         return path
     return os.path.join(root, path.lstrip("/"))
+
+
+def resolve(root: str, path: str, *, follow: bool = True) -> str:
+    """``path`` (absolute, as the host sees it) as seen from here, every symlink kept in ``root``.
+
+    ``root`` is a jail with chroot semantics: an absolute link target starts again at
+    ``root`` (``/host/etc/docker -> /etc/docker`` means ``/host/etc/docker``, never this
+    process's own ``/etc/docker``), and a ``..`` (in ``path`` or a link target) that would
+    climb above ``root`` raises PathOutsideRootError instead of being followed. With
+    ``follow=False`` the last component is not followed (to act on a link itself). Missing
+    components are kept as written. With ``root`` ``/`` the answer is the host's own.
+    """
+    if not path.startswith("/"):
+        raise ValueError(f"host path must be absolute, got {path!r}")
+    if root in ("", "/"):
+        if follow:
+            return os.path.realpath(path)
+        head, tail = os.path.split(os.path.normpath(path))
+        return os.path.join(os.path.realpath(head), tail) if tail else head
+    base = os.path.realpath(root)
+    pending = [part for part in path.split("/") if part not in ("", ".")]
+    done: list[str] = []
+    links = 0
+    missing = False
+    while pending:
+        part = pending.pop(0)
+        if part == "..":
+            if not done:
+                raise PathOutsideRootError(
+                    f"{path} would lead out of the host root {root} (through '..'); refused"
+                )
+            done.pop()
+            continue
+        here = os.path.join(base, *done, part)
+        if missing or (not pending and not follow) or not os.path.islink(here):
+            # A missing component stays as written; so does everything after it.
+            missing = missing or not os.path.lexists(here)
+            done.append(part)
+            continue
+        links += 1
+        if links > MAX_SYMLINKS:
+            raise PathOutsideRootError(
+                f"{path} under the host root {root}: more than {MAX_SYMLINKS} symlinks "
+                "(a loop?); refused"
+            )
+        target = os.readlink(here)
+        if target.startswith("/"):
+            done = []  # chroot semantics: an absolute target starts again at the root
+        pending = [p for p in target.split("/") if p not in ("", ".")] + pending
+    return os.path.join(base, *done)
+
+
+def require_confined(root: str, paths: tuple[str, ...]) -> None:
+    """Refuse a host root where the OS would follow one of ``paths`` out of it.
+
+    For readers that join paths lexically (discovery reads sysfs and /dev with
+    :func:`host_path`): a link such as ``/host/dev -> /dev`` would make them read this
+    process's own files, so it is refused up front with a message instead.
+    """
+    if root in ("", "/"):
+        return
+    for path in paths:
+        joined = host_path(root, path)
+        if not os.path.lexists(joined):
+            continue
+        jailed = resolve(root, path)
+        followed = os.path.realpath(joined)
+        if followed != jailed:
+            raise PathOutsideRootError(
+                f"{path} under the host root {root} leads to {followed}, outside the root "
+                f"(inside it, it would be {jailed}); refused: check the links in that path"
+            )
+
+
+def confine(root: str, local: str, *, follow: bool = True) -> str:
+    """A path as seen from here, re-resolved by :func:`resolve` when it lies under ``root``.
+
+    For paths given on a command line (``--config``): one under the host root is jailed like
+    every host path; one outside it is this process's own and resolved as usual.
+    """
+    absolute = os.path.abspath(local)
+    if root in ("", "/"):
+        return resolve("/", absolute, follow=follow)
+    for base in dict.fromkeys((os.path.abspath(root), os.path.realpath(root))):
+        if absolute == base or absolute.startswith(base.rstrip("/") + "/"):
+            return resolve(root, "/" + os.path.relpath(absolute, base), follow=follow)
+    return resolve("/", absolute, follow=follow)
 
 
 def _create_temp(directory: str, name: str) -> tuple[int, str]:
@@ -26,19 +123,31 @@ def _create_temp(directory: str, name: str) -> tuple[int, str]:
     raise FileExistsError(f"could not create a unique temporary file next to {name} in {directory}")
 
 
-def atomic_write(path: str, data: bytes, mode: int | None = None, durable: bool = True) -> None:
+def atomic_write(
+    path: str,
+    data: bytes,
+    mode: int | None = None,
+    durable: bool = True,
+    owner: tuple[int, int] | None = None,
+) -> None:
     """Write ``data`` to ``path`` via a temp file in the same directory, fsync and rename.
 
     Readers see either the old file or the new one, never a half-written one. The new file
-    keeps the old file's permission bits unless ``mode`` is given. ``durable=False`` skips the
-    two fsyncs: still atomic for every reader, only not guaranteed to survive a power loss.
+    keeps the old file's permission bits and owner unless ``mode`` / ``owner`` (uid, gid) are
+    given. ``durable=False`` skips the two fsyncs: still atomic for every reader, only not
+    guaranteed to survive a power loss. ``path`` itself is replaced: callers that must keep a
+    symlink pass its target (see :func:`resolve`).
     """
     directory = os.path.dirname(os.path.abspath(path)) or "."
-    if mode is None:
+    if mode is None or owner is None:
         try:
-            mode = os.stat(path).st_mode & 0o7777
+            info = os.stat(path)
         except FileNotFoundError:
-            mode = 0o644
+            info = None
+        if mode is None:
+            mode = info.st_mode & 0o7777 if info is not None else 0o644
+        if owner is None and info is not None:
+            owner = (info.st_uid, info.st_gid)
     fd, tmp = _create_temp(directory, os.path.basename(path))
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -46,6 +155,9 @@ def atomic_write(path: str, data: bytes, mode: int | None = None, durable: bool 
             if durable:
                 handle.flush()
                 os.fsync(handle.fileno())
+            created = os.fstat(handle.fileno())
+        if owner is not None and owner != (created.st_uid, created.st_gid):
+            os.chown(tmp, owner[0], owner[1])
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -84,3 +196,27 @@ def replace_symlink(target: str, path: str) -> None:
 def atomic_write_text(path: str, text: str, mode: int | None = None) -> None:
     """Text flavour of :func:`atomic_write` (UTF-8)."""
     atomic_write(path, text.encode("utf-8"), mode)
+
+
+# Test-only: the crash-safety tests kill the installer and the engine config editors here.
+FAULT_ENV = "ENFLAME_TEST_KILL_AT"
+_fault_hits: dict[str, int] = {}
+
+
+def fault_point(name: str) -> None:
+    """SIGKILL this process at ``name`` when ``$ENFLAME_TEST_KILL_AT`` asks for it (tests only).
+
+    ``ENFLAME_TEST_KILL_AT=NAME`` kills at the first pass through NAME, ``NAME:N`` at the
+    N-th. Unset (always, outside the crash-safety tests) it costs one dictionary lookup.
+    """
+    wanted = os.environ.get(FAULT_ENV)
+    if not wanted:
+        return
+    point, _, count = wanted.partition(":")
+    if point != name:
+        return
+    _fault_hits[name] = _fault_hits.get(name, 0) + 1
+    if _fault_hits[name] >= int(count or 1):
+        import signal  # noqa: PLC0415 - kept off the runtime's import path (signal pulls in enum)
+
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -12,6 +12,8 @@ import re
 from enflame_gcu import devices, products
 
 PREFIX = "enflame.com/gcu"
+# Where discovery reads under a root; ``enflame-ctk labels --root`` keeps each inside it.
+DISCOVERY_PATHS = (devices.PCI_DEVICES, devices.SYS_DEVICES, "/sys/module", "/dev")
 MIXED = "mixed"
 _VALUE_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 _MEMORY = re.compile(r"(\d+)GB\b")

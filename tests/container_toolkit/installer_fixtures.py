@@ -67,10 +67,10 @@ def fake_host(
     if crio:
         write(root, "/usr/bin/crio", "#!/bin/sh\n", 0o755)
         write(root, "/etc/crio/crio.conf", CRIO_CONF)
-    python = os.path.join(root, "usr/bin/python3")
-    os.makedirs(os.path.dirname(python), exist_ok=True)
-    # The launcher runs with the host's python3; the real one stands in for it.
-    os.symlink(shutil.which("python3") or "/usr/bin/python3", python)
+    # The launcher runs with the host's python3; the real one stands in for it. Not a link to
+    # it: an absolute link is followed inside the host root (a jail), so it would dangle.
+    real = shutil.which("python3") or "/usr/bin/python3"
+    write(root, "/usr/bin/python3", f'#!/bin/sh\nexec {real} "$@"\n', 0o755)
     return root
 
 

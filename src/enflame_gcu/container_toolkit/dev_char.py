@@ -27,7 +27,7 @@ class LinkAction:
 def plan(root: str) -> list[tuple[str, str]]:
     """(link path, relative target) for every GCU character device under ``root``'s /dev."""
     try:
-        names = sorted(os.listdir(fileio.host_path(root, "/dev")))
+        names = sorted(os.listdir(fileio.resolve(root, "/dev")))
     except OSError:
         return []
     links = []
@@ -44,7 +44,7 @@ def create_links(root: str, dry_run: bool = False) -> list[LinkAction]:
     """Create the links idempotently; a regular file in the way is reported, never removed."""
     actions = []
     for link, target in plan(root):
-        full = fileio.host_path(root, link)
+        full = fileio.resolve(root, link, follow=False)
         if os.path.islink(full):
             if os.readlink(full) == target:
                 actions.append(LinkAction(link, target, "unchanged"))

@@ -29,7 +29,7 @@ def reload_engine(change: engines.Change, host_root: str) -> str:
 
     def which(name: str) -> str | None:
         found = (f"{d}/{name}" for d in ("/usr/bin", "/bin", "/usr/sbin", "/sbin"))
-        return next((p for p in found if os.access(fileio.host_path(host_root, p), os.X_OK)), None)
+        return next((p for p in found if os.access(fileio.resolve(host_root, p), os.X_OK)), None)
 
     return hosts.reload_engine(
         change.engine, runtimes_only, host_root, runner=chrooted, which=which

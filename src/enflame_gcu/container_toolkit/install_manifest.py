@@ -56,9 +56,13 @@ class InstallRun:
                 "fix or remove it by hand after checking what it lists"
             ) from exc
 
-    def local(self, host_path: str) -> str:
-        """``host_path`` as seen from here."""
-        return fileio.host_path(self.root, host_path)
+    def local(self, host_path: str, follow: bool = False) -> str:
+        """``host_path`` as seen from here, resolved inside the host root (a jail).
+
+        By default the last component is not followed: the installer creates, replaces and
+        removes that entry itself (a link it made stays a link). ``follow=True`` to read it.
+        """
+        return fileio.resolve(self.root, host_path, follow=follow)
 
     def record(self, action: Action) -> None:
         """Add ``action`` to the manifest and save it before the change is made."""
@@ -78,7 +82,7 @@ class InstallRun:
         """Create ``host_path`` and missing parents, recording each one we create."""
         missing = []
         path = host_path
-        while path != "/" and not os.path.isdir(self.local(path)):
+        while path != "/" and not os.path.isdir(self.local(path, follow=True)):
             missing.append(path)
             path = os.path.dirname(path)
         for path in reversed(missing):
@@ -126,7 +130,7 @@ def _undo(run: InstallRun, action: Action, restart_engine: bool) -> None:
     elif kind == "file":
         if not os.path.lexists(local):
             return
-        if action.get("keep_if_edited") and _sha256(local) != action.get("sha256"):
+        if action.get("keep_if_edited") and _sha256(run.local(path, True)) != action.get("sha256"):
             run.lines.append(f"kept {path}: edited since it was installed")
         else:
             _remove(run, path, os.unlink)

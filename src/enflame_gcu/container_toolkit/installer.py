@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 import enflame_gcu
-from enflame_gcu import devices, fileio
+from enflame_gcu import devices, fileio, labels
 from enflame_gcu.container_toolkit import cdi, engine_reload, engines, launcher, runtime_config
 from enflame_gcu.container_toolkit.engines import hosts, storage
 from enflame_gcu.container_toolkit.install_manifest import (
@@ -103,7 +103,8 @@ def _write_launcher(run: InstallRun, options: InstallOptions, package_dir: str) 
     run.refuse_foreign("file", path, "remove it or choose another --toolkit-dir")
     text = launcher.render(options.python, package_dir)
     local = run.local(path)
-    if os.path.isfile(local) and os.access(local, os.X_OK) and _read(local) == text:
+    current = run.local(path, follow=True)
+    if os.path.isfile(current) and os.access(current, os.X_OK) and _read(current) == text:
         run.lines.append(f"{path}: up to date")
         return
     run.record({"kind": "file", "path": path})
@@ -164,6 +165,7 @@ def _prepare_edits(run: InstallRun) -> None:
     if run.dry_run:
         run.lines.append(f"{path} {run.verb}written from the node's GCUs")
         return
+    fileio.require_confined(run.root, labels.DISCOVERY_PATHS)
     inventory = devices.discover(run.root)
     # The document describes the host as the runtime sees it there: root "/".
     if cdi.refresh_prepared_edits(run.local(path), inventory, root="/"):
@@ -195,7 +197,7 @@ def _configure_engine(run: InstallRun, name: str, options: InstallOptions) -> No
 def install(options: InstallOptions) -> Outcome:
     """Install the runtime, its config and the engine configs; idempotent, recorded, undoable."""
     run = InstallRun(options.host_root, options.toolkit_dir, options.dry_run)
-    if options.package_dir is None and not os.path.exists(run.local(options.python)):
+    if options.package_dir is None and not os.path.exists(run.local(options.python, follow=True)):
         raise InstallError(
             f"cannot install: {options.python} does not exist on the host, and the runtime "
             "launcher runs there with the host's python3 (>= 3.10); install python3 on the node "

@@ -33,6 +33,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Discover under --root and write (or print) the feature file."""
+    # Discovery joins paths lexically: refuse a root where that would read outside it.
+    fileio.require_confined(args.root, labels.DISCOVERY_PATHS)
     text = labels.feature_file(labels.for_inventory(devices.discover(args.root)))
     if args.output == "-":
         print(text, end="")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from enflame_gcu import devices
+from enflame_gcu import devices, fileio, labels
 from enflame_gcu.container_toolkit.doctor import (
     engine_configs,
     gcu_checks,
@@ -20,6 +20,7 @@ from enflame_gcu.container_toolkit.doctor import (
     runtime_checks,
 )
 from enflame_gcu.container_toolkit.doctor.model import RANK, Node, Result, Status
+from enflame_gcu.errors import EnflameError
 
 __all__ = ["CHECKS", "Node", "Result", "Status", "inspect", "run", "worst"]
 
@@ -37,8 +38,16 @@ CHECKS: tuple[Callable[[Node], list[Result]], ...] = (
 )
 
 
+# Where discovery reads (lexically, for speed): each must stay inside the root.
+DISCOVERY_PATHS = labels.DISCOVERY_PATHS
+
+
 def inspect(root: str = "/") -> Node:
-    """Read everything the checks need from the node under ``root``."""
+    """Read everything the checks need from the node under ``root``.
+
+    Raises PathOutsideRootError when a path discovery reads would lead out of ``root``.
+    """
+    fileio.require_confined(root, DISCOVERY_PATHS)
     return Node(
         root,
         devices.discover(root),
@@ -50,7 +59,14 @@ def inspect(root: str = "/") -> Node:
 def run(root: str = "/") -> list[Result]:
     """Every check's results for the node under ``root``, in FAQ order."""
     node = inspect(root)
-    return [result for check in CHECKS for result in check(node)]
+    results = []
+    for check in CHECKS:
+        try:
+            results.extend(check(node))
+        except EnflameError as exc:  # e.g. a path that would leave the root: refused
+            name = check.__name__.removeprefix("check_").replace("_", "-")
+            results.append(Result(name, "fail", str(exc)))
+    return results
 
 
 def worst(results: list[Result]) -> Status:

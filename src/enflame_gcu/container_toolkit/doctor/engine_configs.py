@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from enflame_gcu import fileio
-from enflame_gcu.container_toolkit.engines import base, containerd, crio, formats, hosts
+from enflame_gcu.container_toolkit.engines import base, containerd, crio, formats, hosts, storage
 from enflame_gcu.errors import EnflameError
 
 
@@ -39,8 +40,8 @@ def _ours(runtimes: Any, path_of: Callable[[Any], Any]) -> tuple[str | None, str
     return None, None
 
 
-def _toml(path: str) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as handle:
+def _toml(path: str, root: str) -> dict[str, Any]:
+    with open(storage.target(path, root), encoding="utf-8") as handle:
         return dict(formats.plain(formats.FORMATS["toml"].parse(handle.read(), path)))
 
 
@@ -53,7 +54,8 @@ def _merge(into: dict[str, Any], other: dict[str, Any]) -> None:
 
 
 def _docker_view(root: str) -> EngineView:
-    with open(hosts.default_config_path("docker", root), encoding="utf-8") as handle:
+    path = storage.target(hosts.default_config_path("docker", root), root)
+    with open(path, encoding="utf-8") as handle:
         data = json.load(handle)
     name, binary = _ours(data.get("runtimes"), lambda entry: entry.get("path"))
     options = " ".join(str(o) for o in data.get("exec-opts") or [])
@@ -64,11 +66,12 @@ def _docker_view(root: str) -> EngineView:
 
 def _containerd_view(root: str) -> EngineView:
     path = hosts.default_config_path("containerd", root)
-    document = _toml(path)
+    document = _toml(path, root)
     for pattern in document.get("imports") or []:
         # containerd merges imported files over the main config (drop-ins of version 3).
-        for imported in sorted(glob.glob(fileio.host_path(root, pattern))):
-            _merge(document, _toml(imported))
+        directory = fileio.resolve(root, os.path.dirname(pattern))
+        for imported in sorted(glob.glob(os.path.join(directory, os.path.basename(pattern)))):
+            _merge(document, _toml(imported, root))
     version = containerd.config_version(document, path)
     table = base.lookup(document, (*containerd.CRI_TABLE[version], "containerd")) or {}
     runtimes = table.get("runtimes") or {}
@@ -86,7 +89,8 @@ def _containerd_view(root: str) -> EngineView:
 
 
 def _crio_view(root: str) -> EngineView:
-    runtime = crio.effective_runtime_config(hosts.default_config_path("crio", root), skip="")
+    config = hosts.default_config_path("crio", root)
+    runtime = crio.effective_runtime_config(config, skip="", host_root=root)
     name, binary = _ours(runtime.get("runtimes"), lambda entry: entry.get("runtime_path"))
     default = name is not None and runtime.get("default_runtime") == name
     # CRI-O's cgroup_manager defaults to systemd.

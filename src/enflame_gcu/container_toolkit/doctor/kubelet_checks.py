@@ -31,6 +31,7 @@ def _listening(path: str) -> bool:
 
 
 def _socket_state(local: str) -> str:
+    # ``local`` comes from Node.path: a symlinked socket was already followed inside the root.
     try:
         mode = os.lstat(local).st_mode
     except FileNotFoundError:

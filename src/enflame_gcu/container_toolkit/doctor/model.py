@@ -31,6 +31,6 @@ class Node:
     engines: tuple[engine_configs.EngineView, ...]
     processes: tuple[tuple[str, ...], ...]
 
-    def path(self, host_path: str) -> str:
-        """``host_path`` as seen from here."""
-        return fileio.host_path(self.root, host_path)
+    def path(self, host_path: str, follow: bool = True) -> str:
+        """``host_path`` as seen from here, its symlinks followed inside the root (a jail)."""
+        return fileio.resolve(self.root, host_path, follow=follow)

@@ -19,11 +19,11 @@ def read_processes(root: str) -> tuple[tuple[str, ...], ...]:
     """Command lines of the processes under ``root``/proc (the host's, with hostPID)."""
     found = []
     with contextlib.suppress(OSError):
-        for entry in os.listdir(fileio.host_path(root, "/proc")):
+        for entry in os.listdir(fileio.resolve(root, "/proc")):
             if not entry.isdigit():
                 continue
             with contextlib.suppress(OSError):
-                with open(fileio.host_path(root, f"/proc/{entry}/cmdline"), "rb") as handle:
+                with open(fileio.resolve(root, f"/proc/{entry}/cmdline"), "rb") as handle:
                     words = handle.read().decode("utf-8", "replace").split("\0")
                 if words and words[0]:
                     found.append(tuple(w for w in words if w))

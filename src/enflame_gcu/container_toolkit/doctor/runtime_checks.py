@@ -52,25 +52,13 @@ def check_engines(node: Node) -> list[Result]:
     return results
 
 
-def _resolve(node: Node, host_path: str) -> str:
-    """Follow symlinks the way the host would, staying under the root."""
-    path = host_path
-    for _ in range(40):
-        local = node.path(path)
-        if not os.path.islink(local):
-            return local
-        target = os.readlink(local)
-        path = os.path.normpath(os.path.join(os.path.dirname(path), target))
-    return node.path(path)
-
-
 def check_runtime_binary(node: Node) -> list[Result]:
     """The runtime the engines point at (default /usr/bin/...) exists, runs, has its interpreter."""
     paths = sorted({v.runtime_path for v in node.engines if v.runtime_path} or {RUNTIME_PATH})
     fix = "deploy/install.sh   # or the enflame-container-toolkit DaemonSet"
     problems = []
     for path in paths:
-        local = _resolve(node, path)
+        local = node.path(path)
         if not os.path.isfile(local):
             problems.append(f"{path} does not exist")
         elif not os.access(local, os.X_OK):
@@ -80,7 +68,7 @@ def check_runtime_binary(node: Node) -> list[Result]:
                 first = handle.readline(200)
             if first.startswith(b"#!"):
                 interpreter = first[2:].split()[0].decode("utf-8", "replace")
-                if not os.path.exists(_resolve(node, interpreter)):
+                if not os.path.exists(node.path(interpreter)):
                     problems.append(f"{path} needs {interpreter}, which does not exist")
     if problems:
         return [Result("runtime-binary", "fail", "; ".join(problems), fix)]
@@ -129,7 +117,10 @@ def check_runc(node: Node) -> list[Result]:
     missing = [
         f"{link} -> {target}"
         for link, target in links
-        if not (os.path.islink(node.path(link)) and os.readlink(node.path(link)) == target)
+        if not (
+            os.path.islink(node.path(link, follow=False))
+            and os.readlink(node.path(link, follow=False)) == target
+        )
     ]
     if not missing:
         return [Result("runc", "pass", f"runc {shown} with /dev/char links for every GCU node")]

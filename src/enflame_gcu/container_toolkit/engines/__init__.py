@@ -11,6 +11,7 @@ The library API the CLI and the installers call::
 
 from __future__ import annotations
 
+from enflame_gcu import fileio
 from enflame_gcu.container_toolkit.engines import base, hosts, transaction
 from enflame_gcu.container_toolkit.engines.base import Change, FileChange, RuntimeOptions
 from enflame_gcu.container_toolkit.engines.containerd import ContainerdEditor
@@ -51,6 +52,14 @@ def editor(engine: str) -> base.RuntimeConfigEditor:
         ) from None
 
 
+def _config(engine: str, config_path: str | None, host_root: str) -> str:
+    if config_path is None:
+        return hosts.default_config_path(engine, host_root)
+    # Its directories resolved (inside the jail when under it): state, lock and backups go
+    # where the config really is; the file itself may stay a link (its target is edited).
+    return fileio.confine(host_root, config_path, follow=False)
+
+
 def configure(
     engine: str,
     config_path: str | None = None,
@@ -61,10 +70,12 @@ def configure(
 ) -> Change:
     """Add the GCU runtime to ``engine``'s config (default path under ``host_root``).
 
-    ``config_path`` is the path as this process sees it; ``host_root`` only turns paths
-    written into configs (containerd ``imports``) into paths the host sees.
+    ``config_path`` is the path as this process sees it. ``host_root`` is a jail: a path under
+    it has its symlinks followed inside it (never out into this process's own files), and
+    paths written into configs (containerd ``imports``) are turned into paths the host sees.
+    A config that is a symlink stays one: its target is edited.
     """
-    path = config_path or hosts.default_config_path(engine, host_root)
+    path = _config(engine, config_path, host_root)
     return transaction.configure(
         editor(engine), path, options or RuntimeOptions(), host_root, dry_run
     )
@@ -75,8 +86,8 @@ def unconfigure(
 ) -> Change:
     """Remove exactly what :func:`configure` added to ``engine``'s config."""
     editor(engine)
-    path = config_path or hosts.default_config_path(engine, host_root)
-    return transaction.unconfigure(engine, path, dry_run)
+    path = _config(engine, config_path, host_root)
+    return transaction.unconfigure(engine, path, dry_run, host_root)
 
 
 def reload(change: Change, host_root: str = "/") -> str:

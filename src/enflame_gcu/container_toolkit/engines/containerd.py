@@ -62,7 +62,7 @@ class ContainerdEditor:
 
     def plan(self, config_path: str, options: base.RuntimeOptions, host_root: str) -> base.Plan:
         """Runtime, default and CDI edits in the table path of the config's version."""
-        text = storage.read_text(config_path)
+        text = storage.read_text(storage.target(config_path, host_root))
         document = formats.FORMATS["toml"].parse(text or "", config_path)
         version = config_version(document, config_path) if text is not None else 2
         cri = CRI_TABLE[version]

@@ -19,15 +19,17 @@ def drop_in_dir(config_path: str) -> str:
     return os.path.join(os.path.dirname(config_path), "crio.conf.d")
 
 
-def effective_runtime_config(config_path: str, skip: str) -> dict[str, Any]:
+def effective_runtime_config(config_path: str, skip: str, host_root: str = "/") -> dict[str, Any]:
     """The ``crio.runtime`` table as CRI-O sees it: main config, then drop-ins in name order."""
     sources = [config_path]
-    directory = drop_in_dir(config_path)
+    directory = storage.target(drop_in_dir(config_path), host_root)
     if os.path.isdir(directory):
         sources += [os.path.join(directory, n) for n in sorted(os.listdir(directory))]
     merged: dict[str, Any] = {"runtimes": {}}
-    for path in sources:
-        if os.path.abspath(path) == os.path.abspath(skip) or not os.path.isfile(path):
+    skipped = storage.target(skip, host_root) if skip else ""
+    for source in sources:
+        path = storage.target(source, host_root)
+        if path == skipped or not os.path.isfile(path):
             continue
         text = storage.read_text(path)
         document = formats.FORMATS["toml"].parse(text or "", path)
@@ -47,7 +49,7 @@ class CrioEditor:
     def plan(self, config_path: str, options: base.RuntimeOptions, host_root: str) -> base.Plan:
         """Runtime table copied from the current default (runc or crun) plus our binary."""
         drop_in = os.path.join(drop_in_dir(config_path), DROP_IN_NAME)
-        runtime = effective_runtime_config(config_path, skip=drop_in)
+        runtime = effective_runtime_config(config_path, skip=drop_in, host_root=host_root)
         runtimes = runtime["runtimes"]
         default = runtime.get("default_runtime")
         candidates = [default] if default and default != options.runtime_name else []

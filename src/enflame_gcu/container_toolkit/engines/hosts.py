@@ -53,15 +53,19 @@ def detect(host_root: str = "/") -> list[str]:
     return [
         engine
         for engine, markers in MARKERS.items()
-        if any(os.path.lexists(fileio.host_path(host_root, m)) for m in markers)
+        if any(os.path.lexists(fileio.resolve(host_root, m, follow=False)) for m in markers)
     ]
 
 
 def default_config_path(engine: str, host_root: str = "/") -> str:
-    """The engine's main config file, resolved under ``host_root``."""
+    """The engine's main config file under ``host_root``: its directories resolved in the jail.
+
+    The file itself may be a symlink: the editors follow it (inside the jail) when they read
+    and write, so the link stays a link.
+    """
     if engine not in DEFAULT_CONFIGS:
         raise EngineConfigError(f"unknown engine {engine!r}; known: {', '.join(DEFAULT_CONFIGS)}")
-    return fileio.host_path(host_root, DEFAULT_CONFIGS[engine])
+    return fileio.resolve(host_root, DEFAULT_CONFIGS[engine], follow=False)
 
 
 def _run(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -88,7 +92,7 @@ def reload_engine(
             signaller(pid, signal.SIGHUP)
             return f"sent SIGHUP to dockerd (pid {pid}) so it reloads its runtimes"
     unit = UNITS[engine]
-    systemd_running = os.path.isdir(fileio.host_path(host_root, "/run/systemd/system"))
+    systemd_running = os.path.isdir(fileio.resolve(host_root, "/run/systemd/system"))
     if which("systemctl") is None or not systemd_running:
         raise EngineConfigError(
             f"the config was written, but {engine} was not restarted: systemd does not manage "
@@ -106,7 +110,7 @@ def reload_engine(
 def _docker_pid(host_root: str) -> int | None:
     for pid_file in DOCKER_PID_FILES:
         try:
-            with open(fileio.host_path(host_root, pid_file), encoding="ascii") as handle:
+            with open(fileio.resolve(host_root, pid_file), encoding="ascii") as handle:
                 return int(handle.read().strip())
         except (OSError, ValueError):
             continue

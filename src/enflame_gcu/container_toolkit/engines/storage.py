@@ -39,6 +39,25 @@ def _os_error(doing: str, path: str, exc: OSError) -> EngineConfigError:
     return EngineConfigError(f"cannot {doing} {path}: {reason}; nothing was changed")
 
 
+def target(path: str, host_root: str = "/") -> str:
+    """The file to read and write for ``path``: symlinks followed, inside ``host_root``.
+
+    Writing the target keeps an engine config that is a symlink a symlink; following the
+    link inside the host root keeps ``/host/etc/docker -> /etc/docker`` on the host.
+    """
+    return fileio.confine(host_root, path)
+
+
+def identity(path: str) -> os.stat_result | None:
+    """The stat of ``path`` (mode and owner to give its backups), None when it is missing."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _os_error("read", path, exc) from exc
+
+
 def read_text(path: str) -> str | None:
     """The file's text, or None when it does not exist."""
     try:
@@ -104,17 +123,33 @@ def load_state(config_path: str) -> dict[str, Any] | None:
     return state
 
 
-def save_state(config_path: str, state: dict[str, Any] | None) -> None:
-    """Write (or, for None, remove) the state file atomically."""
+def save_state(
+    config_path: str, state: dict[str, Any] | None, like: os.stat_result | None = None
+) -> None:
+    """Write (or, for None, remove) the state file atomically.
+
+    It holds the original text of the config, so it gets the config's mode and owner
+    (``like``); without one (a config we create) it is root's alone, 0600.
+    """
     path = state_path(config_path)
     try:
         if state is None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         else:
-            fileio.atomic_write_text(path, json.dumps(state, indent=2) + "\n", 0o600)
+            data = (json.dumps(state, indent=2) + "\n").encode("utf-8")
+            mode, owner = _mode_owner(like, 0o600)
+            fileio.atomic_write(path, data, mode, owner=owner)
     except OSError as exc:
         raise _os_error("write", path, exc) from exc
+
+
+def _mode_owner(
+    like: os.stat_result | None, default_mode: int
+) -> tuple[int, tuple[int, int] | None]:
+    if like is None:
+        return default_mode, (os.geteuid(), os.getegid())
+    return like.st_mode & 0o7777, (like.st_uid, like.st_gid)
 
 
 def backup_name(path: str, backup_dir: str | None, now: datetime.datetime) -> str:
@@ -130,15 +165,23 @@ def backup_name(path: str, backup_dir: str | None, now: datetime.datetime) -> st
     return candidate
 
 
-def write(path: str, text: str | None) -> None:
-    """Atomically write ``text`` to ``path``, or remove ``path`` for None."""
+def write(path: str, text: str | None, like: os.stat_result | None = None) -> None:
+    """Atomically write ``text`` to ``path``, or remove ``path`` for None.
+
+    ``like`` gives the mode and owner (a backup gets its original's); without it an existing
+    file keeps its own and a new one is 0644.
+    """
     try:
         if text is None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             return
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        fileio.atomic_write_text(path, text)
+        if like is None:
+            fileio.atomic_write_text(path, text)
+        else:
+            mode, owner = _mode_owner(like, 0o600)
+            fileio.atomic_write(path, text.encode("utf-8"), mode, owner=owner)
     except OSError as exc:
         raise _os_error("write", path, exc) from exc
 

@@ -8,6 +8,7 @@ import logging
 import os
 from typing import Any, Literal
 
+from enflame_gcu import fileio
 from enflame_gcu.container_toolkit.engines import base, changes, formats, storage
 from enflame_gcu.errors import EngineConfigError
 
@@ -17,6 +18,8 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(slots=True)
 class _Pending:
     plan: base.FilePlan
+    target: str  # the file really read and written: plan.path with its symlinks followed
+    identity: os.stat_result | None
     before: str | None
     after: str | None
     records: list[changes.Record]
@@ -51,11 +54,13 @@ def _configure(
     pending: list[_Pending] = []
     for file_plan in plan.files:
         fmt = formats.FORMATS[file_plan.format]
-        before = storage.read_text(file_plan.path)
+        target = storage.target(file_plan.path, host_root)
+        identity = storage.identity(target)
+        before = storage.read_text(target)
         document = fmt.parse(before or "", file_plan.path)
         records = changes.apply(document, file_plan.operations, fmt, file_plan.path)
         after = fmt.render(document, before or "") if records else before
-        pending.append(_Pending(file_plan, before, after, records))
+        pending.append(_Pending(file_plan, target, identity, before, after, records))
     diff = "".join(storage.unified_diff(p.plan.path, p.before, p.after) for p in pending)
     to_write = [p for p in pending if p.records]
     if dry_run or not to_write:
@@ -97,23 +102,28 @@ def _configure(
         entry["changes"].extend(p.records)
         entry["written_sha256"] = storage.sha256(p.after or "")
 
+    # The state holds the originals: it gets the mode and owner of the most private one.
+    like = _most_private([p.identity for p in pending])
     # The record goes first: a crash after it leaves a state that undoes to a no-op, while a
     # crash before it would leave edits nobody could undo exactly.
-    storage.save_state(config_path, state)
+    storage.save_state(config_path, state, like)
+    fileio.fault_point("configure-recorded")
     written: list[_Pending] = []
     try:
         for p in to_write:
             rel = _relative(state_dir, p.plan.path)
             if rel in backups and p.before is not None:
-                storage.write(backups[rel], p.before)
-            storage.write(p.plan.path, p.after)
+                storage.write(backups[rel], p.before, p.identity)
+                fileio.fault_point("configure-backed-up")
+            storage.write(p.target, p.after)
             written.append(p)
+            fileio.fault_point("configure-wrote-file")
     except BaseException:
         for p in reversed(written):
-            storage.write(p.plan.path, p.before)
+            storage.write(p.target, p.before)
         for backup in backups.values():
             storage.remove_quietly(backup)
-        storage.save_state(config_path, old_state)
+        storage.save_state(config_path, old_state, like)
         raise
     files = tuple(_file_change(p, backups.get(_relative(state_dir, p.plan.path))) for p in pending)
     log.info("configured %s in %s", editor.engine, config_path)
@@ -128,15 +138,22 @@ def _file_change(p: _Pending, backup: str | None) -> base.FileChange:
     return base.FileChange(p.plan.path, action, changes.describe(p.records), backup, paths)
 
 
-def unconfigure(engine: str, config_path: str, dry_run: bool = False) -> base.Change:
+def _most_private(identities: list[os.stat_result | None]) -> os.stat_result | None:
+    known = [i for i in identities if i is not None]
+    return min(known, key=lambda i: bin(i.st_mode & 0o777).count("1"), default=None)
+
+
+def unconfigure(
+    engine: str, config_path: str, dry_run: bool = False, host_root: str = "/"
+) -> base.Change:
     """Undo what configure recorded for ``config_path``: exactly when nobody else edited."""
     if dry_run:
-        return _unconfigure(engine, config_path, dry_run=True)
+        return _unconfigure(engine, config_path, dry_run=True, host_root=host_root)
     with storage.locked(config_path):
-        return _unconfigure(engine, config_path, dry_run=False)
+        return _unconfigure(engine, config_path, dry_run=False, host_root=host_root)
 
 
-def _unconfigure(engine: str, config_path: str, dry_run: bool) -> base.Change:
+def _unconfigure(engine: str, config_path: str, dry_run: bool, host_root: str) -> base.Change:
     state = storage.load_state(config_path)
     if state is None:
         note = (
@@ -151,10 +168,11 @@ def _unconfigure(engine: str, config_path: str, dry_run: bool) -> base.Change:
     results: list[tuple[str, str | None, str | None, base.FileChange]] = []
     all_exact = True
     for entry in reversed(state["files"]):
-        path = os.path.join(state_dir, entry["path"])
+        shown = os.path.join(state_dir, entry["path"])
+        path = storage.target(shown, host_root)
         before = storage.read_text(path)
         if before is None:
-            results.append((path, None, None, base.FileChange(path, "unchanged")))
+            results.append((path, None, None, base.FileChange(shown, "unchanged")))
             continue
         fmt = formats.FORMATS[entry["format"]]
         paths = tuple(dict.fromkeys(changes.dotted(r["path"]) for r in entry["changes"]))
@@ -173,7 +191,7 @@ def _unconfigure(engine: str, config_path: str, dry_run: bool) -> base.Change:
                 after, action = None, "deleted"
             else:
                 action = "modified" if after != before else "unchanged"
-        results.append((path, before, after, base.FileChange(path, action, keys, None, paths)))
+        results.append((path, before, after, base.FileChange(shown, action, keys, None, paths)))
     diff = "".join(storage.unified_diff(p, b, a) for p, b, a, _ in results)
     notes: list[str] = []
     if not all_exact:
@@ -184,6 +202,7 @@ def _unconfigure(engine: str, config_path: str, dry_run: bool) -> base.Change:
         for path, before, after, change in results:
             if change.action != "unchanged" and before != after:
                 storage.write(path, after)
+                fileio.fault_point("unconfigure-wrote-file")
         backups = [os.path.join(state_dir, b) for e in state["files"] for b in e["backups"]]
         if all_exact:
             for backup in backups:  # identical to what is now live again
