@@ -93,6 +93,8 @@ hp() { if [[ $HOST_ROOT == / ]]; then printf '%s' "$1"; else printf '%s%s' "$HOS
 host_view() { if [[ $HOST_ROOT != / && $1 == "$HOST_ROOT"/* ]]; then printf '%s' "${1#"$HOST_ROOT"}"; else printf '%s' "$1"; fi; }
 
 MANIFEST=$(hp "$PREFIX")/install-manifest.json
+HAD_MANIFEST=0
+[[ -e $MANIFEST ]] && HAD_MANIFEST=1
 COMMON=(--host-root "$HOST_ROOT" --toolkit-dir "$PREFIX")
 [[ $RESTART == 1 ]] && COMMON+=(--restart-engine)
 [[ $DRY_RUN == 1 ]] && COMMON+=(--dry-run)
@@ -174,9 +176,11 @@ ARGS=(
 for runtime in "${RUNTIMES[@]+"${RUNTIMES[@]}"}"; do ARGS+=(--runtime "$runtime"); done
 
 if ! "$ENV_HERE/bin/enflame-ctk" install "${COMMON[@]}" "${ARGS[@]}" "${CREATED[@]+"${CREATED[@]}"}"; then
-    if [[ $DRY_RUN == 0 && -e $MANIFEST ]]; then
-        # Half an install helps nobody: undo what was recorded so the host is as it was.
-        echo "$PROG: install failed; undoing the steps already made" >&2
+    # enflame-ctk install has taken back this run's changes itself, and only those: an install
+    # that was there before (re-install, upgrade) keeps working. Only a first install whose
+    # undo left a record behind is finished off here, since everything recorded is this run's.
+    if [[ $DRY_RUN == 0 && $HAD_MANIFEST == 0 && -e $MANIFEST ]]; then
+        echo "$PROG: install failed; undoing what it recorded" >&2
         "$ENV_HERE/bin/enflame-ctk" uninstall "${COMMON[@]}" >&2 || true
     fi
     exit 1

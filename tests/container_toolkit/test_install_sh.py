@@ -119,7 +119,7 @@ def test_failed_install_rolls_back_and_leaves_malformed_daemon_json_alone(host: 
     before = fx.snapshot(host)
     result = run("--host-root", host, "--use-env", DEV_ENV)
     assert result.returncode == 1
-    assert "daemon.json" in result.stderr and "undoing the steps already made" in result.stderr
+    assert "daemon.json" in result.stderr and "this run's changes were taken back" in result.stderr
     assert fx.diff(before, fx.snapshot(host)) == []
 
 

@@ -4,10 +4,16 @@
 any point leaves a record :func:`uninstall` can undo, and a second install adds only what is
 missing. Undo never removes what someone else changed since: an edited config, a re-pointed
 link or a non-empty directory is kept and reported.
+
+One run (an :class:`InstallRun`) also knows what it found: the manifest as it was, and what
+each path it replaced held before. :func:`undo_run` takes back only that run's changes (a
+failed re-install, the DaemonSet's SIGTERM), so an install that was there before it survives.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -44,10 +50,17 @@ class InstallRun:
         self.actions: list[Action] = []
         self.lines: list[str] = []
         self.verb = "would be " if dry_run else ""
+        # What this run replaced, newest last: (path, how to put back what was there).
+        self.journal: list[tuple[str, Callable[[], None]]] = []
+        # Cleanups once the run is kept for good (e.g. the previous package tree).
+        self.on_commit: list[Callable[[], None]] = []
+        self._remembered: set[str] = set()
+        self.existed = False
         try:
             with open(self.manifest_path, encoding="utf-8") as handle:
                 manifest = json.load(handle)
             self.actions = list(manifest["actions"])
+            self.existed = True
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -55,6 +68,49 @@ class InstallRun:
                 f"cannot read {self.manifest_path} (the record of a previous install): {exc}; "
                 "fix or remove it by hand after checking what it lists"
             ) from exc
+        self.baseline: list[Action] = copy.deepcopy(self.actions)
+
+    def remember(self, host_path: str) -> None:
+        """Before replacing ``host_path``: note what is there so :func:`undo_run` restores it."""
+        if self.dry_run or host_path in self._remembered:
+            return
+        self._remembered.add(host_path)
+        local = self.local(host_path)
+        restore: Callable[[], None]
+        if os.path.islink(local):
+            target = os.readlink(local)
+
+            def restore() -> None:
+                fileio.replace_symlink(target, local)
+
+        elif os.path.isfile(local):
+            with open(local, "rb") as handle:
+                data = handle.read()
+            info = os.stat(local)
+
+            def restore() -> None:
+                fileio.atomic_write(local, data, info.st_mode & 0o7777, owner=_owner(info))
+
+        elif not os.path.lexists(local):
+
+            def restore() -> None:
+                if os.path.islink(local) or os.path.isfile(local):
+                    os.unlink(local)
+
+        else:
+            return
+        self.journal.append((host_path, restore))
+
+    def new_actions(self) -> list[Action]:
+        """The actions this run recorded (not in the manifest it started from)."""
+        return [a for a in self.actions if a not in self.baseline]
+
+    def commit(self) -> None:
+        """This run is kept: drop what only its undo needed."""
+        for cleanup in self.on_commit:
+            cleanup()
+        self.on_commit.clear()
+        self.journal.clear()
 
     def local(self, host_path: str, follow: bool = False) -> str:
         """``host_path`` as seen from here, resolved inside the host root (a jail).
@@ -106,6 +162,10 @@ class InstallRun:
             )
 
 
+def _owner(info: os.stat_result) -> tuple[int, int]:
+    return info.st_uid, info.st_gid
+
+
 def _sha256(path: str) -> str:
     with open(path, "rb") as handle:
         return hashlib.sha256(handle.read()).hexdigest()
@@ -116,8 +176,9 @@ def _undo(run: InstallRun, action: Action, restart_engine: bool) -> None:
     kind, path = action["kind"], action["path"]
     local = run.local(path)
     if kind == "engine":
+        # Only the step this install wrote (manifests from before steps: everything recorded).
         change = engines.unconfigure(
-            action["engine"], None, host_root=run.root, dry_run=run.dry_run
+            action["engine"], None, host_root=run.root, dry_run=run.dry_run, step=action.get("step")
         )
         run.lines.extend(change.describe().splitlines())
         if restart_engine and change.changed and not run.dry_run:
@@ -195,3 +256,46 @@ def uninstall(
         except OSError as exc:
             run.lines.append(f"kept {action['path']}/: {exc.strerror or exc}")
     return Outcome(tuple(run.lines), undone_engines)
+
+
+def undo_run(run: InstallRun, restart_engine: bool = False) -> Outcome:
+    """Take back only what ``run`` changed, newest first; what was there before it stays.
+
+    Paths it replaced get their earlier content (or link target) back, what it added is
+    removed, engine configs lose only the steps it wrote, and the manifest is as it found it.
+    """
+    if run.dry_run:
+        return Outcome(())
+    first = len(run.lines)
+    for path, restore in reversed(run.journal):
+        try:
+            restore()
+            run.lines.append(f"{path}: put back as it was before this run")
+        except OSError as exc:
+            run.lines.append(f"could not put back {path}: {exc.strerror or exc}")
+    run.journal.clear()
+    run.on_commit.clear()
+    new = run.new_actions()
+    failed: list[Action] = []
+    for action in reversed([a for a in new if a["kind"] != "dir"]):
+        _undo_quietly(run, action, restart_engine, failed)
+    run.actions = copy.deepcopy(run.baseline) + failed
+    if run.actions or run.existed:
+        run.save()
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(run.manifest_path)
+    for action in reversed([a for a in new if a["kind"] == "dir"]):
+        _undo_quietly(run, action, restart_engine, failed)
+    engines_undone = tuple(a["engine"] for a in new if a["kind"] == "engine")
+    return Outcome(tuple(run.lines[first:]), engines_undone)
+
+
+def _undo_quietly(
+    run: InstallRun, action: Action, restart_engine: bool, failed: list[Action]
+) -> None:
+    try:
+        _undo(run, action, restart_engine)
+    except (OSError, EnflameError) as exc:
+        failed.append(action)
+        run.lines.append(f"could not undo {action['kind']} {action['path']}: {exc}")

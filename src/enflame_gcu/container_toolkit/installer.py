@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from dataclasses import dataclass
 from importlib import resources
 
@@ -28,16 +29,20 @@ from enflame_gcu.container_toolkit.install_manifest import (
     DEFAULT_TOOLKIT_DIR,
     InstallRun,
     Outcome,
+    undo_run,
     uninstall,
 )
-from enflame_gcu.errors import InstallError
+from enflame_gcu.errors import EnflameError, InstallError
 
 __all__ = [
     "DEFAULT_TOOLKIT_DIR",
     "InstallError",
     "InstallOptions",
+    "InstallRun",
     "Outcome",
+    "begin",
     "install",
+    "undo_run",
     "uninstall",
 ]
 
@@ -91,8 +96,15 @@ def _copy_package(run: InstallRun) -> str:
     # Swap whole trees so a runtime starting meanwhile sees the old or the new package.
     if os.path.lexists(local):
         os.rename(local, old)
+
+        def put_back() -> None:
+            shutil.rmtree(local, ignore_errors=True)
+            os.rename(old, local)
+
+        # Kept until the run is committed: undoing this run puts the earlier package back.
+        run.journal.append((target, put_back))
+        run.on_commit.append(lambda: shutil.rmtree(old, ignore_errors=True))
     os.rename(staging, local)
-    shutil.rmtree(old, ignore_errors=True)
     return lib
 
 
@@ -108,6 +120,7 @@ def _write_launcher(run: InstallRun, options: InstallOptions, package_dir: str) 
         run.lines.append(f"{path}: up to date")
         return
     run.record({"kind": "file", "path": path})
+    run.remember(path)
     if not run.dry_run:
         fileio.atomic_write_text(local, text, 0o755)
     run.lines.append(f"{path} {run.verb}written (runs {options.python} -IS, package {package_dir})")
@@ -131,6 +144,7 @@ def _link(run: InstallRun, link: str, target: str) -> None:
     if previous is not None:
         run.actions.remove(previous)
     run.record({"kind": "symlink", "path": link, "target": target})
+    run.remember(link)
     if not run.dry_run:
         fileio.replace_symlink(target, local)
     run.lines.append(f"{link} -> {target} {run.verb}linked")
@@ -148,6 +162,7 @@ def _write_config(run: InstallRun) -> None:
         text = FALLBACK_CONFIG
     digest = storage.sha256(text)
     run.record({"kind": "file", "path": CONFIG_PATH, "sha256": digest, "keep_if_edited": True})
+    run.remember(CONFIG_PATH)
     if not run.dry_run:
         fileio.atomic_write_text(local, text, 0o644)
     run.lines.append(f"{CONFIG_PATH} {run.verb}written from the template")
@@ -162,6 +177,7 @@ def _prepare_edits(run: InstallRun) -> None:
     path = runtime_config.DEFAULT_PREPARED_EDITS
     run.make_dirs(os.path.dirname(path))
     run.record({"kind": "file", "path": path})
+    run.remember(path)
     if run.dry_run:
         run.lines.append(f"{path} {run.verb}written from the node's GCUs")
         return
@@ -182,11 +198,19 @@ def _configure_engine(run: InstallRun, name: str, options: InstallOptions) -> No
     run.make_dirs(os.path.dirname(config))
     if name == "crio":
         run.make_dirs(os.path.join(os.path.dirname(config), "crio.conf.d"))
-    run.record({"kind": "engine", "path": config, "engine": name})
+    # Recorded with the name of the step configure will write, so undoing this install
+    # takes back that step only (another install's step in the same config stays).
+    action = {"kind": "engine", "path": config, "engine": name, "step": uuid.uuid4().hex[:16]}
+    run.record(action)
     runtime = engines.RuntimeOptions(
         runtime_path=options.runtime_path, set_as_default=options.set_as_default
     )
-    change = engines.configure(name, None, runtime, host_root=run.root, dry_run=run.dry_run)
+    change = engines.configure(
+        name, None, runtime, host_root=run.root, dry_run=run.dry_run, step=action["step"]
+    )
+    if not change.changed and not run.dry_run:
+        run.actions.remove(action)  # nothing written: nothing of ours to undo
+        run.save()
     if run.dry_run and change.diff:
         run.lines.extend(change.diff.rstrip("\n").splitlines())
     run.lines.extend(change.describe().splitlines())
@@ -194,9 +218,38 @@ def _configure_engine(run: InstallRun, name: str, options: InstallOptions) -> No
         run.lines.append(engine_reload.reload_or_warn(change, run.root))
 
 
-def install(options: InstallOptions) -> Outcome:
-    """Install the runtime, its config and the engine configs; idempotent, recorded, undoable."""
-    run = InstallRun(options.host_root, options.toolkit_dir, options.dry_run)
+def begin(options: InstallOptions) -> InstallRun:
+    """A run for :func:`install`: it reads the manifest as found, for :func:`undo_run`."""
+    return InstallRun(options.host_root, options.toolkit_dir, options.dry_run)
+
+
+def install(
+    options: InstallOptions, run: InstallRun | None = None, *, keep_undo: bool = False
+) -> Outcome:
+    """Install the runtime, its config and the engine configs; idempotent, recorded, undoable.
+
+    A step that fails takes back what this run changed, and only that: an install that was
+    there before is left as it was. ``keep_undo`` (the DaemonSet's ``--wait``) keeps what
+    :func:`undo_run` needs to take the run back later, instead of committing it.
+    """
+    run = run or begin(options)
+    try:
+        outcome = _install(options, run)
+    except BaseException as exc:
+        undone = undo_run(run, options.restart_engine)
+        if isinstance(exc, EnflameError):
+            lines = "\n  ".join(undone.lines) or "nothing had been changed yet"
+            raise InstallError(
+                f"{exc}\nthis run's changes were taken back (an earlier install is kept):\n  "
+                + lines
+            ) from exc
+        raise
+    if not keep_undo:
+        run.commit()
+    return outcome
+
+
+def _install(options: InstallOptions, run: InstallRun) -> Outcome:
     if options.package_dir is None and not os.path.exists(run.local(options.python, follow=True)):
         raise InstallError(
             f"cannot install: {options.python} does not exist on the host, and the runtime "

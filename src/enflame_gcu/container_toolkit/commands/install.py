@@ -11,7 +11,6 @@ import threading
 from typing import Any
 
 from enflame_gcu.container_toolkit import engines, installer
-from enflame_gcu.errors import EnflameError
 
 READY_LINE = "enflame-ctk install: ready"
 
@@ -72,7 +71,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--wait",
         action="store_true",
-        help="after installing, wait for SIGTERM/SIGINT, then undo everything and exit 0",
+        help="after installing, wait for SIGTERM/SIGINT, then undo what this run changed (an "
+        "install that was there before it started stays) and exit 0",
     )
     parser.add_argument(
         "--ready-file", metavar="PATH", help="with --wait: create PATH once installed (probes)"
@@ -146,13 +146,10 @@ def install_command(args: argparse.Namespace) -> int:
         created=tuple(args.created),
         dry_run=args.dry_run,
     )
-    try:
-        _print(installer.install(options))
-    except EnflameError:
-        if args.wait:
-            # A DaemonSet pod that failed must not leave half an install on the node.
-            _undo(args)
-        raise
+    # A failed step takes back this run's changes (installer.install does), never an install
+    # that was there before; with --wait, SIGTERM later takes back this run's changes only.
+    run = installer.begin(options)
+    _print(installer.install(options, run, keep_undo=args.wait))
     if not args.wait:
         return 0
     if args.ready_file:
@@ -162,18 +159,11 @@ def install_command(args: argparse.Namespace) -> int:
     print(f"{READY_LINE}; waiting for SIGTERM to undo the install", flush=True)
     while not stop.wait(3600):
         pass
-    print("enflame-ctk install: stopping, undoing the install", flush=True)
+    print("enflame-ctk install: stopping, undoing what this run installed", flush=True)
     if args.ready_file:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(args.ready_file)
-    return _undo(args)
-
-
-def _undo(args: argparse.Namespace) -> int:
-    outcome = installer.uninstall(
-        args.host_root, args.toolkit_dir, restart_engine=args.restart_engine
-    )
-    _print(outcome)
+    _print(installer.undo_run(run, args.restart_engine))
     return 0
 
 

@@ -67,6 +67,7 @@ def configure(
     *,
     host_root: str = "/",
     dry_run: bool = False,
+    step: str | None = None,
 ) -> Change:
     """Add the GCU runtime to ``engine``'s config (default path under ``host_root``).
 
@@ -77,17 +78,22 @@ def configure(
     """
     path = _config(engine, config_path, host_root)
     return transaction.configure(
-        editor(engine), path, options or RuntimeOptions(), host_root, dry_run
+        editor(engine), path, options or RuntimeOptions(), host_root, dry_run, step=step
     )
 
 
 def unconfigure(
-    engine: str, config_path: str | None = None, *, host_root: str = "/", dry_run: bool = False
+    engine: str,
+    config_path: str | None = None,
+    *,
+    host_root: str = "/",
+    dry_run: bool = False,
+    step: str | None = None,
 ) -> Change:
-    """Remove exactly what :func:`configure` added to ``engine``'s config."""
+    """Remove exactly what :func:`configure` added to ``engine``'s config (only ``step``'s)."""
     editor(engine)
     path = _config(engine, config_path, host_root)
-    return transaction.unconfigure(engine, path, dry_run, host_root)
+    return transaction.unconfigure(engine, path, dry_run, host_root, step=step)
 
 
 def reload(change: Change, host_root: str = "/") -> str:

@@ -85,6 +85,9 @@ class Change:
     diff: str
     dry_run: bool
     notes: tuple[str, ...] = ()
+    # The recorded step this configure wrote (None when nothing was written); unconfigure
+    # with it undoes only that step.
+    step: str | None = None
 
     @property
     def changed(self) -> bool:

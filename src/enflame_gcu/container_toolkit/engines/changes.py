@@ -111,9 +111,9 @@ def _get_parent(document: formats.Document, path: Sequence[str]) -> MutableMappi
 def revert(document: formats.Document, records: Sequence[Record]) -> list[str]:
     """Undo ``records`` (newest first) in place, keeping edits others made; return changed keys.
 
-    Keys we added are removed; a value we replaced is put back only if it still holds what we
-    wrote; a table we created is removed only once it is empty; a list item we appended is
-    removed from the list.
+    Keys we added are removed while they still hold what we wrote; a value we replaced is put
+    back only if it still holds what we wrote; a table we created is removed only once it is
+    empty; a list item we appended is removed from the list.
     """
     undone: list[str] = []
     for record in reversed(records):
@@ -125,6 +125,8 @@ def revert(document: formats.Document, records: Sequence[Record]) -> list[str]:
         current = formats.plain(parent[key])
         op = record["op"]
         if op == "add":
+            if current != record["new"]:
+                continue  # changed after us (by someone, or a later configure): keep it
             del parent[key]
         elif op == "create":
             if isinstance(current, Mapping) and not current:
@@ -155,3 +157,32 @@ def describe(records: Sequence[Record]) -> tuple[str, ...]:
         elif record["op"] == "append":
             lines.append(f"appended {record['item']!r} to {name}")
     return tuple(lines)
+
+
+def rebase(undone: Sequence[Record], newer: Sequence[list[Record]]) -> None:
+    """After ``undone`` was reverted out of order, make the ``newer`` steps' records true again.
+
+    A newer step that replaced a value the undone step had added now owns a key that did not
+    exist before it (an add); one that replaced a value the undone step had replaced takes over
+    the older value. Tables the undone step created pass to the next step, which removes them
+    once they are empty.
+    """
+    if not newer:
+        return
+    # In their order, ahead of the step's own records: reverted last, outermost last.
+    newer[0][:0] = [copy.deepcopy(r) for r in undone if r["op"] == "create"]
+    for record in undone:
+        path = record["path"]
+        if record["op"] == "create":
+            continue
+        for changes_ in newer:
+            match = next((n for n in changes_ if n["path"] == path), None)
+            if match is None:
+                continue
+            if match["op"] == "replace" and record["op"] == "add":
+                new = match["new"]
+                match.clear()
+                match.update({"op": "add", "path": path, "new": new})
+            elif match["op"] == "replace" and record["op"] == "replace":
+                match["old"] = copy.deepcopy(record["old"])
+            break

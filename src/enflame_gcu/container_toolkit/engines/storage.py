@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 STATE_SUFFIX = ".enflame-state.json"
 LOCK_SUFFIX = ".enflame.lock"
 BACKUP_INFIX = ".enflame-backup-"
-STATE_VERSION = 1
+# 2: every configure is a step of its own (undone alone); 1 kept one list of changes per file.
+STATE_VERSION = 2
 
 
 def sha256(text: str) -> str:
@@ -118,9 +119,28 @@ def load_state(config_path: str) -> dict[str, Any] | None:
             f"cannot read {path} (the record of what configure changed): {exc}; "
             "remove it only if you have undone the changes by hand"
         ) from exc
+    if isinstance(state, dict) and state.get("version") == 1:
+        return _from_version_1(state)
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-        raise EngineConfigError(f"{path} is not a state file version {STATE_VERSION} we can read")
+        raise EngineConfigError(
+            f"{path} is not a state file (version 1 or {STATE_VERSION}) this tool can read"
+        )
     return state
+
+
+def _from_version_1(state: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 record as one step per file: exact only if it was exact then."""
+    files = []
+    for entry in state["files"]:
+        step = {
+            "id": "v1",
+            "before": entry["original"],
+            "written_sha256": entry.get("written_sha256") if entry.get("exact") else None,
+            "changes": entry["changes"],
+            "backups": entry["backups"],
+        }
+        files.append({"path": entry["path"], "format": entry["format"], "steps": [step]})
+    return {"version": STATE_VERSION, "engine": state.get("engine"), "files": files}
 
 
 def save_state(

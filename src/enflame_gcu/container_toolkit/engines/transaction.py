@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import logging
 import os
+import uuid
 from typing import Any, Literal
 
 from enflame_gcu import fileio
@@ -35,12 +37,18 @@ def configure(
     options: base.RuntimeOptions,
     host_root: str = "/",
     dry_run: bool = False,
+    *,
+    step: str | None = None,
 ) -> base.Change:
-    """Make the edits ``editor`` plans for ``config_path``; a no-op when already configured."""
+    """Make the edits ``editor`` plans for ``config_path``; a no-op when already configured.
+
+    What is written is recorded as one step (named ``step``, else a random id, returned in
+    ``Change.step``) that :func:`unconfigure` can undo on its own.
+    """
     if dry_run:
-        return _configure(editor, config_path, options, host_root, dry_run=True)
+        return _configure(editor, config_path, options, host_root, True, step=step)
     with storage.locked(config_path):
-        return _configure(editor, config_path, options, host_root, dry_run=False)
+        return _configure(editor, config_path, options, host_root, False, step=step)
 
 
 def _configure(
@@ -49,6 +57,8 @@ def _configure(
     options: base.RuntimeOptions,
     host_root: str,
     dry_run: bool,
+    *,
+    step: str | None,
 ) -> base.Change:
     plan = editor.plan(config_path, options, host_root)
     pending: list[_Pending] = []
@@ -69,38 +79,40 @@ def _configure(
 
     state_dir = os.path.dirname(os.path.abspath(config_path))
     old_state = storage.load_state(config_path)
-    state: dict[str, Any] = old_state or {
-        "version": storage.STATE_VERSION,
-        "engine": editor.engine,
-        "files": [],
-    }
+    # A copy: on a failed write the old record is put back as it was.
+    state: dict[str, Any] = (
+        copy.deepcopy(old_state)
+        if old_state
+        else {
+            "version": storage.STATE_VERSION,
+            "engine": editor.engine,
+            "files": [],
+        }
+    )
     entries = {entry["path"]: entry for entry in state["files"]}
     now = datetime.datetime.now()
+    step_id = step or uuid.uuid4().hex[:16]
     backups: dict[str, str] = {}
     for p in to_write:
         rel = _relative(state_dir, p.plan.path)
         entry = entries.get(rel)
         if entry is None:
-            entry = {
-                "path": rel,
-                "format": p.plan.format,
-                "created": p.before is None,
-                "original": p.before,
-                "exact": True,
-                "changes": [],
-                "backups": [],
-            }
+            entry = {"path": rel, "format": p.plan.format, "steps": []}
             state["files"].append(entry)
             entries[rel] = entry
-        elif p.before is None or storage.sha256(p.before) != entry.get("written_sha256"):
-            # Someone changed the file since we wrote it: the saved original no longer is
-            # "this file minus our edits", so only a key-by-key revert stays correct.
-            entry["exact"] = False
+        # Each configure is one step, undone on its own (an installer undoes only its run):
+        # exactly (back to ``before``) while the file is still what it wrote, else key by key.
+        record: dict[str, Any] = {
+            "id": step_id,
+            "before": p.before,
+            "written_sha256": storage.sha256(p.after or ""),
+            "changes": p.records,
+            "backups": [],
+        }
         if p.before is not None:
             backups[rel] = storage.backup_name(p.plan.path, p.plan.backup_dir, now)
-            entry["backups"].append(_relative(state_dir, backups[rel]))
-        entry["changes"].extend(p.records)
-        entry["written_sha256"] = storage.sha256(p.after or "")
+            record["backups"].append(_relative(state_dir, backups[rel]))
+        entry["steps"].append(record)
 
     # The state holds the originals: it gets the mode and owner of the most private one.
     like = _most_private([p.identity for p in pending])
@@ -126,8 +138,8 @@ def _configure(
         storage.save_state(config_path, old_state, like)
         raise
     files = tuple(_file_change(p, backups.get(_relative(state_dir, p.plan.path))) for p in pending)
-    log.info("configured %s in %s", editor.engine, config_path)
-    return base.Change(editor.engine, "configure", files, diff, False, plan.notes)
+    log.info("configured %s in %s (step %s)", editor.engine, config_path, step_id)
+    return base.Change(editor.engine, "configure", files, diff, False, plan.notes, step_id)
 
 
 def _file_change(p: _Pending, backup: str | None) -> base.FileChange:
@@ -144,16 +156,59 @@ def _most_private(identities: list[os.stat_result | None]) -> os.stat_result | N
 
 
 def unconfigure(
-    engine: str, config_path: str, dry_run: bool = False, host_root: str = "/"
+    engine: str,
+    config_path: str,
+    dry_run: bool = False,
+    host_root: str = "/",
+    *,
+    step: str | None = None,
 ) -> base.Change:
-    """Undo what configure recorded for ``config_path``: exactly when nobody else edited."""
+    """Undo what configure recorded for ``config_path`` (only ``step`` when given).
+
+    Each step is undone exactly (the file goes back to the bytes it had before that step)
+    while the file is still what the step wrote, else key by key, keeping others' edits.
+    """
     if dry_run:
-        return _unconfigure(engine, config_path, dry_run=True, host_root=host_root)
+        return _unconfigure(engine, config_path, True, host_root, step)
     with storage.locked(config_path):
-        return _unconfigure(engine, config_path, dry_run=False, host_root=host_root)
+        return _unconfigure(engine, config_path, False, host_root, step)
 
 
-def _unconfigure(engine: str, config_path: str, dry_run: bool, host_root: str) -> base.Change:
+@dataclasses.dataclass(slots=True)
+class _Undo:
+    shown: str
+    target: str
+    before: str | None
+    after: str | None
+    undone: list[str]
+    exact: bool
+    keep: list[str]  # backups that no longer match anything live
+
+
+def _undo_steps(entry: dict[str, Any], selected: list[dict[str, Any]], undo: _Undo) -> None:
+    fmt = formats.FORMATS[entry["format"]]
+    for record in reversed(selected):
+        current = undo.after
+        if current is None:
+            undo.exact = undo.exact and record["before"] is None
+            continue
+        paths = [changes.dotted(r["path"]) for r in record["changes"]]
+        if storage.sha256(current) == record["written_sha256"]:
+            undo.after = record["before"]
+            undo.undone.extend(p for p in paths if p not in undo.undone)
+            continue
+        undo.exact = False
+        undo.keep.extend(record["backups"])
+        document = fmt.parse(current, undo.shown)
+        undo.undone.extend(p for p in changes.revert(document, record["changes"]))
+        undo.after = fmt.render(document, current)
+        if record["before"] is None and not formats.plain(document):
+            undo.after = None  # a file this step created, empty again
+
+
+def _unconfigure(
+    engine: str, config_path: str, dry_run: bool, host_root: str, step: str | None
+) -> base.Change:
     state = storage.load_state(config_path)
     if state is None:
         note = (
@@ -165,50 +220,54 @@ def _unconfigure(engine: str, config_path: str, dry_run: bool, host_root: str) -
         note = f"{storage.state_path(config_path)} records a {state.get('engine')} configuration"
         raise EngineConfigError(f"cannot unconfigure {engine} here: {note}")
     state_dir = os.path.dirname(os.path.abspath(config_path))
-    results: list[tuple[str, str | None, str | None, base.FileChange]] = []
-    all_exact = True
+    undos: list[_Undo] = []
+    backups: list[str] = []
     for entry in reversed(state["files"]):
-        shown = os.path.join(state_dir, entry["path"])
-        path = storage.target(shown, host_root)
-        before = storage.read_text(path)
-        if before is None:
-            results.append((path, None, None, base.FileChange(shown, "unchanged")))
+        selected = [r for r in entry["steps"] if step is None or r["id"] == step]
+        if not selected:
             continue
-        fmt = formats.FORMATS[entry["format"]]
-        paths = tuple(dict.fromkeys(changes.dotted(r["path"]) for r in entry["changes"]))
-        keys = tuple(f"undid {path}" for path in paths)
-        action: Literal["restored", "deleted", "modified", "unchanged"]
-        if entry["exact"] and storage.sha256(before) == entry.get("written_sha256"):
-            after = None if entry["created"] else entry["original"]
-            action = "deleted" if after is None else "restored"
-        else:
-            all_exact = False
-            document = fmt.parse(before, path)
-            paths = tuple(changes.revert(document, entry["changes"]))
-            keys = tuple(f"undid {path}" for path in paths)
-            after = fmt.render(document, before)
-            if entry["created"] and not formats.plain(document):
-                after, action = None, "deleted"
-            else:
-                action = "modified" if after != before else "unchanged"
-        results.append((path, before, after, base.FileChange(shown, action, keys, None, paths)))
-    diff = "".join(storage.unified_diff(p, b, a) for p, b, a, _ in results)
+        shown = os.path.join(state_dir, entry["path"])
+        target = storage.target(shown, host_root)
+        before = storage.read_text(target)
+        undo = _Undo(shown, target, before, before, [], True, [])
+        _undo_steps(entry, selected, undo)
+        undos.append(undo)
+        if step is not None:
+            newest = max(entry["steps"].index(r) for r in selected)
+            later = [r["changes"] for r in entry["steps"][newest + 1 :]]
+            changes.rebase([c for r in selected for c in r["changes"]], later)
+        backups.extend(b for r in selected for b in r["backups"] if b not in undo.keep)
+        entry["steps"] = [r for r in entry["steps"] if r not in selected]
+    state["files"] = [entry for entry in state["files"] if entry["steps"]]
+    diff = "".join(storage.unified_diff(u.shown, u.before, u.after) for u in undos)
     notes: list[str] = []
-    if not all_exact:
+    if any(not u.exact for u in undos):
         notes.append(
             "others edited these files since configure: removed only our keys, kept theirs"
         )
+    kept = [os.path.join(state_dir, b) for u in undos for b in u.keep]
+    if kept:
+        notes.append("backups kept: " + ", ".join(kept))
     if not dry_run:
-        for path, before, after, change in results:
-            if change.action != "unchanged" and before != after:
-                storage.write(path, after)
+        like = storage.identity(storage.target(config_path, host_root))
+        for undo in undos:
+            if undo.after != undo.before:
+                storage.write(undo.target, undo.after)
                 fileio.fault_point("unconfigure-wrote-file")
-        backups = [os.path.join(state_dir, b) for e in state["files"] for b in e["backups"]]
-        if all_exact:
-            for backup in backups:  # identical to what is now live again
-                storage.remove_quietly(backup)
-        elif backups:
-            notes.append("backups kept: " + ", ".join(backups))
-        storage.save_state(config_path, None)
-    files = tuple(change for _, _, _, change in reversed(results))
-    return base.Change(engine, "unconfigure", files, diff, dry_run, tuple(notes))
+        for backup in backups:  # identical to what was live before its step, now undone
+            storage.remove_quietly(os.path.join(state_dir, backup))
+        storage.save_state(config_path, state if state["files"] else None, like)
+    files = tuple(_file_change_undo(u) for u in reversed(undos))
+    return base.Change(engine, "unconfigure", files, diff, dry_run, tuple(notes), step)
+
+
+def _file_change_undo(undo: _Undo) -> base.FileChange:
+    action: Literal["restored", "deleted", "modified", "unchanged"]
+    if undo.after == undo.before:
+        action = "unchanged"
+    elif undo.after is None:
+        action = "deleted"
+    else:
+        action = "restored" if undo.exact else "modified"
+    keys = tuple(f"undid {path}" for path in undo.undone)
+    return base.FileChange(undo.shown, action, keys, None, tuple(undo.undone))
