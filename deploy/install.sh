@@ -32,6 +32,8 @@ Options:
                      never removed by --uninstall (pass it to --uninstall as well)
   --runtime NAME     docker, containerd or crio; repeatable (default: every engine found)
   --no-default       add the runtime without making it the engines' default runtime
+  --cdi-annotations  the device plugin uses the cdi-annotations strategy: containerd 1.x is
+                     told to pass the container annotations cdi.k8s.io/* to the runtime
   --restart          SIGHUP/restart the engines whose config changed (default: print how)
   --host-root DIR    treat DIR as / (tests, images); /usr/bin links then point at host paths
   --dry-run          print what would change, change nothing
@@ -55,6 +57,7 @@ DRY_RUN=0
 UNINSTALL=0
 RESTART=0
 SET_DEFAULT=1
+CDI_ANNOTATIONS=0
 RUNTIMES=()
 
 need_value() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
@@ -68,6 +71,7 @@ while [[ $# -gt 0 ]]; do
         --use-env) need_value "$@"; USE_ENV=$2; shift 2 ;;
         --runtime) need_value "$@"; RUNTIMES+=("$2"); shift 2 ;;
         --no-default) SET_DEFAULT=0; shift ;;
+        --cdi-annotations) CDI_ANNOTATIONS=1; shift ;;
         --restart) RESTART=1; shift ;;
         --dry-run) DRY_RUN=1; shift ;;
         --uninstall) UNINSTALL=1; shift ;;
@@ -173,6 +177,7 @@ ARGS=(
     --link-ctk "$ENV_HOST/bin/enflame-ctk"
 )
 [[ $SET_DEFAULT == 1 ]] && ARGS+=(--set-as-default)
+[[ $CDI_ANNOTATIONS == 1 ]] && ARGS+=(--cdi-annotations)
 for runtime in "${RUNTIMES[@]+"${RUNTIMES[@]}"}"; do ARGS+=(--runtime "$runtime"); done
 
 if ! "$ENV_HERE/bin/enflame-ctk" install "${COMMON[@]}" "${ARGS[@]}" "${CREATED[@]+"${CREATED[@]}"}"; then

@@ -61,6 +61,7 @@ class InstallOptions:
     toolkit_dir: str = DEFAULT_TOOLKIT_DIR
     engines: tuple[str, ...] | None = None  # None: the engines detected on the host
     set_as_default: bool = False
+    cdi_annotations: bool = False  # the plugin's cdi-annotations strategy (containerd 1.x)
     restart_engine: bool = False
     python: str = "/usr/bin/python3"
     package_dir: str | None = None  # None: copy the package to <toolkit_dir>/lib
@@ -203,7 +204,9 @@ def _configure_engine(run: InstallRun, name: str, options: InstallOptions) -> No
     action = {"kind": "engine", "path": config, "engine": name, "step": uuid.uuid4().hex[:16]}
     run.record(action)
     runtime = engines.RuntimeOptions(
-        runtime_path=options.runtime_path, set_as_default=options.set_as_default
+        runtime_path=options.runtime_path,
+        set_as_default=options.set_as_default,
+        cdi_annotations=options.cdi_annotations,
     )
     change = engines.configure(
         name, None, runtime, host_root=run.root, dry_run=run.dry_run, step=action["step"]

@@ -15,7 +15,9 @@ EPILOG = """\
 checks: driver loaded and its version; /dev/gcu* and /dev/gcuctl present and matching sysfs;
 the runtime binary the engines point at; the runtime config; docker/containerd/CRI-O configured
 (and enflame the default); runc 1.1.3-1.1.6 vs /dev/char links (runc issue 3671); the kubelet's
-device-plugin dir and kubelet.sock; a stale enflame.sock; swap; cpuManagerPolicy static.
+device-plugin dir and kubelet.sock; a stale enflame.sock; swap; cpuManagerPolicy static;
+a device-list strategy the engine cannot honour (cdi-cri on containerd < 1.7, cdi-annotations
+without the annotation pass-through) and pod_annotations that let pods name devices.
 
 exit status: 0 every check passed, 1 warnings only, 2 at least one check failed.
 """
@@ -33,12 +35,21 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--root", default="/", metavar="DIR", help="read every path under DIR (e.g. /host)"
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--device-list-strategy",
+        metavar="LIST",
+        help="the device plugin's strategies (e.g. cdi-annotations); default: read from a "
+        "running enflame-device-plugin's command line",
+    )
     parser.set_defaults(handler=doctor_command)
 
 
 def doctor_command(args: argparse.Namespace) -> int:
     """Handler of ``doctor``: run every check, print them, exit with the worst status."""
-    results = doctor.run(args.root)
+    strategies = None
+    if args.device_list_strategy:
+        strategies = tuple(s.strip() for s in args.device_list_strategy.split(",") if s.strip())
+    results = doctor.run(args.root, strategies)
     worst = doctor.worst(results)
     if args.json:
         document = {"root": args.root, "status": worst}

@@ -69,6 +69,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--set-as-default", action="store_true", help="make enflame the engines' default runtime"
     )
     parser.add_argument(
+        "--cdi-annotations",
+        action="store_true",
+        help="the device plugin runs the cdi-annotations strategy: let containerd 1.x pass the "
+        "container annotations cdi.k8s.io/* to the runtime",
+    )
+    parser.add_argument(
         "--wait",
         action="store_true",
         help="after installing, wait for SIGTERM/SIGINT, then undo what this run changed (an "
@@ -138,6 +144,7 @@ def install_command(args: argparse.Namespace) -> int:
         toolkit_dir=args.toolkit_dir,
         engines=_engines(args.runtime),
         set_as_default=args.set_as_default,
+        cdi_annotations=args.cdi_annotations,
         restart_engine=args.restart_engine,
         python=args.python,
         package_dir=args.package_dir,

@@ -49,6 +49,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     configure.add_argument("--cdi", action="store_true", help="turn CDI on where supported")
     configure.add_argument(
+        "--cdi-annotations",
+        action="store_true",
+        help="the device plugin runs the cdi-annotations strategy: containerd 1.x passes the "
+        "container annotations cdi.k8s.io/* to the runtime (never the pod's)",
+    )
+    configure.add_argument(
         "--drop-in",
         action="store_true",
         help="containerd: write conf.d/99-enflame.toml and import it (CRI-O always uses one)",
@@ -74,6 +80,7 @@ def configure_command(args: argparse.Namespace) -> int:
         set_as_default=args.set_as_default,
         cdi=args.cdi,
         drop_in=args.drop_in,
+        cdi_annotations=args.cdi_annotations,
     )
     try:
         change = engines.configure(

@@ -18,6 +18,7 @@ from enflame_gcu.container_toolkit.doctor import (
     kubelet_checks,
     processes,
     runtime_checks,
+    strategy_checks,
 )
 from enflame_gcu.container_toolkit.doctor.model import RANK, Node, Result, Status
 from enflame_gcu.errors import EnflameError
@@ -31,6 +32,7 @@ CHECKS: tuple[Callable[[Node], list[Result]], ...] = (
     runtime_checks.check_runtime_config,
     runtime_checks.check_engines,
     runtime_checks.check_runc,
+    strategy_checks.check_device_list_strategy,
     kubelet_checks.check_kubelet,
     kubelet_checks.check_plugin_socket,
     kubelet_checks.check_swap,
@@ -42,7 +44,7 @@ CHECKS: tuple[Callable[[Node], list[Result]], ...] = (
 DISCOVERY_PATHS = labels.DISCOVERY_PATHS
 
 
-def inspect(root: str = "/") -> Node:
+def inspect(root: str = "/", strategies: tuple[str, ...] | None = None) -> Node:
     """Read everything the checks need from the node under ``root``.
 
     Raises PathOutsideRootError when a path discovery reads would lead out of ``root``.
@@ -53,12 +55,13 @@ def inspect(root: str = "/") -> Node:
         devices.discover(root),
         engine_configs.read_engines(root),
         processes.read_processes(root),
+        strategies,
     )
 
 
-def run(root: str = "/") -> list[Result]:
+def run(root: str = "/", strategies: tuple[str, ...] | None = None) -> list[Result]:
     """Every check's results for the node under ``root``, in FAQ order."""
-    node = inspect(root)
+    node = inspect(root, strategies)
     results = []
     for check in CHECKS:
         try:

@@ -27,6 +27,10 @@ class EngineView:
     is_default: bool
     systemd_cgroup: bool | None
     problem: str | None = None
+    # containerd: what our runtime entry passes on, and whether the CRI plugin resolves CDI.
+    pod_annotations: tuple[str, ...] = ()
+    container_annotations: tuple[str, ...] = ()
+    cdi_enabled: bool | None = None
 
 
 def _ours(runtimes: Any, path_of: Callable[[Any], Any]) -> tuple[str | None, str | None]:
@@ -85,7 +89,19 @@ def _containerd_view(root: str) -> EngineView:
             "crash-loop on systemd hosts"
         )
     default = name is not None and table.get("default_runtime_name") == name
-    return EngineView("containerd", binary, default, runc if runc is not None else None, problem)
+    ours_entry = runtimes.get(name) if name else None
+    ours_entry = ours_entry if isinstance(ours_entry, dict) else {}
+    cri = base.lookup(document, containerd.CRI_TABLE[version]) or {}
+    return EngineView(
+        "containerd",
+        binary,
+        default,
+        runc if runc is not None else None,
+        problem,
+        tuple(str(p) for p in ours_entry.get("pod_annotations") or ()),
+        tuple(str(p) for p in ours_entry.get("container_annotations") or ()),
+        cri.get("enable_cdi") is True,
+    )
 
 
 def _crio_view(root: str) -> EngineView:

@@ -30,6 +30,8 @@ class Node:
     inventory: devices.Inventory
     engines: tuple[engine_configs.EngineView, ...]
     processes: tuple[tuple[str, ...], ...]
+    # The device plugin's --device-list-strategy, when the operator named it to doctor.
+    strategies: tuple[str, ...] | None = None
 
     def path(self, host_path: str, follow: bool = True) -> str:
         """``host_path`` as seen from here, its symlinks followed inside the root (a jail)."""

@@ -22,6 +22,9 @@ class RuntimeOptions:
     set_as_default: bool = False
     cdi: bool = False
     drop_in: bool = False
+    # The device plugin answers with CDI annotations (its cdi-annotations strategy): containerd
+    # 1.x must pass the container's cdi.k8s.io/* annotations on to the runtime.
+    cdi_annotations: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -17,6 +17,32 @@ log = logging.getLogger(__name__)
 RUNC_V2 = "io.containerd.runc.v2"
 DROP_IN_NAME = "99-enflame.toml"
 
+# Annotation prefixes that name devices: only the kubelet (from the device plugin's answer, as
+# *container* annotations) may set them. A pod author sets *pod* annotations, so a
+# pod_annotations pattern that could pass one of these on would let any pod ask for cards.
+DEVICE_ANNOTATION_PREFIXES = ("cdi.k8s.io/", "enflame.com/")
+CDI_CONTAINER_ANNOTATIONS = "cdi.k8s.io/*"
+_WILDCARDS = "*?[\\"
+
+
+def passes_device_annotations(pattern: str) -> bool:
+    """True when the annotation pattern could match a ``cdi.k8s.io/`` or ``enflame.com/`` key.
+
+    Conservative: the literal text before the first wildcard decides, so ``*``, ``c*`` and
+    ``cdi.k8s.io/*`` all count, ``io.katacontainers.*`` does not.
+    """
+    cut = min((i for i, c in enumerate(pattern) if c in _WILDCARDS), default=len(pattern))
+    literal = pattern[:cut]
+    return any(p.startswith(literal) or literal.startswith(p) for p in DEVICE_ANNOTATION_PREFIXES)
+
+
+def safe_pod_annotations(patterns: Any) -> list[Any]:
+    """``patterns`` without those that would pass device annotations from the pod."""
+    if not isinstance(patterns, list):
+        return []
+    return [p for p in patterns if not (isinstance(p, str) and passes_device_annotations(p))]
+
+
 # The CRI plugin table per config version (SPEC §5); it holds enable_cdi and `containerd`.
 CRI_TABLE: dict[int, tuple[str, ...]] = {
     1: ("plugins", "cri"),
@@ -51,6 +77,8 @@ def runtime_entry(
     entry_options = dict(entry.get("options") or {})
     entry_options["BinaryName"] = options.runtime_path
     entry["options"] = entry_options
+    if "pod_annotations" in entry:
+        entry["pod_annotations"] = safe_pod_annotations(entry["pod_annotations"])
     return entry, source
 
 
@@ -72,6 +100,25 @@ class ContainerdEditor:
         )
         entry, source = runtime_entry(runtimes, default_name, options)
         notes = []
+        ours = runtimes.get(options.runtime_name)
+        current = ours.get("pod_annotations") if isinstance(ours, dict) else None
+        if isinstance(current, list) and safe_pod_annotations(current) != current:
+            entry.setdefault("pod_annotations", safe_pod_annotations(current))
+        dropped = [
+            p
+            for p in [
+                *(current or []),
+                *((runtimes.get(source) or {}).get("pod_annotations") or []),
+            ]
+            if isinstance(p, str) and passes_device_annotations(p)
+        ]
+        if dropped:
+            notes.append(
+                f"pod_annotations {sorted(set(dropped))} left out of the {options.runtime_name} "
+                "runtime: a pod's own annotations must never name devices"
+            )
+        if options.cdi_annotations:
+            self._pass_cdi_annotations(entry, version, notes)
         if source not in runtimes:
             notes.append(
                 f"{config_path} has no {source} runtime entry to copy options such as "
@@ -100,6 +147,23 @@ class ContainerdEditor:
             host_root=host_root,
             notes=notes,
         )
+
+    @staticmethod
+    def _pass_cdi_annotations(entry: dict[str, Any], version: int, notes: list[str]) -> None:
+        if version >= 3:
+            notes.append(
+                "containerd 2.x (a version 3 config) turns the kubelet's cdi.k8s.io/* "
+                "annotations into devices itself when enable_cdi is on (the default): nothing "
+                "passed to the runtime"
+            )
+            return
+        # containerd 1.x's CRI plugin hands a runtime only the container annotations its
+        # runtime table lists; the device plugin's answer arrives as container annotations.
+        listed = entry.get("container_annotations")
+        patterns = list(listed) if isinstance(listed, list) else []
+        if CDI_CONTAINER_ANNOTATIONS not in patterns:
+            patterns.append(CDI_CONTAINER_ANNOTATIONS)
+        entry["container_annotations"] = patterns
 
     def _drop_in_plan(
         self,
