@@ -125,6 +125,7 @@ class InstallRun:
         if action not in self.actions:
             self.actions.append(action)
         self.save()
+        fileio.fault_point("install-recorded")
 
     def save(self) -> None:
         """Write the manifest (once its directory exists; until then it is kept in memory)."""

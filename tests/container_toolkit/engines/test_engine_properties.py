@@ -81,15 +81,39 @@ def _leaves(value: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...
         yield prefix
 
 
+# How the config file sits on disk: mode, owner, and whether the path is a symlink to it.
+FILES = st.tuples(st.sampled_from([0o600, 0o640, 0o644]), st.sampled_from([0, 1234]), st.booleans())
+
+
 def _round_trip(
-    engine: str, path: str, text: str, options: engines.RuntimeOptions
+    engine: str,
+    path: str,
+    text: str,
+    options: engines.RuntimeOptions,
+    file: tuple[int, int, bool] = (0o644, 0, False),
 ) -> tuple[str, str]:
-    with open(path, "w", encoding="utf-8") as handle:
+    mode, owner, linked = file
+    real = os.path.join(os.path.dirname(path), "real", os.path.basename(path)) if linked else path
+    os.makedirs(os.path.dirname(real), exist_ok=True)
+    with open(real, "w", encoding="utf-8") as handle:
         handle.write(text)
+    os.chmod(real, mode)
+    os.chown(real, owner, owner)
+    if linked:
+        os.symlink(real, path)
     engines.configure(engine, path, options)
     with open(path, encoding="utf-8") as handle:
         configured = handle.read()
+    # Every file configure left next to the config (backups, state) is as private as it.
+    for name in os.listdir(os.path.dirname(path)):
+        info = os.lstat(os.path.join(os.path.dirname(path), name))
+        if ".enflame-" in name and not name.endswith(".lock"):
+            assert info.st_mode & 0o777 & ~mode == 0, (name, oct(info.st_mode))
+            assert info.st_uid == owner, name
     engines.unconfigure(engine, path)
+    assert os.path.islink(path) == linked
+    info = os.stat(real)
+    assert (info.st_mode & 0o777, info.st_uid, info.st_gid) == (mode, owner, owner)
     with open(path, encoding="utf-8") as handle:
         return configured, handle.read()
 
@@ -107,12 +131,12 @@ def daemon_json(draw: st.DrawFn) -> str:
 
 
 @SETTINGS
-@hypothesis.given(text=daemon_json(), options=OPTIONS)
+@hypothesis.given(text=daemon_json(), options=OPTIONS, file=FILES)
 def test_docker_round_trip_and_no_key_dropped(
-    directory: str, text: str, options: engines.RuntimeOptions
+    directory: str, text: str, options: engines.RuntimeOptions, file: tuple[int, int, bool]
 ) -> None:
     path = os.path.join(_fresh(directory), "daemon.json")
-    configured, restored = _round_trip("docker", path, text, options)
+    configured, restored = _round_trip("docker", path, text, options, file)
     assert restored == text
     original = json.loads(text)
     after = json.loads(configured)
@@ -170,12 +194,12 @@ def containerd_toml(draw: st.DrawFn) -> str:
 
 
 @SETTINGS
-@hypothesis.given(text=containerd_toml(), options=OPTIONS)
+@hypothesis.given(text=containerd_toml(), options=OPTIONS, file=FILES)
 def test_containerd_round_trip_and_no_key_dropped(
-    directory: str, text: str, options: engines.RuntimeOptions
+    directory: str, text: str, options: engines.RuntimeOptions, file: tuple[int, int, bool]
 ) -> None:
     path = os.path.join(_fresh(directory), "config.toml")
-    configured, restored = _round_trip("containerd", path, text, options)
+    configured, restored = _round_trip("containerd", path, text, options, file)
     assert restored == text
     original = tomlkit.parse(text).unwrap()
     after = tomlkit.parse(configured).unwrap()

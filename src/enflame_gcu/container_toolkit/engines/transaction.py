@@ -193,6 +193,8 @@ def _undo_steps(entry: dict[str, Any], selected: list[dict[str, Any]], undo: _Un
             undo.exact = undo.exact and record["before"] is None
             continue
         paths = [changes.dotted(r["path"]) for r in record["changes"]]
+        if current == record["before"]:
+            continue  # none of it is live (a configure killed before it wrote): nothing to undo
         if storage.sha256(current) == record["written_sha256"]:
             undo.after = record["before"]
             undo.undone.extend(p for p in paths if p not in undo.undone)
