@@ -148,6 +148,42 @@ class InstallRun:
                 os.mkdir(self.local(path), 0o755)
             self.lines.append(f"{path}/ {self.verb}created")
 
+    def make_toolkit_dir(self) -> None:
+        """Create the toolkit dir (and missing parents) together with the manifest, atomically.
+
+        Built under a temporary name next to the topmost missing directory, with the manifest
+        that records it inside, then renamed into place: a crash leaves either nothing of it
+        or a recorded tree (a leftover temporary tree is removed by the next run).
+        """
+        missing = []
+        path = self.toolkit_dir
+        while path != "/" and not os.path.isdir(self.local(path, follow=True)):
+            missing.append(path)
+            path = os.path.dirname(path)
+        if self.dry_run or not missing:
+            self.make_dirs(self.toolkit_dir)
+            return
+        missing.reverse()
+        top = self.local(missing[0])
+        staging = os.path.join(os.path.dirname(top), f".{os.path.basename(top)}.enflame-install")
+        shutil.rmtree(staging, ignore_errors=True)
+        for path in missing:
+            inner = os.path.relpath(path, missing[0])
+            os.mkdir(os.path.normpath(os.path.join(staging, inner)), 0o755)
+            if {"kind": "dir", "path": path} not in self.actions:
+                self.actions.append({"kind": "dir", "path": path})
+            self.lines.append(f"{path}/ created")
+        final = self.manifest_path
+        self.manifest_path = os.path.join(
+            staging, os.path.relpath(self.toolkit_dir, missing[0]), MANIFEST_NAME
+        )
+        try:
+            self.save()
+        finally:
+            self.manifest_path = final
+        fileio.fault_point("install-recorded")
+        os.rename(staging, top)
+
     def find(self, kind: str, path: str) -> Action | None:
         """The recorded action of ``kind`` for ``path``, if this tool made it."""
         return next((a for a in self.actions if a["kind"] == kind and a["path"] == path), None)

@@ -264,7 +264,7 @@ def _install(options: InstallOptions, run: InstallRun) -> Outcome:
         if kind not in ("dir", "tree") or not path.startswith("/"):
             raise InstallError(f"--created wants dir:/ABS/PATH or tree:/ABS/PATH, got {item!r}")
         run.record({"kind": kind, "path": path})
-    run.make_dirs(options.toolkit_dir)
+    run.make_toolkit_dir()
     run.save()
     package_dir = options.package_dir or _copy_package(run)
     _write_launcher(run, options, package_dir)
