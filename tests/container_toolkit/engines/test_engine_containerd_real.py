@@ -305,3 +305,32 @@ def test_containerd_1x_imports_replace_whole_plugin_tables(tmp_path: os.PathLike
     cri = tomlkit.parse(dump).unwrap()["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["containerd"]["default_runtime_name"] == "enflame"
     assert cri["sandbox_image"] != "mine:1"
+
+
+def test_containerd_16_reads_the_annotation_pass_through_we_write(
+    tmp_path: os.PathLike[str],
+) -> None:
+    # containerd's own config loader keeps container_annotations (a key it knows) and drops
+    # the pod_annotations patterns that would name devices (we never write them).
+    config = os.path.join(str(tmp_path), "config.toml")
+    typed = 'runtime_type = "io.containerd.runc.v2"\n'
+    text = base_config(str(tmp_path)).replace(
+        typed, typed + '        pod_annotations = ["cdi.k8s.io/*", "io.kata.*"]\n', 1
+    )
+    with open(config, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    options = engines.RuntimeOptions(runtime_path=RUNC, cdi_annotations=True)
+    engines.configure("containerd", config, options)
+    dump = subprocess.run(
+        [CONTAINERD, "--config", config, "config", "dump"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    runtimes = tomlkit.parse(dump).unwrap()["plugins"]["io.containerd.grpc.v1.cri"]["containerd"][
+        "runtimes"
+    ]
+    assert runtimes["enflame"]["container_annotations"] == ["cdi.k8s.io/*"]
+    assert runtimes["enflame"]["pod_annotations"] == ["io.kata.*"]
+    assert runtimes["runc"]["pod_annotations"] == ["cdi.k8s.io/*", "io.kata.*"]
