@@ -341,7 +341,8 @@ def _chart_copy(tmp_path: Any, enabled: tuple[str, ...]) -> str:
 
 @pytest.mark.skipif(not os.path.exists(HELM_SDK), reason=NO_HELM_SDK)
 @pytest.mark.parametrize(
-    "enabled", [(), ("vgcu",), ("sharing",), ("toolkit",), ("vgcu", "sharing", "toolkit")]
+    "enabled",
+    [(), ("vgcu",), ("sharing",), ("toolkit",), ("dra",), ("vgcu", "sharing", "toolkit", "dra")],
 )
 def test_real_helm_lint_accepts_every_variant(enabled: tuple[str, ...], tmp_path: Any) -> None:
     lint = _real_helm_lint(_chart_copy(tmp_path, enabled))

@@ -47,27 +47,48 @@ app.kubernetes.io/instance: {{ .context.Release.Name }}
 
 {{/* Pod scheduling shared by every DaemonSet: priority, node affinity, tolerations. */}}
 {{- define "enflame-gcu.scheduling" -}}
-{{- with .Values.priorityClassName }}
+{{- include "enflame-gcu.schedulingFor" (dict "context" . "mode" "any") -}}
+{{- end -}}
+
+{{/* Scheduling for one way of serving GCUs; call with (dict "context" $ "mode" M).
+     M = "any" (the toolkit), "device-plugin" (skips nodes labelled for DRA when DRA is on)
+     or "dra" (only nodes labelled for DRA): a node never serves GCUs both ways. */}}
+{{- define "enflame-gcu.schedulingFor" -}}
+{{- $values := .context.Values -}}
+{{- $mode := "" -}}
+{{- if and (eq .mode "device-plugin") $values.dra.enabled -}}
+{{- $mode = dict "key" $values.dra.modeLabel "operator" "NotIn" "values" (list "dra") -}}
+{{- else if eq .mode "dra" -}}
+{{- $mode = dict "key" $values.dra.modeLabel "operator" "In" "values" (list "dra") -}}
+{{- end -}}
+{{- with $values.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
-{{- with .Values.imagePullSecrets }}
+{{- with $values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.nodeSelection.anyOfLabels }}
+{{- if or $values.nodeSelection.anyOfLabels $mode }}
 affinity:
   nodeAffinity:
     requiredDuringSchedulingIgnoredDuringExecution:
       # Terms are ORed: any one label marks a GCU node.
       nodeSelectorTerms:
-        {{- range . }}
+        {{- range ($values.nodeSelection.anyOfLabels | default (list dict)) }}
         - matchExpressions:
+            {{- if .key }}
             - key: {{ .key | quote }}
               operator: In
               values: [{{ .value | quote }}]
+            {{- end }}
+            {{- with $mode }}
+            - key: {{ .key | quote }}
+              operator: {{ .operator }}
+              values: [{{ first .values | quote }}]
+            {{- end }}
         {{- end }}
 {{- end }}
-{{- with .Values.tolerations }}
+{{- with $values.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}

@@ -1,0 +1,102 @@
+"""Deploying the DRA driver: the static manifest, the chart's DRA parts and the docs."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from enflame_gcu.dra_plugin import config as dra_config
+from tests.deploy.helpers import CHART_DIR
+from tests.dra_plugin import slices_helpers as helpers
+
+MANIFEST = os.path.join(helpers.DRA_DEPLOY, "enflame-dra-plugin.yaml")
+TEMPLATES = os.path.join(CHART_DIR, "templates")
+
+
+def documents() -> dict[str, dict[str, Any]]:
+    return {doc["kind"]: doc for doc in helpers.load_yaml(MANIFEST)}
+
+
+def read(*parts: str) -> str:
+    with open(os.path.join(*parts), encoding="utf-8") as handle:
+        return handle.read()
+
+
+@pytest.mark.parametrize("version", helpers.VERSIONS)
+def test_static_manifest_is_schema_valid(version: str) -> None:
+    found = documents()
+    assert sorted(found) == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    for document in found.values():
+        helpers.validate(document, version)
+
+
+def test_rbac_grants_only_what_the_driver_uses() -> None:
+    rules = {
+        (group, resource): sorted(rule["verbs"])
+        for rule in documents()["ClusterRole"]["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert rules == {
+        ("resource.k8s.io", "resourceslices"): sorted(
+            ["get", "list", "watch", "create", "update", "delete"]
+        ),
+        ("resource.k8s.io", "resourceclaims"): ["get"],
+        ("", "nodes"): ["get"],
+    }
+    chart_rbac = read(TEMPLATES, "rbac-dra-plugin.yaml")
+    for verbs in ('["get", "list", "watch", "create", "update", "delete"]', '["get"]'):
+        assert verbs in chart_rbac
+
+
+def test_daemonset_mounts_what_the_driver_defaults_to_and_runs_only_on_dra_nodes() -> None:
+    pod = documents()["DaemonSet"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in container["volumeMounts"]}
+    settings = dra_config.DraConfig(node_name="n")
+    for path in (settings.registry_dir, settings.data_dir, settings.cdi_dir):
+        assert mounts[path] is False
+    assert mounts["/host/sys"] is True and mounts["/host/dev"] is True
+    assert container["command"] == ["enflame-dra-plugin"]
+    assert "--root=/host" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["ENFLAME_VISIBLE_DEVICES"]["value"] == "void"
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"] == [
+        {"key": "enflame.com/gcu.mode", "operator": "In", "values": ["dra"]}
+    ]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["privileged"] is False
+
+
+def test_chart_serves_a_node_one_way_only_and_ships_the_same_device_classes() -> None:
+    assert '"mode" "device-plugin"' in read(TEMPLATES, "daemonset-device-plugin.yaml")
+    assert '"mode" "dra"' in read(TEMPLATES, "daemonset-dra-plugin.yaml")
+    helpers_tpl = read(TEMPLATES, "_helpers.tpl")
+    assert '"operator" "NotIn"' in helpers_tpl and '"operator" "In"' in helpers_tpl
+    assert read(CHART_DIR, "files", "deviceclasses.yaml") == read(
+        helpers.DRA_DEPLOY, "deviceclasses.yaml"
+    )
+    hook = read(TEMPLATES, "job-dra-cleanup.yaml")
+    assert "helm.sh/hook: pre-delete" in hook
+    assert '["enflame-dra-plugin", "cleanup", "--all-nodes"]' in hook
+
+
+@pytest.mark.parametrize("name", ["dra.md", "dra.zh-CN.md"])
+def test_docs_show_the_switch_local_claim_and_what_the_cluster_needs(name: str) -> None:
+    text = read(helpers.REPO, "docs", name)
+    for fact in (
+        "matchAttribute: gcu.enflame.com/pcieSwitch",
+        "containerd 1.6",
+        "cdi.k8s.io/gcu.enflame.com_",
+        "enflame.com/gcu.mode=dra",
+        "1.34",
+        "1.36",
+    ):
+        assert fact in text, fact
+    assert ("fake" in text) if name == "dra.md" else ("模拟" in text)
