@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from enflame_gcu import devices, edits
-from enflame_gcu.container_toolkit import cdi, cdi_validate, cli
+from enflame_gcu.container_toolkit import cdi, cdi_validate, cli, prepared_edits
 from tests.container_toolkit.runtime.schemas import CDI_DIR, assert_valid_cdi
 
 
@@ -240,12 +240,20 @@ def test_prepared_edits_hold_the_cdi_renderings_and_the_root(
     assert cdi.refresh_prepared_edits(path, inventory, root="/")
     with open(path, encoding="utf-8") as handle:
         document = json.load(handle)
-    assert document["enflamePreparedEdits"] == "v1"
+    assert document["enflamePreparedEdits"] == prepared_edits.FORMAT_VERSION
     assert document["root"] == "/"
     # Exactly the specs `cdi generate` writes (without config mounts/env), each schema-valid.
     assert document["specs"] == [named.spec for named in cdi.build_specs(inventory)]
     for spec in document["specs"]:
         assert_valid_cdi(spec)
+    # Per card, the sysfs inputs of discovery's verdict, read under the discovery root.
+    assert sorted(document["sysfs"]) == sorted(card.name for card in inventory.cards)
+    card = inventory.cards[0]
+    assert document["sysfs"][card.name] == {
+        "bdf": card.bdf,
+        "driverDir": card.driver_dir,
+        "state": prepared_edits.sysfs_state(vendor_node, card.bdf, card.driver_dir, card.name),
+    }
     assert oct(os.stat(path).st_mode & 0o777) == "0o644"
 
 

@@ -107,7 +107,7 @@ def test_install_prepares_the_runtime_fast_path_for_the_nodes_cards(tmp_path: ob
     prepared = "/var/run/enflame/prepared-edits.json"
     assert f"{prepared} written (8 usable GCUs)" in outcome.lines
     document = json.loads(_read(host, prepared))
-    assert document["enflamePreparedEdits"] == "v1"
+    assert document["enflamePreparedEdits"] == "v2"
     assert document["root"] == "/"  # as the runtime on the host sees it
     (spec,) = [s for s in document["specs"] if s["kind"] == "enflame.com/gcu"]
     assert sorted(d["name"] for d in spec["devices"]) == [*(str(i) for i in range(8)), "all"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 from typing import IO, Any
@@ -282,3 +283,32 @@ def test_env_request_in_any_order_is_listed_in_index_order(node: Node) -> None:
     result = node.run(node.bundle(["sh", "-c", f"echo ${ENV}"], env=[f"{ENV}=7,gcu2,0"]))
     assert result.returncode == 0, result.stderr
     assert result.stdout.decode().split() == ["0,2,7"]
+
+
+def test_a_card_unbound_after_preparing_is_not_granted_though_its_node_stays(node: Node) -> None:
+    from enflame_gcu import devices
+    from enflame_gcu.container_toolkit import cdi
+    from tests.e2e.conftest import write_runtime_config
+
+    prepared = os.path.join(node.workdir, "prepared-edits.json")
+    assert cdi.refresh_prepared_edits(prepared, devices.discover(node.root))
+    write_runtime_config(
+        node.config,
+        runtimes=[node.tools.runc],
+        root=node.root,
+        prepared_edits=prepared,
+        log_file=os.path.join(node.workdir, "runtime.log"),
+    )
+    assert node.run(node.bundle(LS_GCU, env=[f"{ENV}=2"])).returncode == 0  # fast path works
+    card = devices.discover(node.root).card_by_name()["gcu2"]
+    function = os.path.realpath(os.path.join(node.root, devices.PCI_DEVICES[1:], card.bdf))
+    shutil.rmtree(os.path.join(function, card.driver_dir))  # unbind; /dev/gcu2 stays
+    assert os.path.exists(os.path.join(node.root, "dev", "gcu2"))
+    refused = node.run(node.bundle(LS_GCU, env=[f"{ENV}=2"]))
+    assert refused.returncode != 0
+    assert b"asks for '2', which is not on this node" in refused.stderr
+    every = node.run(node.bundle(LS_GCU, env=[f"{ENV}=all"]))
+    assert every.returncode == 0, every.stderr
+    expected = [f"/dev/gcu{n}" for n in (0, 1, 3, 4, 5, 6, 7)] + ["/dev/gcuctl"]
+    assert every.stdout.decode().split() == expected
+    assert "sysfs changed since the edits were prepared" in runtime_log(node)

@@ -112,11 +112,28 @@ def prepared_edits_document(
     ``root`` is the runtime's view of the host root (default: where discovery ran); the
     runtime uses the file only when its own ``root`` setting is the same. Driver mounts and
     env are left out on purpose: the runtime takes them from its config at create time.
+    ``sysfs`` records, per usable device, the sysfs inputs of discovery's verdict (read under
+    the discovery root), which the runtime compares with the live node on every create.
     """
+    specs = [named.spec for named in build_specs(inventory)]
+    cards = inventory.card_by_name()
+    where: dict[str, tuple[str, str]] = {c.name: (c.bdf, c.driver_dir) for c in inventory.cards}
+    for vgcu in inventory.vgcus:
+        parent = cards.get(f"gcu{vgcu.parent_minor}")
+        if parent is not None:  # a vGCU with no card in sysfs is left to discovery
+            where[vgcu.name] = (parent.bdf, parent.driver_dir)
+    usable = [card.name for card in inventory.usable_cards()]
+    usable += [vgcu.name for vgcu in inventory.vgcus if vgcu.usable]
+    sysfs = {
+        name: prepared_edits.sysfs_record(inventory.root, name, *where[name])
+        for name in usable
+        if name in where
+    }
     return {
         prepared_edits.FORMAT_KEY: prepared_edits.FORMAT_VERSION,
         "root": inventory.root if root is None else root,
-        "specs": [named.spec for named in build_specs(inventory)],
+        "specs": specs,
+        "sysfs": sysfs,
     }
 
 

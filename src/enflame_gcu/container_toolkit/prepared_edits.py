@@ -1,13 +1,17 @@
 """The create path's fast lane: answer a device request from the node's prepared edits file.
 
 ``enflame-ctk cdi generate --prepared-edits FILE`` (and the installer) write FILE: the node's
-CDI specs, i.e. ``ContainerEdits.to_cdi`` renderings, plus the root they describe. Reading it
-needs only ``json``; discovery needs ``dataclasses`` and its class set-up, which cost more
-than runc itself. Before anything is used it is checked against the live node with a few
-stats: every node to inject must be the same character device (major:minor), the driver must
-be loaded and, for ``all``, ``/dev/gcuN`` must list exactly the prepared cards. Anything the
-file cannot answer or that disagrees raises :class:`Unavailable`; the caller then runs
-discovery, which is always right and words the errors. Standard library only.
+CDI specs, i.e. ``ContainerEdits.to_cdi`` renderings, the root they describe and, per device,
+the sysfs state discovery judged it by. Reading it needs only ``json``; discovery needs
+``dataclasses`` and its class set-up, which cost more than runc itself. Before anything is
+used it is checked against the live node: every device to inject must still have the same
+sysfs state (:func:`sysfs_state`: the raw text of every sysfs file discovery reads for it, so
+the same inputs give discovery's same verdict), every node must be the same character device
+(major:minor), the driver must be loaded and, for ``all``, ``/dev/gcuN`` must list exactly the
+prepared cards. So the fast path never grants more than discovery would: a card whose sysfs
+entry went away (unbound, unplugged, driver unloaded) while its ``/dev`` node stayed is not
+granted. Anything the file cannot answer or that disagrees raises :class:`Unavailable`; the
+caller then runs discovery, which is always right and words the errors. Standard library only.
 """
 
 from __future__ import annotations
@@ -26,10 +30,17 @@ if TYPE_CHECKING:
     from enflame_gcu.container_toolkit.runtime_config import RuntimeConfig
 
 FORMAT_KEY = "enflamePreparedEdits"
-FORMAT_VERSION = "v1"
+# v2 added the per-device sysfs state; a v1 file (without it) is not used.
+FORMAT_VERSION = "v2"
 CONTROL_NODE = "/dev/gcuctl"
 # Discovery marks every card unusable without it; one stat keeps the fast path in step.
 DRIVER_VERSION_FILE = "/sys/module/enflame/version"
+# sysfs.PCI_DEVICES and sysfs.DRIVER_DIRS (discovery's order), inlined: sysfs imports re.
+PCI_DEVICES = "/sys/bus/pci/devices"
+DRIVER_DIRS = ("enflame", "zixiao")
+# What each item of sysfs_state() is, for the log line that says why the file was not used.
+STATE_PARTS = ("bus link", "vendor", "device", "numa_node", "dev")
+_BDF_CHARS = frozenset("0123456789abcdef:.")
 _KINDS = {f"{device_request.CDI_VENDOR}/gcu": "gcu", f"{device_request.CDI_VENDOR}/vgcu": "vgcu"}
 
 
@@ -40,7 +51,7 @@ class Unavailable(Exception):
 class Prepared:
     """The parsed file: each device's own nodes by name, the common nodes, the card names."""
 
-    __slots__ = ("cards", "common", "devices", "path")
+    __slots__ = ("cards", "common", "devices", "path", "sysfs")
 
     def __init__(
         self,
@@ -48,11 +59,14 @@ class Prepared:
         devices: dict[str, list[dict[str, Any]]],
         common: list[dict[str, Any]],
         cards: list[str],
+        sysfs: dict[str, tuple[str, str, list[str | None]]] | None = None,
     ) -> None:
         self.path = path
         self.devices = devices
         self.common = common
         self.cards = cards
+        # Device name -> (PCI bus id, driver dir, sysfs_state when the file was written).
+        self.sysfs = sysfs or {}
 
 
 def _host(root: str, path: str) -> str:
@@ -98,7 +112,15 @@ def _parse(path: str, data: Any, root: str) -> Prepared:
             ]
             if kind == "gcu":
                 cards.append(f"gcu{name}")
-    return Prepared(path, devices, list(common.values()), cards)
+    sysfs = {}
+    for name, entry in data["sysfs"].items():
+        bdf, driver_dir, state = entry["bdf"], entry["driverDir"], entry["state"]
+        if not isinstance(bdf, str) or not bdf or not _BDF_CHARS.issuperset(bdf):
+            raise ValueError(f"bad bus id {bdf!r} for {name}")
+        if driver_dir not in DRIVER_DIRS or not isinstance(state, list):
+            raise ValueError(f"bad sysfs record for {name}: {entry!r}")
+        sysfs[name] = (bdf, driver_dir, state)
+    return Prepared(path, devices, list(common.values()), cards, sysfs)
 
 
 def _checked(node: Any) -> dict[str, Any]:
@@ -107,6 +129,75 @@ def _checked(node: Any) -> dict[str, Any]:
     if not isinstance(node["major"], int) or not isinstance(node["minor"], int):
         raise TypeError(f"device node numbers must be integers: {node!r}")
     return dict(node)
+
+
+def _read(path: str) -> str | None:
+    """A sysfs file's bytes as text (latin-1: every byte kept), or None when unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096).decode("latin-1")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def function_state(root: str, bdf: str) -> list[str | None]:
+    """What discovery reads of a PCI function: bus link target, vendor, device, numa_node."""
+    base = _host(root, f"{PCI_DEVICES}/{bdf}")
+    try:
+        link: str | None = os.readlink(base)
+    except OSError:
+        link = None
+    return [link, _read(base + "/vendor"), _read(base + "/device"), _read(base + "/numa_node")]
+
+
+def sysfs_state(
+    root: str, bdf: str, driver_dir: str, name: str, function: list[str | None] | None = None
+) -> list[str | None]:
+    """The raw sysfs inputs of discovery's verdict on one device (``gcuN``/``vgcuN``).
+
+    The PCI function's :func:`function_state`, the device's ``dev`` file in its driver dir,
+    and whether each driver dir discovery would try first exists. Recorded when the prepared
+    file is written and compared on every create: equal inputs, equal verdict.
+    """
+    state = function_state(root, bdf) if function is None else list(function)
+    base = _host(root, f"{PCI_DEVICES}/{bdf}")
+    state.append(_read(f"{base}/{driver_dir}/{name}/dev"))
+    for earlier in DRIVER_DIRS[: DRIVER_DIRS.index(driver_dir)]:
+        state.append("dir" if os.path.isdir(f"{base}/{earlier}") else None)
+    return state
+
+
+def sysfs_record(root: str, name: str, bdf: str, driver_dir: str) -> dict[str, Any]:
+    """The ``sysfs`` entry the prepared file keeps for one device (see :func:`sysfs_state`)."""
+    return {"bdf": bdf, "driverDir": driver_dir, "state": sysfs_state(root, bdf, driver_dir, name)}
+
+
+def check_sysfs(root: str, prepared: Prepared, names: list[str]) -> None:
+    """Raise Unavailable unless every device's sysfs state is what it was when prepared."""
+    functions: dict[str, list[str | None]] = {}
+    for name in names:
+        record = prepared.sysfs.get(name)
+        if record is None:
+            raise Unavailable(f"{name} has no recorded sysfs state")
+        bdf, driver_dir, recorded = record
+        function = functions.get(bdf)
+        if function is None:
+            function = functions[bdf] = function_state(root, bdf)
+        now = sysfs_state(root, bdf, driver_dir, name, function)
+        if now != recorded:
+            changed = next(
+                (i for i, (a, b) in enumerate(zip(now, recorded, strict=False)) if a != b),
+                min(len(now), len(recorded)),
+            )
+            part = STATE_PARTS[changed] if changed < len(STATE_PARTS) else "driver dir"
+            raise Unavailable(
+                f"{name}: sysfs changed since the edits were prepared ({PCI_DEVICES}/{bdf} {part})"
+            )
 
 
 def _live(root: str, node: dict[str, Any]) -> dict[str, Any]:
@@ -180,6 +271,7 @@ def resolve(
         names = names_for(request, prepared, root)
         if not os.path.exists(_host(root, DRIVER_VERSION_FILE)):
             raise Unavailable(f"the driver is not loaded ({DRIVER_VERSION_FILE} is missing)")
+        check_sysfs(root, prepared, names)
         chosen = {n["path"]: n for name in names for n in prepared.devices[name]}
         for node in prepared.common:
             chosen.setdefault(node["path"], node)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -191,7 +192,7 @@ def test_unplugged_card_falls_back_to_discovery_and_its_error(
     prepared = prepare(vendor_node, str(tmp_path))
     simulate.unplug(vendor_node, 3)
     outcome = assert_falls_back(
-        make_bundle, vendor_node, prepared, {"env": [f"{ENV}=3"]}, "/dev/gcu3"
+        make_bundle, vendor_node, prepared, {"env": [f"{ENV}=3"]}, "gcu3: sysfs changed"
     )
     assert outcome.startswith("error: resolving the requested GCUs")
     assert (
@@ -280,9 +281,9 @@ CORRUPTIONS = {
     "garbage": b"\x00not json",
     "not an object": b"[1, 2]",
     "wrong version": b'{"enflamePreparedEdits": "v0", "root": "/", "specs": []}',
-    "bad shape": b'{"enflamePreparedEdits": "v1", "root": "ROOT", "specs": [{"kind": 1}]}',
+    "bad shape": b'{"enflamePreparedEdits": "v2", "root": "ROOT", "specs": [{"kind": 1}]}',
     "node without numbers": (
-        b'{"enflamePreparedEdits": "v1", "root": "ROOT", "specs": [{"kind": "enflame.com/gcu",'
+        b'{"enflamePreparedEdits": "v2", "root": "ROOT", "specs": [{"kind": "enflame.com/gcu",'
         b' "containerEdits": {}, "devices": [{"name": "0", "containerEdits": {"deviceNodes":'
         b' [{"path": "/dev/gcu0", "hostPath": "/dev/gcu0"}]}}]}]}'
     ),
@@ -370,3 +371,148 @@ def test_fast_create_imports_no_dataclasses_or_typing(
         assert {"dataclasses", "enflame_gcu.devices"} <= loaded
     with open(oci.spec_path(bundle), encoding="utf-8") as handle:
         assert len(json.load(handle)["linux"]["devices"]) == 9
+
+
+# --- node states where discovery refuses a card whose /dev node is still there (issue 10) ----
+
+
+def _function_dir(root: str, minor: int) -> tuple[str, str, str]:
+    """(bus link, the card's PCI function dir, its driver dir) under ``root``."""
+    card = devices.discover(root).card_by_name()[f"gcu{minor}"]
+    link = os.path.join(root, devices.PCI_DEVICES.lstrip("/"), card.bdf)
+    function = os.path.realpath(link)
+    return link, function, os.path.join(function, card.driver_dir)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text + "\n")
+
+
+def _unbind(root: str, minor: int) -> None:
+    shutil.rmtree(_function_dir(root, minor)[2])
+
+
+def _unplug(root: str, minor: int) -> None:
+    link, function, _ = _function_dir(root, minor)
+    shutil.rmtree(function)
+    os.unlink(link)
+
+
+def _unload_driver(root: str, minor: int) -> None:
+    driver_dirs = [_function_dir(root, card.minor)[2] for card in devices.discover(root).cards]
+    shutil.rmtree(os.path.join(root, "sys/module/enflame"))
+    for directory in driver_dirs:
+        shutil.rmtree(directory)
+
+
+def _dev_file_differs(root: str, minor: int) -> None:
+    _write(os.path.join(_function_dir(root, minor)[2], f"gcu{minor}", "dev"), f"238:{minor + 20}")
+
+
+def _numa_garbage(root: str, minor: int) -> None:
+    _write(os.path.join(_function_dir(root, minor)[1], "numa_node"), "zero")
+
+
+def _device_id_garbage(root: str, minor: int) -> None:
+    _write(os.path.join(_function_dir(root, minor)[1], "device"), "0xnope")
+
+
+def _other_vendor(root: str, minor: int) -> None:
+    _write(os.path.join(_function_dir(root, minor)[1], "vendor"), "0x8086")
+
+
+def _link_outside_sys_devices(root: str, minor: int) -> None:
+    link, function, _ = _function_dir(root, minor)
+    moved = os.path.join(root, "elsewhere", os.path.basename(function))
+    shutil.move(function, moved)
+    os.unlink(link)
+    os.symlink(moved, link)
+
+
+def _zixiao_driver_dir(root: str, minor: int) -> None:
+    # Some driver builds name the directory zixiao: discovery still uses the card.
+    driver_dir = _function_dir(root, minor)[2]
+    os.rename(driver_dir, os.path.join(os.path.dirname(driver_dir), "zixiao"))
+
+
+NODE_STATES = {
+    "unbound": _unbind,
+    "unplugged": _unplug,
+    "driver unloaded": _unload_driver,
+    "sysfs dev differs": _dev_file_differs,
+    "numa_node garbage": _numa_garbage,
+    "device id garbage": _device_id_garbage,
+    "other vendor": _other_vendor,
+    "bus link leaves /sys/devices": _link_outside_sys_devices,
+    "zixiao driver dir": _zixiao_driver_dir,
+}
+STATE_REQUESTS: dict[str, dict[str, Any]] = {
+    "the card": {"env": [f"{ENV}=2"]},
+    "all": {"env": [f"{ENV}=all"]},
+    "other cards": {"env": [f"{ENV}=0,1"]},
+    "volume mount": {"env": [f"{ENV}={MOUNT_DIR}"], "mounts": [plugin_mount("gcu2")]},
+    "annotation all": {"annotations": {ANNOTATION: "enflame.com/gcu=all"}},
+}
+
+
+@pytest.mark.parametrize("request_name", list(STATE_REQUESTS))
+@pytest.mark.parametrize("state", list(NODE_STATES))
+def test_fast_path_grants_what_discovery_grants_when_a_card_is_gone_but_its_node_stays(
+    vendor_node: str,
+    make_bundle: MakeBundle,
+    tmp_path: os.PathLike[str],
+    state: str,
+    request_name: str,
+) -> None:
+    prepared = prepare(vendor_node, str(tmp_path))
+    NODE_STATES[state](vendor_node, 2)
+    assert os.path.exists(os.path.join(vendor_node, "dev", "gcu2"))  # the node remains
+    fast, slow = both_paths(make_bundle, vendor_node, prepared, STATE_REQUESTS[request_name])
+    assert fast[:2] == slow[:2], (fast[0], slow[0])
+    if request_name == "other cards" and state != "driver unloaded":
+        assert FAST in fast[2]  # cards whose sysfs did not change are still answered fast
+
+
+@pytest.mark.parametrize("state", ["unbound", "unplugged"])
+def test_vgcus_of_a_card_that_is_gone_are_left_to_discovery(
+    make_node: MakeNode, make_bundle: MakeBundle, tmp_path: os.PathLike[str], state: str
+) -> None:
+    root = make_node("vgcu-2card")
+    prepared = prepare(root, str(tmp_path))
+    inventory = devices.discover(root)
+    [vgcu, *_] = [v for v in inventory.vgcus if v.parent_minor == inventory.cards[0].minor]
+    NODE_STATES[state](root, inventory.cards[0].minor)
+    # Whatever discovery decides about a /dev/vgcuN whose card left sysfs (today it counts it
+    # as a loose vGCU), the file does not answer: the recorded sysfs state is gone.
+    assert_falls_back(make_bundle, root, prepared, {"env": [f"{ENV}={vgcu.name}"]}, "sysfs changed")
+
+
+def test_a_v1_file_without_sysfs_state_is_not_used(
+    vendor_node: str, make_bundle: MakeBundle, tmp_path: os.PathLike[str]
+) -> None:
+    prepared = prepare(vendor_node, str(tmp_path))
+    with open(prepared, encoding="utf-8") as handle:
+        document = json.load(handle)
+    document["enflamePreparedEdits"] = "v1"
+    del document["sysfs"]
+    with open(prepared, "w", encoding="utf-8") as handle:
+        json.dump(document, handle)
+    outcome = assert_falls_back(
+        make_bundle,
+        vendor_node,
+        prepared,
+        {"env": [f"{ENV}=0"]},
+        "is not a enflamePreparedEdits v2",
+    )
+    assert outcome.startswith("gave gcu0 ")
+
+
+def test_the_log_says_which_sysfs_input_changed(
+    vendor_node: str, make_bundle: MakeBundle, tmp_path: os.PathLike[str]
+) -> None:
+    prepared = prepare(vendor_node, str(tmp_path))
+    _unbind(vendor_node, 2)
+    bdf = devices.discover(vendor_node).unbound[0]
+    reason = f"gcu2: sysfs changed since the edits were prepared ({devices.PCI_DEVICES}/{bdf} dev)"
+    assert_falls_back(make_bundle, vendor_node, prepared, {"env": [f"{ENV}=2"]}, reason)
