@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -312,3 +313,84 @@ def test_a_card_unbound_after_preparing_is_not_granted_though_its_node_stays(nod
     expected = [f"/dev/gcu{n}" for n in (0, 1, 3, 4, 5, 6, 7)] + ["/dev/gcuctl"]
     assert every.stdout.decode().split() == expected
     assert "sysfs changed since the edits were prepared" in runtime_log(node)
+
+
+# --- every create error is reported, never a traceback (issue 10) ----------------------------
+
+
+def _deeply_nested(bundle: str) -> None:
+    path = os.path.join(bundle, "config.json")
+    with open(path, "rb") as handle:
+        raw = handle.read().rstrip()
+    depth = 100_000
+    with open(path, "wb") as handle:
+        handle.write(raw[:-1] + b',"x-deep":' + b"[" * depth + b"]" * depth + b"}")
+
+
+def _capabilities_list(spec: dict[str, Any]) -> None:
+    spec["process"]["capabilities"] = ["CAP_SYS_ADMIN"]
+
+
+HOSTILE: dict[str, dict[str, Any]] = {
+    "superscript two": {"env": [f"{ENV}=²"]},
+    "gcu superscript two": {"env": [f"{ENV}=gcu²"]},
+    "Arabic-Indic three": {"env": [f"{ENV}=٣"]},
+    "full-width three": {"env": [f"{ENV}=0,３"]},
+    "huge index": {"env": [f"{ENV}={'9' * 5000}"]},
+    "CDI Arabic-Indic three": {"annotations": {edits.CDI_ANNOTATION_KEY: "enflame.com/gcu=٣"}},
+    "newline in env": {"env": [f"{ENV}=0\nINFO forged line"]},
+    "newline in mount": {"mounts": [device_mount("gcu1\nINFO forged line")]},
+    # strict: only then does the runtime read the capabilities (is CAP_SYS_ADMIN kept?)
+    "capabilities list": {"env": [f"{ENV}=0"], "edit": _capabilities_list, "strict": True},
+    "lone surrogate": {"env": [f"{ENV}=0", "X=\ud800"]},
+    "deeply nested": {"env": [f"{ENV}=0"], "raw": _deeply_nested},
+}
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} pid=\d+ [A-Z]+ ")
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_request_is_reported_everywhere_and_runc_never_runs(
+    node: Node, case: str
+) -> None:
+    spec = dict(HOSTILE[case])
+    raw_edit = spec.pop("raw", None)
+    if spec.pop("strict", False):
+        node.ignore_envvar_when_unprivileged()
+    bundle = node.bundle(["ls", "/dev"], **spec)
+    if raw_edit:
+        raw_edit(bundle)
+    before = spec_bytes(bundle)
+    cid = node.new_id()
+    result = node.wrapped("run", "--bundle", bundle, cid)
+    assert result.returncode == 1
+    assert result.stdout == b""
+    # stderr: one line, no traceback
+    stderr = result.stderr.decode()
+    assert "Traceback" not in stderr
+    [line] = stderr.splitlines()
+    assert line.startswith(f"enflame-container-runtime: run {cid} ")
+    assert "runc was not run" in line
+    # runc's --log, in its --log-format (json): the same message
+    with open(node.log, encoding="utf-8") as handle:
+        [entry] = [json.loads(text) for text in handle.read().splitlines()]
+    assert entry["level"] == "error"
+    assert entry["msg"] == line
+    assert not node.exists(cid)
+    assert not os.path.exists(os.path.join(node.state, cid))
+    assert spec_bytes(bundle) == before
+    assert sorted(os.listdir(bundle)) == ["config.json", "rootfs"]
+    # the runtime log: the same message, and every line is one escaped line
+    text = runtime_log(node)
+    assert all(LOG_LINE.match(log_line) for log_line in text.splitlines()), text
+    assert f"ERROR {line.split(': ', 1)[1]}" in text
+
+
+def test_a_forged_mount_with_a_newline_is_logged_on_one_escaped_line(node: Node) -> None:
+    node.ignore_envvar_when_unprivileged()
+    forged = device_mount("all\nWARNING container x: ignoring nothing", source="/etc")
+    result = node.run(node.bundle(["ls", "/dev"], mounts=[forged]))
+    assert result.returncode == 0, result.stderr
+    assert gcu_nodes(result.stdout) == []
+    text = runtime_log(node)
+    assert all(LOG_LINE.match(log_line) for log_line in text.splitlines()), text
+    assert "all\\nWARNING container x" in text

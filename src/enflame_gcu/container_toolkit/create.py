@@ -137,19 +137,27 @@ def edit_bundle(bundle: str, config: RuntimeConfig, log: Log, container: str = "
 
 
 def prepare(invocation: runtime.Invocation, config: RuntimeConfig) -> bool:
-    """Run :func:`edit_bundle` for a create/run call; on failure report it and return False."""
+    """Run :func:`edit_bundle` for a create/run call; on failure report it and return False.
+
+    Every failure, foreseen or not, is one message (never a traceback) on stderr, in runc's
+    ``--log`` and in the runtime log; the bundle is untouched and runc is not run.
+    """
     log = runtime_log.setup(config)
     bundle = invocation.bundle or "."
     container = invocation.container_id or "(no id)"
     try:
         outcome = edit_bundle(bundle, config, log, container)
     except StepError as exc:
-        message = (
-            f"{invocation.command} {container} aborted while {exc} "
-            f"(runc was not run; {oci.spec_path(bundle)} is unchanged)"
-        )
-        log.error("%s", message)
-        runtime.report_error(invocation, message)
-        return False
-    log.info("%s %s (bundle %s): %s", invocation.command, container, bundle, outcome)
-    return True
+        problem = f"aborted while {exc}"
+    except Exception as exc:  # an unforeseen input must not become a traceback
+        problem = f"failed unexpectedly ({type(exc).__name__}: {exc})"
+    else:
+        log.info("%s %s (bundle %s): %s", invocation.command, container, bundle, outcome)
+        return True
+    message = (
+        f"{invocation.command} {container} {problem} "
+        f"(runc was not run; {oci.spec_path(bundle)} is unchanged)"
+    )
+    log.error("%s", message)
+    runtime.report_error(invocation, message)
+    return False

@@ -52,8 +52,28 @@ def load(bundle: str) -> Spec:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path} is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise SpecError(f"{path} nests JSON arrays or objects too deeply to read") from None
+    if b"\\u" in raw:  # only \uXXXX escapes can make a lone surrogate: check just then
+        _check_unicode(data, path)
     check_shape(data, path)
     return Spec(path, raw, data)
+
+
+def _check_unicode(data: Any, path: str) -> None:
+    """Raise SpecError when a string holds a lone UTF-16 surrogate (``"\\ud800"``).
+
+    JSON allows the escape, but it is no character: the spec could not be written back as
+    UTF-8, and runc would read something else than the runtime checked.
+    """
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        surrogate = exc.object[exc.start : exc.end].encode("utf-8", "backslashreplace")
+        raise SpecError(
+            f"{path} contains a lone UTF-16 surrogate escape "
+            f"({surrogate.decode('ascii')}), which is not a character"
+        ) from None
 
 
 def check_shape(data: Any, where: str) -> None:

@@ -181,8 +181,39 @@ def may_request_devices(bundle: str) -> bool:
     return any(marker in raw for marker in REQUEST_MARKERS)
 
 
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(char: str) -> str:
+    named = _NAMED_ESCAPES.get(char)
+    if named:
+        return named
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def escape(text: str) -> str:
+    """``text`` for one log line: control, format and other unprintable characters escaped.
+
+    Requests carry text a pod author chose (an env value, a mount path, an annotation); a
+    newline in it must not start a forged line in a log, nor a lone surrogate break a write.
+    """
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else _escape_char(char) for char in text)
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (never stdout: CRI-O parses runc's stdout)."""
+    sys.stderr.write(f"{PROG}: warning: {escape(message)}\n")
+    sys.stderr.flush()
+
+
 def report_error(invocation: Invocation | None, message: str) -> None:
     """Tell the engine: one line on stderr and, when runc was given ``--log``, in its format."""
+    message = escape(message)
     sys.stderr.write(f"{PROG}: {message}\n")
     sys.stderr.flush()
     if invocation is None or not invocation.log_file:
@@ -208,15 +239,32 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     invocation = parse_argv(argv)
     try:
-        config = runtime_config.load()
+        if invocation.edits_spec:
+            # create/run must not start a container on a config it cannot read.
+            config = runtime_config.load()
+        else:
+            # Anything else (state, kill, delete, start, ...) only needs runc found: a
+            # malformed or newer config must not stop the engine from managing containers.
+            config, problem = runtime_config.load_for_passthrough()
+            if problem:
+                warn(problem)
         runtime = find_low_level_runtime(config.runtimes, _self_path(argv))
     except EnflameError as exc:
         report_error(invocation, str(exc))
         return 1
     if invocation.edits_spec and may_request_devices(invocation.bundle or "."):
-        from enflame_gcu.container_toolkit import create
+        try:
+            from enflame_gcu.container_toolkit import create
 
-        if not create.prepare(invocation, config):
+            ready = create.prepare(invocation, config)
+        except Exception as exc:  # never a traceback; runc is not run
+            report_error(
+                invocation,
+                f"{invocation.command} failed unexpectedly ({type(exc).__name__}: {exc}); "
+                "runc was not run",
+            )
+            return 1
+        if not ready:
             return 1
     try:
         os.execv(runtime, [runtime, *argv[1:]])  # noqa: S606 - exec runc as given, no shell

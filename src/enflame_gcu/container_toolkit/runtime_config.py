@@ -74,26 +74,80 @@ def config_path() -> tuple[str, bool]:
     return (explicit, True) if explicit else (DEFAULT_PATH, False)
 
 
-def load(path: str | None = None) -> RuntimeConfig:
-    """Read the config; a missing default file means defaults, a missing named file is an error."""
-    explicit = path is not None
-    if path is None:
-        path, explicit = config_path()
+def _read_text(path: str, explicit: bool) -> str | None:
+    """The file's text; None for a missing default file; ConfigError naming the problem."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        with open(path, "rb") as handle:
+            raw = handle.read()
     except FileNotFoundError:
         if explicit:
             raise ConfigError(f"config file {path} does not exist") from None
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{path} line {line}: the file is not UTF-8 (byte 0x{raw[exc.start]:02x})"
+        ) from None
+
+
+def load(path: str | None = None) -> RuntimeConfig:
+    """Read the config; a missing default file means defaults, a missing named file is an error.
+
+    Every error names the file and, where it is about the text, the line.
+    """
+    explicit = path is not None
+    if path is None:
+        path, explicit = config_path()
+    text = _read_text(path, explicit)
+    if text is None:
         return RuntimeConfig()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-    return from_values(parse(text, path), path)
+    lines: dict[str, int] = {}
+    return from_values(parse(text, path, lines), path, lines)
 
 
-def from_values(values: dict[str, object], path: str | None = None) -> RuntimeConfig:
-    """Check parsed keys and build the config; unknown keys and wrong types are errors."""
-    where = path or "config"
+def load_for_passthrough() -> tuple[RuntimeConfig, str | None]:
+    """The config for a call that only execs runc, which a broken config must not stop.
+
+    Returns (config, problem). On a broken file the problem says what is wrong and the config
+    has the defaults, except a ``runtimes`` value that still parses and checks, so a
+    newer-version config (an unknown key) keeps finding the configured low-level runtime.
+    """
+    try:
+        return load(), None
+    except ConfigError as exc:
+        problem = str(exc)
+    runtimes: tuple[str, ...] = RuntimeConfig().runtimes
+    kept = "the default runtimes"
+    try:
+        path = config_path()[0]
+        text = _read_text(path, True)
+        values = parse(text or "", path)
+        if "runtimes" in values:
+            found = tuple(_strings(values, "runtimes", path, [], allow_single=True))
+            if found:
+                runtimes, kept = found, "the configured runtimes"
+    except ConfigError:
+        pass
+    return RuntimeConfig(runtimes=runtimes), f"{problem}; using {kept} ({', '.join(runtimes)})"
+
+
+def from_values(
+    values: dict[str, object], path: str | None = None, lines: dict[str, int] | None = None
+) -> RuntimeConfig:
+    """Check parsed keys and build the config; unknown keys and wrong types are errors.
+
+    ``lines`` (key -> line number, filled by :func:`parse`) lets each message name the line.
+    """
+    file = path or "config"
+    lines = lines or {}
+
+    def at(key: str) -> str:
+        return f"{file} line {lines[key]}" if key in lines else file
+
     known = {
         "runtimes",
         "root",
@@ -105,54 +159,60 @@ def from_values(values: dict[str, object], path: str | None = None) -> RuntimeCo
         "cdi-spec-dirs",
         "prepared-edits",
     }
-    unknown = sorted(set(values) - known)
+    unknown = sorted(set(values) - known, key=lambda key: (lines.get(key, 0), key))
     if unknown:
         raise ConfigError(
-            f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(known))}"
+            f"{at(unknown[0])}: unknown key(s) {', '.join(unknown)}; "
+            f"valid keys: {', '.join(sorted(known))}"
         )
-    runtimes = _strings(values, "runtimes", where, ["runc", "crun"], allow_single=True)
+    runtimes = _strings(values, "runtimes", at("runtimes"), ["runc", "crun"], allow_single=True)
     if not runtimes:
-        raise ConfigError(f"{where}: runtimes must name at least one low-level runtime")
-    root = _string(values, "root", where, "/")
+        raise ConfigError(f"{at('runtimes')}: runtimes must name at least one low-level runtime")
+    root = _string(values, "root", at("root"), "/")
     if not root.startswith("/"):
-        raise ConfigError(f"{where}: root must be an absolute path, got {root!r}")
+        raise ConfigError(f"{at('root')}: root must be an absolute path, got {root!r}")
     accept = values.get("accept-envvar-when-unprivileged", True)
     if not isinstance(accept, bool):
-        raise ConfigError(f"{where}: accept-envvar-when-unprivileged must be true or false")
-    level = _string(values, "log-level", where, "info").lower()
+        raise ConfigError(
+            f"{at('accept-envvar-when-unprivileged')}: "
+            "accept-envvar-when-unprivileged must be true or false"
+        )
+    level = _string(values, "log-level", at("log-level"), "info").lower()
     if level not in LOG_LEVELS:
-        raise ConfigError(f"{where}: log-level must be one of {', '.join(LOG_LEVELS)}")
+        raise ConfigError(f"{at('log-level')}: log-level must be one of {', '.join(LOG_LEVELS)}")
     mounts = []
-    for item in _strings(values, "mounts", where, []):
+    for item in _strings(values, "mounts", at("mounts"), []):
         host, _, container = item.partition(":")
         container = container or host
         if not host.startswith("/") or not container.startswith("/"):
             raise ConfigError(
-                f"{where}: mounts entry {item!r} must be HOST_PATH or HOST_PATH:CONTAINER_PATH "
-                "with absolute paths"
+                f"{at('mounts')}: mounts entry {item!r} must be HOST_PATH or "
+                "HOST_PATH:CONTAINER_PATH with absolute paths"
             )
         mounts.append((host, container))
-    prepared = _string(values, "prepared-edits", where, DEFAULT_PREPARED_EDITS)
+    prepared = _string(values, "prepared-edits", at("prepared-edits"), DEFAULT_PREPARED_EDITS)
     if prepared and not prepared.startswith("/"):
         raise ConfigError(
-            f'{where}: prepared-edits must be an absolute path or "", got {prepared!r}'
+            f'{at("prepared-edits")}: prepared-edits must be an absolute path or "", '
+            f"got {prepared!r}"
         )
     env = []
-    for item in _strings(values, "env", where, []):
+    for item in _strings(values, "env", at("env"), []):
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"{where}: env entry {item!r} must be KEY=VALUE")
+            raise ConfigError(f"{at('env')}: env entry {item!r} must be KEY=VALUE")
         env.append((key, value))
+    default_dirs = ["/etc/cdi", "/var/run/cdi"]
     return RuntimeConfig(
         path=path,
         runtimes=tuple(runtimes),
         root=root,
         accept_envvar_when_unprivileged=accept,
-        log_file=_string(values, "log-file", where, DEFAULT_LOG_FILE),
+        log_file=_string(values, "log-file", at("log-file"), DEFAULT_LOG_FILE),
         log_level=level,
         mounts=tuple(mounts),
         env=tuple(env),
-        cdi_spec_dirs=tuple(_strings(values, "cdi-spec-dirs", where, ["/etc/cdi", "/var/run/cdi"])),
+        cdi_spec_dirs=tuple(_strings(values, "cdi-spec-dirs", at("cdi-spec-dirs"), default_dirs)),
         prepared_edits=prepared,
     )
 
@@ -209,8 +269,13 @@ class _Scanner:
                 return
 
 
-def parse(text: str, where: str = "config") -> dict[str, object]:
-    """Parse the flat TOML subset described in the module docstring."""
+def parse(
+    text: str, where: str = "config", lines: dict[str, int] | None = None
+) -> dict[str, object]:
+    """Parse the flat TOML subset described in the module docstring.
+
+    ``lines``, when given, receives the line number of each key (for later messages).
+    """
     scan = _Scanner(text, where)
     values: dict[str, object] = {}
     while True:
@@ -219,7 +284,11 @@ def parse(text: str, where: str = "config") -> dict[str, object]:
             return values
         if scan.peek() == "[":
             raise scan.error("tables are not supported here; use top-level keys only")
+        if lines is not None:
+            line = text.count("\n", 0, scan.pos) + 1
         key = _key(scan)
+        if lines is not None:
+            lines.setdefault(key, line)
         scan.skip_blank(newlines=False)
         if scan.peek() != "=":
             raise scan.error(f"expected '=' after key {key!r}")

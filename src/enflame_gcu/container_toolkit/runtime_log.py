@@ -8,16 +8,18 @@ If the file cannot be written: one warning on stderr, and the container still st
 from __future__ import annotations
 
 import os
-import sys
 import time
 
-from enflame_gcu.container_toolkit import runtime_config
+from enflame_gcu.container_toolkit import runtime, runtime_config
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
 class RuntimeLog:
-    """Appends ``<time> pid=<pid> <LEVEL> <message>`` lines at or above a level; never stdout."""
+    """Appends ``<time> pid=<pid> <LEVEL> <message>`` lines at or above a level; never stdout.
+
+    Every line is escaped (:func:`runtime.escape`): a request's newline cannot forge a line.
+    """
 
     __slots__ = ("_fd", "_level", "path")
 
@@ -30,16 +32,14 @@ class RuntimeLog:
         try:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            sys.stderr.write(
-                f"enflame-container-runtime: warning: cannot write log file {path}: "
-                f"{exc.strerror or exc}; continuing without a log file\n"
-            )
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the configured path
+            reason = getattr(exc, "strerror", None) or exc
+            runtime.warn(f"cannot write log file {path}: {reason}; continuing without a log file")
 
     def _write(self, level: str, message: str, args: tuple[object, ...]) -> None:
         if self._fd is None or LEVELS[level] < self._level:
             return
-        text = message % args if args else message
+        text = runtime.escape(message % args if args else message)
         now = time.time()
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
         line = f"{stamp},{int(now % 1 * 1000):03d} pid={os.getpid()} {level.upper()} {text}\n"

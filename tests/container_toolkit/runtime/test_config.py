@@ -121,3 +121,33 @@ def test_invalid_values_are_named(values: dict[str, object], message: str) -> No
 def test_prepared_edits_defaults_to_the_documented_path_and_can_be_turned_off() -> None:
     assert runtime_config.from_values({}).prepared_edits == runtime_config.DEFAULT_PREPARED_EDITS
     assert runtime_config.from_values({"prepared-edits": ""}).prepared_edits == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('# c\nruntimes = ["runc"]\nfuture = 1\n', r"line 3: unknown key\(s\) future"),
+        ('root = "/"\n\nlog-level = "loud"\n', "line 3: log-level must be one of"),
+        ('root = "rel"\n', "line 1: root must be an absolute path"),
+        ("runtimes = []\n", "line 1: runtimes must name at least one"),
+        ('env = ["A=1",\n  "NOEQ"]\n', "line 1: env entry 'NOEQ' must be KEY=VALUE"),
+        ("x = ²\n", "line 1: expected a value"),  # not read as the integer 2
+        ('root = "/"\nn = 1٣\n', "line 2: expected a value"),
+    ],
+)
+def test_every_config_error_names_the_file_and_line(
+    tmp_path: os.PathLike[str], text: str, message: str
+) -> None:
+    path = os.path.join(str(tmp_path), "config.toml")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    with pytest.raises(ConfigError, match=f"^{path} {message}"):
+        runtime_config.load(path)
+
+
+def test_a_config_that_is_not_utf8_names_the_line(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(str(tmp_path), "config.toml")
+    with open(path, "wb") as handle:
+        handle.write(b'root = "/"\nlog-file = "/var/log/\xff"\n')
+    with pytest.raises(ConfigError, match=r"line 2: the file is not UTF-8 \(byte 0xff\)"):
+        runtime_config.load(path)

@@ -153,16 +153,86 @@ def test_no_runtime_found_is_a_clear_error(
     assert "no low-level runtime found" in entry["msg"]
 
 
-def test_bad_config_fails_every_call_naming_file_and_line(
-    tmp_path: os.PathLike[str], wrapper: str
-) -> None:
-    config = os.path.join(str(tmp_path), "config.toml")
-    with open(config, "w", encoding="utf-8") as handle:
-        handle.write('runtimes = ["runc"]\n[extra]\n')
-    result = launch.run(wrapper, ["state", "c1"], config)
-    assert result.returncode == 1
-    assert f"{config} line 2: tables are not supported" in result.stderr.decode()
+BROKEN_CONFIGS = {
+    # name: (text after a first line `runtimes = [FAKE]`, the line named, what is named)
+    "newer version (unknown key)": ('future-key = "x"\n', 2, "unknown key(s) future-key"),
+    "bad value type": ("log-level = 3\n", 2, "log-level must be a string"),
+    "table": ("[extra]\n", 2, "tables are not supported"),
+    "not UTF-8": ('root = "/\udcff"\n', 2, "is not UTF-8"),
+    "Unicode digit as integer": ("n = ²\n", 2, "expected a value"),
+}
+# Files that still parse keep their (valid) runtimes; the others fall back to the defaults.
+PARSES = ("newer version (unknown key)", "bad value type")
+
+
+def _broken_config(directory: str, runtimes_line: str, name: str) -> str:
+    path = os.path.join(directory, "config.toml")
+    with open(path, "wb") as handle:
+        handle.write((runtimes_line + BROKEN_CONFIGS[name][0]).encode("utf-8", "surrogateescape"))
+    return path
+
+
+@pytest.mark.parametrize("name", list(BROKEN_CONFIGS))
+@pytest.mark.parametrize(
+    "args",
+    [["--root", "/run/x", "state", "c1"], ["kill", "c1", "KILL"], ["delete", "--force", "c1"],
+     ["start", "c1"], ["--version"]],
+    ids=["state", "kill", "delete", "start", "version"],
+)  # fmt: skip
+def test_a_broken_config_does_not_stop_non_create_calls(
+    tmp_path: os.PathLike[str], wrapper: str, fake_runc: tuple[str, str], name: str,
+    args: list[str],
+) -> None:  # fmt: skip
+    path, record = fake_runc
+    bin_dir = os.path.join(str(tmp_path), "bin")  # the fake is also "runc" on PATH
+    os.mkdir(bin_dir)
+    os.symlink(path, os.path.join(bin_dir, "runc"))
+    config = _broken_config(str(tmp_path), f"runtimes = [{json.dumps(path)}]\n", name)
+    env = {"FAKE_RUNC_RECORD": record, "PATH": bin_dir}
+    result = launch.run(wrapper, args, config, extra_env=env)
+    assert result.returncode == 7, result.stderr  # the low-level runtime ran, as it was asked
+    runtime = path if name in PARSES else os.path.join(bin_dir, "runc")
+    assert recorded(record) == [runtime, *args]
     assert result.stdout == b""
+    [line] = result.stderr.decode().splitlines()  # said once
+    _, number, problem = BROKEN_CONFIGS[name]
+    assert line.startswith("enflame-container-runtime: warning: ")
+    assert f"{config} line {number}: " in line and problem in line
+    kept = "the configured runtimes" if name in PARSES else "the default runtimes (runc, crun)"
+    assert line.endswith(f"; using {kept}" + (f" ({path})" if name in PARSES else ""))
+
+
+def test_a_broken_config_falls_back_to_the_default_runtimes_on_path(
+    tmp_path: os.PathLike[str], wrapper: str, fake_runc: tuple[str, str]
+) -> None:
+    path, record = fake_runc
+    bin_dir = os.path.join(str(tmp_path), "bin")
+    os.mkdir(bin_dir)
+    os.symlink(path, os.path.join(bin_dir, "runc"))
+    config = _broken_config(str(tmp_path), 'runtimes = ["/nonexistent/runc"]\n', "table")
+    env = {"FAKE_RUNC_RECORD": record, "PATH": bin_dir}
+    result = launch.run(wrapper, ["state", "c1"], config, extra_env=env)
+    assert result.returncode == 7, result.stderr
+    assert recorded(record) == [os.path.join(bin_dir, "runc"), "state", "c1"]
+    message = result.stderr.decode()
+    assert f"{config} line 2: " in message and "the default runtimes (runc, crun)" in message
+
+
+@pytest.mark.parametrize("name", list(BROKEN_CONFIGS))
+def test_a_broken_config_fails_create_before_runc_naming_file_and_line(
+    setup: Setup, name: str
+) -> None:
+    config = _broken_config(setup.tmp, f"runtimes = [{json.dumps(setup.fake)}]\n", name)
+    bundle = setup.make_bundle(env=[f"{edits.VISIBLE_DEVICES_ENV}=0"])
+    log = os.path.join(setup.tmp, "log.json")
+    result = setup.run(["--log", log, "--log-format", "json", "create", "-b", bundle, "c1"], config)
+    assert result.returncode == 1
+    assert recorded(setup.record) is None
+    _, number, problem = BROKEN_CONFIGS[name]
+    [line] = result.stderr.decode().splitlines()
+    assert f"{config} line {number}: " in line and problem in line
+    with open(log, encoding="utf-8") as handle:
+        assert f"{config} line {number}: " in json.loads(handle.read())["msg"]
 
 
 def test_bad_request_aborts_create_and_never_runs_the_runtime(setup: Setup) -> None:
