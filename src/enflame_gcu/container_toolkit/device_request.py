@@ -291,9 +291,14 @@ def describe_devices(inventory: devices.Inventory) -> str:
 
 
 def resolve(request: DeviceRequest, inventory: devices.Inventory) -> list[str]:
-    """Device names (``gcuN``/``vgcuN``) for a request, in index order, without duplicates."""
+    """Device names (``gcuN``/``vgcuN``) for a request, in index order, without duplicates.
+
+    Every name is on the node and usable (InvalidRequestError naming the problem otherwise).
+    """
     by_bus = {card.bdf: card.name for card in inventory.cards}
     known = {card.name for card in inventory.cards} | {v.name for v in inventory.vgcus}
+    problems = {card.name: card.problems for card in inventory.cards if not card.usable}
+    problems.update({v.name: v.problems for v in inventory.vgcus if not v.usable})
     names: list[str] = []
     for source in request.sources:
         for token in source.tokens:
@@ -307,11 +312,17 @@ def resolve(request: DeviceRequest, inventory: devices.Inventory) -> list[str]:
                 names.extend(usable)
                 continue
             name = by_bus.get(token, token)
+            shown = token[3:] if token.startswith("gcu") else token
             if name not in known:
-                shown = token[3:] if token.startswith("gcu") else token
                 raise InvalidRequestError(
                     f"{source.description} asks for {shown!r}, which is not on this node; "
                     f"cards on this node: {describe_devices(inventory)}"
+                )
+            if name in problems:
+                raise InvalidRequestError(
+                    f"{source.description} asks for {shown!r}, which is not usable "
+                    f"({'; '.join(problems[name])}); cards on this node: "
+                    f"{describe_devices(inventory)}"
                 )
             names.append(name)
     return naming.index_order(names)

@@ -131,16 +131,30 @@ def _checked(node: Any) -> dict[str, Any]:
     return dict(node)
 
 
+# Stands for "there, but not a readable regular file" (discovery: a problem), which must
+# differ from None ("missing", which numa_node may be). No attribute text contains a NUL.
+UNREADABLE = "\x00unreadable"
+# sysfs.MAX_ATTRIBUTE_BYTES: discovery refuses longer attributes, so the state keeps the cut.
+_MAX_ATTRIBUTE_BYTES = 4096
+
+
 def _read(path: str) -> str | None:
-    """A sysfs file's bytes as text (latin-1: every byte kept), or None when unreadable."""
+    """An attribute's bytes as text (latin-1: every byte kept); None when missing.
+
+    Opened the way discovery opens it (no symlink, no FIFO, no blocking, regular files only).
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
         return None
+    except OSError:
+        return UNREADABLE
     try:
-        return os.read(fd, 4096).decode("latin-1")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return UNREADABLE
+        return os.read(fd, _MAX_ATTRIBUTE_BYTES + 1).decode("latin-1")
     except OSError:
-        return None
+        return UNREADABLE
     finally:
         os.close(fd)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from enflame_gcu import devices, edits
@@ -267,3 +269,12 @@ def test_capabilities_of_the_wrong_shape_are_an_error_not_a_crash(capabilities: 
     spec["process"]["capabilities"] = capabilities
     with pytest.raises(InvalidRequestError, match=r"process\.capabilities"):
         device_request.from_spec(spec, False)
+
+
+def test_a_known_but_unusable_card_is_refused_with_its_problem(vendor_node: str) -> None:
+    os.unlink(os.path.join(vendor_node, "dev", "gcu3"))
+    with pytest.raises(InvalidRequestError) as caught:
+        resolve(vendor_node, "1,3")
+    message = str(caught.value)
+    assert f"{ENV}='1,3' asks for '3', which is not usable (/dev/gcu3 is missing)" in message
+    assert "3 (0000:19:00.0, unusable)" in message

@@ -436,6 +436,20 @@ def _zixiao_driver_dir(root: str, minor: int) -> None:
     os.rename(driver_dir, os.path.join(os.path.dirname(driver_dir), "zixiao"))
 
 
+def _numa_fifo(root: str, minor: int) -> None:
+    # Discovery never opens a FIFO where an attribute belongs (it would block): unusable.
+    path = os.path.join(_function_dir(root, minor)[1], "numa_node")
+    os.unlink(path)
+    os.mkfifo(path)
+
+
+def _vendor_symlink(root: str, minor: int) -> None:
+    # Same text, but through a symlink: discovery does not follow it, the card is unusable.
+    function = _function_dir(root, minor)[1]
+    os.rename(os.path.join(function, "vendor"), os.path.join(function, "vendor.real"))
+    os.symlink("vendor.real", os.path.join(function, "vendor"))
+
+
 NODE_STATES = {
     "unbound": _unbind,
     "unplugged": _unplug,
@@ -446,6 +460,8 @@ NODE_STATES = {
     "other vendor": _other_vendor,
     "bus link leaves /sys/devices": _link_outside_sys_devices,
     "zixiao driver dir": _zixiao_driver_dir,
+    "numa_node FIFO": _numa_fifo,
+    "vendor symlink": _vendor_symlink,
 }
 STATE_REQUESTS: dict[str, dict[str, Any]] = {
     "the card": {"env": [f"{ENV}=2"]},
