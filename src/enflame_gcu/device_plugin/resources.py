@@ -80,6 +80,27 @@ def health_of(kind: DeviceKind, report: health.HealthReport) -> dict[str, bool]:
     }
 
 
+def explain(kind: DeviceKind, ids: Sequence[str]) -> str:
+    """Why a chosen set is local, for the debug log: the closest topology level its cards
+    share (PCIe switch, root port, NUMA node; the score table in :mod:`enflame_gcu.topology`)."""
+    card_of = {d.id: d.card or d.id for d in kind.catalog}
+    topo = topology.Topology.from_inventory(kind.inventory)
+    cards = [c for c in dict.fromkeys(card_of.get(i, i) for i in ids) if c in topo.names]
+    if len(cards) <= 1:
+        return "one card" if cards else "no known card"
+    places = [topo.placement(card) for card in cards]
+    switches = sorted({p.switch for p in places})
+    ports = sorted({p.port for p in places})
+    nodes = sorted({p.numa for p in places})
+    if len(switches) == 1:
+        return f"one PCIe switch ({switches[0]})"
+    if len(ports) == 1:
+        return f"one root port ({ports[0]}) across {len(switches)} switches"
+    if len(nodes) == 1:
+        return f"one NUMA node ({nodes[0]}) across {len(ports)} root ports"
+    return f"{len(nodes)} NUMA nodes ({', '.join(nodes)})"
+
+
 def _nodes(
     inventory: devices.Inventory, names: Sequence[str], config: plugin_config.PluginConfig
 ) -> tuple[edits.DeviceNodeEdit, ...]:

@@ -15,6 +15,7 @@ import grpc
 
 from enflame_gcu._proto import api_pb2, api_pb2_grpc
 from enflame_gcu.device_plugin import config as plugin_config
+from enflame_gcu.device_plugin import resources
 from enflame_gcu.device_plugin import state as plugin_state
 from enflame_gcu.errors import EnflameError, InvalidRequestError
 
@@ -65,6 +66,29 @@ def container_response(
             permissions=DEVICE_SPEC_PERMISSIONS,
         )
     return response
+
+
+def _log_choice(
+    snapshot: plugin_state.Snapshot,
+    index: int,
+    *,
+    available: list[str],
+    required: list[str],
+    size: int,
+    chosen: list[str],
+) -> None:
+    """One debug line per preferred allocation: inputs, choice, policy and locality."""
+    log.debug(
+        "GetPreferredAllocation container %d: available %s; must-include %s; size %d: "
+        "chose %s by policy %s: %s",
+        index,
+        plugin_state.show_ids(available, plugin_state.MAX_LISTED),
+        plugin_state.show_ids(required, plugin_state.MAX_LISTED),
+        size,
+        plugin_state.show_ids(chosen, plugin_state.MAX_LISTED),
+        snapshot.policy.name,
+        resources.explain(snapshot.kind, chosen),
+    )
 
 
 class AllocationObserver(Protocol):
@@ -154,14 +178,26 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
         async def work() -> Any:
             snapshot = self._state.snapshot
             response = api_pb2.PreferredAllocationResponse()
+            plugin_state.check_size(snapshot, request.container_requests, "container requests")
             for index, req in enumerate(request.container_requests):
                 available = list(req.available_deviceIDs)
                 required = list(req.must_include_deviceIDs)
                 try:
+                    plugin_state.check_size(snapshot, available, "available device IDs")
+                    plugin_state.check_size(snapshot, required, "must-include device IDs")
                     plugin_state.check_known(snapshot, available + required)
                     chosen = snapshot.policy.choose(available, required, req.allocation_size)
                 except InvalidRequestError as exc:
                     raise type(exc)(f"container request {index}: {exc}") from exc
+                if log.isEnabledFor(logging.DEBUG):
+                    _log_choice(
+                        snapshot,
+                        index,
+                        available=available,
+                        required=required,
+                        size=req.allocation_size,
+                        chosen=chosen,
+                    )
                 response.container_responses.add(deviceIDs=chosen)
             return response
 
@@ -172,9 +208,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
 
         async def work() -> Any:
             snapshot = self._state.snapshot
-            requests = [list(req.devices_ids) for req in request.container_requests]
-            if not requests:
+            if not request.container_requests:
                 raise InvalidRequestError("no container requests")
+            plugin_state.check_size(snapshot, request.container_requests, "container requests")
+            requests = [list(req.devices_ids) for req in request.container_requests]
             for index, ids in enumerate(requests):
                 try:
                     plugin_state.check_allocatable(snapshot, ids)

@@ -8,8 +8,9 @@ stream, which then sends the whole new list.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -114,22 +115,59 @@ class PluginState:
         return self._snapshot
 
 
+# Bounds of a request message and of what an error message repeats from it. Our IDs are
+# gcuN, vgcuN and gcuN-sliceK: a longer one cannot be ours, and a request naming more IDs than
+# the resource has must repeat or invent some.
+MAX_SHOWN = 5
+MAX_SHOWN_CHARS = 40
+MAX_LISTED = 16
+
+
+def show_ids(ids: Sequence[str], limit: int = MAX_SHOWN) -> str:
+    """The first ``limit`` IDs (each cut to 40 characters and escaped) and how many in all."""
+    shown = ", ".join(_show_one(device_id) for device_id in ids[:limit])
+    if len(ids) > limit:
+        shown += f", ... ({len(ids)} in all)"
+    return shown or "none"
+
+
+def _show_one(device_id: str) -> str:
+    if len(device_id) > MAX_SHOWN_CHARS:
+        return repr(device_id[:MAX_SHOWN_CHARS]) + f"... ({len(device_id)} characters)"
+    text = repr(device_id)
+    return device_id if text[1:-1] == device_id else text
+
+
+def check_size(snapshot: Snapshot, items: Sequence[object], what: str) -> None:
+    """InvalidRequestError when there are more ``items`` (IDs, container requests) than the
+    resource has devices: no valid request can have that many."""
+    count = len(snapshot.kind.catalog)
+    if len(items) > count:
+        named = [i for i in items[:MAX_SHOWN] if isinstance(i, str)]
+        shown = f": {show_ids(named)}, ... ({len(items)} in all)" if named else ""
+        raise InvalidRequestError(f"{len(items)} {what} for a resource of {count} device(s){shown}")
+
+
 def check_allocatable(snapshot: Snapshot, ids: list[str]) -> None:
-    """InvalidRequestError naming every unknown, unhealthy or repeated ID and the healthy ones."""
-    known = {d.id: d.healthy for d in snapshot.devices()}
-    healthy = ", ".join(snapshot.healthy_ids()) or "none"
+    """InvalidRequestError naming the first few unknown, unhealthy or repeated IDs (with their
+    counts) and the healthy ones; linear in the request, bounded in length."""
+    devices = snapshot.devices()
+    healthy = show_ids([d.id for d in devices if d.healthy], MAX_LISTED)
     if not ids:
         raise InvalidRequestError(f"no device IDs requested; healthy devices: {healthy}")
+    check_size(snapshot, ids, "device IDs requested")
+    known = {d.id: d.healthy for d in devices}
+    counts = collections.Counter(ids)
+    unknown = [i for i in counts if i not in known]
+    unhealthy = [i for i in counts if known.get(i) is False]
+    repeated = [i for i, n in counts.items() if n > 1]
     problems = []
-    unknown = [i for i in dict.fromkeys(ids) if i not in known]
-    unhealthy = [i for i in dict.fromkeys(ids) if known.get(i) is False]
-    repeated = sorted({i for i in ids if ids.count(i) > 1}, key=ids.index)
     if unknown:
-        problems.append(f"unknown device(s) {', '.join(unknown)}")
+        problems.append(f"unknown device(s) {show_ids(unknown)}")
     if unhealthy:
-        problems.append(f"unhealthy device(s) {', '.join(unhealthy)}")
+        problems.append(f"unhealthy device(s) {show_ids(unhealthy)}")
     if repeated:
-        problems.append(f"repeated device(s) {', '.join(repeated)}")
+        problems.append(f"repeated device(s) {show_ids(repeated)}")
     if problems:
         raise InvalidRequestError(f"{'; '.join(problems)}; healthy devices: {healthy}")
     snapshot.kind.check(ids)
@@ -142,5 +180,5 @@ def check_known(snapshot: Snapshot, ids: list[str]) -> None:
     unknown = [i for i in dict.fromkeys(ids) if i not in advertised]
     if unknown:
         raise InvalidRequestError(
-            f"unknown device(s) {', '.join(unknown)}; devices: {', '.join(known) or 'none'}"
+            f"unknown device(s) {show_ids(unknown)}; devices: {show_ids(known, MAX_LISTED)}"
         )
