@@ -157,6 +157,7 @@ TIE_BREAKS = [
     ("vendor-8card", gcus(1, 3), [], 1, gcus(3), gcus(1), "single-takes-card-alone-under-switch"),
     ("vendor-8card", gcus(0, 1, 2, 3, 6), [], 1, gcus(6), gcus(0), "single-keeps-root-port-whole"),
     ("vendor-8card", gcus(2, 3, 6), [], 1, gcus(6), gcus(2), "single-fills-fuller-root-port"),
+    ("vendor-8card", gcus(2, 3, 5), [], 1, gcus(5), gcus(2), "root-port-fit-before-lone-card"),
     ("vendor-8card", gcus(*range(7)), [], 2, gcus(4, 5), gcus(0, 1), "pair-from-used-root-port"),
     ("vendor-8card", gcus(*range(7)), [], 3, gcus(4, 5, 6), gcus(0, 1, 2), "three-fill-used-port"),
     ("vendor-8card", gcus(1, 2, 3), [], 2, gcus(2, 3), gcus(1, 2), "pair-keeps-busy-mates-partner"),
@@ -231,9 +232,8 @@ def _oracle_key(topo: topology.Topology, available: list[str], cards: tuple[str,
     return (
         score.key()[:4],
         fields["split"],
-        fields["left"][0],
+        fields["left"],
         fields["size"][0],
-        fields["left"][1:],
         score.minors,
     )
 

@@ -79,12 +79,11 @@ def _natural(name: str) -> tuple[str, int, str]:
 #         levels), which is the pair-distance sum up to a constant
 #   4-6   intact groups split (switch, root port, NUMA node): a group is intact when every card
 #         it has is in ``available``; taking some of its cards but not all splits it
-#   7     free cards left under the switches touched: best fit, so that the biggest free
-#         groups stay whole for the next request
-#   8     cards under the switches touched: a card alone under its switch is worth the least to
+#   7-9   free cards left in the groups the choice touches (switch, root port, NUMA node):
+#         best fit, so that the biggest free groups stay whole for the next request
+#   10    cards under the switches touched: a card alone under its switch is worth the least to
 #         a later multi-card pod, and a free card whose switch partner is busy becomes part of
 #         a free pair again when the partner is released
-#   9-10  free cards left in the root ports and NUMA nodes touched (best fit, outer levels)
 #   11    -(bitmask of the chosen cards, the lowest minor the highest bit): lowest minors win
 #
 # Fields 4-11 only break ties between sets that are equally local for this request: the next
@@ -93,8 +92,8 @@ _Cost = tuple[int, ...]
 _Table = dict[int, _Cost]  # cards taken -> the cost of the best way to take that many
 _LEVELS = (topology.Level.NUMA, topology.Level.PORT, topology.Level.SWITCH)  # fields 0, 1, 2
 _SPLIT = {topology.Level.SWITCH: 4, topology.Level.PORT: 5, topology.Level.NUMA: 6}
-_LEFT = {topology.Level.SWITCH: 7, topology.Level.PORT: 9, topology.Level.NUMA: 10}
-_SWITCH_SIZE = 8
+_LEFT = {topology.Level.SWITCH: 7, topology.Level.PORT: 8, topology.Level.NUMA: 9}
+_SWITCH_SIZE = 10
 _WIDTH = 12
 _ZERO: _Cost = (0,) * _WIDTH
 
@@ -155,8 +154,8 @@ class TopologyPolicy:
     Local means, outermost level first: fewest NUMA nodes, then root ports, then switches, then
     the smallest pair-distance sum (the order of :class:`topology.SetScore`). Keeping groups
     whole means: fewest intact switches split, then intact root ports, then intact NUMA nodes;
-    then the fewest free cards left under the switches touched, then cards of small switches
-    first, then the fewest free cards left in the root ports and NUMA nodes touched.
+    then the fewest free cards left in the switches, root ports and NUMA nodes touched (best
+    fit); then cards of small switches first.
     ``spare_groups=False`` skips that second step (lowest minors directly), which is how the
     policy chose before; benchmarks compare the two.
     """
