@@ -29,7 +29,7 @@ proto: setup
 	$(PY) -m enflame_gcu._proto.regenerate
 
 bench: setup
-	@bash scripts/bench.sh
+	@bash scripts/bench.sh $(BENCH)
 
 e2e: setup
 	@bash scripts/e2e.sh
