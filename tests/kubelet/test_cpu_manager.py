@@ -1,5 +1,11 @@
 """``--pass-device-specs`` with ``cpuManagerPolicy: static``: the kubelet rewrites the
-container's cgroup (cpuset) every reconcile period; the cards must stay usable."""
+container's cgroup (cpuset) every reconcile period; the cards must stay usable.
+
+Observed on this stack (kubelet 1.20, containerd 1.6, runc 1.1.5, cgroupfs): the cards stayed
+usable without the flag too, because runc re-applies the device rules our runtime wrote into
+config.json; the flag puts them into the spec containerd keeps as well, which is what this
+test checks besides the access itself.
+"""
 
 from __future__ import annotations
 
@@ -87,6 +93,24 @@ def test_pass_device_specs_with_the_static_cpu_manager(node: harness.Node) -> No
             line for line in node.pods.log("pinned").splitlines() if line.startswith("cpuset:")
         }
         assert cpusets == {"cpuset: 1"}, cpusets
+        # The probe can tell: the same node bound into a pod that was given no GCU is refused
+        # by the device cgroup.
+        outsider = harness.container(script=PROBE, sleep=False)
+        outsider["volumeMounts"] = [{"name": "card", "mountPath": "/dev/gcu0"}]
+        manifest = harness.pod_manifest("outsider", [outsider])
+        manifest["spec"]["volumes"] = [
+            {"name": "card", "hostPath": {"path": "/dev/gcu0", "type": "CharDevice"}}
+        ]
+        node.pods.create(manifest)
+        node.pods.wait_running("outsider")
+        refused = harness.wait_for(
+            "the outsider's probe",
+            lambda: [
+                line for line in node.pods.log("outsider").splitlines() if line.startswith("probe:")
+            ],
+            30,
+        )
+        assert "Operation not permitted" in refused[0], refused
     finally:
         for path in made:
             os.unlink(path)
