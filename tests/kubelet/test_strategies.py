@@ -3,7 +3,7 @@
 ``envvar`` and ``volume-mounts`` must give the pod exactly its cards (``cdi-annotations``:
 test_cdi_annotations.py).
 ``cdi-cri`` cannot work here: Kubernetes 1.20's device plugin API has no ``cdi_devices`` field
-(the kubelet drops it) and containerd 1.6 has no CDI; the user guide says so.
+(the kubelet drops it) and containerd 1.6 has no CDI; the user guide says so (both languages).
 """
 
 from __future__ import annotations
@@ -56,7 +56,11 @@ def test_cdi_cri_cannot_work_on_kubelet_1_20_and_the_guide_says_why(node: harnes
     response = _response(node, "cdi-cri")
     assert response["envs"] == {} and response["annotations"] == {}
     assert report.nodes == (), report.text
-    with open(os.path.join(PROJECT_ROOT, "docs", "user-guide.md"), encoding="utf-8") as handle:
-        guide = handle.read()
-    row = next(line for line in guide.splitlines() if line.startswith("| `cdi-cri`"))
-    assert "containerd 1.7" in row
+    for guide, kubelet_words in (
+        ("user-guide.md", "older kubelets drop"),
+        ("user-guide.zh-CN.md", "更早的 kubelet 会丢弃"),
+    ):
+        with open(os.path.join(PROJECT_ROOT, "docs", guide), encoding="utf-8") as handle:
+            row = next(line for line in handle if line.startswith("| `cdi-cri`"))
+        assert "Kubernetes 1.28+" in row and kubelet_words in row, row
+        assert "containerd 1.7+" in row, row
