@@ -171,7 +171,8 @@ class Containerd:
         return f"unix://{self.socket}"
 
     def configure(self) -> None:
-        """Base config, then our own ``enflame-ctk runtime configure --set-as-default``."""
+        """Base config, then our own ``enflame-ctk runtime configure`` (default runtime, CDI
+        annotations passed through)."""
         with open(self.config, "w", encoding="utf-8") as handle:
             handle.write(containerd_base_config(self.directory, f"{self.directory}/runc"))
         launcher.write_launcher(self.launcher, sys.executable)
@@ -187,6 +188,8 @@ class Containerd:
                 "--runtime-path",
                 self.launcher,
                 "--set-as-default",
+                # the cdi-annotations scenario: containerd 1.x passes cdi.k8s.io/* through
+                "--cdi-annotations",
             ],
             capture_output=True,
             text=True,
