@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import tarfile
+import time
 from concurrent import futures
 
 import grpc
@@ -50,6 +51,12 @@ def test_ledger_kills_only_processes_that_are_still_ours(tmp_path: os.PathLike[s
 
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
+        # Popen returns before the kernel shows the new command line: /proc/PID/cmdline reads
+        # empty for a moment (seen under load), and the ledger rightly spares a process it
+        # cannot recognise. The harness records processes long before it restores.
+        deadline = time.monotonic() + 10
+        while host._cmdline(sleeper.pid)[:1] != [b"sleep"] and time.monotonic() < deadline:
+            time.sleep(0.01)
         ledger = host.Ledger(os.path.join(str(tmp_path), "ledger.json"))
         ledger.started(sleeper.pid, "not-sleep")  # a recycled PID running something else
         ledger.restore()
