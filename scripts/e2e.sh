@@ -7,6 +7,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 export PATH="$PWD/.venv/bin:$PATH"
 
+# The tier uses the kubelet's fixed host dirs: one run at a time on a machine (other checkouts
+# wait here rather than undo each other's ledger).
+exec 9>/run/lock/enflame-e2e.lock
+if ! flock -n 9; then
+    echo "e2e: another run holds /run/lock/enflame-e2e.lock; waiting" >&2
+    flock 9
+fi
+
 started=$(date +%s)
 kubelet_dir=$(bash scripts/e2e-build-kubelet.sh) || { echo "e2e: building the kubelet failed" >&2; exit 1; }
 echo "e2e: kubelet $("$kubelet_dir/bin/kubelet" --version 2>&1) from $kubelet_dir ($(($(date +%s) - started)) s)" >&2

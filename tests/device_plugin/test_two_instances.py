@@ -156,8 +156,10 @@ def test_a_live_socket_nobody_locked_is_left_alone_until_it_goes() -> None:
                 )
                 await asyncio.sleep(0.5)
                 assert os.path.exists(path) and kubelet.registrations == []
+                # The older plugin stops: its socket file goes first (unlinking after close
+                # would race our plugin, which rightly removes a socket nobody answers on).
+                os.unlink(path)
                 older.close()
-                os.unlink(path)  # the older plugin stops and removes its socket
                 await kubelet.wait_for(lambda k: k.capacity() == 4, 5, "registration")
         finally:
             older.close()
