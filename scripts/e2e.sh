@@ -9,9 +9,9 @@ export PATH="$PWD/.venv/bin:$PATH"
 
 # The tier uses the kubelet's fixed host dirs: one run at a time on a machine (other checkouts
 # wait here rather than undo each other's ledger).
-exec 9>/run/lock/enflame-e2e.lock
+exec 9>/run/lock/enflame-e2e-tier.lock
 if ! flock -n 9; then
-    echo "e2e: another run holds /run/lock/enflame-e2e.lock; waiting" >&2
+    echo "e2e: another run holds /run/lock/enflame-e2e-tier.lock; waiting" >&2
     flock 9
 fi
 
