@@ -134,8 +134,16 @@ def test_daemonsets_run_only_on_gcu_nodes_as_critical_addons(name: str) -> None:
         "nodeSelectorTerms"
     ]
     labels = ["feature.node.kubernetes.io/pci-1e36.present", "enflame.com/gcu.present"]
+    # The device plugin never runs where the DRA driver serves GCUs (the toolkit runs on both).
+    not_dra = [{"key": "enflame.com/gcu.mode", "operator": "NotIn", "values": ["dra"]}]
     assert terms == [
-        {"matchExpressions": [{"key": key, "operator": "In", "values": ["true"]}]} for key in labels
+        {
+            "matchExpressions": [
+                {"key": key, "operator": "In", "values": ["true"]},
+                *(not_dra if name in PLUGIN_MANIFESTS else []),
+            ]
+        }
+        for key in labels
     ]
     keys = {t["key"] for t in spec["tolerations"]}
     assert {"CriticalAddonsOnly", "enflame.com/gcu"} <= keys

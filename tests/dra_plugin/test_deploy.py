@@ -74,6 +74,30 @@ def test_daemonset_mounts_what_the_driver_defaults_to_and_runs_only_on_dra_nodes
     assert container["securityContext"]["privileged"] is False
 
 
+STATIC_PLUGIN_MANIFESTS = [
+    "enflame-device-plugin.yaml",
+    "enflame-device-plugin-compat-with-cpumanager.yaml",
+    "enflame-vdevice-plugin.yaml",
+    "enflame-device-plugin-pcie-switch-affinity.yaml",
+    "extensions-v1beta1-enflame-device-plugin.yaml",
+]
+
+
+@pytest.mark.parametrize("name", STATIC_PLUGIN_MANIFESTS)
+def test_static_device_plugin_manifests_skip_the_nodes_the_dra_driver_serves(name: str) -> None:
+    (dra_term,) = documents()["DaemonSet"]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    (dra_only,) = dra_term["matchExpressions"]
+    (plugin,) = helpers.load_yaml(os.path.join(helpers.REPO, "deploy", "yaml", name))
+    terms = plugin["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    # Terms are ORed: every one of them must exclude the DRA nodes, with the same label.
+    excluded = {**dra_only, "operator": "NotIn"}
+    assert terms and all(excluded in term["matchExpressions"] for term in terms)
+
+
 def test_chart_serves_a_node_one_way_only_and_ships_the_same_device_classes() -> None:
     assert '"mode" "device-plugin"' in read(TEMPLATES, "daemonset-device-plugin.yaml")
     assert '"mode" "dra"' in read(TEMPLATES, "daemonset-dra-plugin.yaml")
