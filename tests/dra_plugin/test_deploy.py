@@ -9,6 +9,7 @@ import pytest
 
 from enflame_gcu.dra_plugin import config as dra_config
 from tests.deploy.helpers import CHART_DIR
+from tests.deploy.test_chart import HELM_SDK, NO_HELM_SDK, _chart_copy, _real_helm_lint
 from tests.dra_plugin import slices_helpers as helpers
 
 MANIFEST = os.path.join(helpers.DRA_DEPLOY, "enflame-dra-plugin.yaml")
@@ -124,3 +125,31 @@ def test_docs_show_the_switch_local_claim_and_what_the_cluster_needs(name: str) 
     ):
         assert fact in text, fact
     assert ("fake" in text) if name == "dra.md" else ("模拟" in text)
+
+
+def test_seamless_upgrade_surges_and_names_sockets_by_pod_uid() -> None:
+    text = read(TEMPLATES, "daemonset-dra-plugin.yaml")
+    surge = text.index("{{- if $dra.seamlessUpgrade }}")
+    assert "maxSurge: 1" in text[surge:] and "maxUnavailable: 0" in text[surge:]
+    # The env var the driver reads for the socket names, from the downward API.
+    assert "- name: POD_UID\n" in text and "fieldPath: metadata.uid" in text
+    assert dra_config.parse([], {"NODE_NAME": "n", "POD_UID": "u-1"}).pod_uid == "u-1"
+    # Off by default: kubelets before 1.33 cannot tell two instances of a driver apart.
+    assert "seamlessUpgrade: false" in read(CHART_DIR, "values.yaml")
+    static = documents()["DaemonSet"]
+    assert "rollingUpdate" not in static["spec"]["updateStrategy"]
+    (container,) = static["spec"]["template"]["spec"]["containers"]
+    assert "POD_UID" not in {e["name"] for e in container["env"]}
+
+
+@pytest.mark.skipif(not os.path.exists(HELM_SDK), reason=NO_HELM_SDK)
+def test_real_helm_lint_accepts_the_seamless_upgrade_variant(tmp_path: Any) -> None:
+    chart_dir = _chart_copy(tmp_path, ("dra",))
+    path = os.path.join(chart_dir, "values.yaml")
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text.replace("seamlessUpgrade: false", "seamlessUpgrade: true"))
+    lint = _real_helm_lint(chart_dir)
+    assert lint["errors"] is None
+    assert [m for m in lint["messages"] if m["severity"] >= 2] == []

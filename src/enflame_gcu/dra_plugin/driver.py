@@ -7,14 +7,21 @@ kubelet, which got no answer, simply asks again. After a reboot (``/var/run/cdi`
 the specs of claims still prepared are written again from the checkpoint. Both calls are
 idempotent; Unprepare needs nothing but the checkpoint, so it works while the API server is
 away and after the claim is gone.
+
+Two instances may run side by side during a rolling update with surge (their sockets carry the
+pod UID): every call, and the recovery at start, holds an exclusive ``flock`` on
+``serialize.lock`` in the state directory and reads the checkpoint afresh, so the instances
+never prepare the same card twice nor roll back each other's Prepare in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from enflame_gcu.dra_plugin import checkpoint, claim_cdi, claims, node
@@ -22,6 +29,8 @@ from enflame_gcu.errors import ClaimError, EnflameError
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.json"
+LOCK_FILE = "serialize.lock"
+LOCK_POLL = 0.01  # seconds between attempts at the lock held by another instance
 SLICES = "slices"
 
 
@@ -57,6 +66,7 @@ class Driver:
         self.source = source
         self.cdi_dir = cdi_dir
         self.checkpoint = checkpoint.Checkpoint(os.path.join(state_dir, CHECKPOINT_FILE))
+        self.lock_path = os.path.join(state_dir, LOCK_FILE)
         self._fault = fault or (lambda point: None)
         self._lock = asyncio.Lock()
         self._claims: dict[str, checkpoint.PreparedClaim] = {}
@@ -66,6 +76,38 @@ class Driver:
         """The claims on record, by UID."""
         return dict(self._claims)
 
+    # --- serialising with other instances ------------------------------------------------
+
+    def _open_lock(self) -> int:
+        os.makedirs(os.path.dirname(self.lock_path) or ".", exist_ok=True)
+        return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    @contextlib.contextmanager
+    def _locked_blocking(self) -> Iterator[None]:
+        fd = self._open_lock()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    @contextlib.asynccontextmanager
+    async def _serialized(self) -> AsyncIterator[None]:
+        """This process's calls one at a time, other instances' calls excluded, record fresh."""
+        async with self._lock:
+            fd = self._open_lock()
+            try:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        await asyncio.sleep(LOCK_POLL)  # polled: a cancelled call holds nothing
+                self._claims = self.checkpoint.load()
+                yield
+            finally:
+                os.close(fd)
+
     # --- start ---------------------------------------------------------------------------
 
     def recover(self) -> list[str]:
@@ -74,6 +116,10 @@ class Driver:
         Returns what was done, one line per action (also logged). Raises ConfigError when the
         checkpoint is damaged: the driver does not guess which cards are in use.
         """
+        with self._locked_blocking():
+            return self._recover()
+
+    def _recover(self) -> list[str]:
         actions = []
         loaded = self.checkpoint.load()
         for uid, claim in sorted(loaded.items()):
@@ -104,13 +150,17 @@ class Driver:
     async def prepare(self, refs: Sequence[claims.ClaimRef]) -> dict[str, Outcome]:
         """Prepare each claim; a failing claim gets its error text, the others go on."""
         results: dict[str, Outcome] = {}
-        async with self._lock:
-            for ref in refs:
-                try:
-                    results[ref.uid] = await self._prepare_one(ref)
-                except (EnflameError, OSError) as exc:
-                    log.warning("prepare of claim %s failed: %s", ref, exc)
-                    results[ref.uid] = str(exc)
+        try:
+            async with self._serialized():
+                for ref in refs:
+                    try:
+                        results[ref.uid] = await self._prepare_one(ref)
+                    except (EnflameError, OSError) as exc:
+                        log.warning("prepare of claim %s failed: %s", ref, exc)
+                        results[ref.uid] = str(exc)
+        except (EnflameError, OSError) as exc:  # the record cannot be read or locked
+            log.error("cannot prepare claims: %s", exc)
+            return {ref.uid: f"cannot prepare claim {ref}: {exc}" for ref in refs}
         return results
 
     async def _prepare_one(self, ref: claims.ClaimRef) -> list[PreparedDeviceResult]:
@@ -137,6 +187,7 @@ class Driver:
             raise
         self._claims[ref.uid] = claim.with_state(checkpoint.PREPARED)
         self.checkpoint.save(self._claims)
+        self._fault("after-prepared")
         log.info(
             "prepared claim %s: %s",
             ref,
@@ -245,17 +296,22 @@ class Driver:
     async def unprepare(self, refs: Sequence[claims.ClaimRef]) -> dict[str, str]:
         """Unprepare each claim (unknown claims are fine); ``{uid: error or ""}``."""
         results: dict[str, str] = {}
-        async with self._lock:
-            for ref in refs:
-                try:
-                    claim_cdi.remove(self.cdi_dir, ref.uid)
-                    claim = self._claims.pop(ref.uid, None)
-                    if claim is not None:
-                        self.checkpoint.save(self._claims)
-                        log.info("unprepared claim %s", ref)
-                    results[ref.uid] = ""
-                except OSError as exc:
-                    results[ref.uid] = f"cannot unprepare claim {ref}: {exc}"
+        try:
+            async with self._serialized():
+                for ref in refs:
+                    try:
+                        claim_cdi.remove(self.cdi_dir, ref.uid)
+                        self._fault("unprepare-after-cdi")
+                        claim = self._claims.pop(ref.uid, None)
+                        if claim is not None:
+                            self.checkpoint.save(self._claims)
+                            log.info("unprepared claim %s", ref)
+                        results[ref.uid] = ""
+                    except OSError as exc:
+                        results[ref.uid] = f"cannot unprepare claim {ref}: {exc}"
+        except (EnflameError, OSError) as exc:
+            log.error("cannot unprepare claims: %s", exc)
+            return {ref.uid: f"cannot unprepare claim {ref}: {exc}" for ref in refs}
         return results
 
     @staticmethod

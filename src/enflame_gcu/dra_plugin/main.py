@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from enflame_gcu import __version__
+from enflame_gcu import __version__, fileio
 from enflame_gcu.dra_plugin import apiserver, driver, kubelet, node, publisher
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.errors import ConfigError
@@ -47,6 +47,8 @@ async def run(settings: dra_config.DraConfig) -> int:
         source=api,
         cdi_dir=settings.cdi_dir,
         state_dir=settings.data_dir,
+        # Test-only SIGKILL points (ENFLAME_TEST_KILL_AT=dra-<point>); a dict lookup otherwise.
+        fault=lambda point: fileio.fault_point(f"dra-{point}"),
     )
     try:
         prepare.recover()
