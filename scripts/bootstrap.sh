@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-want_debs=(runc busybox-static containerd shellcheck)
+want_debs=(runc busybox-static containerd shellcheck podman)
 missing=()
 # Debian's own python3 needs python3-venv (ensurepip) before `python3 -m venv` works.
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then

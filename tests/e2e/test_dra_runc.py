@@ -38,6 +38,16 @@ def prepare(node: Node, claim: tuple[str, str, str], example: str) -> tuple[list
     )
     assert picked is not None
     results = [(request, device) for request, names in picked.items() for device in names]
+    return prepare_results(node, claim, results)
+
+
+def prepare_results(
+    node: Node,
+    claim: tuple[str, str, str],
+    results: list[tuple[str, str]] | list[dict[str, Any]],
+    shared_slices: int = 0,
+) -> tuple[list[str], list[str]]:
+    """Prepare a claim allocated to ``results`` through the stub kubelet; (devices, CDI ids)."""
 
     async def main() -> tuple[list[str], list[str]]:
         with harness.simulated_node() as sockets:  # short paths for the unix sockets
@@ -48,7 +58,8 @@ def prepare(node: Node, claim: tuple[str, str, str], example: str) -> tuple[list
                 root=node.root,
                 registry_dir=sockets.registry,
                 plugin_dir=sockets.plugins,
-                cdi_dir=os.path.join(node.root, CDI_DIR.lstrip("/")),
+                cdi_dir=cdi_dir(node),
+                shared_slices=shared_slices,
                 publish=False,
             )
             async with harness.running(sockets, source, settings=settings) as env:
@@ -63,8 +74,13 @@ def prepare(node: Node, claim: tuple[str, str, str], example: str) -> tuple[list
     return asyncio.run(main())
 
 
+def cdi_dir(node: Node) -> str:
+    """The node's /var/run/cdi, where the driver writes and the runtime reads claim specs."""
+    return os.path.join(node.root, CDI_DIR.lstrip("/"))
+
+
 def claim_spec(node: Node, uid: str) -> dict[str, Any]:
-    path = claim_cdi.spec_path(os.path.join(node.root, CDI_DIR.lstrip("/")), uid)
+    path = claim_cdi.spec_path(cdi_dir(node), uid)
     with open(path, encoding="utf-8") as handle:
         return json.load(handle)  # type: ignore[no-any-return]
 
