@@ -178,8 +178,15 @@ def static_container(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def node_terms(vals: dict[str, Any]) -> list[dict[str, Any]]:
+    """The device plugin's node terms: a GCU label, and never a node labelled for DRA."""
+    not_dra = {"key": vals["dra"]["modeLabel"], "operator": "NotIn", "values": ["dra"]}
     return [
-        {"matchExpressions": [{"key": label["key"], "operator": "In", "values": [label["value"]]}]}
+        {
+            "matchExpressions": [
+                {"key": label["key"], "operator": "In", "values": [label["value"]]},
+                not_dra,
+            ]
+        }
         for label in vals["nodeSelection"]["anyOfLabels"]
     ]
 

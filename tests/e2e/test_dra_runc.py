@@ -2,9 +2,11 @@
 
 The claim is what the scheduler would allocate for the switch-local example (our allocator
 stand-in picks it from the published devices); the driver prepares it for the stub kubelet
-over gRPC; the container is started by our runtime in front of the real runc, either with the
-kubelet's ``cdi.k8s.io/<driver>_<claim UID>`` annotation (containerd 1.6: the runtime resolves
-the CDI names itself) or with the CDI spec applied by a CDI-aware engine first.
+over gRPC; the container is started by our runtime in front of the real runc, either with a
+``cdi.k8s.io/<driver>_<claim UID>`` container annotation (the runtime resolves the CDI names
+itself; kubelets before 1.31 sent it, current ones pass CDI names only through the CRI, which
+containerd 1.6 ignores: see docs/dra.md) or with the CDI spec applied by a CDI-aware engine
+first (test_dra_podman.py does that with a real podman).
 """
 
 from __future__ import annotations

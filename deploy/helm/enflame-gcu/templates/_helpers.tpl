@@ -51,12 +51,13 @@ app.kubernetes.io/instance: {{ .context.Release.Name }}
 {{- end -}}
 
 {{/* Scheduling for one way of serving GCUs; call with (dict "context" $ "mode" M).
-     M = "any" (the toolkit), "device-plugin" (skips nodes labelled for DRA when DRA is on)
-     or "dra" (only nodes labelled for DRA): a node never serves GCUs both ways. */}}
+     M = "any" (the toolkit), "device-plugin" (skips nodes labelled for DRA, also when the
+     DRA driver is deployed without this chart, as deploy/yaml does) or "dra" (only nodes
+     labelled for DRA): a node never serves GCUs both ways. */}}
 {{- define "enflame-gcu.schedulingFor" -}}
 {{- $values := .context.Values -}}
 {{- $mode := "" -}}
-{{- if and (eq .mode "device-plugin") $values.dra.enabled -}}
+{{- if eq .mode "device-plugin" -}}
 {{- $mode = dict "key" $values.dra.modeLabel "operator" "NotIn" "values" (list "dra") -}}
 {{- else if eq .mode "dra" -}}
 {{- $mode = dict "key" $values.dra.modeLabel "operator" "In" "values" (list "dra") -}}
