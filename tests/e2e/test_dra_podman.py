@@ -18,7 +18,14 @@ import pytest
 
 from enflame_gcu import resourceslices
 from tests.e2e.conftest import Node, gcu_nodes
-from tests.e2e.test_dra_runc import ARGS, cdi_dir, prepare, prepare_results
+from tests.e2e.test_dra_runc import (
+    ARGS,
+    cdi_dir,
+    kubelet_cdi_ids,
+    prepare,
+    prepare_devices,
+    prepare_results,
+)
 
 pytestmark = pytest.mark.runc
 DRIVER = resourceslices.DRIVER
@@ -130,3 +137,26 @@ def test_podman_refuses_a_claim_that_was_never_prepared(node: Node) -> None:
     result = run_podman(node, [missing])
     assert result.returncode != 0
     assert b"unresolvable CDI devices" in result.stderr
+
+
+def test_pods_and_containers_sharing_a_claim_see_what_they_reference(node: Node) -> None:
+    claim = ("enflame", "podman-shared", "4e4c3b1a-0000-4000-8000-0000000000a3")
+    results = [("train", "gcu-0"), ("train", "gcu-1"), ("infer", "gcu-4")]
+    # Two pods on one claim: the kubelet prepares it for each; the answers are the same.
+    devices = prepare_devices(node, claim, results, pods=2)
+    train = kubelet_cdi_ids(devices, "train")
+    infer = kubelet_cdi_ids(devices, "infer")
+    assert train == [f"k8s.gcu.enflame.com/claim={claim[2]}-train"]
+    assert infer == [f"k8s.gcu.enflame.com/claim={claim[2]}-infer"]
+    for _pod in range(2):
+        assert seen(run_podman(node, train)) == (
+            ["gcu0", "gcu1", "gcuctl"],
+            {"ENFLAME_VISIBLE_DEVICES": "0,1"},
+        )
+    assert seen(run_podman(node, infer)) == (["gcu4", "gcuctl"], {"ENFLAME_VISIBLE_DEVICES": "4"})
+    # A container that uses the whole claim gets every card of it; the env var is the last
+    # request's (CDI: a later device's env replaces an earlier one's; docs/dra.md says so).
+    assert seen(run_podman(node, kubelet_cdi_ids(devices))) == (
+        ["gcu0", "gcu1", "gcu4", "gcuctl"],
+        {"ENFLAME_VISIBLE_DEVICES": "4"},
+    )

@@ -43,6 +43,9 @@ def prepare(node: Node, claim: tuple[str, str, str], example: str) -> tuple[list
     return prepare_results(node, claim, results)
 
 
+PreparedDevice = tuple[tuple[str, ...], str, tuple[str, ...]]  # request names, device, CDI ids
+
+
 def prepare_results(
     node: Node,
     claim: tuple[str, str, str],
@@ -50,8 +53,20 @@ def prepare_results(
     shared_slices: int = 0,
 ) -> tuple[list[str], list[str]]:
     """Prepare a claim allocated to ``results`` through the stub kubelet; (devices, CDI ids)."""
+    answer = prepare_devices(node, claim, results, shared_slices)
+    return [device for _, device, _ in answer], kubelet_cdi_ids(answer)
 
-    async def main() -> tuple[list[str], list[str]]:
+
+def prepare_devices(
+    node: Node,
+    claim: tuple[str, str, str],
+    results: list[tuple[str, str]] | list[dict[str, Any]],
+    shared_slices: int = 0,
+    pods: int = 1,
+) -> list[PreparedDevice]:
+    """The driver's answer for the claim, asked once per pod that uses it (all must agree)."""
+
+    async def main() -> list[PreparedDevice]:
         with harness.simulated_node() as sockets:  # short paths for the unix sockets
             source = harness.FakeClaims()
             source.add(harness.claim_document(*claim, results))
@@ -66,14 +81,30 @@ def prepare_results(
             )
             async with harness.running(sockets, source, settings=settings) as env:
                 await env.kubelet.wait_registered(DRIVER)
-                answer = (await env.kubelet.prepare(DRIVER, [claim])).claims[claim[2]]
-                assert answer.error == ""
-                return (
-                    [d.device_name for d in answer.devices],
-                    [i for d in answer.devices for i in d.cdi_device_ids],
-                )
+                answers = []
+                for _ in range(pods):
+                    answer = (await env.kubelet.prepare(DRIVER, [claim])).claims[claim[2]]
+                    assert answer.error == ""
+                    answers.append(
+                        [
+                            (tuple(d.request_names), d.device_name, tuple(d.cdi_device_ids))
+                            for d in answer.devices
+                        ]
+                    )
+                assert all(a == answers[0] for a in answers)
+                return answers[0]
 
     return asyncio.run(main())
+
+
+def kubelet_cdi_ids(devices: list[PreparedDevice], request: str = "") -> list[str]:
+    """The CDI names the kubelet gives a container that uses the claim (or one request of it)."""
+    return [
+        cdi_id
+        for names, _, ids in devices
+        if not request or not names or request in names
+        for cdi_id in ids
+    ]
 
 
 def cdi_dir(node: Node) -> str:
