@@ -28,7 +28,14 @@ def read(*parts: str) -> str:
 @pytest.mark.parametrize("version", helpers.VERSIONS)
 def test_static_manifest_is_schema_valid(version: str) -> None:
     found = documents()
-    assert sorted(found) == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    assert sorted(found) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
     for document in found.values():
         helpers.validate(document, version)
 
