@@ -9,7 +9,7 @@ setup:
 	@bash scripts/bootstrap.sh
 
 demo: setup
-	@$(PY) -m enflame_gcu.demo
+	@$(PY) -m enflame_gcu.simulation.demo
 
 test: setup lint types contracts unit
 

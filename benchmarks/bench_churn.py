@@ -25,9 +25,10 @@ from typing import Any
 import churn
 from bench_plugin import machine, summary
 
-from enflame_gcu import allocation, devices, simulate, topofile, topology
+from enflame_gcu import allocation, devices, topology
 from enflame_gcu._proto import api_pb2
-from enflame_gcu.testing import plugin_process
+from enflame_gcu.simulation import simulate, topofile
+from enflame_gcu.simulation.testing import plugin_process
 
 RESOURCE = "enflame.com/gcu"
 EVENTS = int(os.environ.get("CHURN_EVENTS", "20000"))

@@ -17,9 +17,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from enflame_gcu import simulate
 from enflame_gcu._proto import api_pb2
-from enflame_gcu.testing import plugin_process
+from enflame_gcu.simulation import simulate
+from enflame_gcu.simulation.testing import plugin_process
 
 RESOURCE = "enflame.com/gcu"
 

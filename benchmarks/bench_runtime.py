@@ -24,8 +24,10 @@ import time
 import uuid
 from typing import Any
 
-from enflame_gcu import devices, simulate, topofile
-from enflame_gcu.container_toolkit import cdi, launcher
+from enflame_gcu import devices
+from enflame_gcu.container_toolkit import cdi
+from enflame_gcu.shim import launcher
+from enflame_gcu.simulation import simulate, topofile
 
 RUNS = int(os.environ.get("BENCH_RUNS", "30"))
 # In-process create timings: many cheap repetitions, so the median is stable on a busy machine.
@@ -73,7 +75,8 @@ def in_process_create_ms(node: str, prepared: str, work: str) -> dict[str, float
     """Median ms of the create path's own work (already imported) for 8 cards: load the
     spec, resolve, check the node, edit, save; answered from the prepared edits and by
     discovery. Separates the runtime's per-create cost from Python start-up and runc."""
-    from enflame_gcu.container_toolkit import create, runtime_config
+    from enflame_gcu.shim import config as runtime_config
+    from enflame_gcu.shim import create
 
     bundle = os.path.join(work, "in-process")
     os.makedirs(bundle)

@@ -18,9 +18,9 @@ from typing import Any
 
 from bench_plugin import measure, preferred_requests, summary
 
-from enflame_gcu import simulate
 from enflame_gcu._proto import api_pb2
-from enflame_gcu.testing import plugin_process
+from enflame_gcu.simulation import simulate
+from enflame_gcu.simulation.testing import plugin_process
 
 SHARED = "enflame.com/shared-gcu"
 TARGET_P99_MS = 10.0

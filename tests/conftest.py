@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from enflame_gcu import simulate, topofile
+from enflame_gcu.simulation import simulate, topofile
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMAS_DIR = os.path.join(os.path.dirname(PROJECT_ROOT), "shared", "schemas")

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu import allocation, devices, simulate, topofile, topology
+from enflame_gcu import allocation, devices, topology
 from enflame_gcu.errors import AllocationError, InvalidRequestError
+from enflame_gcu.simulation import simulate, topofile
 
 
 def gcus(*minors: int) -> list[str]:

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from enflame_gcu import devices, products, simulate, topofile
+from enflame_gcu import devices, products
+from enflame_gcu.simulation import simulate, topofile
 
 from .conftest import MakeNode
 

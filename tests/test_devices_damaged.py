@@ -18,8 +18,9 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from enflame_gcu import devices, health, simulate, sysfs, topofile
+from enflame_gcu import devices, health, sysfs
 from enflame_gcu.device_plugin import config, resources, service, state
+from enflame_gcu.simulation import simulate, topofile
 
 SETTINGS = hypothesis.settings(
     max_examples=100,

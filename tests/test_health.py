@@ -10,8 +10,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from enflame_gcu import devices, edits, health, simulate, topofile
+from enflame_gcu import devices, edits, health
 from enflame_gcu.errors import InvalidRequestError
+from enflame_gcu.simulation import simulate, topofile
 
 
 @pytest.fixture

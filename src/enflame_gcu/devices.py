@@ -7,18 +7,14 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from enflame_gcu import fileio, products, sysfs
+from enflame_gcu import fileio, naming, products, sysfs
 
 VENDOR_ID = 0x1E36
 ACCELERATOR_CLASS = 0x12
-# The host layout discovery reads; sysfs.py holds the readers.
-DRIVER_DIRS = sysfs.DRIVER_DIRS
-PCI_DEVICES = sysfs.PCI_DEVICES
-SYS_DEVICES = sysfs.SYS_DEVICES
-DRIVER_VERSION_FILE = sysfs.DRIVER_VERSION_FILE
 read_driver_version = sysfs.read_driver_version
-CONTROL_NODE = "/dev/gcuctl"
 SIMULATION_MARKER = ".enflame-sim"
+# Where discovery reads under a root; commands taking --root keep each inside it.
+DISCOVERY_PATHS = (naming.PCI_DEVICES, naming.SYS_DEVICES, "/sys/module", "/dev")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +132,7 @@ class Inventory:
 
 
 def is_simulated(root: str) -> bool:
-    """True when ``root`` is a simulated node (made by :mod:`enflame_gcu.simulate`)."""
+    """True when ``root`` is a simulated node (made by :mod:`enflame_gcu.simulation.simulate`)."""
     return root not in ("", "/") and os.path.isdir(os.path.join(root, SIMULATION_MARKER))
 
 
@@ -166,7 +162,7 @@ def _discover_card(
 ) -> tuple[list[Card], list[VirtualDevice], bool]:
     """Cards and vGCUs behind one Enflame PCI function; the flag says it was bound at all."""
     problems: list[str] = []
-    device_path = f"{PCI_DEVICES}/{bdf}/device"
+    device_path = f"{naming.PCI_DEVICES}/{bdf}/device"
     device_id = sysfs.parse_int(
         sysfs.read(root, device_path, problems), 16, device_path, problems, (0, 0xFFFF)
     )
@@ -180,7 +176,7 @@ def _discover_card(
     card_minors = [minor for kind, minor in nodes if kind == "gcu"]
     for kind, minor in nodes:
         node_problems = list(problems)
-        sys_path = f"{PCI_DEVICES}/{bdf}/{driver_dir}/{kind}{minor}/dev"
+        sys_path = f"{naming.PCI_DEVICES}/{bdf}/{driver_dir}/{kind}{minor}/dev"
         major, sys_minor = sysfs.major_minor(root, sys_path, node_problems)
         if sys_minor is not None and sys_minor != minor:
             node_problems.append(
@@ -197,7 +193,7 @@ def _discover_card(
         elif not node.is_char:
             node = DeviceNode(node.path, major, sys_minor, is_char=False, present=True)
         if not driver_loaded:
-            node_problems.append(f"driver not loaded ({DRIVER_VERSION_FILE} is missing)")
+            node_problems.append(f"driver not loaded ({naming.DRIVER_VERSION_FILE} is missing)")
         if kind == "gcu":
             cards.append(
                 Card(
@@ -229,7 +225,7 @@ def recheck(root: str, card: Card, *, driver_loaded: bool, simulated: bool) -> t
             return fresh.problems
     if not bound:
         return (f"{card.bdf} has no enflame/ or zixiao/ directory (driver not bound)",)
-    return (f"{PCI_DEVICES}/{card.bdf}/{card.driver_dir}/{card.name} is gone",)
+    return (f"{naming.PCI_DEVICES}/{card.bdf}/{card.driver_dir}/{card.name} is gone",)
 
 
 def _claimed_twice(cards: list[Card]) -> list[Card]:
@@ -277,12 +273,12 @@ def discover(root: str = "/") -> Inventory:
     node_problems: list[str] = []
     driver_version = read_driver_version(root)
     if driver_version is None:
-        node_problems.append(f"driver not loaded: {DRIVER_VERSION_FILE} is missing")
-    pci_dir = fileio.host_path(root, PCI_DEVICES)
+        node_problems.append(f"driver not loaded: {naming.DRIVER_VERSION_FILE} is missing")
+    pci_dir = fileio.host_path(root, naming.PCI_DEVICES)
     try:
         functions = sorted(os.listdir(pci_dir))
     except OSError as exc:
-        node_problems.append(f"cannot list {PCI_DEVICES}: {exc.strerror or exc}")
+        node_problems.append(f"cannot list {naming.PCI_DEVICES}: {exc.strerror or exc}")
         functions = []
     cards: list[Card] = []
     vgcus: list[VirtualDevice] = []
@@ -290,13 +286,17 @@ def discover(root: str = "/") -> Inventory:
     for bdf in functions:
         ignored: list[str] = []
         vendor = sysfs.parse_int(
-            sysfs.read(root, f"{PCI_DEVICES}/{bdf}/vendor", ignored), 16, "", ignored, (0, 0xFFFF)
+            sysfs.read(root, f"{naming.PCI_DEVICES}/{bdf}/vendor", ignored),
+            16,
+            "",
+            ignored,
+            (0, 0xFFFF),
         )
         if vendor != VENDOR_ID:
             continue
         if not sysfs.is_bdf(bdf):
             node_problems.append(
-                f"ignoring {PCI_DEVICES}/{sysfs.printable(bdf)}: not a PCI address "
+                f"ignoring {naming.PCI_DEVICES}/{sysfs.printable(bdf)}: not a PCI address "
                 "(domain:bus:device.function)"
             )
             continue
@@ -308,7 +308,7 @@ def discover(root: str = "/") -> Inventory:
         cards.extend(found_cards)
         vgcus.extend(found_vgcus)
     vgcus.extend(_loose_vgcus(root, {v.minor for v in vgcus}, simulated))
-    control, control_problem = stat_node(root, CONTROL_NODE, simulated)
+    control, control_problem = stat_node(root, naming.CONTROL_NODE, simulated)
     if control_problem and cards:
         node_problems.append(control_problem)
     if unbound:

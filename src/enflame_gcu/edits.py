@@ -17,15 +17,6 @@ from typing import Any
 from enflame_gcu import devices, fileio, naming, oci_edits
 from enflame_gcu.errors import InvalidRequestError
 
-# The spellings the runtime reads back; they live in naming.py, shared with the shim.
-VISIBLE_DEVICES_ENV = naming.VISIBLE_DEVICES_ENV
-PROCESSED_ANNOTATION = naming.PROCESSED_ANNOTATION
-VOLUME_MOUNT_DIR = naming.VOLUME_MOUNT_DIR
-CDI_VENDOR = naming.CDI_VENDOR
-CDI_ANNOTATION_KEY = naming.CDI_ANNOTATION_KEY
-visible_value = naming.visible_value
-cdi_device_name = naming.cdi_device_name
-
 
 @dataclass(frozen=True, slots=True)
 class DeviceNodeEdit:
@@ -91,25 +82,14 @@ class ContainerEdits:
             result["deviceNodes"] = [_cdi_node(node) for node in self.device_nodes]
         if self.mounts:
             result["mounts"] = [
-                {
-                    "hostPath": mount.host_path,
-                    "containerPath": mount.container_path,
-                    "options": ["ro", "nosuid", "nodev", "bind"]
-                    if mount.read_only
-                    else ["nosuid", "nodev", "bind"],
-                }
+                naming.render_mount(mount.host_path, mount.container_path, mount.read_only)
                 for mount in self.mounts
             ]
         return result
 
 
 def _node_order(node: DeviceNodeEdit) -> tuple[int, str, int]:
-    # Card nodes in minor order first, the control node last: stable output for every renderer.
-    return (
-        1 if node.path == devices.CONTROL_NODE else 0,
-        node.path.rstrip("0123456789"),
-        node.minor,
-    )
+    return naming.node_order(node.path, node.minor)
 
 
 def _cdi_node(node: DeviceNodeEdit) -> dict[str, Any]:
@@ -186,12 +166,12 @@ def for_devices(
     if names:
         if not inventory.control.usable:
             raise InvalidRequestError(
-                f"{devices.CONTROL_NODE} is missing on this node; no GCU can be used without it"
+                f"{naming.CONTROL_NODE} is missing on this node; no GCU can be used without it"
             )
         nodes.append(node_edit(inventory.root, inventory.control))
     env_items: dict[str, str] = {}
     if visible_env:
-        env_items[VISIBLE_DEVICES_ENV] = visible_value(names)
+        env_items[naming.VISIBLE_DEVICES_ENV] = naming.visible_value(names)
     env_items.update(env or {})
     return ContainerEdits(
         device_nodes=tuple(sorted(nodes, key=_node_order)),
@@ -237,14 +217,14 @@ def device_list(names: Sequence[str], strategies: Sequence[str]) -> DeviceListEd
     cdi: tuple[str, ...] = ()
     # Index order everywhere (the kubelet's order is arbitrary): logical card 0 is the lowest.
     names = naming.index_order(names)
-    qualified = [cdi_device_name(name) for name in names]
+    qualified = [naming.cdi_device_name(name) for name in names]
     if "volume-mounts" in strategies:
-        env[VISIBLE_DEVICES_ENV] = VOLUME_MOUNT_DIR
-        mounts = [MountEdit("/dev/null", f"{VOLUME_MOUNT_DIR}/{name}") for name in names]
+        env[naming.VISIBLE_DEVICES_ENV] = naming.VOLUME_MOUNT_DIR
+        mounts = [MountEdit("/dev/null", f"{naming.VOLUME_MOUNT_DIR}/{name}") for name in names]
     if "envvar" in strategies:
-        env[VISIBLE_DEVICES_ENV] = visible_value(names)
+        env[naming.VISIBLE_DEVICES_ENV] = naming.visible_value(names)
     if "cdi-annotations" in strategies:
-        notes[CDI_ANNOTATION_KEY] = ",".join(qualified)
+        notes[naming.CDI_ANNOTATION_KEY] = ",".join(qualified)
     if "cdi-cri" in strategies:
         cdi = tuple(qualified)
     return DeviceListEdits(

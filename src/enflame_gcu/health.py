@@ -16,21 +16,13 @@ import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any
 
-from asyncinotify import Inotify, Mask
-
-from enflame_gcu import devices, fileio
+from enflame_gcu import devices, fileio, naming
+from enflame_gcu.support import inotify
 
 log = logging.getLogger(__name__)
 
-DISABLE_ENV = "DP_DISABLE_HEALTHCHECKS"
 DEFAULT_INTERVAL = 5.0
-_DIR_EVENTS = (
-    Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.ATTRIB | Mask.CLOSE_WRITE
-)
-_SELF_EVENTS = Mask.DELETE_SELF | Mask.MOVE_SELF
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +57,9 @@ class HealthReport:
 
 def _card_problem(root: str, card: devices.Card, simulated: bool) -> str:
     """Why the card cannot be used right now, or ``""``."""
-    pci = fileio.host_path(root, f"{devices.PCI_DEVICES}/{card.bdf}")
+    pci = fileio.host_path(root, f"{naming.PCI_DEVICES}/{card.bdf}")
     if not os.path.isdir(pci):
-        return f"PCI device {card.bdf} is gone ({devices.PCI_DEVICES}/{card.bdf} missing)"
+        return f"PCI device {card.bdf} is gone ({naming.PCI_DEVICES}/{card.bdf} missing)"
     if not os.path.isdir(os.path.join(pci, card.driver_dir, card.name)):
         return f"driver entry {card.driver_dir}/{card.name} of {card.bdf} is gone"
     try:
@@ -94,7 +86,7 @@ def check(root: str, cards: Sequence[devices.Card], *, disabled: bool = False) -
         )
     simulated = devices.is_simulated(root)
     # Without the control node no container can use any card (SPEC §4).
-    _, control_problem = devices.stat_node(root, devices.CONTROL_NODE, simulated)
+    _, control_problem = devices.stat_node(root, naming.CONTROL_NODE, simulated)
     result = []
     for card in cards:
         if version is None:
@@ -103,59 +95,6 @@ def check(root: str, cards: Sequence[devices.Card], *, disabled: bool = False) -
             problem = control_problem or _card_problem(root, card, simulated)
         result.append(CardHealth(card.name, not problem, problem or ""))
     return HealthReport(tuple(result), version)
-
-
-class ChangeWatcher:
-    """Inotify on directories that may come and go; :meth:`wait` returns on any change."""
-
-    def __init__(self, directories: Sequence[str]) -> None:
-        self._directories = tuple(directories)
-        self._inotify: Any = None
-        self._watches: dict[str, Any] = {}
-
-    def __enter__(self) -> ChangeWatcher:
-        self._inotify = Inotify()
-        # sync_get() must not block: it only drains what has already arrived.
-        self._inotify.sync_timeout = 0
-        self.refresh()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._inotify.close()
-        self._watches.clear()
-
-    def refresh(self) -> None:
-        """Watch every listed directory that exists now (ones that vanished were dropped)."""
-        for directory in self._directories:
-            if directory in self._watches or not os.path.isdir(directory):
-                continue
-            try:
-                self._watches[directory] = self._inotify.add_watch(
-                    directory, _DIR_EVENTS | _SELF_EVENTS | Mask.ONLYDIR
-                )
-            except OSError as exc:  # raced with removal; the next refresh tries again
-                log.debug("cannot watch %s: %s", directory, exc)
-
-    def _note(self, event: Any, seen: list[tuple[str, str]]) -> None:
-        watch = event.watch
-        directory = str(watch.path) if watch is not None else ""
-        if event.mask & (Mask.IGNORED | _SELF_EVENTS) and directory:
-            self._watches.pop(directory, None)
-        seen.append((directory, str(event.name) if event.name is not None else ""))
-
-    async def wait(self, timeout: float) -> list[tuple[str, str]]:
-        """Events as ``(directory, name)`` pairs; empty after ``timeout`` seconds of quiet."""
-        seen: list[tuple[str, str]] = []
-        try:
-            event = await asyncio.wait_for(self._inotify.get(), timeout)
-        except asyncio.TimeoutError:
-            return seen
-        self._note(event, seen)
-        while (more := self._inotify.sync_get()) is not None:
-            self._note(more, seen)
-        return seen
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +138,7 @@ class HealthMonitor:
 
     def watched_directories(self) -> list[str]:
         """Where events can tell us about a card or the driver."""
-        paths = ["/dev", devices.PCI_DEVICES, "/sys/module", "/sys/module/enflame"]
+        paths = ["/dev", naming.PCI_DEVICES, "/sys/module", "/sys/module/enflame"]
         return [fileio.host_path(self.root, path) for path in paths]
 
     def rescan(self) -> HealthUpdate | None:
@@ -234,7 +173,7 @@ class HealthMonitor:
     async def run(self, notify: Callable[[HealthUpdate], None]) -> None:
         """Watch until cancelled, calling ``notify`` with every update."""
         try:
-            watcher = ChangeWatcher(self.watched_directories()).__enter__()
+            watcher = inotify.ChangeWatcher(self.watched_directories()).__enter__()
         except OSError as exc:
             log.warning(
                 "inotify unavailable (%s); health relies on %ss rescans", exc, self.interval

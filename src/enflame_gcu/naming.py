@@ -1,8 +1,11 @@
-"""How devices are spelled towards containers: the env var, the mount dir and CDI names.
+"""The facts every layer spells the same: names and paths towards containers and on the host.
 
-The device plugin writes these spellings (through ``edits``) and the runtime shim reads them
-(through ``container_toolkit.device_request``), so they live here once. Standard library only
-and no ``typing`` at run time: the runtime's create fast path imports this module.
+The env var, the mount dir, CDI names, the control node, the driver-version file, the order
+of device nodes, the rendering of a mount and the health-check switch: the device plugin
+writes these (through ``edits``), the runtime shim reads them back (``shim.request``,
+``shim.prepared_edits``), discovery and the CDI generator use them, so each is defined here
+once. Standard library only and no ``typing`` at run time: the runtime's create fast path
+imports this module.
 """
 
 from __future__ import annotations
@@ -15,7 +18,21 @@ VISIBLE_DEVICES_ENV = "ENFLAME_VISIBLE_DEVICES"
 VOLUME_MOUNT_DIR = "/var/run/enflame-container-devices"
 CDI_VENDOR = "enflame.com"
 CDI_ANNOTATION_KEY = "cdi.k8s.io/enflame-gcu"
+# CDI kind -> device-name prefix, for the kinds our specs define.
+CDI_KINDS = {f"{CDI_VENDOR}/gcu": "gcu", f"{CDI_VENDOR}/vgcu": "vgcu"}
 PROCESSED_ANNOTATION = "com.enflame.gcu.processed"
+# Where discovery reads a card: its PCI function, the device tree, the driver's dirs in order.
+PCI_DEVICES = "/sys/bus/pci/devices"
+SYS_DEVICES = "/sys/devices"
+DRIVER_DIRS = ("enflame", "zixiao")
+# Every GCU container needs the control node besides its cards.
+CONTROL_NODE = "/dev/gcuctl"
+# Readable exactly when the driver is loaded; discovery marks every card unusable without it.
+DRIVER_VERSION_FILE = "/sys/module/enflame/version"
+# Turns health checks off (value ``all``), in the device plugin and the DRA driver alike.
+DISABLE_HEALTHCHECKS_ENV = "DP_DISABLE_HEALTHCHECKS"
+# Options of a mount in the CDI rendering; without "ro" the bind is writable.
+_MOUNT_OPTIONS = ("nosuid", "nodev", "bind")
 
 
 # Linux device minors have 20 bits (MINORBITS); no card index is larger.
@@ -79,3 +96,17 @@ def cdi_device_name(name: str) -> str:
     """Fully qualified CDI name of a device: ``gcu3`` -> ``enflame.com/gcu=3``."""
     kind = name.rstrip("0123456789")
     return f"{CDI_VENDOR}/{kind}={name[len(kind) :]}"
+
+
+def node_order(path: str, minor: int) -> tuple[int, str, int]:
+    """Sort key of a device node: cards by minor, then vGCUs by minor, the control node last.
+
+    Every renderer (Allocate, CDI, the runtime's both paths) sorts with it: stable output.
+    """
+    return (1 if path == CONTROL_NODE else 0, path.rstrip("0123456789"), minor)
+
+
+def render_mount(host_path: str, container_path: str, read_only: bool = True) -> dict[str, object]:
+    """A bind mount in the CDI rendering (the shape ``ContainerEdits.to_cdi`` writes)."""
+    options = ["ro", *_MOUNT_OPTIONS] if read_only else list(_MOUNT_OPTIONS)
+    return {"hostPath": host_path, "containerPath": container_path, "options": options}

@@ -15,7 +15,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-PROCESSED_ANNOTATION = naming.PROCESSED_ANNOTATION
 # Options of a bind mount in the OCI spec; CDI renders read-only as "ro" among its options.
 _BIND_OPTIONS = ("rbind", "nosuid", "nodev")
 
@@ -105,17 +104,11 @@ def add_mounts(spec: dict[str, Any], mounts: list[dict[str, Any]]) -> None:
         )
 
 
-def render_mount(host_path: str, container_path: str, read_only: bool = True) -> dict[str, Any]:
-    """A mount in the CDI rendering (the shape ``ContainerEdits.to_cdi`` writes)."""
-    options = ["ro", "nosuid", "nodev", "bind"] if read_only else ["nosuid", "nodev", "bind"]
-    return {"hostPath": host_path, "containerPath": container_path, "options": options}
-
-
 def is_processed(spec: dict[str, Any]) -> bool:
     """True when an earlier run already edited this spec."""
-    return PROCESSED_ANNOTATION in (spec.get("annotations") or {})
+    return naming.PROCESSED_ANNOTATION in (spec.get("annotations") or {})
 
 
 def mark_processed(spec: dict[str, Any], value: str) -> None:
     """Record that the spec was edited (and with which devices), so it is never edited twice."""
-    spec.setdefault("annotations", {})[PROCESSED_ANNOTATION] = value
+    spec.setdefault("annotations", {})[naming.PROCESSED_ANNOTATION] = value

@@ -35,3 +35,12 @@ def product_family(model: str) -> str:
     """Family of a model name: the leading letters (``T20 32GB`` -> ``T``); generic -> ``GCU``."""
     match = re.match(r"^([A-Z]+)\d", model)
     return match.group(1) if match else "GCU"
+
+
+_MEMORY = re.compile(r"(\d+)GB\b")
+
+
+def memory_mib(model: str) -> int | None:
+    """Card memory from the model name (``S60 48GB`` -> 49152); None when the name has none."""
+    match = _MEMORY.search(model)
+    return int(match.group(1)) * 1024 if match else None

@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from enflame_gcu import devices, labels, products
+from enflame_gcu import devices, products
 
 DRIVER = "gcu.enflame.com"
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -157,7 +157,7 @@ def card_device(
         **_pci_attributes(card),
     }
     capacity: dict[str, Any] = {}
-    memory = labels.memory_mib(card.model)
+    memory = products.memory_mib(card.model)
     if memory is not None:
         capacity["memory"] = {"value": f"{memory}Mi"}
         if shareable:

@@ -12,12 +12,8 @@ import os
 import re
 import stat
 
-from enflame_gcu import fileio
+from enflame_gcu import fileio, naming
 
-PCI_DEVICES = "/sys/bus/pci/devices"
-SYS_DEVICES = "/sys/devices"
-DRIVER_VERSION_FILE = "/sys/module/enflame/version"
-DRIVER_DIRS = ("enflame", "zixiao")
 # A sysfs attribute is at most one page; anything longer is not what the kernel wrote.
 MAX_ATTRIBUTE_BYTES = 4096
 # Linux device numbers: 12-bit major, 20-bit minor (kdev_t); NUMA nodes: at most 1024.
@@ -120,24 +116,27 @@ def read_driver_version(root: str = "/") -> str | None:
     """The enflame kernel module's version, or None when the module is not loaded (or its
     version file is not plain text: unusable counts as absent)."""
     problems: list[str] = []
-    text = read(root, DRIVER_VERSION_FILE, problems)
+    text = read(root, naming.DRIVER_VERSION_FILE, problems)
     return text or None
 
 
 def pci_chain(root: str, bdf: str, problems: list[str]) -> tuple[str, tuple[str, ...]]:
     """Root complex and bridge chain of a PCI device from where its sysfs link points."""
-    link = fileio.host_path(root, f"{PCI_DEVICES}/{bdf}")
-    devices_dir = os.path.realpath(fileio.host_path(root, SYS_DEVICES))
+    link = fileio.host_path(root, f"{naming.PCI_DEVICES}/{bdf}")
+    devices_dir = os.path.realpath(fileio.host_path(root, naming.SYS_DEVICES))
     target = os.path.realpath(link)
     relative = os.path.relpath(target, devices_dir)
     parts = relative.split(os.sep)
     if relative.startswith("..") or len(parts) < 2 or not parts[0].startswith("pci"):
         problems.append(
-            f"{PCI_DEVICES}/{bdf} does not lead into {SYS_DEVICES}/pci*/ ({printable(target)})"
+            f"{naming.PCI_DEVICES}/{bdf} does not lead into {naming.SYS_DEVICES}/pci*/ "
+            f"({printable(target)})"
         )
         return "", ()
     if parts[-1] != bdf:
-        problems.append(f"{PCI_DEVICES}/{bdf} leads to {printable(parts[-1])}, not to itself")
+        problems.append(
+            f"{naming.PCI_DEVICES}/{bdf} leads to {printable(parts[-1])}, not to itself"
+        )
     chain = tuple(part for part in parts[1:-1] if is_bdf(part))
     return printable(parts[0]), chain
 
@@ -150,8 +149,8 @@ def driver_nodes(
     An entry that starts like a node name but is not exactly one (``gcu2\\n``, ``gcu02``,
     non-ASCII digits) is skipped with a warning naming its path.
     """
-    for dirname in DRIVER_DIRS:
-        relative = f"{PCI_DEVICES}/{bdf}/{dirname}"
+    for dirname in naming.DRIVER_DIRS:
+        relative = f"{naming.PCI_DEVICES}/{bdf}/{dirname}"
         try:
             entries = sorted(os.listdir(fileio.host_path(root, relative)))
         except (FileNotFoundError, NotADirectoryError):
@@ -192,7 +191,7 @@ def major_minor(root: str, path: str, problems: list[str]) -> tuple[int | None, 
 
 def numa_node(root: str, bdf: str, problems: list[str]) -> int | None:
     """A PCI device's NUMA node; None when sysfs says -1 (unknown) or has no such file."""
-    path = f"{PCI_DEVICES}/{bdf}/numa_node"
+    path = f"{naming.PCI_DEVICES}/{bdf}/numa_node"
     text = read(root, path, problems, missing_ok=True)
     value = parse_int(text, 10, path, problems, (-1, MAX_NUMA_NODE))
     return None if value is None or value < 0 else value

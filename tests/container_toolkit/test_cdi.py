@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from enflame_gcu import devices, edits
-from enflame_gcu.container_toolkit import cdi, cdi_validate, cli, prepared_edits
-from tests.container_toolkit.runtime.schemas import CDI_DIR, assert_valid_cdi
+from enflame_gcu.container_toolkit import cdi, cdi_validate, cli
+from enflame_gcu.shim import prepared_edits
+from tests.shim.schemas import CDI_DIR, assert_valid_cdi
 
 
 def generate(vendor_node: str, output: str, *extra: str) -> int:

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from enflame_gcu import simulate
 from enflame_gcu.container_toolkit import dev_char, doctor, engines
 from enflame_gcu.container_toolkit.cli import main
+from enflame_gcu.simulation import simulate
 from tests.conftest import MakeNode
 from tests.container_toolkit import installer_fixtures as fx
 

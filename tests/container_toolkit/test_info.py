@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from enflame_gcu import topofile
 from enflame_gcu.container_toolkit import cli
+from enflame_gcu.simulation import topofile
 
 from ..conftest import MakeNode
 

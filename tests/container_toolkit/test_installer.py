@@ -12,10 +12,10 @@ import time
 import pytest
 import tomlkit
 
-from enflame_gcu import simulate, topofile
 from enflame_gcu.container_toolkit import installer
 from enflame_gcu.container_toolkit.cli import main
 from enflame_gcu.container_toolkit.commands.install import READY_LINE
+from enflame_gcu.simulation import simulate, topofile
 from tests.container_toolkit import installer_fixtures as fx
 
 RUNTIME = "/usr/local/enflame/bin/enflame-container-runtime"
@@ -60,9 +60,7 @@ def test_install_copies_runtime_and_configures_every_detected_engine(host: str) 
     assert launcher.startswith("#!/usr/bin/python3 -IS\n")
     assert "sys.path.insert(0, '/usr/local/enflame/lib')" in launcher
     assert os.access(_local(host, RUNTIME), os.X_OK)
-    assert os.path.isfile(
-        _local(host, "/usr/local/enflame/lib/enflame_gcu/container_toolkit/runtime.py")
-    )
+    assert os.path.isfile(_local(host, "/usr/local/enflame/lib/enflame_gcu/shim/main.py"))
     assert "log-file" in _read(host, "/etc/enflame-container-runtime/config.toml")
     assert os.path.isdir(_local(host, "/var/log/enflame"))
 
@@ -73,7 +71,7 @@ def test_copied_package_imports_with_bare_host_python(host: str) -> None:
     lib = _local(host, "/usr/local/enflame/lib")
     code = (
         f"import sys; sys.path.insert(0, {lib!r}); "
-        "import enflame_gcu.container_toolkit.runtime as r, enflame_gcu.container_toolkit.create; "
+        "import enflame_gcu.shim.main as r, enflame_gcu.shim.create; "
         "print(r.__file__)"
     )
     python = os.path.realpath(_local(host, "/usr/bin/python3"))

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from enflame_gcu.container_toolkit import cli, dev_char, launcher
+from enflame_gcu.container_toolkit import cli, dev_char
+from enflame_gcu.shim import launcher
 
 
 def links(root: str) -> dict[str, str]:

@@ -18,10 +18,10 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from enflame_gcu import simulate, topofile
 from enflame_gcu._proto import api_pb2
 from enflame_gcu.device_plugin import config
-from enflame_gcu.testing import in_process
+from enflame_gcu.simulation import simulate, topofile
+from enflame_gcu.simulation.testing import in_process
 
 CARDS = 8  # the vendor 8-card machine
 KNOWN = [f"gcu{i}" for i in range(CARDS)]

@@ -10,10 +10,10 @@ from typing import Any
 import grpc
 import pytest
 
-from enflame_gcu import simulate
 from enflame_gcu._proto import api_pb2, api_pb2_grpc
 from enflame_gcu.device_plugin import config, kubelet, runner
-from enflame_gcu.testing import plugin_process
+from enflame_gcu.simulation import simulate
+from enflame_gcu.simulation.testing import plugin_process
 
 VOLUME_DIR = "/var/run/enflame-container-devices"
 

@@ -15,7 +15,7 @@ import yaml
 from enflame_gcu import sharing
 from enflame_gcu.device_plugin import config, config_file, main
 from enflame_gcu.errors import ConfigError
-from enflame_gcu.testing import plugin_process
+from enflame_gcu.simulation.testing import plugin_process
 
 FULL = """\
 version: v1

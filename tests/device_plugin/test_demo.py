@@ -9,7 +9,10 @@ import sys
 
 def test_demo_runs_the_manual_scenario_and_heals() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "enflame_gcu.demo"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "enflame_gcu.simulation.demo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout

@@ -13,9 +13,9 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from enflame_gcu import simulate
 from enflame_gcu._proto import api_pb2
-from enflame_gcu.testing import plugin_process
+from enflame_gcu.simulation import simulate
+from enflame_gcu.simulation.testing import plugin_process
 
 SHARED = "enflame.com/shared-gcu"
 CONFIG = """\

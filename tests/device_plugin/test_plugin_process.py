@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from enflame_gcu._proto import api_pb2
-from enflame_gcu.testing import plugin_process
-from enflame_gcu.testing.kubelet_stub import KubeletStub
+from enflame_gcu.simulation.testing import plugin_process
+from enflame_gcu.simulation.testing.kubelet_stub import KubeletStub
 
 Scenario = Callable[[plugin_process.RunningNode], Awaitable[None]]
 

@@ -10,7 +10,7 @@ import pytest
 
 from enflame_gcu._proto import api_pb2
 from enflame_gcu.device_plugin import config
-from enflame_gcu.testing import in_process
+from enflame_gcu.simulation.testing import in_process
 
 from ..conftest import MakeNode
 

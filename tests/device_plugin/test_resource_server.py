@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 
 from enflame_gcu.device_plugin import config, kubelet, runner
-from enflame_gcu.testing import plugin_process
-from enflame_gcu.testing.kubelet_stub import KubeletStub
+from enflame_gcu.simulation.testing import plugin_process
+from enflame_gcu.simulation.testing.kubelet_stub import KubeletStub
 
 
 def test_two_resources_register_on_their_own_sockets_and_stop_cleanly() -> None:

@@ -14,10 +14,10 @@ from typing import Any
 import grpc
 import pytest
 
-from enflame_gcu import simulate
 from enflame_gcu._proto import api_pb2
-from enflame_gcu.testing import plugin_process
-from enflame_gcu.testing.kubelet_stub import KubeletStub
+from enflame_gcu.simulation import simulate
+from enflame_gcu.simulation.testing import plugin_process
+from enflame_gcu.simulation.testing.kubelet_stub import KubeletStub
 
 Scenario = Callable[[plugin_process.RunningNode], Awaitable[None]]
 # A long rescan interval: anything seen within seconds was seen through inotify.

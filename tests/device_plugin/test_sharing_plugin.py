@@ -15,9 +15,10 @@ from collections.abc import Awaitable, Callable
 import grpc
 import pytest
 
-from enflame_gcu import edits, sharing, simulate
+from enflame_gcu import naming, sharing
 from enflame_gcu._proto import api_pb2
-from enflame_gcu.testing import plugin_process
+from enflame_gcu.simulation import simulate
+from enflame_gcu.simulation.testing import plugin_process
 
 SHARED = "enflame.com/shared-gcu"
 GCU = "enflame.com/gcu"
@@ -98,7 +99,7 @@ def test_allocate_gives_each_card_once_with_its_share_and_enforces_the_cap() -> 
         request.container_requests.add(devices_ids=["gcu5-slice1", "gcu4-slice0", "gcu4-slice3"])
         answer = (await stub.Allocate(request, timeout=5)).container_responses[0]
         assert dict(answer.envs) == {
-            edits.VISIBLE_DEVICES_ENV: "4,5",
+            naming.VISIBLE_DEVICES_ENV: "4,5",
             sharing.SUB_CARD_ENV: "true",
             sharing.USABLE_PROCESSOR_ENV: "2/4,1/2",
         }

@@ -21,9 +21,9 @@ import os
 import signal
 import time
 
-from enflame_gcu import simulate
-from enflame_gcu.testing import plugin_process
-from enflame_gcu.testing.kubelet_stub import KubeletStub
+from enflame_gcu.simulation import simulate
+from enflame_gcu.simulation.testing import plugin_process
+from enflame_gcu.simulation.testing.kubelet_stub import KubeletStub
 
 ROUNDS = 200
 WARM_UP = 10

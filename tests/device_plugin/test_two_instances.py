@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from enflame_gcu.testing import plugin_process
-from enflame_gcu.testing.kubelet_stub import KubeletStub
+from enflame_gcu.simulation.testing import plugin_process
+from enflame_gcu.simulation.testing.kubelet_stub import KubeletStub
 
 STANDBY = "this instance stands by and takes over when that one stops"
 Start = Callable[[plugin_process.PluginProcess, plugin_process.PluginProcess], Awaitable[None]]

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu import devices, edits, health, simulate, topofile, topology, virtual
+from enflame_gcu import devices, edits, health, naming, topology, virtual
 from enflame_gcu._proto import api_pb2
 from enflame_gcu.device_plugin import config, resources
 from enflame_gcu.errors import InvalidRequestError
-from enflame_gcu.testing import plugin_process
+from enflame_gcu.simulation import simulate, topofile
+from enflame_gcu.simulation.testing import plugin_process
 
 VGCU = "enflame.com/vgcu"
 # Four cards laid out like gcu0..gcu3 of the vendor machine plus gcu4 on socket 1; two vGCUs
@@ -131,7 +132,7 @@ def test_vgcus_are_served_on_their_own_socket_with_numa_and_allocated_as_nodes()
         pod = await kubelet.allocate_pod("a", {"main": 2}, VGCU)
         got = pod["main"]
         assert got.asked_preference and got.device_ids == ("vgcu0", "vgcu1")
-        assert dict(got.response.envs) == {edits.VISIBLE_DEVICES_ENV: "vgcu0,vgcu1"}
+        assert dict(got.response.envs) == {naming.VISIBLE_DEVICES_ENV: "vgcu0,vgcu1"}
         assert [d.container_path for d in got.response.devices] == [
             "/dev/vgcu0",
             "/dev/vgcu1",

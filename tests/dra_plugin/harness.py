@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from enflame_gcu import resourceslices, simulate, topofile
+from enflame_gcu import resourceslices
 from enflame_gcu.dra_plugin import claims, driver, kubelet, node
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.errors import ClaimError
-from enflame_gcu.testing.dra_kubelet_stub import DraKubeletStub
+from enflame_gcu.simulation import simulate, topofile
+from enflame_gcu.simulation.testing.dra_kubelet_stub import DraKubeletStub
 
 DRIVER = resourceslices.DRIVER
 NODE = "node-a"

@@ -9,7 +9,8 @@ from typing import Any
 import yaml
 from kubernetes_validate import utils as kv
 
-from enflame_gcu import devices, health, resourceslices, simulate, topofile
+from enflame_gcu import devices, health, resourceslices
+from enflame_gcu.simulation import simulate, topofile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))

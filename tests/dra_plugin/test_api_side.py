@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu import resourceslices, simulate
+from enflame_gcu import resourceslices
 from enflame_gcu.dra_plugin import apiserver, claims, node, publisher
 from enflame_gcu.errors import ClaimError
+from enflame_gcu.simulation import simulate
 from tests.dra_plugin import harness, slices_helpers
 from tests.dra_plugin.fake_apiserver import FakeApiServer
 

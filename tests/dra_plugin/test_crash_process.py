@@ -23,7 +23,7 @@ import pytest
 
 from enflame_gcu import fileio, resourceslices
 from enflame_gcu.dra_plugin import claim_cdi
-from enflame_gcu.testing.dra_kubelet_stub import DraKubeletStub
+from enflame_gcu.simulation.testing.dra_kubelet_stub import DraKubeletStub
 from tests.dra_plugin import harness
 from tests.dra_plugin.fake_apiserver import FakeApiServer
 from tests.dra_plugin.test_process import command

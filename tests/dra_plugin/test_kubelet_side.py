@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu import simulate
 from enflame_gcu.container_toolkit import cdi_validate
 from enflame_gcu.dra_plugin import checkpoint, claim_cdi
 from enflame_gcu.errors import ConfigError
-from tests.container_toolkit.runtime import schemas
+from enflame_gcu.simulation import simulate
 from tests.dra_plugin import harness
+from tests.shim import schemas
 
 DRIVER = harness.DRIVER
 A = ("enflame", "pair-a", "uid-a")

@@ -14,7 +14,7 @@ import pytest
 
 from enflame_gcu import resourceslices
 from enflame_gcu.dra_plugin import claim_cdi
-from enflame_gcu.testing.dra_kubelet_stub import DraKubeletStub
+from enflame_gcu.simulation.testing.dra_kubelet_stub import DraKubeletStub
 from tests.dra_plugin import harness, slices_helpers
 from tests.dra_plugin.fake_apiserver import FakeApiServer
 

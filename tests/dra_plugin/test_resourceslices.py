@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu import devices, resourceslices, simulate, topofile
+from enflame_gcu import devices, resourceslices
+from enflame_gcu.simulation import simulate, topofile
 from tests.dra_plugin import slices_helpers as helpers
 
 Options = resourceslices.PublishOptions

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.container_toolkit.runtime import launch
+from tests.shim import launch
 
 BUSYBOX_APPLETS = ("sh", "ls", "cat", "true", "echo", "env", "sleep")
 INSTALL_HINT = "run `make setup` as root (scripts/bootstrap.sh installs runc and busybox-static)"

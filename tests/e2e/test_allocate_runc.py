@@ -10,17 +10,17 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu import devices, edits
+from enflame_gcu import devices, naming
 from enflame_gcu.container_toolkit import cdi
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import service
 from enflame_gcu.device_plugin import state as plugin_state
-from tests.container_toolkit.runtime.schemas import assert_valid_cdi, assert_valid_oci
 from tests.e2e import kubelet_emulation
 from tests.e2e.conftest import Node, gcu_nodes
+from tests.shim.schemas import assert_valid_cdi, assert_valid_oci
 
 pytestmark = pytest.mark.runc
-ENV = edits.VISIBLE_DEVICES_ENV
+ENV = naming.VISIBLE_DEVICES_ENV
 
 
 def allocate(node: Node, strategies: tuple[str, ...], pass_device_specs: bool = False) -> Any:
@@ -79,8 +79,8 @@ def test_envvar_with_device_specs(node: Node) -> None:
 def test_volume_mounts_strategy_beats_an_image_asking_for_all(node: Node) -> None:
     response = allocate(node, ("volume-mounts",))
     assert [m.container_path for m in response.mounts] == [
-        f"{edits.VOLUME_MOUNT_DIR}/gcu0",
-        f"{edits.VOLUME_MOUNT_DIR}/gcu1",
+        f"{naming.VOLUME_MOUNT_DIR}/gcu0",
+        f"{naming.VOLUME_MOUNT_DIR}/gcu1",
     ]
     assert run_pod(node, response, image_env=[f"{ENV}=all"], strict=True) == TWO
 
@@ -88,7 +88,7 @@ def test_volume_mounts_strategy_beats_an_image_asking_for_all(node: Node) -> Non
 def test_cdi_annotations_strategy_beats_an_image_asking_for_all(node: Node) -> None:
     response = allocate(node, ("cdi-annotations",))
     assert dict(response.annotations) == {
-        edits.CDI_ANNOTATION_KEY: "enflame.com/gcu=0,enflame.com/gcu=1"
+        naming.CDI_ANNOTATION_KEY: "enflame.com/gcu=0,enflame.com/gcu=1"
     }
     assert run_pod(node, response, image_env=[f"{ENV}=all"], strict=True) == TWO
 

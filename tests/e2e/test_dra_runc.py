@@ -21,10 +21,10 @@ import pytest
 from enflame_gcu import devices, resourceslices
 from enflame_gcu.dra_plugin import claim_cdi
 from enflame_gcu.dra_plugin import config as dra_config
-from tests.container_toolkit.runtime.schemas import assert_valid_cdi
 from tests.dra_plugin import allocator, harness, slices_helpers
 from tests.e2e import kubelet_emulation
 from tests.e2e.conftest import Node, gcu_nodes, write_runtime_config
+from tests.shim.schemas import assert_valid_cdi
 
 pytestmark = pytest.mark.runc
 DRIVER = resourceslices.DRIVER

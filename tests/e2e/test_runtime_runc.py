@@ -12,13 +12,13 @@ from typing import IO, Any
 
 import pytest
 
-from enflame_gcu import edits
-from enflame_gcu.container_toolkit import runtime_config
-from tests.container_toolkit.runtime.schemas import assert_valid_oci
+from enflame_gcu import naming
+from enflame_gcu.shim import config as runtime_config
 from tests.e2e.conftest import Node, gcu_nodes
+from tests.shim.schemas import assert_valid_oci
 
 pytestmark = pytest.mark.runc
-ENV = edits.VISIBLE_DEVICES_ENV
+ENV = naming.VISIBLE_DEVICES_ENV
 LS_GCU = ["sh", "-c", "ls /dev/gcu*"]
 
 
@@ -95,20 +95,20 @@ def test_unknown_card_aborts_before_runc_runs(node: Node) -> None:
 def test_volume_mount_request(node: Node) -> None:
     mounts = [
         {
-            "destination": f"{edits.VOLUME_MOUNT_DIR}/gcu2",
+            "destination": f"{naming.VOLUME_MOUNT_DIR}/gcu2",
             "type": "bind",
             "source": "/dev/null",
             "options": ["rbind", "ro"],
         }
     ]
-    bundle = node.bundle(LS_GCU, env=[f"{ENV}={edits.VOLUME_MOUNT_DIR}"], mounts=mounts)
+    bundle = node.bundle(LS_GCU, env=[f"{ENV}={naming.VOLUME_MOUNT_DIR}"], mounts=mounts)
     result = node.run(bundle)
     assert result.returncode == 0, result.stderr
     assert result.stdout.decode().split() == ["/dev/gcu2", "/dev/gcuctl"]
 
 
 def test_cdi_annotation_request(node: Node) -> None:
-    bundle = node.bundle(LS_GCU, annotations={edits.CDI_ANNOTATION_KEY: "enflame.com/gcu=5"})
+    bundle = node.bundle(LS_GCU, annotations={naming.CDI_ANNOTATION_KEY: "enflame.com/gcu=5"})
     result = node.run(bundle)
     assert result.returncode == 0, result.stderr
     assert result.stdout.decode().split() == ["/dev/gcu5", "/dev/gcuctl"]
@@ -169,7 +169,7 @@ PLUGIN_MOUNT_OPTIONS = ["rbind", "rprivate", "ro"]  # what containerd writes for
 
 def device_mount(name: str, source: str = "/dev/null", **fields: Any) -> dict[str, Any]:
     mount: dict[str, Any] = {
-        "destination": f"{edits.VOLUME_MOUNT_DIR}/{name}",
+        "destination": f"{naming.VOLUME_MOUNT_DIR}/{name}",
         "type": "bind",
         "source": source,
         "options": PLUGIN_MOUNT_OPTIONS,
@@ -228,7 +228,7 @@ def test_strict_mode_ignores_a_device_mount_that_is_not_the_plugins(node: Node, 
     assert b"null" in result.stdout  # the container did run and list /dev
     assert spec_bytes(bundle) == before
     warnings = [line for line in runtime_log(node).splitlines() if "WARNING" in line]
-    ignored = [line for line in warnings if f"{edits.VOLUME_MOUNT_DIR}/all" in line]
+    ignored = [line for line in warnings if f"{naming.VOLUME_MOUNT_DIR}/all" in line]
     assert len(ignored) == 1, warnings
     assert cid in ignored[0]
 
@@ -237,7 +237,7 @@ def test_strict_mode_grants_the_plugins_mount_only(node: Node) -> None:
     node.ignore_envvar_when_unprivileged()
     genuine = device_mount("gcu2")
     forged = forged_mounts(node.workdir)["emptyDir"]
-    bundle = node.bundle(LS_GCU, env=[f"{ENV}={edits.VOLUME_MOUNT_DIR}"], mounts=[genuine, forged])
+    bundle = node.bundle(LS_GCU, env=[f"{ENV}={naming.VOLUME_MOUNT_DIR}"], mounts=[genuine, forged])
     result = node.run(bundle)
     assert result.returncode == 0, result.stderr
     assert result.stdout.decode().split() == ["/dev/gcu2", "/dev/gcuctl"]
@@ -266,7 +266,7 @@ def test_cards_are_listed_in_index_order_whatever_the_kubelets_order(
     response = service.container_response(snapshot, ["gcu5", "gcu1", "gcu0"], config)
     assert [device.name for device in response.cdi_devices] in (
         [],
-        [f"{edits.CDI_VENDOR}/gcu={n}" for n in (0, 1, 5)],
+        [f"{naming.CDI_VENDOR}/gcu={n}" for n in (0, 1, 5)],
     )
     specs = [named.spec for named in cdi.build_specs(devices.discover(node.root))]
     bundle = node.bundle(
@@ -302,7 +302,7 @@ def test_a_card_unbound_after_preparing_is_not_granted_though_its_node_stays(nod
     )
     assert node.run(node.bundle(LS_GCU, env=[f"{ENV}=2"])).returncode == 0  # fast path works
     card = devices.discover(node.root).card_by_name()["gcu2"]
-    function = os.path.realpath(os.path.join(node.root, devices.PCI_DEVICES[1:], card.bdf))
+    function = os.path.realpath(os.path.join(node.root, naming.PCI_DEVICES[1:], card.bdf))
     shutil.rmtree(os.path.join(function, card.driver_dir))  # unbind; /dev/gcu2 stays
     assert os.path.exists(os.path.join(node.root, "dev", "gcu2"))
     refused = node.run(node.bundle(LS_GCU, env=[f"{ENV}=2"]))
@@ -337,7 +337,7 @@ HOSTILE: dict[str, dict[str, Any]] = {
     "Arabic-Indic three": {"env": [f"{ENV}=٣"]},
     "full-width three": {"env": [f"{ENV}=0,３"]},
     "huge index": {"env": [f"{ENV}={'9' * 5000}"]},
-    "CDI Arabic-Indic three": {"annotations": {edits.CDI_ANNOTATION_KEY: "enflame.com/gcu=٣"}},
+    "CDI Arabic-Indic three": {"annotations": {naming.CDI_ANNOTATION_KEY: "enflame.com/gcu=٣"}},
     "newline in env": {"env": [f"{ENV}=0\nINFO forged line"]},
     "newline in mount": {"mounts": [device_mount("gcu1\nINFO forged line")]},
     # strict: only then does the runtime read the capabilities (is CAP_SYS_ADMIN kept?)

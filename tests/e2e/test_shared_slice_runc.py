@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from enflame_gcu import devices, edits, sharing
+from enflame_gcu import devices, naming, sharing
 from enflame_gcu._proto import api_pb2, api_pb2_grpc
 from enflame_gcu.container_toolkit import cdi
 from enflame_gcu.device_plugin import config as plugin_config
@@ -76,7 +76,7 @@ def run_container(node: Node, response: Any, strict: bool = False) -> tuple[list
 
     bundle = node.bundle(
         ["sh", "-c", "ls /dev; echo ---; env | grep ^ENFLAME_CONTAINER | sort"],
-        env=[f"{edits.VISIBLE_DEVICES_ENV}=all"] if strict else None,
+        env=[f"{naming.VISIBLE_DEVICES_ENV}=all"] if strict else None,
         edit=edit,
     )
     result = node.run(bundle)
@@ -88,7 +88,7 @@ def run_container(node: Node, response: Any, strict: bool = False) -> tuple[list
 def test_two_slices_of_one_card_give_that_card_once(node: Node) -> None:
     ids, response = shared_allocation(node.root, ("envvar",), 2)
     assert ids == ["gcu4-slice0", "gcu4-slice1"]  # packed: one card
-    assert dict(response.envs)[edits.VISIBLE_DEVICES_ENV] == "4"
+    assert dict(response.envs)[naming.VISIBLE_DEVICES_ENV] == "4"
     seen, env = run_container(node, response)
     assert seen == ["gcu4", "gcuctl"]
     assert env.splitlines() == [

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu import devices, edits
+from enflame_gcu import devices, naming
 from enflame_gcu.container_toolkit import cdi
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import runner, service
@@ -54,7 +54,7 @@ def test_container_sees_exactly_its_vgcus(node: Node, strategy: str) -> None:
 
     bundle = node.bundle(
         ["ls", "/dev"],
-        env=[f"{edits.VISIBLE_DEVICES_ENV}=all"] if strict else None,
+        env=[f"{naming.VISIBLE_DEVICES_ENV}=all"] if strict else None,
         edit=edit,
     )
     result = node.run(bundle)

@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from enflame_gcu import simulate, topofile
-from enflame_gcu.container_toolkit import launcher
-from enflame_gcu.testing import oci_image, podresources
+from enflame_gcu.shim import launcher
+from enflame_gcu.simulation import simulate, topofile
+from enflame_gcu.simulation.testing import oci_image, podresources
 from tests.kubelet.host import Ledger
 
 T = TypeVar("T")

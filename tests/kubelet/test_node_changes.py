@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from enflame_gcu import simulate
+from enflame_gcu.simulation import simulate
 from tests.kubelet import harness
 
 pytestmark = pytest.mark.kubelet

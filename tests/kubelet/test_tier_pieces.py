@@ -12,7 +12,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from enflame_gcu.testing import oci_image, podresources
+from enflame_gcu.simulation.testing import oci_image, podresources
 from tests.kubelet import host
 
 

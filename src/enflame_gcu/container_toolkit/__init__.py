@@ -1,1 +1,1 @@
-"""Container side: the OCI runtime shim, CDI specs, engine configuration and the toolkit CLI."""
+"""``enflame-ctk``: CDI specs, engine configuration, installers, doctor and the toolkit CLI."""

@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from enflame_gcu import cdispec, devices, edits, fileio
-from enflame_gcu.container_toolkit import prepared_edits
+from enflame_gcu import cdispec, devices, edits, fileio, naming
 from enflame_gcu.errors import SpecError
+from enflame_gcu.shim import prepared_edits
 
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 DEFAULT_OUTPUT_DIR = "/var/run/cdi"
@@ -42,7 +42,7 @@ class NamedSpec:
 def _device_entry(inventory: devices.Inventory, name: str, names: Sequence[str]) -> dict[str, Any]:
     full = edits.for_devices(inventory, names, visible_env=False)
     own = edits.ContainerEdits(
-        device_nodes=tuple(n for n in full.device_nodes if n.path != devices.CONTROL_NODE)
+        device_nodes=tuple(n for n in full.device_nodes if n.path != naming.CONTROL_NODE)
     )
     return {"name": name, "containerEdits": own.to_cdi()}
 
@@ -55,7 +55,7 @@ def build_specs(
     """One spec per device kind present: cards (``gcu``) always when usable, vGCUs when any."""
     if not inventory.control.usable:
         raise SpecError(
-            f"{devices.CONTROL_NODE} is missing under {inventory.root}; "
+            f"{naming.CONTROL_NODE} is missing under {inventory.root}; "
             "no CDI device can work without it"
         )
     common = edits.ContainerEdits(
@@ -77,12 +77,12 @@ def build_specs(
             entries.append(_device_entry(inventory, "all", names))
         spec: dict[str, Any] = {
             "cdiVersion": BASE_VERSION,
-            "kind": f"{edits.CDI_VENDOR}/{kind}",
+            "kind": f"{naming.CDI_VENDOR}/{kind}",
             "devices": entries,
             "containerEdits": common,
         }
         spec["cdiVersion"] = required_version(spec)
-        specs.append(NamedSpec(f"{edits.CDI_VENDOR}-{kind}", spec))
+        specs.append(NamedSpec(f"{naming.CDI_VENDOR}-{kind}", spec))
     return specs
 
 

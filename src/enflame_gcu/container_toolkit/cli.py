@@ -3,25 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 from collections.abc import Sequence
 
 from enflame_gcu import __version__
+from enflame_gcu.container_toolkit.commands import (
+    cdi,
+    doctor,
+    info,
+    install,
+    labels,
+    runtime,
+    sim,
+    system,
+)
 from enflame_gcu.errors import EnflameError
 
 # Subcommand groups, in the order --help lists them. Each module has register(subparsers).
-COMMAND_MODULES = (
-    "info",
-    "labels",
-    "sim",
-    "cdi",
-    "runtime",
-    "system",
-    "install",
-    "doctor",
-)
+COMMAND_MODULES = (info, labels, sim, cdi, runtime, system, install, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,8 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="warning", choices=["debug", "info", "warning", "error"]
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(f"enflame_gcu.container_toolkit.commands.{name}")
+    for module in COMMAND_MODULES:
         module.register(subparsers)
     return parser
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from enflame_gcu import fileio
-from enflame_gcu.container_toolkit import engine_reload, engines
+from enflame_gcu.container_toolkit import engines
+from enflame_gcu.container_toolkit.engines import reload as engine_reload
 from enflame_gcu.errors import EnflameError, InstallError
 
 MANIFEST_NAME = "install-manifest.json"

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from importlib import resources
 
 import enflame_gcu
-from enflame_gcu import devices, fileio, labels
-from enflame_gcu.container_toolkit import cdi, engine_reload, engines, launcher, runtime_config
+from enflame_gcu import devices, fileio
+from enflame_gcu.container_toolkit import cdi, engines
 from enflame_gcu.container_toolkit.engines import hosts, storage
+from enflame_gcu.container_toolkit.engines import reload as engine_reload
 from enflame_gcu.container_toolkit.install_manifest import (
     DEFAULT_TOOLKIT_DIR,
     InstallRun,
@@ -33,6 +34,8 @@ from enflame_gcu.container_toolkit.install_manifest import (
     uninstall,
 )
 from enflame_gcu.errors import EnflameError, InstallError
+from enflame_gcu.shim import config as runtime_config
+from enflame_gcu.shim import launcher
 
 __all__ = [
     "DEFAULT_TOOLKIT_DIR",
@@ -182,7 +185,7 @@ def _prepare_edits(run: InstallRun) -> None:
     if run.dry_run:
         run.lines.append(f"{path} {run.verb}written from the node's GCUs")
         return
-    fileio.require_confined(run.root, labels.DISCOVERY_PATHS)
+    fileio.require_confined(run.root, devices.DISCOVERY_PATHS)
     inventory = devices.discover(run.root)
     # The document describes the host as the runtime sees it there: root "/".
     if cdi.refresh_prepared_edits(run.local(path), inventory, root="/"):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from enflame_gcu import allocation, edits, sharing
+from enflame_gcu import allocation, edits, naming, sharing
 from enflame_gcu.errors import ConfigError
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -211,7 +211,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("health_interval", "DP_HEALTH_INTERVAL", _interval, "seconds between health rescans"),
     Option(
         "disable_healthchecks",
-        "DP_DISABLE_HEALTHCHECKS",
+        naming.DISABLE_HEALTHCHECKS_ENV,
         _healthchecks,
         "'all' reports every card healthy as discovered (env var only)",
     ),

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from enflame_gcu import health
 from enflame_gcu._proto import api_pb2, api_pb2_grpc
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import service, socket_lock
 from enflame_gcu.device_plugin import state as plugin_state
+from enflame_gcu.support import inotify
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ class ResourceServer:
         async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
             await api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=REGISTER_TIMEOUT)
 
-    async def register(self, watcher: health.ChangeWatcher) -> bool:
+    async def register(self, watcher: inotify.ChangeWatcher) -> bool:
         """Register, retrying until the kubelet answers; False when stopping or the socket or
         the lock was lost meanwhile."""
         delay, warned = 0.05, False
@@ -260,7 +260,7 @@ class ResourceServer:
 
     # --- the whole life -----------------------------------------------------------------------
 
-    async def _take_lock(self, watcher: health.ChangeWatcher) -> bool:
+    async def _take_lock(self, watcher: inotify.ChangeWatcher) -> bool:
         """Hold the lock and see no foreign live socket; wait (standby) meanwhile. False when
         stopping."""
         said = ""
@@ -301,7 +301,7 @@ class ResourceServer:
 
     async def run(self) -> None:
         """Serve, register and heal until :meth:`close`; stand by while another holds the lock."""
-        with health.ChangeWatcher([self.config.plugin_dir]) as watcher:
+        with inotify.ChangeWatcher([self.config.plugin_dir]) as watcher:
             try:
                 while await self._take_lock(watcher):
                     await self._serve_while_locked(watcher)
@@ -312,7 +312,7 @@ class ResourceServer:
                 await self.stop()
                 self.lock.release()
 
-    async def _serve_while_locked(self, watcher: health.ChangeWatcher) -> None:
+    async def _serve_while_locked(self, watcher: inotify.ChangeWatcher) -> None:
         while not self.stopping.is_set():
             try:
                 await self.start()
@@ -339,7 +339,7 @@ class ResourceServer:
         self.stopping.set()
 
 
-async def wait_any(watcher: health.ChangeWatcher, stopping: asyncio.Event, timeout: float) -> None:
+async def wait_any(watcher: inotify.ChangeWatcher, stopping: asyncio.Event, timeout: float) -> None:
     """Sleep until a plugin-dir event, ``stopping`` or ``timeout``."""
     tasks = [
         asyncio.ensure_future(watcher.wait(timeout)),

@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 
-from enflame_gcu import __version__
+from enflame_gcu import __version__, naming
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import config_file, kubelet, runner
 from enflame_gcu.errors import ConfigError
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             parser.add_argument(name, default=None, help=text)
     parser.epilog = (parser.epilog or "") + (
-        f" {'DP_DISABLE_HEALTHCHECKS'}=all reports every card healthy as discovered."
+        f" {naming.DISABLE_HEALTHCHECKS_ENV}=all reports every card healthy as discovered."
     )
     return parser
 

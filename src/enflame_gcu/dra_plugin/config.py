@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from enflame_gcu import __version__, resourceslices
+from enflame_gcu import __version__, naming, resourceslices
 from enflame_gcu.errors import ConfigError
 
 REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
@@ -151,7 +151,7 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         shared_slices=args.shared_slices,
         unhealthy=args.unhealthy,
         health_interval=args.health_interval,
-        health_disabled=env.get("DP_DISABLE_HEALTHCHECKS", "") not in ("", "false", "0"),
+        health_disabled=env.get(naming.DISABLE_HEALTHCHECKS_ENV, "") not in ("", "false", "0"),
         kubeconfig=args.kubeconfig,
         publish=not args.no_publish,
         log_level=args.log_level,

@@ -17,9 +17,9 @@ import os
 
 import grpc
 
-from enflame_gcu import health
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.dra_plugin import driver, node, service
+from enflame_gcu.support import inotify
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class KubeletPlugin:
     async def serve_until(self, stop: asyncio.Event) -> None:
         """Serve and heal until ``stop`` is set."""
         directories = [self.settings.registry_dir, self.settings.data_dir]
-        with health.ChangeWatcher(directories) as watcher:
+        with inotify.ChangeWatcher(directories) as watcher:
             try:
                 while not stop.is_set():
                     await self.start()
@@ -141,7 +141,7 @@ class KubeletPlugin:
                 await self.stop()
 
 
-async def _wait_any(watcher: health.ChangeWatcher, stop: asyncio.Event, timeout: float) -> None:
+async def _wait_any(watcher: inotify.ChangeWatcher, stop: asyncio.Event, timeout: float) -> None:
     tasks = [asyncio.ensure_future(watcher.wait(timeout)), asyncio.ensure_future(stop.wait())]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -13,7 +13,7 @@ import pytest
 
 from enflame_gcu.container_toolkit import engines
 from enflame_gcu.container_toolkit.commands import runtime
-from enflame_gcu.container_toolkit.engines import hosts
+from enflame_gcu.container_toolkit.engines import reload as engine_reload
 from enflame_gcu.errors import EngineConfigError
 from tests.container_toolkit.engines.helpers import read
 
@@ -96,7 +96,7 @@ def test_default_config_paths_resolve_under_host_root() -> None:
 
 
 class FakeHost:
-    """Records the signals and commands reload_engine would send."""
+    """Records the signals and commands signal_or_restart would send."""
 
     def __init__(self, returncode: int = 0) -> None:
         self.signals: list[tuple[int, int]] = []
@@ -116,7 +116,7 @@ def test_docker_runtimes_only_are_reloaded_with_sighup(tmp_path: os.PathLike[str
     with open(os.path.join(str(tmp_path), "var/run/docker.pid"), "w", encoding="utf-8") as handle:
         handle.write("4242\n")
     host = FakeHost()
-    message = hosts.reload_engine(
+    message = engine_reload.signal_or_restart(
         "docker", True, str(tmp_path), runner=host.run, signaller=host.kill
     )
     assert host.signals == [(4242, signal.SIGHUP)]
@@ -130,7 +130,7 @@ def test_other_changes_restart_the_unit_with_systemctl(
 ) -> None:
     os.makedirs(os.path.join(str(tmp_path), "run/systemd/system"))
     host = FakeHost()
-    message = hosts.reload_engine(
+    message = engine_reload.signal_or_restart(
         engine,
         False,
         str(tmp_path),
@@ -146,11 +146,11 @@ def test_other_changes_restart_the_unit_with_systemctl(
 def test_restart_failure_and_missing_systemd_are_explained(tmp_path: os.PathLike[str]) -> None:
     host = FakeHost(returncode=5)
     with pytest.raises(EngineConfigError, match="systemd does not manage this host"):
-        hosts.reload_engine("containerd", False, str(tmp_path), runner=host.run)
+        engine_reload.signal_or_restart("containerd", False, str(tmp_path), runner=host.run)
     os.makedirs(os.path.join(str(tmp_path), "run/systemd/system"))
     with pytest.raises(
         EngineConfigError, match=r"`systemctl restart containerd` failed \(exit 5\)"
     ):
-        hosts.reload_engine(
+        engine_reload.signal_or_restart(
             "containerd", False, str(tmp_path), runner=host.run, which=lambda _: "/bin/systemctl"
         )

@@ -7,7 +7,8 @@ import sys
 from typing import Any
 
 from enflame_gcu import devices, edits
-from enflame_gcu.container_toolkit import cdi, cdi_validate, runtime_config
+from enflame_gcu.container_toolkit import cdi, cdi_validate
+from enflame_gcu.shim import config as runtime_config
 
 
 def register(subparsers: Any) -> None:

@@ -6,7 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from enflame_gcu import devices, report
+from enflame_gcu import devices
+from enflame_gcu.presentation import report
 
 
 def register(subparsers: Any) -> None:

@@ -6,7 +6,8 @@ import argparse
 import os
 from typing import Any
 
-from enflame_gcu import devices, fileio, labels
+from enflame_gcu import devices, fileio
+from enflame_gcu.presentation import labels
 
 DEFAULT_OUTPUT = "/etc/kubernetes/node-feature-discovery/features.d/enflame-gcu"
 
@@ -34,7 +35,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Discover under --root and write (or print) the feature file."""
     # Discovery joins paths lexically: refuse a root where that would read outside it.
-    fileio.require_confined(args.root, labels.DISCOVERY_PATHS)
+    fileio.require_confined(args.root, devices.DISCOVERY_PATHS)
     text = labels.feature_file(labels.for_inventory(devices.discover(args.root)))
     if args.output == "-":
         print(text, end="")

@@ -8,6 +8,7 @@ from typing import Any
 
 from enflame_gcu.container_toolkit import engines
 from enflame_gcu.container_toolkit.engines import base
+from enflame_gcu.container_toolkit.engines import reload as engine_reload
 from enflame_gcu.errors import EngineConfigError
 
 
@@ -110,7 +111,7 @@ def _report(change: engines.Change, args: argparse.Namespace) -> int:
     print(change.describe())
     if args.restart and not change.dry_run:
         if change.changed:
-            print(engines.reload(change, args.host_root))
+            print(engine_reload.reload(change, args.host_root))
         else:
             print(f"{change.engine}: nothing changed, not restarted")
     return 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from enflame_gcu import simulate, topofile
 from enflame_gcu.errors import SimulationError
+from enflame_gcu.simulation import simulate, topofile
 
 
 def register(subparsers: Any) -> None:

@@ -6,7 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from enflame_gcu.container_toolkit import dev_char, launcher
+from enflame_gcu.container_toolkit import dev_char
+from enflame_gcu.shim import launcher
 
 
 def register(subparsers: Any) -> None:

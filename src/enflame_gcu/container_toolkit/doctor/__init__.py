@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from enflame_gcu import devices, fileio, labels
+from enflame_gcu import devices, fileio
 from enflame_gcu.container_toolkit.doctor import (
     engine_configs,
     gcu_checks,
@@ -40,16 +40,13 @@ CHECKS: tuple[Callable[[Node], list[Result]], ...] = (
 )
 
 
-# Where discovery reads (lexically, for speed): each must stay inside the root.
-DISCOVERY_PATHS = labels.DISCOVERY_PATHS
-
-
 def inspect(root: str = "/", strategies: tuple[str, ...] | None = None) -> Node:
     """Read everything the checks need from the node under ``root``.
 
     Raises PathOutsideRootError when a path discovery reads would lead out of ``root``.
     """
-    fileio.require_confined(root, DISCOVERY_PATHS)
+    # Discovery reads these lexically (for speed): each must stay inside the root.
+    fileio.require_confined(root, devices.DISCOVERY_PATHS)
     return Node(
         root,
         devices.discover(root),

@@ -6,7 +6,7 @@ device plugin sees it.
 
 from __future__ import annotations
 
-from enflame_gcu import devices
+from enflame_gcu import naming
 from enflame_gcu.container_toolkit.doctor.model import Node, Result
 
 RELOAD_DRIVER = "rmmod enflame && modprobe enflame   # then see: dmesg | grep -i enflame"
@@ -20,7 +20,7 @@ def check_driver(node: Node) -> list[Result]:
             Result(
                 "driver",
                 "fail",
-                f"not loaded: {devices.DRIVER_VERSION_FILE} is missing",
+                f"not loaded: {naming.DRIVER_VERSION_FILE} is missing",
                 "install the Enflame driver package, then: modprobe enflame",
             )
         ]
@@ -49,12 +49,12 @@ def check_devices(node: Node) -> list[Result]:
         f"{card.name}: {'; '.join(card.problems)}" for card in inventory.cards if card.problems
     ]
     if not inventory.control.present:
-        problems.append(f"{devices.CONTROL_NODE} is missing (every GCU container needs it)")
+        problems.append(f"{naming.CONTROL_NODE} is missing (every GCU container needs it)")
     if problems:
         return [Result("devices", "fail", " | ".join(problems), RELOAD_DRIVER)]
     names = [card.name for card in inventory.cards]
     models = sorted({card.model for card in inventory.cards})
     detail = (
-        f"{len(names)} card(s) {', '.join(names)} ({', '.join(models)}) and {devices.CONTROL_NODE}"
+        f"{len(names)} card(s) {', '.join(names)} ({', '.join(models)}) and {naming.CONTROL_NODE}"
     )
     return [Result("devices", "pass", detail + "; nodes match sysfs")]

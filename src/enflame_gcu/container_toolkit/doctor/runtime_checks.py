@@ -10,11 +10,12 @@ import os
 import re
 import subprocess
 
-from enflame_gcu.container_toolkit import dev_char, runtime_config
+from enflame_gcu.container_toolkit import dev_char
 from enflame_gcu.container_toolkit.doctor import processes
 from enflame_gcu.container_toolkit.doctor.model import Node, Result
 from enflame_gcu.container_toolkit.engines import base
 from enflame_gcu.errors import EnflameError
+from enflame_gcu.shim import config as runtime_config
 
 RUNTIME_PATH = base.DEFAULT_RUNTIME_PATH
 RUNC_PATHS = ("/usr/bin/runc", "/usr/sbin/runc", "/usr/local/bin/runc", "/usr/local/sbin/runc")

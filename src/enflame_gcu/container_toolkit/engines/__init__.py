@@ -28,7 +28,6 @@ __all__ = [
     "default_config_path",
     "detect",
     "editor",
-    "reload",
     "unconfigure",
 ]
 
@@ -94,9 +93,3 @@ def unconfigure(
     editor(engine)
     path = _config(engine, config_path, host_root)
     return transaction.unconfigure(engine, path, dry_run, host_root, step=step)
-
-
-def reload(change: Change, host_root: str = "/") -> str:
-    """Signal or restart the engine so it loads ``change``; returns what was done."""
-    runtimes_only = all(path.startswith("runtimes.") for path in change.paths)
-    return hosts.reload_engine(change.engine, runtimes_only, host_root)

@@ -1,0 +1,1 @@
+"""What people and other tools read about a node: ``enflame-ctk info`` and node labels."""

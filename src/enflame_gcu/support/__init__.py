@@ -1,0 +1,1 @@
+"""Helpers below the domain that wrap an operating-system facility (inotify)."""

@@ -1,1 +1,0 @@
-"""Test helpers that are part of the product: a kubelet stub and a plugin process runner."""
