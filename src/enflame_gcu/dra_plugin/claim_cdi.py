@@ -87,7 +87,9 @@ def write(cdi_dir: str, claim_uid: str, spec: Mapping[str, Any]) -> str:
     """Write the claim's spec atomically; return its path."""
     os.makedirs(cdi_dir, exist_ok=True)
     path = spec_path(cdi_dir, claim_uid)
-    fileio.atomic_write_text(path, json.dumps(spec, indent=1) + "\n", mode=0o644)
+    # Atomic for every reader, but not fsynced: /var/run/cdi is a tmpfs that a reboot empties
+    # anyway, and the checkpoint (which is durable) brings the spec back.
+    fileio.atomic_write(path, (json.dumps(spec, indent=1) + "\n").encode(), 0o644, durable=False)
     return path
 
 
