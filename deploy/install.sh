@@ -16,12 +16,19 @@ Usage: $PROG [options]            install the toolkit and configure the engines 
        $PROG --uninstall [options] undo everything a previous install did
 
 Installs enflame-gcu into a virtualenv under PREFIX (pip install of this source tree, or of
---wheel), links /usr/bin/enflame-container-runtime (a fast-start launcher) and
-/usr/bin/enflame-ctk, creates /etc/enflame-container-runtime/ (config.toml from the template,
-never overwriting one) and /var/log/enflame/, and adds the enflame runtime to every engine it
-finds (docker daemon.json merged, never overwritten; containerd; CRI-O drop-in), each change
-backed up. Everything is recorded in PREFIX/install-manifest.json; --uninstall undoes it
-(a config.toml you edited is kept, as are non-empty directories such as the log dir).
+--wheel), links /usr/bin/enflame-ctk and gives the node what its node mode needs
+(docs/user-guide.md, "Node modes"), recorded in /etc/enflame-gcu/node-mode.json:
+  device-specs     nothing more: the kubelet passes the device plugin's DeviceSpecs (the choice
+                   of --mode auto on a Kubernetes node with containerd or CRI-O)
+  cdi              the node's CDI specs in /var/run/cdi (keep them current: enflame-ctk cdi watch)
+  runtimeclass     the runtime as an extra, non-default runtime "enflame" of every engine found
+  default-runtime  the runtime as every engine's default (docker; hosts without a kubelet)
+For the last two: /usr/bin/enflame-container-runtime (a fast-start launcher),
+/etc/enflame-container-runtime/ (config.toml from the template, never overwriting one),
+/var/log/enflame/, and the engine configs (docker daemon.json merged, never overwritten;
+containerd; CRI-O drop-in), each change backed up. Everything is recorded in
+PREFIX/install-manifest.json; --uninstall undoes it (a config.toml you edited is kept, as are
+non-empty directories such as the log dir).
 
 Options:
   --prefix DIR       install location (default: /opt/enflame-gcu; the venv is DIR/venv)
@@ -30,8 +37,11 @@ Options:
   --pip-args ARGS    extra arguments for pip install (e.g. "--no-index --find-links DIR")
   --use-env DIR      use an existing virtualenv that has enflame-gcu installed: no venv, no pip;
                      never removed by --uninstall (pass it to --uninstall as well)
+  --mode MODE        auto (default: chosen from the engine, its version and whether a kubelet
+                     runs), device-specs, cdi, runtimeclass or default-runtime; a mode the
+                     engine cannot honour is refused and nothing changes
   --runtime NAME     docker, containerd or crio; repeatable (default: every engine found)
-  --no-default       add the runtime without making it the engines' default runtime
+  --no-default       same as --mode runtimeclass
   --cdi-annotations  the device plugin uses the cdi-annotations strategy: containerd 1.x is
                      told to pass the container annotations cdi.k8s.io/* to the runtime
   --restart          SIGHUP/restart the engines whose config changed (default: print how)
@@ -56,7 +66,7 @@ USE_ENV=
 DRY_RUN=0
 UNINSTALL=0
 RESTART=0
-SET_DEFAULT=1
+MODE=
 CDI_ANNOTATIONS=0
 RUNTIMES=()
 
@@ -70,7 +80,8 @@ while [[ $# -gt 0 ]]; do
         --pip-args) need_value "$@"; PIP_ARGS=$2; shift 2 ;;
         --use-env) need_value "$@"; USE_ENV=$2; shift 2 ;;
         --runtime) need_value "$@"; RUNTIMES+=("$2"); shift 2 ;;
-        --no-default) SET_DEFAULT=0; shift ;;
+        --mode) need_value "$@"; MODE=$2; shift 2 ;;
+        --no-default) MODE=${MODE:-runtimeclass}; shift ;;
         --cdi-annotations) CDI_ANNOTATIONS=1; shift ;;
         --restart) RESTART=1; shift ;;
         --dry-run) DRY_RUN=1; shift ;;
@@ -80,6 +91,10 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
+case ${MODE:=auto} in
+    auto|device-specs|cdi|runtimeclass|default-runtime) ;;
+    *) die "unknown --mode '$MODE'; valid: auto, device-specs, cdi, runtimeclass, default-runtime" ;;
+esac
 [[ $PREFIX == /* ]] || die "--prefix must be an absolute path, got '$PREFIX'"
 [[ -d $HOST_ROOT ]] || die "--host-root '$HOST_ROOT' is not a directory"
 HOST_ROOT=$(cd "$HOST_ROOT" && pwd)
@@ -152,7 +167,7 @@ else
     if [[ $DRY_RUN == 1 && ! -x $ENV_HERE/bin/enflame-ctk ]]; then
         echo "would create the virtualenv $ENV_HERE with $PYTHON"
         echo "would pip install $SOURCE ${PIP_ARGS}"
-        echo "would run: enflame-ctk install ${COMMON[*]} --bin-dir /usr/bin ..."
+        echo "would run: enflame-ctk install ${COMMON[*]} --mode $MODE --bin-dir /usr/bin ..."
         exit 0
     fi
     if [[ $DRY_RUN == 0 ]]; then
@@ -176,7 +191,7 @@ ARGS=(
     --bin-dir /usr/bin
     --link-ctk "$ENV_HOST/bin/enflame-ctk"
 )
-[[ $SET_DEFAULT == 1 ]] && ARGS+=(--set-as-default)
+ARGS+=(--mode "$MODE")
 [[ $CDI_ANNOTATIONS == 1 ]] && ARGS+=(--cdi-annotations)
 for runtime in "${RUNTIMES[@]+"${RUNTIMES[@]}"}"; do ARGS+=(--runtime "$runtime"); done
 

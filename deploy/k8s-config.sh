@@ -4,13 +4,17 @@
 #   2. checks the kubelet: the plugin speaks device plugin API v1beta1 (kubelet 1.10 or newer);
 #      the DevicePlugins feature gate is on by default from 1.10, so it is only touched when
 #      someone turned it off (kubelets 1.10-1.25; the gate is locked on from 1.26);
-#   3. configures the container engine the kubelet uses for enflame-container-runtime, as the
-#      default runtime, with `enflame-ctk runtime configure --runtime <engine> --set-as-default`.
+#   3. applies the node mode to the engine the kubelet uses (docs/user-guide.md, "Node modes"):
+#      device-specs (auto on containerd and CRI-O) leaves it as it is; default-runtime (auto on
+#      docker) runs `enflame-ctk runtime configure --runtime <engine> --set-as-default`;
+#      runtimeclass the same without --set-as-default; cdi is left to deploy/install.sh.
 #
 # Usage: deploy/k8s-config.sh [--dry-run] [--runtime docker|containerd|crio] [--no-restart]
-#                             [--skip-swap] [--skip-kubelet] [--skip-runtime] [--root DIR]
+#                             [--mode MODE] [--skip-swap] [--skip-kubelet] [--skip-runtime]
+#                             [--root DIR]
 #   --dry-run      print what would change (and enflame-ctk's diff), change nothing
 #   --runtime      the engine to configure (default: detected from the kubelet, then sockets)
+#   --mode         auto (default), device-specs, cdi, runtimeclass or default-runtime
 #   --no-restart   do not reload/restart the engine or the kubelet (do it yourself later)
 #   --root DIR     act on a node tree under DIR (testing); commands acting on the live system
 #                  (swapoff, systemctl, engine restarts) are then only printed
@@ -23,9 +27,10 @@ do_swap=1
 do_kubelet=1
 do_runtime=1
 runtime=""
+mode=auto
 root="/"
 
-usage() { sed -n '2,20s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,24s/^# \{0,1\}//p' "$0"; }
 say() { printf 'k8s-config: %s\n' "$*"; }
 die() { printf 'k8s-config: error: %s\n' "$*" >&2; exit 1; }
 
@@ -42,6 +47,12 @@ while [ "$#" -gt 0 ]; do
             shift
             ;;
         --runtime=*) runtime=${1#--runtime=} ;;
+        --mode)
+            [ "$#" -ge 2 ] || die "--mode needs a value: auto, device-specs, cdi, runtimeclass or default-runtime"
+            mode=$2
+            shift
+            ;;
+        --mode=*) mode=${1#--mode=} ;;
         --root)
             [ "$#" -ge 2 ] || die "--root needs a directory"
             root=$2
@@ -56,6 +67,10 @@ done
 case "$runtime" in
     "" | docker | containerd | crio) ;;
     *) die "--runtime must be docker, containerd or crio, not '$runtime'" ;;
+esac
+case "$mode" in
+    auto | device-specs | cdi | runtimeclass | default-runtime) ;;
+    *) die "--mode must be auto, device-specs, cdi, runtimeclass or default-runtime, not '$mode'" ;;
 esac
 [ -d "$root" ] || die "--root $root is not a directory"
 root=$(cd "$root" && pwd)
@@ -200,9 +215,25 @@ configure_runtime() {
         [ -n "$runtime" ] || die "no container engine found (containerd, CRI-O or docker sockets); pass --runtime"
         say "runtime: detected $runtime"
     fi
+    local chosen=$mode
+    if [ "$chosen" = auto ]; then
+        if [ "$runtime" = docker ]; then chosen=default-runtime; else chosen=device-specs; fi
+    fi
+    case "$chosen" in
+        device-specs)
+            say "runtime: node mode device-specs: $runtime is left as it is (the kubelet hands the device plugin's DeviceSpecs to it)"
+            return
+            ;;
+        cdi)
+            say "runtime: node mode cdi: nothing to configure here; deploy/install.sh --mode cdi (or the toolkit DaemonSet) writes the CDI specs and keeps them current"
+            return
+            ;;
+    esac
     local ctk
     ctk=$(find_ctk)
-    local args=(runtime configure --runtime "$runtime" --set-as-default)
+    local args=(runtime configure --runtime "$runtime")
+    [ "$chosen" = default-runtime ] && args+=(--set-as-default)
+    say "runtime: node mode $chosen"
     if [ "$live" -eq 0 ]; then
         local config
         case "$runtime" in

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from enflame_gcu import node_modes
 from enflame_gcu.container_toolkit import dev_char, doctor, engines
 from enflame_gcu.container_toolkit.cli import main
 from enflame_gcu.simulation import simulate
@@ -47,6 +48,8 @@ def healthy(make_node: MakeNode) -> Iterator[str]:
     os.makedirs(plugin_dir)
     fx.write(root, "/var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\n")
     fx.write(root, "/proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n")
+    record = node_modes.Record("default-runtime", "containerd", "1.6", "explicit", "vendor way")
+    fx.write(root, node_modes.MODE_FILE, record.to_json())
     servers = [_serve(os.path.join(plugin_dir, n)) for n in ("kubelet.sock", "enflame.sock")]
     yield root
     for server in servers:

@@ -140,3 +140,35 @@ def test_full_install_builds_a_venv_and_uninstall_removes_it(host: str) -> None:
     result = run("--uninstall", "--host-root", host)
     assert result.returncode == 0, result.stderr
     assert fx.diff(before, fx.snapshot(host)) == []
+
+
+# --- node modes -----------------------------------------------------------------------------
+
+
+def test_mode_auto_on_a_kubernetes_node_installs_no_wrapper_and_uninstalls_clean(
+    tmp_path: object,
+) -> None:
+    root = fx.fake_host(str(tmp_path), docker=False)
+    os.makedirs(os.path.join(root, "var/lib/kubelet"))
+    before = fx.snapshot(root)
+    result = run("--host-root", root, "--use-env", DEV_ENV)
+    assert result.returncode == 0, result.stderr
+    assert "node mode device-specs (auto)" in result.stdout
+    assert not os.path.lexists(os.path.join(root, "usr/bin/enflame-container-runtime"))
+    assert _read(root, "/etc/containerd/config.toml") == fx.CONTAINERD_V2
+    with open(os.path.join(root, "etc/enflame-gcu/node-mode.json"), encoding="utf-8") as handle:
+        assert json.load(handle)["mode"] == "device-specs"
+    result = run("--host-root", root, "--use-env", DEV_ENV, "--uninstall")
+    assert result.returncode == 0, result.stderr
+    assert fx.snapshot(root) == before
+
+
+def test_an_unknown_or_impossible_mode_is_refused_and_changes_nothing(tmp_path: object) -> None:
+    root = fx.fake_host(str(tmp_path), docker=False)
+    before = fx.snapshot(root)
+    result = run("--host-root", root, "--use-env", DEV_ENV, "--mode", "strict")
+    assert result.returncode != 0 and "unknown --mode 'strict'" in result.stderr
+    result = run("--host-root", root, "--use-env", DEV_ENV, "--mode", "cdi")
+    assert result.returncode != 0
+    assert "node mode cdi needs an engine that resolves CDI" in result.stderr
+    assert fx.snapshot(root) == before

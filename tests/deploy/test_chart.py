@@ -64,8 +64,12 @@ def _with(path: str, value: Any) -> dict[str, Any]:
     [
         ("devicePlugin.deviceListStrategy", ["nvml"]),
         ("devicePlugin.deviceListStrategy", "envvar"),
-        ("devicePlugin.deviceListStrategy", []),
         ("devicePlugin.healthInterval", "5"),
+        ("nodeMode", "strict"),
+        ("nodeMode", ""),
+        ("runtimeClass.name", "Enflame"),
+        ("runtimeClass.handler", "enflame"),
+        ("toolkit.setAsDefault", True),
         ("devicePlugin.healthInterval", 0),
         ("devicePlugin.passDeviceSpecs", "yes"),
         ("devicePlugin.resourceName", "gcu"),
@@ -94,6 +98,10 @@ def test_schema_rejects_bad_values(path: str, value: Any) -> None:
     ("path", "value"),
     [
         ("devicePlugin.deviceListStrategy", ["volume-mounts", "cdi-cri"]),
+        ("devicePlugin.deviceListStrategy", []),
+        ("nodeMode", "runtimeclass"),
+        ("nodeMode", "cdi"),
+        ("runtimeClass.create", True),
         ("sharing.cards", [0, 3, "0000:9c:00.0"]),
         ("sharing.policy", "distributed"),
         ("nodeSelection.anyOfLabels", [{"key": "node-role/gcu", "value": ""}]),
@@ -138,9 +146,11 @@ def plugin_args(vals: dict[str, Any]) -> list[str]:
     args = [
         "--host-root=/host",
         f"--resource-name={plugin['resourceName']}",
-        f"--device-list-strategy={','.join(plugin['deviceListStrategy'])}",
-        f"--health-interval={plugin['healthInterval']}",
+        f"--node-mode={vals['nodeMode']}",
     ]
+    if plugin["deviceListStrategy"]:
+        args.append(f"--device-list-strategy={','.join(plugin['deviceListStrategy'])}")
+    args.append(f"--health-interval={plugin['healthInterval']}")
     if plugin["passDeviceSpecs"]:
         args.append("--pass-device-specs")
     if plugin.get("failOnInitError"):
@@ -165,6 +175,7 @@ def test_template_emits_every_plugin_flag_the_values_control() -> None:
     text = template("daemonset-device-plugin.yaml")
     everything_on = _with("devicePlugin.passDeviceSpecs", True)
     everything_on["devicePlugin"].update(failOnInitError=True, logLevel="debug", pluginDir="/x")
+    everything_on["devicePlugin"]["deviceListStrategy"] = ["envvar"]
     everything_on["vgcu"]["enabled"] = everything_on["sharing"]["enabled"] = True
     for arg in plugin_args(everything_on):
         flag = arg.split("=", 1)[0]
@@ -241,18 +252,32 @@ def test_toolkit_defaults_equal_the_static_manifest() -> None:
     assert spec["tolerations"] == values()["tolerations"]
     text = template("daemonset-container-toolkit.yaml")
     rendered = ["enflame-ctk", "install", "--host-root", "/host", "--wait"]
-    rendered += ["--set-as-default"] * vals["setAsDefault"] + ["--restart-engine"] * vals[
-        "restartEngine"
-    ]
+    rendered += ["--mode", values()["nodeMode"]]
+    rendered += ["--restart-engine"] * vals["restartEngine"]
     rendered += ["--ready-file", "/run/enflame/ready"]
     assert container["command"] == rendered
     probe = {"exec": {"command": ["test", "-f", "/run/enflame/ready"]}}
     assert container["readinessProbe"]["exec"] == probe["exec"]
     assert 'command: ["test", "-f", "/run/enflame/ready"]' in text
+    assert "            - {{ .Values.nodeMode }}\n" in text
     for word in rendered:
-        assert f"            - {word}\n" in text, word
+        if word != values()["nodeMode"]:
+            assert f"            - {word}\n" in text, word
     assert "hostPID: true" in text and "privileged: true" in text
     assert "path: /\n            type: Directory" in text
+
+
+def test_runtimeclass_template_matches_the_static_manifest() -> None:
+    text = template("runtimeclass.yaml")
+    static = load_one(os.path.join(YAML_DIR, "enflame-runtimeclass.yaml"))
+    assert static["apiVersion"] == "node.k8s.io/v1" and static["kind"] == "RuntimeClass"
+    assert static["metadata"]["name"] == values()["runtimeClass"]["name"] == "enflame"
+    assert static["handler"] == "enflame"
+    assert "apiVersion: node.k8s.io/v1\nkind: RuntimeClass\n" in text
+    assert "handler: enflame\n" in text
+    assert text.startswith(
+        '{{- if or (eq .Values.nodeMode "runtimeclass") .Values.runtimeClass.create }}'
+    )
 
 
 def test_chart_app_version_is_the_project_version() -> None:

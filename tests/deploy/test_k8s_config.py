@@ -58,10 +58,14 @@ def test_dry_run_changes_nothing_and_says_what_it_would_do(tmp_path: Path, node:
     assert result.returncode == 0, result.stderr
     assert (node / "etc" / "fstab").read_text() == FSTAB
     assert "/swap.img none swap sw 0 0" in result.stdout
+    # A containerd node gets node mode device-specs: the engine is left alone.
+    assert "node mode device-specs: containerd is left as it is" in result.stdout
+    assert ctk_calls(tmp_path) == []
+    result = run(tmp_path, node, "--dry-run", "--mode", "default-runtime")
     expected = "would run: enflame-ctk runtime configure --runtime containerd --set-as-default"
     assert expected in result.stdout
     # With enflame-ctk present the dry run also asks it for the diff, itself in --dry-run mode.
-    assert all(call.endswith("--dry-run") for call in ctk_calls(tmp_path))
+    assert ctk_calls(tmp_path) and all(c.endswith("--dry-run") for c in ctk_calls(tmp_path))
     assert not (node / "etc" / "fstab.enflame-k8s-config.bak").exists()
 
 
@@ -73,11 +77,27 @@ def test_prepares_swap_and_the_detected_runtime(tmp_path: Path, node: Path) -> N
     assert fstab[1] == "# disabled by k8s-config.sh: /swap.img none swap sw 0 0"
     assert fstab[2] == "# /old none swap sw 0 0"
     assert (node / "etc" / "fstab.enflame-k8s-config.bak").read_text() == FSTAB
+    assert ctk_calls(tmp_path) == []  # device-specs: the engine needs nothing
+    assert "DevicePlugins is GA" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("mode", "flags"), [("default-runtime", " --set-as-default"), ("runtimeclass", "")]
+)
+def test_wrapper_modes_configure_the_engine(
+    tmp_path: Path, node: Path, mode: str, flags: str
+) -> None:
+    result = run(tmp_path, node, "--skip-swap", "--mode", mode)
+    assert result.returncode == 0, result.stderr
     config = node / "etc" / "containerd" / "config.toml"
     assert ctk_calls(tmp_path) == [
-        f"runtime configure --runtime containerd --set-as-default --config {config}"
+        f"runtime configure --runtime containerd{flags} --config {config}"
     ]
-    assert "DevicePlugins is GA" in result.stdout
+
+
+def test_an_unknown_mode_is_refused(tmp_path: Path, node: Path) -> None:
+    result = run(tmp_path, node, "--mode", "strict")
+    assert result.returncode != 0 and "--mode must be auto" in result.stderr
 
 
 def test_second_run_changes_nothing_more(tmp_path: Path, node: Path) -> None:
@@ -135,8 +155,8 @@ def test_no_engine_found_is_a_clear_error(tmp_path: Path) -> None:
 def test_the_enflame_ctk_calls_are_ones_the_real_cli_accepts(tmp_path: Path, node: Path) -> None:
     from enflame_gcu.container_toolkit import cli
 
-    assert run(tmp_path, node).returncode == 0
-    assert run(tmp_path, node, "--dry-run").returncode == 0
+    assert run(tmp_path, node, "--mode", "default-runtime").returncode == 0
+    assert run(tmp_path, node, "--mode", "default-runtime", "--dry-run").returncode == 0
     calls = ctk_calls(tmp_path)
     assert len(calls) == 2
     for call in calls:

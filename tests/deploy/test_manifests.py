@@ -32,12 +32,16 @@ EXPECTED_FILES = {
     "examples/pod-gcu-example.yaml",
     "examples/pod-vgcu-example.yaml",
     "examples/pod-shared-gcu-example.yaml",
+    "enflame-runtimeclass.yaml",
+    "examples/pod-gcu-runtimeclass-example.yaml",
 }
 PLUGIN_HOST_PATHS = {
     # volume name: (host path, mount path, read-only)
     "device-plugin": ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins", False),
     "host-sys": ("/sys", "/host/sys", True),
     "host-dev": ("/dev", "/host/dev", True),
+    # the node mode the installer recorded (node_modes.MODE_FILE)
+    "node-mode": ("/etc/enflame-gcu", "/host/etc/enflame-gcu", True),
 }
 
 
@@ -100,7 +104,8 @@ def test_validator_ships_schemas_from_oldest_to_newest() -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED_FILES))
 def test_privileged_only_where_it_must_be(name: str) -> None:
     doc = manifest(name)
-    for container in pod_spec(doc).get("containers", []) if doc["kind"] != "Namespace" else []:
+    has_pods = doc["kind"] not in ("Namespace", "RuntimeClass")
+    for container in pod_spec(doc).get("containers", []) if has_pods else []:
         context = container.get("securityContext", {})
         if name in PRIVILEGED_MANIFESTS:
             assert context.get("privileged") is True
@@ -203,7 +208,10 @@ def test_toolkit_installer_has_what_undoing_needs() -> None:
     spec = pod_spec(doc)
     container = only_container(doc)
     assert container["command"][:5] == ["enflame-ctk", "install", "--host-root", "/host", "--wait"]
-    assert {"--set-as-default", "--restart-engine"} <= set(container["command"])
+    assert "--restart-engine" in container["command"]
+    mode = container["command"].index("--mode")
+    assert container["command"][mode + 1] == "auto"
+    assert "--set-as-default" not in container["command"]
     assert host_paths(doc) == {"host-root": ("/", "/host", False)}
     assert spec["hostPID"] is True
     assert spec["terminationGracePeriodSeconds"] >= 60
@@ -215,6 +223,7 @@ def test_toolkit_installer_has_what_undoing_needs() -> None:
         ("examples/pod-gcu-example.yaml", "enflame.com/gcu", 1),
         ("examples/pod-vgcu-example.yaml", "enflame.com/vgcu", 1),
         ("examples/pod-shared-gcu-example.yaml", "enflame.com/shared-gcu", 2),
+        ("examples/pod-gcu-runtimeclass-example.yaml", "enflame.com/gcu", 1),
     ],
 )
 def test_example_pods_request_their_resource_in_the_enflame_namespace(

@@ -38,6 +38,7 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path) -> None:
         "FAIL_ON_INIT_ERROR": "yes",
         "DP_ALLOCATION_POLICY": "simple",
         "DP_LOG_LEVEL": "DEBUG",
+        "DP_NODE_MODE": "runtimeclass",
     }
     assert {o.env for o in config.OPTIONS} == set(env)
     got = main.load_config([], env)
@@ -57,6 +58,8 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path) -> None:
         fail_on_init_error=True,
         allocation_policy="simple",
         log_level="debug",
+        node_mode="runtimeclass",
+        node_mode_source="given explicitly",
     )
 
 

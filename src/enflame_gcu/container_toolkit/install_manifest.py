@@ -40,6 +40,7 @@ class Outcome:
 
     lines: tuple[str, ...]
     engines: tuple[str, ...] = ()
+    mode: str | None = None  # the node mode installed (None: an install without --mode)
 
 
 class InstallRun:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from importlib import resources
 
 import enflame_gcu
-from enflame_gcu import devices, fileio
-from enflame_gcu.container_toolkit import cdi, engines
+from enflame_gcu import devices, fileio, node_modes
+from enflame_gcu.container_toolkit import cdi, cdi_keeper, engines, node_mode
 from enflame_gcu.container_toolkit.engines import hosts, storage
 from enflame_gcu.container_toolkit.engines import reload as engine_reload
 from enflame_gcu.container_toolkit.install_manifest import (
@@ -72,6 +72,9 @@ class InstallOptions:
     ctk: str | None = None  # an enflame-ctk to link into bin_dir
     created: tuple[str, ...] = ()  # "dir:PATH" / "tree:PATH" made by the caller (install.sh)
     dry_run: bool = False
+    # None: install the wrapper as the flags above say (before node modes). Otherwise "auto" or
+    # a node mode: the node gets what that mode needs and its mode file (node_modes.MODE_FILE).
+    mode: str | None = None
 
     @property
     def runtime_path(self) -> str:
@@ -196,7 +199,9 @@ def _prepare_edits(run: InstallRun) -> None:
         )
 
 
-def _configure_engine(run: InstallRun, name: str, options: InstallOptions) -> None:
+def _configure_engine(
+    run: InstallRun, name: str, options: InstallOptions, set_as_default: bool
+) -> None:
     config = hosts.DEFAULT_CONFIGS[name]
     # Directories the engine editor would create are ours to remove again.
     run.make_dirs(os.path.dirname(config))
@@ -208,7 +213,7 @@ def _configure_engine(run: InstallRun, name: str, options: InstallOptions) -> No
     run.record(action)
     runtime = engines.RuntimeOptions(
         runtime_path=options.runtime_path,
-        set_as_default=options.set_as_default,
+        set_as_default=set_as_default,
         cdi_annotations=options.cdi_annotations,
     )
     change = engines.configure(
@@ -255,7 +260,68 @@ def install(
     return outcome
 
 
+def _record_mode(run: InstallRun, record: node_modes.Record) -> None:
+    path = node_modes.MODE_FILE
+    run.make_dirs(os.path.dirname(path))
+    text = record.to_json()
+    if _read(run.local(path, follow=True)) == text:
+        run.lines.append(f"{path}: up to date (node mode {record.mode})")
+        return
+    run.record({"kind": "file", "path": path})
+    run.remember(path)
+    if not run.dry_run:
+        fileio.atomic_write_text(run.local(path), text, 0o644)
+    run.lines.append(f"{path} {run.verb}written (node mode {record.mode})")
+
+
+def _write_cdi_specs(run: InstallRun) -> None:
+    """Node mode cdi: the node's CDI specs, recorded so uninstall removes them."""
+    directory = cdi.DEFAULT_OUTPUT_DIR
+    run.make_dirs(directory)
+    for path in cdi_keeper.spec_paths(directory):
+        run.record({"kind": "file", "path": path})
+        run.remember(path)
+    if run.dry_run:
+        run.lines.append(f"{directory}/enflame.com-*.yaml {run.verb}written from the node's GCUs")
+        return
+    fileio.require_confined(run.root, devices.DISCOVERY_PATHS)
+    changed = cdi_keeper.refresh(run.root, run.local(directory, follow=True))
+    run.lines.extend(changed or [f"{directory}/enflame.com-*.yaml: up to date"])
+
+
 def _install(options: InstallOptions, run: InstallRun) -> Outcome:
+    if options.mode is None:
+        return _install_wrapper(options, run, options.engines, options.set_as_default)
+    engine = node_mode.detect(run.root, options.engines)
+    record = node_mode.decide(run.root, options.mode, engine)
+    mode = node_modes.MODES[record.mode]
+    run.lines.append(f"node mode {record.mode} ({record.chosen_by}): {record.reason}")
+    if mode.wrapper != "none":
+        # Like an install without a mode: every engine found (or named) gets the runtime entry.
+        outcome = _install_wrapper(options, run, options.engines, mode.wrapper == "default")
+    else:
+        run.make_toolkit_dir()
+        run.save()
+        if options.bin_dir and options.ctk:
+            run.make_dirs(options.bin_dir)
+            _link(run, os.path.join(options.bin_dir, "enflame-ctk"), options.ctk)
+        run.lines.append(
+            f"no runtime wrapper and no engine change: {engine.describe()} "
+            + ("injects the CDI devices itself" if mode.cdi_specs else "receives DeviceSpecs")
+        )
+        outcome = Outcome((), ())
+    if mode.cdi_specs:
+        _write_cdi_specs(run)
+    _record_mode(run, record)
+    return Outcome(tuple(run.lines), outcome.engines, record.mode)
+
+
+def _install_wrapper(
+    options: InstallOptions,
+    run: InstallRun,
+    engine_names: tuple[str, ...] | None,
+    set_as_default: bool,
+) -> Outcome:
     if options.package_dir is None and not os.path.exists(run.local(options.python, follow=True)):
         raise InstallError(
             f"cannot install: {options.python} does not exist on the host, and the runtime "
@@ -279,9 +345,9 @@ def _install(options: InstallOptions, run: InstallRun) -> Outcome:
     _write_config(run)
     run.make_dirs(LOG_DIR)
     _prepare_edits(run)
-    names = options.engines if options.engines is not None else tuple(engines.detect(run.root))
+    names = engine_names if engine_names is not None else tuple(engines.detect(run.root))
     for name in names:
-        _configure_engine(run, name, options)
+        _configure_engine(run, name, options, set_as_default)
     if not names:
         run.lines.append(
             f"no container engine configured: none found under {run.root} (docker, containerd, "

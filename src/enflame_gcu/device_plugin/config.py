@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from enflame_gcu import allocation, edits, naming, sharing
+from enflame_gcu import allocation, edits, naming, node_modes, sharing
 from enflame_gcu.errors import ConfigError
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -53,6 +53,10 @@ class PluginConfig:
     sharing: sharing.SharingSettings = field(default_factory=sharing.SharingSettings)
     # Cards to share as slices (``gcuN`` or PCI bus ids); None = every card.
     shared_cards: tuple[str, ...] | None = None
+    # The node mode asked for ("" = none: the flags alone decide) and where the effective one
+    # came from; the mode fills pass_device_specs and device_list_strategy unless they were set.
+    node_mode: str = ""
+    node_mode_source: str = ""
 
     @property
     def socket_path(self) -> str:
@@ -208,6 +212,14 @@ OPTIONS: tuple[Option, ...] = (
         _strategies,
         f"how Allocate names the devices, comma list of {', '.join(edits.STRATEGIES)}",
     ),
+    Option(
+        "node_mode",
+        "DP_NODE_MODE",
+        _choice(("", node_modes.AUTO, *node_modes.NAMES)),
+        "answer as the node mode needs (auto = as the installer recorded in "
+        f"{node_modes.MODE_FILE}, else {node_modes.FALLBACK}); fills --pass-device-specs and "
+        "--device-list-strategy unless they are given",
+    ),
     Option("health_interval", "DP_HEALTH_INTERVAL", _interval, "seconds between health rescans"),
     Option(
         "disable_healthchecks",
@@ -259,7 +271,32 @@ def resolve(layers: Sequence[Mapping[str, Any]]) -> PluginConfig:
             if layer.get(name) is not None:
                 values[name] = layer[name]
                 break
+    if values.get("node_mode"):
+        _apply_node_mode(values)
     return PluginConfig(**values)
+
+
+def _apply_node_mode(values: dict[str, Any]) -> None:
+    """Fill what the node mode decides; settings given explicitly win (doctor reports it)."""
+    asked = values["node_mode"]
+    name, source = asked, "given explicitly"
+    if asked == node_modes.AUTO:
+        root = values.get("host_root", "/")
+        try:
+            record = node_modes.read(root)
+        except ValueError as exc:
+            raise ConfigError(f"node mode auto: {exc}; fix or remove the file") from exc
+        if record is None:
+            name = node_modes.FALLBACK
+            source = f"auto: no {node_modes.MODE_FILE} under {root}, so the default"
+        else:
+            name = record.mode
+            source = f"auto: {node_modes.MODE_FILE} ({record.chosen_by}, {record.engine})"
+    mode = node_modes.MODES[name]
+    values["node_mode"] = name
+    values["node_mode_source"] = source
+    values.setdefault("pass_device_specs", mode.pass_device_specs)
+    values.setdefault("device_list_strategy", mode.strategies)
 
 
 def env_layer(environ: Mapping[str, str]) -> dict[str, str]:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
+import signal
 import sys
+import threading
 from typing import Any
 
 from enflame_gcu import devices, edits
-from enflame_gcu.container_toolkit import cdi, cdi_validate
+from enflame_gcu.container_toolkit import cdi, cdi_keeper, cdi_validate
 from enflame_gcu.shim import config as runtime_config
 
 
@@ -35,6 +40,24 @@ def register(subparsers: Any) -> None:
         "GCUs gets the file removed",
     )
     generate.set_defaults(handler=_generate)
+
+    watch = actions.add_parser(
+        "watch",
+        help="keep the node's CDI specs current: write them now, rewrite them within a second "
+        "of any device change (atomically), until SIGTERM (node mode cdi without the DaemonSet)",
+    )
+    watch.add_argument("--root", default="/", help="host root (default: /)")
+    watch.add_argument(
+        "--output",
+        default=cdi.DEFAULT_OUTPUT_DIR,
+        help=f"directory of the specs (default: {cdi.DEFAULT_OUTPUT_DIR})",
+    )
+    watch.add_argument(
+        "--remove-on-exit",
+        action="store_true",
+        help="remove the specs when stopped (default: leave them, they describe the node)",
+    )
+    watch.set_defaults(handler=_watch)
 
     listing = actions.add_parser("list", help="list the CDI device names found in spec dirs")
     listing.add_argument(
@@ -75,6 +98,21 @@ def _generate(args: argparse.Namespace) -> int:
         return 0
     for path in cdi.write(specs, args.output, args.format):
         print(f"wrote {path}")
+    return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
+    print(f"keeping the CDI specs in {args.output} current (SIGTERM stops)", flush=True)
+    cdi_keeper.run_until(args.root, args.output, stop)
+    if args.remove_on_exit:
+        for path in cdi_keeper.spec_paths(args.output):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                print(f"removed {path}")
     return 0
 
 

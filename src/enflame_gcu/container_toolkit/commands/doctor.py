@@ -17,7 +17,9 @@ the runtime binary the engines point at; the runtime config; docker/containerd/C
 (and enflame the default); runc 1.1.3-1.1.6 vs /dev/char links (runc issue 3671); the kubelet's
 device-plugin dir and kubelet.sock; a stale enflame.sock; swap; cpuManagerPolicy static;
 a device-list strategy the engine cannot honour (cdi-cri on containerd < 1.7, cdi-annotations
-without the annotation pass-through) and pod_annotations that let pods name devices.
+without the annotation pass-through) and pod_annotations that let pods name devices;
+the node mode (device-specs, cdi, runtimeclass, default-runtime), whether the node is set up
+for it (CDI specs current, the wrapper default or not) and whether the plugin's settings match.
 
 exit status: 0 every check passed, 1 warnings only, 2 at least one check failed.
 """

@@ -10,7 +10,8 @@ import sys
 import threading
 from typing import Any
 
-from enflame_gcu.container_toolkit import engines, installer
+from enflame_gcu import node_modes
+from enflame_gcu.container_toolkit import cdi, cdi_keeper, engines, installer
 
 READY_LINE = "enflame-ctk install: ready"
 
@@ -20,6 +21,8 @@ examples:
   enflame-ctk install --host-root /host --wait --set-as-default --restart-engine
   # what would change, without changing anything
   enflame-ctk install --host-root /host --dry-run
+  # choose the node mode from the engine and its version (DaemonSet, chart, install.sh)
+  enflame-ctk install --host-root /host --wait --mode auto --restart-engine
 
 The runtime runs on the host with the host's own python3 (>= 3.10): the pure-Python package is
 copied to TOOLKIT_DIR/lib and TOOLKIT_DIR/bin/enflame-container-runtime launches it.
@@ -67,6 +70,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument(
         "--set-as-default", action="store_true", help="make enflame the engines' default runtime"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=[node_modes.AUTO, *node_modes.NAMES],
+        help="node mode: install what it needs and record it in "
+        f"{node_modes.MODE_FILE} (auto: chosen from the engine and its version; see "
+        "docs/user-guide.md, 'Node modes'); without it, the wrapper as --set-as-default says",
     )
     parser.add_argument(
         "--cdi-annotations",
@@ -134,6 +144,13 @@ def install_command(args: argparse.Namespace) -> int:
     if args.wait and args.dry_run:
         print("enflame-ctk: --wait and --dry-run do not go together", file=sys.stderr)
         return 1
+    if args.mode and args.set_as_default:
+        print(
+            "enflame-ctk: --mode decides whether enflame is the default runtime "
+            "(default-runtime); drop --set-as-default",
+            file=sys.stderr,
+        )
+        return 1
     stop = threading.Event()
     if args.wait:
         # Installed before the work starts: a SIGTERM during install is acted on right after.
@@ -152,11 +169,13 @@ def install_command(args: argparse.Namespace) -> int:
         ctk=args.link_ctk,
         created=tuple(args.created),
         dry_run=args.dry_run,
+        mode=args.mode,
     )
     # A failed step takes back this run's changes (installer.install does), never an install
     # that was there before; with --wait, SIGTERM later takes back this run's changes only.
     run = installer.begin(options)
-    _print(installer.install(options, run, keep_undo=args.wait))
+    outcome = installer.install(options, run, keep_undo=args.wait)
+    _print(outcome)
     if not args.wait:
         return 0
     if args.ready_file:
@@ -164,6 +183,13 @@ def install_command(args: argparse.Namespace) -> int:
         with open(args.ready_file, "w", encoding="utf-8") as handle:
             handle.write("ready\n")
     print(f"{READY_LINE}; waiting for SIGTERM to undo the install", flush=True)
+    if outcome.mode is not None and node_modes.MODES[outcome.mode].cdi_specs:
+        # Node mode cdi: this process owns the CDI specs until it is stopped (cdi_keeper).
+        output = installer.InstallRun(args.host_root, args.toolkit_dir, False).local(
+            cdi.DEFAULT_OUTPUT_DIR, follow=True
+        )
+        print(f"keeping the CDI specs in {cdi.DEFAULT_OUTPUT_DIR} current", flush=True)
+        cdi_keeper.run_until(args.host_root, output, stop)
     while not stop.wait(3600):
         pass
     print("enflame-ctk install: stopping, undoing what this run installed", flush=True)

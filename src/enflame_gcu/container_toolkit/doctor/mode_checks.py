@@ -1,0 +1,148 @@
+"""Doctor check: the node's mode, whether the node is set up for it, and whether the plugin agrees.
+
+The mode is what the installer recorded (``node_modes.MODE_FILE``); without a record it is read
+off the engines (the wrapper as default runtime, as an extra handler, or absent). The device
+plugin's answer is read from its command line (``--node-mode``, ``--pass-device-specs``,
+``--device-list-strategy``), the same way the plugin itself resolves them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from enflame_gcu import node_modes
+from enflame_gcu.container_toolkit import cdi
+from enflame_gcu.container_toolkit.doctor import processes
+from enflame_gcu.container_toolkit.doctor.model import Node, Result, Status
+from enflame_gcu.errors import EnflameError
+
+NAME = "node-mode"
+REINSTALL = "enflame-ctk install --host-root / --mode auto   # or: deploy/install.sh --mode auto"
+
+
+def _from_engines(node: Node) -> str:
+    ours = [view for view in node.engines if view.runtime_path]
+    if any(view.is_default for view in ours):
+        return "default-runtime"
+    return "runtimeclass" if ours else node_modes.FALLBACK
+
+
+def _plugin_settings(node: Node, recorded: str) -> tuple[str, bool, tuple[str, ...]] | None:
+    """(mode, pass_device_specs, strategies) the running plugin uses; None if none runs."""
+    found = [
+        words for words in node.processes if os.path.basename(words[0]) == "enflame-device-plugin"
+    ]
+    if not found:
+        return None
+    flags = list(processes.flags(node, "enflame-device-plugin"))
+    asked = next((value for name, value in flags if name == "--node-mode"), "")
+    mode = recorded if asked == node_modes.AUTO else asked
+    row = node_modes.MODES.get(mode)
+    specs: bool | None = None
+    strategies: list[str] = []
+    for name, value in flags:
+        if name == "--pass-device-specs":
+            specs = True
+        elif name == "--no-pass-device-specs":
+            specs = False
+        elif name == "--device-list-strategy":
+            strategies.extend(p.strip() for p in value.split(",") if p.strip())
+    if specs is None:
+        specs = row.pass_device_specs if row else False
+    if not strategies:
+        strategies = list(row.strategies if row else ("envvar",))
+    return mode, specs, tuple(strategies)
+
+
+def _plugin_problem(mode: str, settings: tuple[str, bool, tuple[str, ...]]) -> str | None:
+    plugin_mode, specs, strategies = settings
+    shown = (
+        f"--pass-device-specs={str(specs).lower()} --device-list-strategy={','.join(strategies)}"
+    )
+    if plugin_mode and plugin_mode != mode:
+        return (
+            f"the device plugin answers for node mode {plugin_mode}, the node is {mode} ({shown})"
+        )
+    if mode == "device-specs" and not specs:
+        return f"node mode device-specs needs the plugin's DeviceSpecs; it runs {shown}"
+    if mode == "cdi" and not {"cdi-cri", "cdi-annotations"} & set(strategies):
+        return f"node mode cdi needs CDI names from the plugin; it runs {shown}: pods get no GCU"
+    if mode in ("runtimeclass", "default-runtime") and not set(strategies) - {"cdi-cri"}:
+        return f"node mode {mode}: the wrapper reads env, mounts or annotations; plugin: {shown}"
+    return None
+
+
+def _cdi_problem(node: Node) -> str | None:
+    """None when a current enflame.com/gcu spec is in the CDI dirs."""
+    try:
+        wanted = {named.file_name: named.spec for named in cdi.build_specs(node.inventory)}
+    except EnflameError:
+        return None  # no usable GCU: nothing to describe (the gcu check says why)
+    for name, spec in wanted.items():
+        found = [
+            path
+            for directory in cdi.DEFAULT_SPEC_DIRS
+            for path in (
+                node.path(f"{directory}/{name}.yaml"),
+                node.path(f"{directory}/{name}.json"),
+            )
+            if os.path.isfile(path)
+        ]
+        if not found:
+            dirs = " or ".join(cdi.DEFAULT_SPEC_DIRS)
+            return f"no {name} CDI spec in {dirs}: the engine cannot resolve {spec['kind']}=N"
+        try:
+            current = cdi.load_file(found[0])
+        except (OSError, EnflameError, ValueError) as exc:
+            return f"{found[0]} cannot be read: {exc}"
+        if current.get("devices") != spec["devices"]:
+            return f"{found[0]} is stale: it does not describe the node's GCUs as they are now"
+    return None
+
+
+def check_node_mode(node: Node) -> list[Result]:
+    """Report the node's mode; fail when the node or the device plugin does not match it."""
+    try:
+        record = node_modes.read(node.root)
+    except ValueError as exc:
+        return [Result(NAME, "fail", str(exc), REINSTALL)]
+    mode = record.mode if record else _from_engines(node)
+    origin = (
+        f"recorded by the installer ({record.chosen_by}: {record.reason})"
+        if record
+        else f"not recorded ({node_modes.MODE_FILE} is missing), read off the engines"
+    )
+    problems: list[str] = []
+    ours = [view for view in node.engines if view.runtime_path]
+    if mode in ("device-specs", "cdi") and any(view.is_default for view in ours):
+        problems.append(
+            "enflame-container-runtime is still the engine's default runtime: every container "
+            "pays for it although this mode needs no wrapper"
+        )
+    if mode == "runtimeclass" and not ours:
+        problems.append("no engine has the enflame runtime handler that RuntimeClass enflame names")
+    if mode == "default-runtime" and not any(view.is_default for view in ours):
+        problems.append("enflame-container-runtime is not the engine's default runtime")
+    if mode == "cdi":
+        problem = _cdi_problem(node)
+        if problem:
+            problems.append(
+                problem + " (is the toolkit DaemonSet or `enflame-ctk cdi watch` running?)"
+            )
+    settings = _plugin_settings(node, mode)
+    plugin = "device plugin not seen running: its settings were not checked"
+    plugin_problem = _plugin_problem(mode, settings) if settings is not None else None
+    if settings is not None:
+        if plugin_problem:
+            problems.append(plugin_problem)
+        plugin = "the device plugin's settings match"
+    status: Status = "fail" if problems else "pass"
+    if not problems and record is None:
+        status = "warn"
+    detail = f"node mode {mode}, {origin}; " + ("; ".join(problems) if problems else plugin)
+    fix = REINSTALL if problems or record is None else ""
+    if plugin_problem:
+        fix = (
+            "run the plugin with --node-mode=auto (as the chart and manifests do); restart its pod"
+        )
+    return [Result(NAME, status, detail, fix)]

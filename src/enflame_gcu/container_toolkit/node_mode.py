@@ -1,0 +1,104 @@
+"""Choose a node's mode from its engine and version (install.sh, the toolkit DaemonSet, doctor).
+
+The engine is the one the kubelet talks to when the node runs a kubelet (its
+``containerRuntimeEndpoint``), else the first engine found; its version comes from the engine's
+own binary (``chroot HOST_ROOT <binary> --version`` from a container). See
+:mod:`enflame_gcu.node_modes` for the matrix itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+
+import yaml
+
+from enflame_gcu import fileio, node_modes
+from enflame_gcu.container_toolkit.doctor import engine_configs
+from enflame_gcu.container_toolkit.engines import hosts
+from enflame_gcu.errors import EnflameError, InstallError
+
+KUBELET_DIR = "/var/lib/kubelet"
+KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
+BINARIES = {
+    "containerd": ("/usr/bin/containerd", "/usr/local/bin/containerd"),
+    "crio": ("/usr/bin/crio", "/usr/local/bin/crio"),
+    "docker": ("/usr/bin/dockerd", "/usr/local/bin/dockerd"),
+    "podman": ("/usr/bin/podman", "/usr/local/bin/podman"),
+}
+# Which engine a kubelet endpoint names (cri-dockerd puts docker behind the CRI).
+ENDPOINT_ENGINES = (("crio", "crio"), ("cri-dockerd", "docker"), ("containerd", "containerd"))
+
+
+def engine_version(root: str, engine: str) -> tuple[int, int] | None:
+    """(major, minor) of ``engine``'s binary under ``root``; None when it cannot be told."""
+    found = next(
+        (p for p in BINARIES.get(engine, ()) if os.path.isfile(fileio.resolve(root, p))), None
+    )
+    if found is None:
+        return None
+    command = [fileio.resolve(root, found), "--version"]
+    if root not in ("", "/"):
+        command = ["chroot", root, found, "--version"]  # the host's binary with its own libc
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"(?:^|\s)v?(\d+)\.(\d+)(?:\.\d+)?", result.stdout + result.stderr)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def kubelet_engine(root: str) -> str | None:
+    """The engine the kubelet's config names as its CRI endpoint, if it says."""
+    try:
+        with open(fileio.resolve(root, KUBELET_CONFIG), encoding="utf-8") as handle:
+            config = yaml.safe_load(handle)
+    except (OSError, yaml.YAMLError, EnflameError):
+        return None
+    endpoint = config.get("containerRuntimeEndpoint") if isinstance(config, dict) else None
+    if not isinstance(endpoint, str):
+        return None
+    return next((engine for key, engine in ENDPOINT_ENGINES if key in endpoint), None)
+
+
+def _installed(root: str) -> list[str]:
+    found = list(hosts.detect(root))
+    if any(os.path.exists(fileio.resolve(root, p)) for p in BINARIES["podman"]):
+        found.append("podman")
+    return found
+
+
+def detect(root: str, asked: Sequence[str] | None = None) -> node_modes.Engine:
+    """The node's engine as :func:`node_modes.choose` needs it."""
+    kubelet = os.path.isdir(fileio.resolve(root, KUBELET_DIR))
+    found = list(asked) if asked else _installed(root)
+    name = ""
+    if kubelet:
+        said = kubelet_engine(root)
+        cri = [e for e in found if e in ("containerd", "crio")]
+        name = said if said in found else (cri[0] if cri else "")
+    if not name:
+        # Without a kubelet: docker first (it also brings a containerd), then podman.
+        order = ("docker", "podman", "crio", "containerd")
+        name = next((e for e in order if e in found), "")
+    cdi_enabled = None
+    if name == "containerd":
+        views = [v for v in engine_configs.read_engines(root) if v.engine == "containerd"]
+        cdi_enabled = views[0].cdi_enabled if views else None
+    version = engine_version(root, name) if name else None
+    return node_modes.Engine(name, version, cdi_enabled, kubelet)
+
+
+def decide(root: str, asked_mode: str, engine: node_modes.Engine) -> node_modes.Record:
+    """The mode for this node: ``auto`` chooses, an explicit mode is checked (InstallError)."""
+    version = ".".join(map(str, engine.version)) if engine.version else ""
+    if asked_mode == node_modes.AUTO:
+        mode, reason = node_modes.choose(engine)
+        return node_modes.Record(mode, engine.name, version, "auto", reason)
+    problem = node_modes.refuse(asked_mode, engine)
+    if problem is not None:
+        raise InstallError(f"{problem}; nothing was changed (choose another --mode, or auto)")
+    reason = f"chosen explicitly for {engine.describe()}"
+    return node_modes.Record(asked_mode, engine.name, version, "explicit", reason)

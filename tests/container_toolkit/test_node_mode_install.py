@@ -1,0 +1,221 @@
+"""``enflame-ctk install --mode``: each node mode installs exactly what it needs, and undoes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+import tomlkit
+import yaml
+
+from enflame_gcu import node_modes
+from enflame_gcu.container_toolkit import cdi_keeper, installer, node_mode
+from enflame_gcu.errors import InstallError
+from enflame_gcu.simulation import simulate
+from tests.conftest import MakeNode
+from tests.container_toolkit import installer_fixtures as fx
+from tests.shim.schemas import assert_valid_cdi
+
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+SPEC = "/var/run/cdi/enflame.com-gcu.yaml"
+
+
+def _kube_host(root: str, **engines: bool) -> str:
+    fx.fake_host(root, **engines)
+    os.makedirs(os.path.join(root, "var/lib/kubelet"), exist_ok=True)
+    return root
+
+
+def _local(root: str, path: str) -> str:
+    return os.path.join(root, path.lstrip("/"))
+
+
+def _cri(root: str) -> dict[str, object]:
+    with open(_local(root, CONTAINERD_CONFIG), encoding="utf-8") as handle:
+        document = tomlkit.parse(handle.read()).unwrap()
+    cri: dict[str, object] = document["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+    return cri
+
+
+def test_auto_on_a_kubernetes_containerd_node_is_device_specs_and_changes_no_engine(
+    make_node: MakeNode,
+) -> None:
+    root = _kube_host(make_node(), docker=False)
+    before = fx.snapshot(root)
+    outcome = installer.install(installer.InstallOptions(host_root=root, mode="auto"))
+    assert outcome.mode == "device-specs"
+    assert outcome.engines == ()
+    record = node_modes.read(root)
+    assert record is not None and record.mode == "device-specs" and record.chosen_by == "auto"
+    assert record.engine == "containerd"
+    after = fx.snapshot(root)
+    added = sorted(set(after) - set(before))
+    assert not [p for p in added if "enflame-container-runtime" in p], added
+    changed = [p for p in before if before[p] != after.get(p)]
+    assert changed == [], changed  # the engine config (and everything else) untouched
+    installer.uninstall(root)
+    assert node_modes.read(root) is None
+    assert fx.snapshot(root) == before
+
+
+def test_runtimeclass_adds_a_non_default_handler_named_enflame(make_node: MakeNode) -> None:
+    root = _kube_host(make_node(), docker=False)
+    outcome = installer.install(installer.InstallOptions(host_root=root, mode="runtimeclass"))
+    assert outcome.mode == "runtimeclass" and outcome.engines == ("containerd",)
+    cri = _cri(root)
+    assert cri["default_runtime_name"] == "runc"
+    runtimes = cri["runtimes"]
+    assert isinstance(runtimes, dict) and "enflame" in runtimes
+    assert runtimes["enflame"]["options"]["BinaryName"].endswith("enflame-container-runtime")
+    record = node_modes.read(root)
+    assert record is not None and record.chosen_by == "explicit"
+
+
+def test_default_runtime_makes_enflame_the_default(make_node: MakeNode) -> None:
+    root = _kube_host(make_node(), docker=False)
+    installer.install(installer.InstallOptions(host_root=root, mode="default-runtime"))
+    assert _cri(root)["default_runtime_name"] == "enflame"
+
+
+def test_auto_on_a_docker_host_keeps_the_vendor_default(make_node: MakeNode) -> None:
+    root = fx.fake_host(make_node(), containerd=False)
+    outcome = installer.install(installer.InstallOptions(host_root=root, mode="auto"))
+    assert outcome.mode == "default-runtime" and outcome.engines == ("docker",)
+    with open(_local(root, "/etc/docker/daemon.json"), encoding="utf-8") as handle:
+        assert json.load(handle)["default-runtime"] == "enflame"
+
+
+def test_cdi_on_containerd_of_unknown_version_is_refused_and_changes_nothing(
+    make_node: MakeNode,
+) -> None:
+    root = _kube_host(make_node(), docker=False)
+    before = fx.snapshot(root)
+    with pytest.raises(InstallError, match="node mode cdi needs an engine that resolves CDI"):
+        installer.install(installer.InstallOptions(host_root=root, mode="cdi"))
+    assert fx.snapshot(root) == before
+
+
+def test_cdi_writes_valid_specs_and_uninstall_removes_them(make_node: MakeNode) -> None:
+    root = _kube_host(make_node(), docker=False, containerd=False, crio=True)
+    outcome = installer.install(installer.InstallOptions(host_root=root, mode="cdi"))
+    assert outcome.mode == "cdi" and outcome.engines == ()
+    with open(_local(root, SPEC), encoding="utf-8") as handle:
+        spec = yaml.safe_load(handle)
+    assert spec["kind"] == "enflame.com/gcu"
+    names = [d["name"] for d in spec["devices"]]
+    assert names == [*map(str, range(8)), "all"]
+    assert_valid_cdi(spec)
+    # No wrapper, no engine change in this mode.
+    assert not os.path.exists(_local(root, "/etc/crio/crio.conf.d/99-enflame.toml"))
+    installer.uninstall(root)
+    assert not os.path.exists(_local(root, SPEC))
+    assert node_modes.read(root) is None
+
+
+def test_set_as_default_with_a_mode_is_refused_by_the_cli(make_node: MakeNode) -> None:
+    from enflame_gcu.container_toolkit.cli import main
+
+    root = _kube_host(make_node(), docker=False)
+    code = main(["install", "--host-root", root, "--mode", "auto", "--set-as-default"])
+    assert code == 1
+    assert node_modes.read(root) is None
+
+
+def test_the_kubelets_endpoint_names_the_engine(tmp_path: os.PathLike[str]) -> None:
+    root = _kube_host(str(tmp_path), docker=True, containerd=True, crio=True)
+    fx.write(
+        root,
+        "/var/lib/kubelet/config.yaml",
+        "containerRuntimeEndpoint: unix:///run/crio/crio.sock\n",
+    )
+    assert node_mode.detect(root).name == "crio"
+    fx.write(root, "/var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\n")
+    assert node_mode.detect(root).name == "containerd"  # the first CRI engine found
+    os.remove(_local(root, "/var/lib/kubelet/config.yaml"))
+    os.rmdir(_local(root, "/var/lib/kubelet"))
+    assert node_mode.detect(root).name == "docker"  # no kubelet: docker first
+
+
+def test_engine_versions_come_from_the_binary(tmp_path: os.PathLike[str]) -> None:
+    binary = _local(str(tmp_path), "/usr/bin/containerd")
+    os.makedirs(os.path.dirname(binary))
+    with open(binary, "w", encoding="utf-8") as handle:
+        handle.write("#!/bin/sh\necho 'containerd github.com/containerd/containerd v1.7.13 abc'\n")
+    os.chmod(binary, 0o755)  # noqa: S103 - a fake engine binary must be executable
+    # Under a root other than / the host's binary runs chrooted (with the host's libc): a fake
+    # root without /bin/sh cannot run it, which reads as "version unknown", never a guess.
+    assert node_mode.engine_version(str(tmp_path), "containerd") is None
+    real = node_mode.engine_version("/", "containerd")
+    assert real is not None and real >= (1, 6)
+
+
+def test_the_keeper_rewrites_specs_within_a_second_of_a_change_and_never_leaves_a_gap(
+    make_node: MakeNode, tmp_path: os.PathLike[str]
+) -> None:
+    root = make_node()
+    output = os.path.join(str(tmp_path), "cdi")
+    spec = os.path.join(output, "enflame.com-gcu.yaml")
+    stop = threading.Event()
+    keeper = threading.Thread(target=cdi_keeper.run_until, args=(root, output, stop))
+    keeper.start()
+    seen: list[str] = []
+    problems: list[str] = []
+    gone_on_purpose = threading.Event()  # the driver is unloaded: no spec is the right answer
+
+    def reader() -> None:
+        # An engine's view: every read finds a whole spec, from the first write on.
+        while not stop.is_set():
+            try:
+                with open(spec, encoding="utf-8") as handle:
+                    text = handle.read()
+            except FileNotFoundError:
+                if seen and not gone_on_purpose.is_set():
+                    problems.append("spec missing during a rewrite")
+                continue
+            try:
+                names = [d["name"] for d in yaml.safe_load(text)["devices"]]
+            except (yaml.YAMLError, TypeError, KeyError) as exc:
+                problems.append(f"partial spec: {exc}")
+                continue
+            if not seen or seen[-1] != ",".join(names):
+                seen.append(",".join(names))
+
+    watcher = threading.Thread(target=reader)
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen and seen[0] == "0,1,2,3,4,5,6,7,all"
+        for step, (change, expected) in enumerate(
+            [
+                (lambda: simulate.unplug(root, 3), "0,1,2,4,5,6,7,all"),
+                (lambda: simulate.replug(root, 3), "0,1,2,3,4,5,6,7,all"),
+            ]
+        ):
+            change()
+            started = time.monotonic()
+            while seen[-1] != expected and time.monotonic() - started < 1.0:
+                time.sleep(0.005)
+            assert seen[-1] == expected, (step, seen)
+        gone_on_purpose.set()
+        simulate.unload_driver(root)
+        started = time.monotonic()
+        while os.path.exists(spec) and time.monotonic() - started < 1.0:
+            time.sleep(0.005)
+        assert not os.path.exists(spec), "driver unloaded: the spec must go"
+        seen.clear()
+        simulate.load_driver(root)
+        started = time.monotonic()
+        while not seen and time.monotonic() - started < 1.0:
+            time.sleep(0.005)
+        assert seen == ["0,1,2,3,4,5,6,7,all"]
+    finally:
+        stop.set()
+        keeper.join(10)
+        watcher.join(10)
+    assert problems == []
+    assert not [n for n in os.listdir(output) if n.endswith(".tmp")]
