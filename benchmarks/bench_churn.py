@@ -8,7 +8,8 @@ before), first-fit (the ``simple`` policy) and a best-fit reference enumerated i
 does) and times GetPreferredAllocation; every answer must equal the in-process choice.
 
 Environment: ``CHURN_EVENTS`` (events per trace, default 20000), ``CHURN_SEEDS`` (traces per
-board, mix and load, default 1).
+board, mix and load, default 1), ``CHURN_PARTS`` (``traces``, ``latency`` or both, the default:
+``traces,latency``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from enflame_gcu.simulation.testing import plugin_process
 RESOURCE = "enflame.com/gcu"
 EVENTS = int(os.environ.get("CHURN_EVENTS", "20000"))
 SEEDS = int(os.environ.get("CHURN_SEEDS", "1"))
+PARTS = set(os.environ.get("CHURN_PARTS", "traces,latency").split(","))
 MIXES = {"small": {1: 0.6, 2: 0.3, 4: 0.1}, "mixed": {1: 0.4, 2: 0.3, 4: 0.2, 8: 0.1}}
 LOADS = {"moderate": 0.45, "heavy": 0.55}  # probability that an event is an arrival
 CHURN_BOARDS = ["vendor-8card", "2socket-16card", "nosw-8card", "flat-4card"]
@@ -105,6 +107,41 @@ def busy_share(trace: list[churn.Event], cards: int) -> float:
     return round(total / len(trace) / cards, 3)
 
 
+def parting(
+    board: churn.Board,
+    ours: list[tuple[list[str], int, list[str]]],
+    reference: list[tuple[list[str], int, list[str]]],
+) -> dict[str, Any] | None:
+    """The first request the two policies answer differently (same free cards until then).
+
+    Until that request both have made the same choices, so their counts agree up to it; what
+    follows depends on which pods then hold which cards, and a gap either way is a consequence
+    of this one choice. None: they agree on the whole trace.
+    """
+    for index, ((free, size, mine), (_free, _size, theirs)) in enumerate(
+        zip(ours, reference, strict=True)
+    ):
+        if mine != theirs:
+            return {
+                "request": index,
+                "size": size,
+                "free": free,
+                "ours": mine,
+                "reference": theirs,
+                "ours_splits_intact_switch": board.score(free, mine).splits > 0,
+                "reference_splits_intact_switch": board.score(free, theirs).splits > 0,
+                "same_locality": board.score(free, mine).locality
+                == board.score(free, theirs).locality,
+                "switch_cards_touched": [switch_cards(board, mine), switch_cards(board, theirs)],
+            }
+    return None
+
+
+def switch_cards(board: churn.Board, cards: list[str]) -> int:
+    """Cards (free or not) under the switches a set touches."""
+    return sum(board.sizes[0][key] for key in board.counts(cards, 0))
+
+
 def targets(result: dict[str, Any]) -> dict[str, Any]:
     """The issue's split target on one trace, and the switch-local gap to the reference."""
     ours = result["policies"]["topology"]
@@ -151,13 +188,21 @@ def one_trace(
         "mean_busy_share": busy_share(trace, cards),
         "policies": {},
     }
+    requests: dict[str, list[tuple[list[str], int, list[str]]]] = {}
     for policy, choose in policies(topo, board).items():
         started = time.perf_counter()
-        replayed = churn.replay(board, trace, choose).summary()
+        requests[policy] = []
+        replayed = churn.replay(board, trace, choose, requests[policy]).summary()
         replayed["seconds"] = round(time.perf_counter() - started, 1)
         result["policies"][policy] = replayed
+    if "best_fit_reference" in requests:
+        result["parting_from_reference"] = parting(
+            board, requests["topology"], requests["best_fit_reference"]
+        )
     result["targets"] = targets(result)
-    print(f"# {name} {mix} {load} {seed}: {result['targets']}", file=sys.stderr)
+    part = result.get("parting_from_reference")
+    cause = "" if part is None else f" parted from the reference: {parting_cause(part)}"
+    print(f"# {name} {mix} {load} {seed}: {result['targets']}{cause}", file=sys.stderr)
     return result
 
 
@@ -182,13 +227,30 @@ def totals(traces: list[dict[str, Any]]) -> dict[str, Any]:
         gap = trace["targets"].get("switch_local_minus_reference")
         if gap is not None:
             board.setdefault("switch_local_minus_reference", []).append(gap)
+            part = trace.get("parting_from_reference")
+            causes = board.setdefault("partings_from_reference", {})
+            cause = "never" if part is None else parting_cause(part)
+            causes[cause] = causes.get(cause, 0) + 1
     for board in result.values():
         gaps = board.get("switch_local_minus_reference")
         if gaps is not None:
             ours, reference = (board["policies"][p]["switch_local"][0] for p in POLICIES_COMPARED)
             board["switch_local_at_least_reference"] = ours >= reference
             board["traces_below_reference"] = sum(1 for gap in gaps if gap < 0)
+            board["traces_above_reference"] = sum(1 for gap in gaps if gap > 0)
     return result
+
+
+def parting_cause(part: dict[str, Any]) -> str:
+    """Why the topology policy first answered differently from the reference, in a few words."""
+    size = "single" if part["size"] == 1 else f"{part['size']}-card"
+    if part["reference_splits_intact_switch"] and not part["ours_splits_intact_switch"]:
+        return f"{size}: reference splits an intact switch, ours does not"
+    ours, reference = part["switch_cards_touched"]
+    if ours < reference:
+        return f"{size}: ours takes cards under smaller switches"
+    both = "split one" if part["ours_splits_intact_switch"] else "keep switches whole"
+    return f"{size}: another tie-break (both {both})"
 
 
 async def run_latency(name: str, target: float | None, directory: str) -> dict[str, Any]:
@@ -242,13 +304,20 @@ async def run_latency(name: str, target: float | None, directory: str) -> dict[s
 
 def main() -> int:
     """Run both parts, print the JSON document; exit 1 when a target is missed."""
+    if not PARTS or PARTS - {"traces", "latency"}:
+        print(f"CHURN_PARTS: {','.join(sorted(PARTS))!r}; valid: traces, latency", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="churn-", dir="/tmp") as directory:
         document: dict[str, Any] = {"benchmark": "churn", "machine": machine()}
-        document["traces"] = run_churn(directory)
+        document["load_average_at_start"] = os.getloadavg()
+        document["traces"] = run_churn(directory) if "traces" in PARTS else []
         document["totals"] = totals(document["traces"])
         document["get_preferred_allocation"] = [
-            asyncio.run(run_latency(name, target, directory)) for name, target in LATENCY.items()
+            asyncio.run(run_latency(name, target, directory))
+            for name, target in LATENCY.items()
+            if "latency" in PARTS
         ]
+        document["load_average_at_end"] = os.getloadavg()
     print(json.dumps(document, indent=2))
     # Targets: no avoidable split on any trace; per board, switch-local sets at least as often
     # as the reference over its traces (single traces drift apart by chance once two policies
