@@ -44,6 +44,7 @@ LATENCY = {  # board -> p99 target of GetPreferredAllocation (docs/benchmarks.md
     "2socket-64card": 20.0,
 }
 LATENCY_EVENTS = 2000
+LATENCY_ROUNDS = 3  # the trace's requests are sent this many times (about 2,500 calls per board)
 POLICIES_COMPARED = ("topology", "best_fit_reference")
 NO_SWITCH_BOARD = """\
 # Eight cards straight on root ports (no PCIe switch anywhere), four per NUMA node.
@@ -278,12 +279,14 @@ async def run_latency(name: str, target: float | None, directory: str) -> dict[s
         gc.freeze()
         empty = api_pb2.Empty()
         floor = []  # an RPC that does no work, through the same client and server
-        for _ in requests:
+        samples, mismatches = [], 0
+        # Interleaved, so that the floor and the request see the same load on the machine.
+        for message, (_available, _size, chosen) in zip(
+            messages * LATENCY_ROUNDS, requests * LATENCY_ROUNDS, strict=True
+        ):
             started = time.perf_counter()
             await stub.GetDevicePluginOptions(empty, timeout=5)
             floor.append((time.perf_counter() - started) * 1000)
-        samples, mismatches = [], 0
-        for message, (_available, _size, chosen) in zip(messages, requests, strict=True):
             started = time.perf_counter()
             response = await stub.GetPreferredAllocation(message, timeout=5)
             samples.append((time.perf_counter() - started) * 1000)
