@@ -40,6 +40,15 @@ def test_device_specs_with_a_plugin_in_auto_mode_passes(make_node: MakeNode) -> 
     assert "settings match" in result.detail
 
 
+def test_a_plugin_run_as_a_console_script_is_recognised(make_node: MakeNode) -> None:
+    root = _node(make_node, "device-specs")
+    words = ["/usr/local/bin/python3", "/usr/local/bin/enflame-device-plugin", "--node-mode=cdi"]
+    fx.write(root, "/proc/77/cmdline", "\0".join(words) + "\0")
+    result = _mode_result(root)
+    assert result.status == "fail"
+    assert "answers for node mode cdi, the node is device-specs" in result.detail
+
+
 def test_device_specs_with_a_plugin_that_passes_no_device_specs_fails(make_node: MakeNode) -> None:
     root = _node(make_node, "device-specs")
     _plugin(root, "--device-list-strategy=envvar")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -15,6 +16,7 @@ from enflame_gcu import node_modes
 from enflame_gcu.container_toolkit import cdi_keeper, installer, node_mode
 from enflame_gcu.errors import InstallError
 from enflame_gcu.simulation import simulate
+from enflame_gcu.simulation.testing import plugin_process
 from tests.conftest import MakeNode
 from tests.container_toolkit import installer_fixtures as fx
 from tests.shim.schemas import assert_valid_cdi
@@ -219,3 +221,30 @@ def test_the_keeper_rewrites_specs_within_a_second_of_a_change_and_never_leaves_
         watcher.join(10)
     assert problems == []
     assert not [n for n in os.listdir(output) if n.endswith(".tmp")]
+
+
+def test_a_new_record_makes_the_plugins_that_read_it_reload_and_no_others() -> None:
+    async def scenario() -> None:
+        async with (
+            plugin_process.running_node("vendor-8card", ["--node-mode=auto"]) as ours,
+            plugin_process.running_node("vendor-8card", ["--node-mode=auto"]) as other,
+        ):
+            for node in (ours, other):
+                assert "node_mode='device-specs'" in node.plugin.log_text()
+            _kube_host(ours.root, docker=False)
+            options = installer.InstallOptions(host_root=ours.root, mode="runtimeclass")
+            outcome = await asyncio.to_thread(installer.install, options)
+            told = [line for line in outcome.lines if line.startswith("told the device plugin")]
+            assert told == [
+                f"told the device plugin (pid {ours.plugin.process.pid}) to reload "  # type: ignore[union-attr]
+                "its node mode"
+            ]
+            deadline = time.monotonic() + 10
+            while "node_mode='runtimeclass'" not in ours.plugin.log_text():
+                assert time.monotonic() < deadline, ours.plugin.log_text()
+                await asyncio.sleep(0.05)
+            reloaded = ours.plugin.log_text().split("SIGHUP: config reloaded:", 1)[1]
+            assert "pass_device_specs=False" in reloaded.splitlines()[0]
+            assert "SIGHUP" not in other.plugin.log_text()
+
+    asyncio.run(scenario())

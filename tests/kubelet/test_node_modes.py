@@ -7,12 +7,14 @@ gets nothing, and nothing of ours runs for either."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 
 import pytest
+import tomlkit
 
 from tests.kubelet import harness, host
 from tests.kubelet.conftest import Tier
@@ -41,6 +43,12 @@ def plain_node(tier: Tier) -> Iterator[harness.Node]:
     finally:
         try:
             instance.teardown()
+            # The kubelet is gone before it collects its exited sandboxes: remove them here so
+            # their shims exit and take their sockets in /run/containerd/s with them.
+            listed = containerd.ctr("containers", "ls", "-q", check=False).stdout.split()
+            for container_id in listed:
+                containerd.ctr("tasks", "rm", "-f", container_id, check=False)
+                containerd.ctr("containers", "rm", container_id, check=False)
         finally:
             if instance.kubelet is not None:
                 harness.unmount_under(instance.kubelet.root_dir)
@@ -72,7 +80,10 @@ def test_device_specs_mode_gives_exactly_the_cards_with_plain_runc(
 ) -> None:
     node = plain_node
     with open(node.containerd.config, encoding="utf-8") as handle:
-        assert "enflame" not in handle.read()
+        config = tomlkit.parse(handle.read()).unwrap()
+    cri = config["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+    assert set(cri["runtimes"]) == {"runc"} and cri["default_runtime_name"] == "runc"
+    assert "enflame-container-runtime" not in json.dumps(config)
     node.simulate()
     made = _mirror_dev_nodes(node)
     try:

@@ -272,6 +272,10 @@ def _record_mode(run: InstallRun, record: node_modes.Record) -> None:
     if not run.dry_run:
         fileio.atomic_write_text(run.local(path), text, 0o644)
     run.lines.append(f"{path} {run.verb}written (node mode {record.mode})")
+    if not run.dry_run:
+        # Plugins in --node-mode=auto that read this very file answer for the new mode at once.
+        for pid in node_mode.notify_plugins(run.root):
+            run.lines.append(f"told the device plugin (pid {pid}) to reload its node mode")
 
 
 def _write_cdi_specs(run: InstallRun) -> None:

@@ -8,8 +8,10 @@ own binary (``chroot HOST_ROOT <binary> --version`` from a container). See
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 from collections.abc import Sequence
 
@@ -102,3 +104,61 @@ def decide(root: str, asked_mode: str, engine: node_modes.Engine) -> node_modes.
         raise InstallError(f"{problem}; nothing was changed (choose another --mode, or auto)")
     reason = f"chosen explicitly for {engine.describe()}"
     return node_modes.Record(asked_mode, engine.name, version, "explicit", reason)
+
+
+def _plugin_flags(argv: Sequence[str]) -> dict[str, str] | None:
+    """The ``--flag value`` pairs of an enflame-device-plugin command line; None for others."""
+    names = [os.path.basename(word) for word in argv[:2]]
+    if "enflame-device-plugin" in names:
+        start = names.index("enflame-device-plugin") + 1
+    elif "enflame_gcu.device_plugin.main" in argv[:4]:
+        start = list(argv).index("enflame_gcu.device_plugin.main") + 1
+    else:
+        return None
+    flags: dict[str, str] = {}
+    words = list(argv[start:])
+    for index, word in enumerate(words):
+        name, sep, value = word.partition("=")
+        if not sep and index + 1 < len(words) and not words[index + 1].startswith("-"):
+            value = words[index + 1]
+        flags.setdefault(name, value)
+    return flags
+
+
+def notify_plugins(root: str, proc: str = "/proc") -> list[int]:
+    """SIGHUP every device plugin in ``--node-mode=auto`` that reads the record under ``root``.
+
+    A plugin qualifies only when the record it would read (through ``/proc/PID/root`` and its
+    own ``--host-root``) is the very file just written (same device and inode), so plugins of
+    other nodes, tests or host roots on the same machine are never signalled. SIGHUP makes the
+    plugin re-resolve its settings without ending its registration (device_plugin.runner).
+    """
+    try:
+        ours = os.stat(node_modes.local_path(root))
+    except OSError:
+        return []
+    told = []
+    try:
+        entries = [e for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            with open(os.path.join(proc, entry, "cmdline"), "rb") as handle:
+                argv = [w for w in handle.read().decode("utf-8", "replace").split("\0") if w]
+        except OSError:
+            continue
+        flags = _plugin_flags(argv)
+        if flags is None or flags.get("--node-mode") != node_modes.AUTO:
+            continue
+        their_root = flags.get("--host-root") or "/"
+        theirs = os.path.join(proc, entry, "root", their_root.lstrip("/"), node_modes.MODE_FILE[1:])
+        try:
+            seen = os.stat(theirs)
+        except OSError:
+            continue
+        if (seen.st_dev, seen.st_ino) == (ours.st_dev, ours.st_ino):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry), signal.SIGHUP)
+                told.append(int(entry))
+    return told

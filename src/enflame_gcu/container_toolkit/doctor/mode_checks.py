@@ -29,12 +29,11 @@ def _from_engines(node: Node) -> str:
 
 def _plugin_settings(node: Node, recorded: str) -> tuple[str, bool, tuple[str, ...]] | None:
     """(mode, pass_device_specs, strategies) the running plugin uses; None if none runs."""
-    found = [
-        words for words in node.processes if os.path.basename(words[0]) == "enflame-device-plugin"
-    ]
-    if not found:
-        return None
     flags = list(processes.flags(node, "enflame-device-plugin"))
+    if not flags and not any(
+        "enflame-device-plugin" in map(os.path.basename, words[:2]) for words in node.processes
+    ):
+        return None
     asked = next((value for name, value in flags if name == "--node-mode"), "")
     mode = recorded if asked == node_modes.AUTO else asked
     row = node_modes.MODES.get(mode)

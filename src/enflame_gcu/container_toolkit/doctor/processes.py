@@ -33,9 +33,14 @@ def read_processes(root: str) -> tuple[tuple[str, ...], ...]:
 def flags(node: Node, program: str) -> Iterator[tuple[str, str]]:
     """``(--flag, value)`` pairs of running ``program`` processes (``--a=b`` and ``--a b``)."""
     for words in node.processes:
-        if os.path.basename(words[0]) != program:
+        # A console script runs as "python /path/to/program ARGS": its name is the second word.
+        if os.path.basename(words[0]) == program:
+            first = 1
+        elif len(words) > 1 and os.path.basename(words[1]) == program:
+            first = 2
+        else:
             continue
-        for index, word in enumerate(words[1:], start=1):
+        for index, word in enumerate(words[first:], start=first):
             name, sep, value = word.partition("=")
             if not sep and index + 1 < len(words) and not words[index + 1].startswith("-"):
                 value = words[index + 1]
