@@ -154,7 +154,11 @@ def main() -> int:
         for kind in ("gcu", "non-gcu"):
             median = statistics.median(samples[(mode, kind)])
             row[f"{kind}_ms"] = round(median * 1000, 1)
+            row[f"{kind}_added_ms"] = round((median - plain) * 1000, 1)
             row[f"{kind}_ratio"] = round(median / plain, 3)
+        # The run's noise floor: plain runs' own spread (interquartile range over the median).
+        quartiles = statistics.quantiles(samples[(mode, "plain")], n=4)
+        row["plain_iqr_ratio"] = round((quartiles[2] - quartiles[0]) / plain, 3)
         result["modes"][mode] = row
     print(json.dumps(result, indent=2))
     return 0

@@ -26,6 +26,9 @@ from enflame_gcu import fileio
 from enflame_gcu.errors import EnflameError
 
 MODE_FILE = "/etc/enflame-gcu/node-mode.json"
+# An operator's choice for one node: the mode's name on one line. ``auto`` honours it, so one
+# cluster-wide DaemonSet or chart can still give single nodes another mode.
+CHOICE_FILE = "/etc/enflame-gcu/mode"
 FORMAT_VERSION = "v1"
 AUTO = "auto"
 # When no installer recorded a mode: the one that works on every CRI engine and adds nothing.
@@ -222,3 +225,24 @@ def read(root: str = "/") -> Record | None:
 def local_path(root: str) -> str:
     """Where :data:`MODE_FILE` is under ``root`` (its directory resolved in the jail)."""
     return os.path.join(fileio.resolve(root, os.path.dirname(MODE_FILE)), "node-mode.json")
+
+
+def read_choice(root: str = "/") -> str | None:
+    """The operator's per-node choice (:data:`CHOICE_FILE`), None when there is none.
+
+    ValueError naming the file when it holds anything but one known mode.
+    """
+    try:
+        with open(fileio.resolve(root, CHOICE_FILE), encoding="utf-8") as handle:
+            text = handle.read(4096)
+    except FileNotFoundError:
+        return None
+    except (OSError, EnflameError) as exc:
+        raise ValueError(f"cannot read {CHOICE_FILE}: {exc}") from exc
+    words = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    chosen = [word for word in words if word]
+    if len(chosen) != 1 or chosen[0] not in MODES:
+        raise ValueError(
+            f"{CHOICE_FILE} must hold one node mode ({', '.join(NAMES)}), found {text.strip()!r}"
+        )
+    return chosen[0]

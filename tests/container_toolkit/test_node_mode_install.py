@@ -248,3 +248,55 @@ def test_a_new_record_makes_the_plugins_that_read_it_reload_and_no_others() -> N
             assert "SIGHUP" not in other.plugin.log_text()
 
     asyncio.run(scenario())
+
+
+def test_auto_honours_the_operators_choice_for_this_node(make_node: MakeNode) -> None:
+    root = _kube_host(make_node(), docker=False)
+    fx.write(
+        root,
+        node_modes.CHOICE_FILE,
+        "# GCU pods here need the wrapper's driver mounts\nruntimeclass\n",
+    )
+    outcome = installer.install(installer.InstallOptions(host_root=root, mode="auto"))
+    assert outcome.mode == "runtimeclass" and outcome.engines == ("containerd",)
+    record = node_modes.read(root)
+    assert record is not None and record.chosen_by == f"this node's {node_modes.CHOICE_FILE}"
+    assert _cri(root)["default_runtime_name"] == "runc"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [("cdi\n", "node mode cdi needs an engine"), ("fast\n", "must hold one node mode")],
+)
+def test_a_choice_the_node_cannot_take_is_refused(
+    make_node: MakeNode, text: str, fragment: str
+) -> None:
+    root = _kube_host(make_node(), docker=False)
+    fx.write(root, node_modes.CHOICE_FILE, text)
+    before = fx.snapshot(root)
+    with pytest.raises(InstallError, match=fragment):
+        installer.install(installer.InstallOptions(host_root=root, mode="auto"))
+    assert fx.snapshot(root) == before
+
+
+def test_cdi_without_a_daemonset_installs_the_watch_service_and_uninstall_removes_it(
+    make_node: MakeNode,
+) -> None:
+    root = _kube_host(make_node(), docker=False, containerd=False, crio=True)
+    before = fx.snapshot(root)
+    options = installer.InstallOptions(
+        host_root=root,
+        mode="cdi",
+        cdi_service=True,
+        bin_dir="/usr/bin",
+        ctk="/opt/e/bin/enflame-ctk",
+    )
+    outcome = installer.install(options)
+    unit = _local(root, "/etc/systemd/system/enflame-cdi-watch.service")
+    with open(unit, encoding="utf-8") as handle:
+        text = handle.read()
+    assert "ExecStart=/usr/bin/enflame-ctk cdi watch --output /var/run/cdi\n" in text
+    assert "Restart=always" in text
+    assert any("systemd is not running here" in line for line in outcome.lines)
+    installer.uninstall(root)
+    assert fx.snapshot(root) == before

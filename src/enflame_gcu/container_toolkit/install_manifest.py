@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from enflame_gcu import fileio
-from enflame_gcu.container_toolkit import engines
+from enflame_gcu.container_toolkit import cdi_service, engines
 from enflame_gcu.container_toolkit.engines import reload as engine_reload
 from enflame_gcu.errors import EnflameError, InstallError
 
@@ -234,6 +234,17 @@ def _undo(run: InstallRun, action: Action, restart_engine: bool) -> None:
             run.lines.append(f"kept {path}: edited since it was installed")
         else:
             _remove(run, path, os.unlink)
+    elif kind == "unit":
+        # A systemd service we installed: stopped and disabled before its file goes.
+        if not os.path.lexists(local):
+            return
+        if not run.dry_run and cdi_service.usable(run.root):
+            problem = cdi_service.systemctl(run.root, "disable", "--now", action["unit"])
+            if problem:
+                run.lines.append(f"could not stop {action['unit']}: {problem}")
+        _remove(run, path, os.unlink)
+        if not run.dry_run and cdi_service.usable(run.root):
+            cdi_service.systemctl(run.root, "daemon-reload")
     elif kind == "tree":
         for leftover in (local + ".new", local + ".old"):
             if not run.dry_run:

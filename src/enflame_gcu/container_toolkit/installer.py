@@ -23,7 +23,7 @@ from importlib import resources
 
 import enflame_gcu
 from enflame_gcu import devices, fileio, node_modes
-from enflame_gcu.container_toolkit import cdi, cdi_keeper, engines, node_mode
+from enflame_gcu.container_toolkit import cdi, cdi_keeper, cdi_service, engines, node_mode
 from enflame_gcu.container_toolkit.engines import hosts, storage
 from enflame_gcu.container_toolkit.engines import reload as engine_reload
 from enflame_gcu.container_toolkit.install_manifest import (
@@ -75,6 +75,8 @@ class InstallOptions:
     # None: install the wrapper as the flags above say (before node modes). Otherwise "auto" or
     # a node mode: the node gets what that mode needs and its mode file (node_modes.MODE_FILE).
     mode: str | None = None
+    # Node mode cdi without a waiting installer (install.sh): a systemd service keeps the specs.
+    cdi_service: bool = False
 
     @property
     def runtime_path(self) -> str:
@@ -293,6 +295,38 @@ def _write_cdi_specs(run: InstallRun) -> None:
     run.lines.extend(changed or [f"{directory}/enflame.com-*.yaml: up to date"])
 
 
+def _install_cdi_service(run: InstallRun, options: InstallOptions) -> None:
+    """enflame-cdi-watch.service, recorded so uninstall stops, disables and removes it."""
+    if not (options.bin_dir and options.ctk):
+        run.lines.append(
+            "the CDI specs are kept current only while something runs `enflame-ctk cdi watch` "
+            "(no enflame-ctk linked on the host for a service: pass --bin-dir and --link-ctk)"
+        )
+        return
+    ctk = os.path.join(options.bin_dir, "enflame-ctk")
+    text = cdi_service.render(ctk, cdi.DEFAULT_OUTPUT_DIR)
+    path = cdi_service.UNIT_PATH
+    run.make_dirs(os.path.dirname(path))
+    if _read(run.local(path, follow=True)) != text:
+        run.record({"kind": "unit", "path": path, "unit": cdi_service.UNIT_NAME})
+        run.remember(path)
+        if not run.dry_run:
+            fileio.atomic_write_text(run.local(path), text, 0o644)
+        run.lines.append(f"{path} {run.verb}written ({ctk} cdi watch)")
+    start = f"systemctl daemon-reload && systemctl enable --now {cdi_service.UNIT_NAME}"
+    if run.dry_run:
+        return
+    if not cdi_service.usable(run.root):
+        run.lines.append(f"systemd is not running here: start the service yourself ({start})")
+        return
+    problem = cdi_service.systemctl(run.root, "daemon-reload") or cdi_service.systemctl(
+        run.root, "enable", "--now", cdi_service.UNIT_NAME
+    )
+    if problem:
+        raise InstallError(f"cannot start {cdi_service.UNIT_NAME}: {problem}")
+    run.lines.append(f"{cdi_service.UNIT_NAME} enabled and started")
+
+
 def _install(options: InstallOptions, run: InstallRun) -> Outcome:
     if options.mode is None:
         return _install_wrapper(options, run, options.engines, options.set_as_default)
@@ -316,6 +350,8 @@ def _install(options: InstallOptions, run: InstallRun) -> Outcome:
         outcome = Outcome((), ())
     if mode.cdi_specs:
         _write_cdi_specs(run)
+        if options.cdi_service:
+            _install_cdi_service(run, options)
     _record_mode(run, record)
     return Outcome(tuple(run.lines), outcome.engines, record.mode)
 

@@ -96,14 +96,21 @@ def detect(root: str, asked: Sequence[str] | None = None) -> node_modes.Engine:
 def decide(root: str, asked_mode: str, engine: node_modes.Engine) -> node_modes.Record:
     """The mode for this node: ``auto`` chooses, an explicit mode is checked (InstallError)."""
     version = ".".join(map(str, engine.version)) if engine.version else ""
+    chosen_by = "explicit"
     if asked_mode == node_modes.AUTO:
-        mode, reason = node_modes.choose(engine)
-        return node_modes.Record(mode, engine.name, version, "auto", reason)
+        try:
+            choice = node_modes.read_choice(root)
+        except ValueError as exc:
+            raise InstallError(f"{exc}; nothing was changed") from exc
+        if choice is None:
+            mode, reason = node_modes.choose(engine)
+            return node_modes.Record(mode, engine.name, version, "auto", reason)
+        asked_mode, chosen_by = choice, f"this node's {node_modes.CHOICE_FILE}"
     problem = node_modes.refuse(asked_mode, engine)
     if problem is not None:
         raise InstallError(f"{problem}; nothing was changed (choose another --mode, or auto)")
-    reason = f"chosen explicitly for {engine.describe()}"
-    return node_modes.Record(asked_mode, engine.name, version, "explicit", reason)
+    reason = f"chosen explicitly ({chosen_by}) for {engine.describe()}"
+    return node_modes.Record(asked_mode, engine.name, version, chosen_by, reason)
 
 
 def _plugin_flags(argv: Sequence[str]) -> dict[str, str] | None:

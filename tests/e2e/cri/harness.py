@@ -33,7 +33,8 @@ from typing import Any
 
 import grpc
 
-from enflame_gcu.container_toolkit import engines
+from enflame_gcu import devices
+from enflame_gcu.container_toolkit import cdi, engines
 from enflame_gcu.shim import launcher
 from enflame_gcu.simulation.testing import oci_image
 
@@ -174,10 +175,15 @@ class Engine:
             runtime_path=self.launcher, set_as_default=self.mode == "default-runtime"
         )
         change = engines.configure("containerd", self.config, options)
+        prepared = os.path.join(self.directory, "prepared-edits.json")
+        if self.node_root is None or not cdi.refresh_prepared_edits(
+            prepared, devices.discover(self.node_root)
+        ):
+            prepared = ""  # as the installer leaves a node without usable cards: discovery
         lines = [
             f"root = {json.dumps(self.node_root or '/')}",
             f"runtimes = {json.dumps([RUNC])}",
-            'prepared-edits = ""',
+            f"prepared-edits = {json.dumps(prepared)}",
         ]
         if self._log_runtime:
             lines += [f"log-file = {json.dumps(self.runtime_log)}", 'log-level = "debug"']

@@ -170,6 +170,8 @@ def install_command(args: argparse.Namespace) -> int:
         created=tuple(args.created),
         dry_run=args.dry_run,
         mode=args.mode,
+        # Without --wait nothing of ours stays running: a systemd service keeps the CDI specs.
+        cdi_service=not args.wait,
     )
     # A failed step takes back this run's changes (installer.install does), never an install
     # that was there before; with --wait, SIGTERM later takes back this run's changes only.
