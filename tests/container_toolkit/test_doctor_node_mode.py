@@ -117,3 +117,14 @@ def test_a_corrupt_record_fails_and_json_output_carries_the_check(
     out = capsys.readouterr().out  # type: ignore[attr-defined]
     names = [r["name"] for r in json.loads(out)["results"]]
     assert "node-mode" in names
+
+
+def test_static_cpu_manager_is_satisfied_by_node_mode_device_specs(make_node: MakeNode) -> None:
+    root = _node(make_node, None)  # no record: auto answers as device-specs
+    fx.write(root, "/var/lib/kubelet/config.yaml", "cpuManagerPolicy: static\n")
+    _plugin(root, "--node-mode=auto")
+    (result,) = [r for r in doctor.run(root) if r.name == "cpu-manager"]
+    assert result.status == "pass" and "node mode device-specs" in result.detail
+    _plugin(root, "--node-mode=runtimeclass")
+    (result,) = [r for r in doctor.run(root) if r.name == "cpu-manager"]
+    assert result.status == "warn"

@@ -6,6 +6,7 @@ import os
 import socket
 import stat
 
+from enflame_gcu import node_modes
 from enflame_gcu.container_toolkit.doctor import processes
 from enflame_gcu.container_toolkit.doctor.model import Node, Result, Status
 
@@ -101,14 +102,34 @@ def check_swap(node: Node) -> list[Result]:
     return [Result("swap", status, f"swap is on: {', '.join(active)}{note}", fix)]
 
 
+def _mode_passes_specs(node: Node, plugin_flags: list[tuple[str, str]]) -> bool:
+    """Whether the plugin's --node-mode makes it pass DeviceSpecs (unless told otherwise)."""
+    if any(name == "--no-pass-device-specs" for name, _ in plugin_flags):
+        return False
+    asked = next((value for name, value in plugin_flags if name == "--node-mode"), "")
+    if asked == node_modes.AUTO:
+        try:
+            record = node_modes.read(node.root)
+        except ValueError:
+            return False
+        asked = record.mode if record else node_modes.FALLBACK
+    row = node_modes.MODES.get(asked)
+    return row is not None and row.pass_device_specs
+
+
 def check_cpu_manager(node: Node) -> list[Result]:
     """With cpuManagerPolicy static, the plugin must pass device specs (compat manifest)."""
     policy = processes.kubelet_setting(node, "cpuManagerPolicy", "--cpu-manager-policy") or "none"
     if policy != "static":
         return [Result("cpu-manager", "pass", f"kubelet cpuManagerPolicy is {policy}")]
-    plugin_flags = processes.flags(node, "enflame-device-plugin")
+    plugin_flags = list(processes.flags(node, "enflame-device-plugin"))
     if any(name == "--pass-device-specs" for name, _ in plugin_flags):
         detail = "cpuManagerPolicy static, and the device plugin runs with --pass-device-specs"
+        return [Result("cpu-manager", "pass", detail)]
+    if _mode_passes_specs(node, plugin_flags):
+        detail = (
+            "cpuManagerPolicy static, and the plugin passes DeviceSpecs (node mode device-specs)"
+        )
         return [Result("cpu-manager", "pass", detail)]
     detail = (
         "cpuManagerPolicy static rewrites container cgroups: GCUs the runtime injected lose "
