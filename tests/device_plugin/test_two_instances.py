@@ -16,8 +16,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from enflame_gcu.device_plugin import config, kubelet, runner, socket_lock
 from enflame_gcu.simulation.testing import plugin_process
 from enflame_gcu.simulation.testing.kubelet_stub import KubeletStub
+from enflame_gcu.support import inotify
 
 STANDBY = "this instance stands by and takes over when that one stops"
 Start = Callable[[plugin_process.PluginProcess, plugin_process.PluginProcess], Awaitable[None]]
@@ -202,3 +204,59 @@ def test_a_kubelet_wiping_every_file_still_leaves_exactly_one_instance_serving()
             shutil.rmtree(work)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("successor_binds", ["before the old server stops", "as it stops"])
+def test_the_old_holder_stopping_never_removes_the_socket_its_successor_bound(
+    successor_binds: str,
+) -> None:
+    """The interleaving behind a rare failure of the wipe test, forced in one process.
+
+    A wipe deletes A's socket and lock; B takes the lock and binds the socket; A stops. gRPC
+    deleted the bound path by name when A's server stopped (B's file by then), and A's own
+    "still ours?" check ran after its listener closed, when B's new socket could carry A's old
+    inode number (ext4 hands it out again at once). Either way the kubelet could not dial B.
+    """
+    work, root, plugins = plugin_process.make_node("flat-4card")
+    cfg = config.PluginConfig(plugin_dir=plugins, host_root=root)
+
+    async def main() -> None:
+        node = runner.NodeResources(cfg)
+        a = kubelet.ResourceServer(cfg, node.state)
+        b = kubelet.ResourceServer(cfg, node.state)
+        async with KubeletStub(plugins, dial_timeout=2.0) as stub:
+            try:
+                assert a.lock.try_acquire()
+                await a.start()
+                for name in os.listdir(plugins):  # an older kubelet restarting: every file goes
+                    if name != "kubelet.sock":
+                        os.unlink(os.path.join(plugins, name))
+                assert not a.lock.held() and b.lock.try_acquire()
+                if successor_binds == "before the old server stops":
+                    await b.start()
+                else:  # B binds right after A's listener closed, before A's stop() returns
+                    assert a._server is not None
+                    real_stop = a._server.stop
+
+                    async def stop_then_successor_binds(grace: float | None) -> None:
+                        await real_stop(grace)
+                        await b.start()
+
+                    a._server.stop = stop_then_successor_binds  # type: ignore[method-assign]
+                await a.stop()
+                a.lock.release()
+                assert socket_lock.listening(cfg.socket_path), os.listdir(plugins)
+                with inotify.ChangeWatcher([plugins]) as watcher:
+                    assert await asyncio.wait_for(b.register(watcher), 10)
+                await stub.wait_for(lambda k: len(k.allocatable()) == 4, 5, "B's four cards")
+                assert len(stub.registrations) == 1
+            finally:
+                for server in (a, b):
+                    await server.stop()
+                    server.lock.release()
+        assert os.listdir(plugins) == []  # B's socket and lock went with B; nothing else left
+
+    try:
+        asyncio.run(main())
+    finally:
+        shutil.rmtree(work)

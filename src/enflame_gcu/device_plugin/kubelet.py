@@ -3,7 +3,10 @@
 - **One instance per socket.** A :class:`~.socket_lock.SocketLock` decides who serves; another
   instance on the same plugin dir stands by (logging once who holds the socket) and takes over
   when the holder stops. A live socket at our path that nobody locked (an older plugin) is never
-  deleted: we wait for it to go away.
+  deleted: we wait for it to go away. An instance removes only the socket file that is still
+  its own, and only while its listener is open (a closed socket's inode number is free for the
+  successor's socket at once); gRPC binds a private name that is renamed into place, because
+  gRPC deletes the path it bound when the server stops, whoever's file is there by then.
 - **Healing.** The kubelet deletes every socket in its plugin dir when it restarts and re-creates
   ``kubelet.sock``; someone may also delete our socket by hand. Inotify on the plugin dir (plus a
   one-second check for what events miss) notices both; the old server is stopped before the new
@@ -22,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 from dataclasses import dataclass, field
 
 import grpc
@@ -41,6 +45,7 @@ STOP_GRACE = 0.5
 CHECK_INTERVAL = 1.0
 STANDBY_INTERVAL = 0.5  # how often a standby instance tries the lock (events wake it sooner)
 BACKOFF_FIRST, BACKOFF_MAX = 0.25, 5.0
+BIND_TOKEN_BYTES = 4  # .<socket>.<8 hex digits>: the private name gRPC binds before the rename
 
 
 def identity(path: str) -> tuple[int, int] | None:
@@ -152,7 +157,12 @@ class ResourceServer:
             )
 
     async def start(self) -> None:
-        """Serve on our socket (we hold the lock), removing a stale file nobody listens on."""
+        """Serve on our socket (we hold the lock), removing a stale file nobody listens on.
+
+        gRPC binds a private name next to the socket, which is then renamed to the socket path:
+        gRPC removes the path it bound, by name, when the server stops, and by then the socket
+        path may hold a successor's socket (another instance took over after a wipe).
+        """
         self._check_dir()
         path = self.socket_path
         if os.path.lexists(path):
@@ -165,13 +175,17 @@ class ResourceServer:
                 pass
             except OSError as exc:
                 raise DirUnusable(f"cannot remove stale {path}: {exc.strerror or exc}") from exc
+        self._remove_stale_binds()
+        private = os.path.join(
+            self.config.plugin_dir, f"{self._bind_prefix}{secrets.token_hex(BIND_TOKEN_BYTES)}"
+        )
         server = grpc.aio.server()
         self._service = service.DevicePluginService(
             self.state, self.config, self.resource_name, self.observer
         )
         api_pb2_grpc.add_DevicePluginServicer_to_server(self._service, server)
         try:
-            server.add_insecure_port(f"unix://{path}")
+            server.add_insecure_port(f"unix://{private}")
         except RuntimeError as exc:  # grpc's whole report of a failed bind
             self._service = None
             raise DirUnusable(
@@ -179,24 +193,60 @@ class ResourceServer:
             ) from exc
         await server.start()
         self._server = server
-        # The file exists from bind() on, so it can be deleted before we note it here: then
-        # this is None and _lost() says so (it never compares None with a vanished file).
-        self._socket = identity(path)
+        # Nobody else knows the private name: this is the identity of the file we bound.
+        bound = identity(private)
+        try:
+            os.rename(private, path)
+        except FileNotFoundError:
+            # Wiped before we published it: None makes _lost() say so, and we serve again.
+            bound = None
+        except OSError as exc:
+            await self.stop()
+            raise DirUnusable(f"cannot create socket {path}: {exc.strerror or exc}") from exc
+        self._socket = bound
         log.debug("serving %s on %s", self.resource_name, path)
+
+    @property
+    def _bind_prefix(self) -> str:
+        return f".{self.socket_name}."
+
+    def _remove_stale_binds(self) -> None:
+        """Remove private bind names nobody listens on (an instance killed before renaming)."""
+        prefix = self._bind_prefix
+        try:
+            names = os.listdir(self.config.plugin_dir)
+        except OSError:
+            return
+        for name in names:
+            token = name[len(prefix) :]
+            if not name.startswith(prefix) or len(token) != 2 * BIND_TOKEN_BYTES:
+                continue
+            if any(c not in "0123456789abcdef" for c in token):
+                continue
+            stale = os.path.join(self.config.plugin_dir, name)
+            if not socket_lock.listening(stale):
+                log.info("removing %s left by an instance that was killed while starting", stale)
+                with contextlib.suppress(OSError):
+                    os.unlink(stale)
 
     def _lost(self) -> bool:
         """True when the file at our socket path is not the one our server bound."""
         return self._socket is None or identity(self.socket_path) != self._socket
 
     async def stop(self) -> None:
-        """End the streams, stop the server, remove our socket (only if it is still ours)."""
+        """Remove our socket (only if it is still ours), end the streams, stop the server.
+
+        The file goes first, while our listener still holds its inode: once the listener is
+        closed the file system may give that inode number to the next file at once (ext4
+        does), and a successor's socket at our path would then look like ours.
+        """
+        if self._socket is not None and identity(self.socket_path) == self._socket:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)
         if self._service is not None:
             self._service.stop_streams()
         if self._server is not None:
             await self._server.stop(STOP_GRACE)
-        if self._socket is not None and identity(self.socket_path) == self._socket:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.socket_path)
         self._server = self._service = self._socket = None
 
     # --- registration -------------------------------------------------------------------------
