@@ -7,9 +7,11 @@ Bounds (after a warm-up of 10 rounds of each, so start-up allocations are not co
   threads on its own; a leak of one per round would show as hundreds);
 - RSS: at most +3 MiB over the run (a per-round leak of a socket, server or discovery is tens
   of KiB a round, so megabytes over 600 rounds; today's Python heap varies by about 1 MiB);
-- every re-registration (kubelet restart, deleted socket) within 200 ms of the event, measured
-  by the stub from the moment it re-created kubelet.sock or the socket was deleted to the
-  Register call it received; the plugin reacts to inotify events, so this is scheduling time;
+- re-registration (kubelet restart, deleted socket), measured by the stub from the moment it
+  re-created kubelet.sock or the socket was deleted to the Register call it received: median
+  within 200 ms (the plugin reacts to inotify events, so this is scheduling time; polling with
+  the one-second fallback check alone would put the median near 500 ms), every one within
+  2 s (a CPU-starved machine delays single rounds by hundreds of milliseconds);
 - every SIGHUP answered on the open stream: no stream ends, no new registration, allocatable
   never below the card count.
 """
@@ -27,7 +29,8 @@ from enflame_gcu.simulation.testing.kubelet_stub import KubeletStub
 
 ROUNDS = 200
 WARM_UP = 10
-REREGISTER_WITHIN = 0.2
+MEDIAN_REREGISTER_WITHIN = 0.2
+REREGISTER_WITHIN = 2.0
 RSS_GROWTH_KIB = 3 * 1024
 SLACK = 2
 CARDS = 4
@@ -137,6 +140,8 @@ def test_soak_kubelet_restarts_socket_deletions_sighups_and_hotplug_leave_nothin
             f"median {sorted(delays)[len(delays) // 2] * 1000:.0f} ms; "
             f"before {baseline}, after {after}"
         )
+        median = sorted(delays)[len(delays) // 2]
+        assert median <= MEDIAN_REREGISTER_WITHIN, f"median re-registration {median * 1000:.0f} ms"
         slow = [round(d * 1000) for d in delays if d > REREGISTER_WITHIN]
         assert not slow, f"re-registrations over {REREGISTER_WITHIN * 1000:.0f} ms: {slow}"
         assert after["fds"] <= baseline["fds"] + SLACK, (baseline, after)

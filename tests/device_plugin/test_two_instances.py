@@ -70,7 +70,6 @@ def test_exactly_one_instance_serves_the_other_stands_by_and_takes_over(start: S
         a, b = two_plugins(plugins, root)
         try:
             async with KubeletStub(plugins) as kubelet:
-                began = time.monotonic()
                 await start(a, b)
                 both = (a, b)
                 await until(
@@ -78,7 +77,7 @@ def test_exactly_one_instance_serves_the_other_stands_by_and_takes_over(start: S
                         sum("registered enflame.com/gcu" in p.log_text() for p in both) == 1
                         and sum(STANDBY in p.log_text() for p in both) == 1
                     ),
-                    2 + (time.monotonic() - began),
+                    15,  # process start-up alone takes seconds on a loaded machine
                     "one instance registered, the other standing by",
                 )
                 serving = a if "registered enflame.com/gcu" in a.log_text() else b
@@ -121,7 +120,7 @@ def test_a_killed_holder_is_replaced_by_the_standby() -> None:
         try:
             async with KubeletStub(plugins) as kubelet:
                 await first_a_then_b(a, b)
-                await until(lambda: STANDBY in b.log_text(), 5, "b standing by")
+                await until(lambda: STANDBY in b.log_text(), 15, "b standing by")
                 killed_at = time.monotonic()
                 a.send(signal.SIGKILL)  # no cleanup at all: stale socket and lock file stay
                 await a.wait(5)
@@ -180,7 +179,7 @@ def test_a_kubelet_wiping_every_file_still_leaves_exactly_one_instance_serving()
         try:
             async with KubeletStub(plugins) as kubelet:
                 await first_a_then_b(a, b)
-                await until(lambda: STANDBY in b.log_text(), 5, "b standing by")
+                await until(lambda: STANDBY in b.log_text(), 15, "b standing by")
                 await kubelet.stop()
                 for name in os.listdir(plugins):
                     os.unlink(os.path.join(plugins, name))
