@@ -153,7 +153,7 @@ def test_a_live_socket_nobody_locked_is_left_alone_until_it_goes() -> None:
             async with KubeletStub(plugins) as kubelet:
                 await plugin.start()
                 await until(
-                    lambda: "does not take" in plugin.log_text(), 5, "the plugin says why it waits"
+                    lambda: "does not take" in plugin.log_text(), 15, "the plugin says why it waits"
                 )
                 await asyncio.sleep(0.5)
                 assert os.path.exists(path) and kubelet.registrations == []
