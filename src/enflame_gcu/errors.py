@@ -11,7 +11,8 @@ EnflameError
 ├── SpecError               an OCI or CDI spec cannot be read, edited or written
 ├── EngineConfigError       a container engine config cannot be read, edited or written
 ├── InstallError            installing or uninstalling the toolkit on a host failed
-└── PathOutsideRootError    a path under a host root would lead out of it (symlink or ..)
+├── PathOutsideRootError    a path under a host root would lead out of it (symlink or ..)
+└── KubeletApiError         a kubelet API (PodResources) cannot be reached or is not offered
 """
 
 from __future__ import annotations
@@ -63,3 +64,7 @@ class InstallError(EnflameError):
 
 class PathOutsideRootError(EnflameError):
     """A path resolved under a host root would leave it (a ``..`` or symlink past the root)."""
+
+
+class KubeletApiError(EnflameError):
+    """A kubelet API (PodResources) cannot be reached, is not offered, or answered an error."""

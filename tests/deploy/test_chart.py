@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import textwrap
 from typing import Any
 
 import jsonschema
@@ -168,6 +169,15 @@ def plugin_args(vals: dict[str, Any]) -> list[str]:
         args.append(f"--resources={','.join(kinds)}")
     if vals["sharing"]["enabled"]:
         args.append("--config-file=/etc/enflame-device-plugin/config.yaml")
+    metrics = vals["metrics"]
+    if metrics["port"]:
+        args.append(f"--metrics-port={metrics['port']}")
+        if metrics["bindAddress"]:
+            args.append(f"--metrics-bind-address={metrics['bindAddress']}")
+        if not metrics["podResources"]:
+            args.append("--pod-resources-interval=0")
+    if vals["nodeLabels"]["enabled"]:
+        args.append("--feature-file=/host/nfd/enflame-gcu")
     return args
 
 
@@ -177,6 +187,7 @@ def test_template_emits_every_plugin_flag_the_values_control() -> None:
     everything_on["devicePlugin"].update(failOnInitError=True, logLevel="debug", pluginDir="/x")
     everything_on["devicePlugin"]["deviceListStrategy"] = ["envvar"]
     everything_on["vgcu"]["enabled"] = everything_on["sharing"]["enabled"] = True
+    everything_on["metrics"].update(bindAddress="127.0.0.1", podResources=False)
     for arg in plugin_args(everything_on):
         flag = arg.split("=", 1)[0]
         assert re.search(rf"^\s+- {re.escape(flag)}\b", text, re.MULTILINE), flag
@@ -226,14 +237,32 @@ def test_plugin_template_holds_the_static_manifests_fixed_parts() -> None:
     """Volumes, mounts, env and pod security context are literal in the template: same text."""
     text = template("daemonset-device-plugin.yaml")
     spec, container = static_container("enflame-device-plugin.yaml")
+    templated = {
+        PLUGIN_DEFAULT_DIR: "{{ $plugin.pluginDir }}",
+        values()["metrics"]["podResourcesDir"]: "{{ $metrics.podResourcesDir }}",
+        values()["nodeLabels"]["featuresDir"]: "{{ $labels.featuresDir }}",
+    }
     for volume in spec["volumes"]:
         assert f"- name: {volume['name']}" in text
         path = volume["hostPath"]["path"]
-        expected = "{{ $plugin.pluginDir }}" if path == PLUGIN_DEFAULT_DIR else path
+        expected = templated.get(path, path)
         assert f"path: {expected}\n            type: {volume['hostPath']['type']}" in text
     for mount in container["volumeMounts"]:
-        if mount["mountPath"] != PLUGIN_DEFAULT_DIR:
-            assert f"mountPath: {mount['mountPath']}\n              readOnly: true" in text
+        if mount["mountPath"] == PLUGIN_DEFAULT_DIR:
+            continue
+        writable = f"mountPath: {mount['mountPath']}\n"
+        assert (
+            writable + "              readOnly: true" if mount.get("readOnly") else writable
+        ) in text
+    # The probes and the port: the template's block, its one value filled in, equals the file's.
+    block = text.split("          ports:\n", 1)[1].split("          {{- end }}\n          env:", 1)[
+        0
+    ]
+    block = "ports:\n" + textwrap.dedent(block).replace(
+        "{{ $metrics.port }}", str(values()["metrics"]["port"])
+    )
+    probes = {name: container[name] for name in ("ports", "livenessProbe", "readinessProbe")}
+    assert yaml.safe_load(block) == probes
     for env in container["env"]:
         assert f"- name: {env['name']}\n              value: {env['value']}" in text
     assert spec["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}

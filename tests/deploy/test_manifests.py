@@ -43,6 +43,16 @@ PLUGIN_HOST_PATHS = {
     # the node mode the installer recorded (node_modes.MODE_FILE)
     "node-mode": ("/etc/enflame-gcu", "/host/etc/enflame-gcu", True),
 }
+# Observability: the PodResources socket (metrics name the holding pod) and NFD's features.d
+# (node labels kept current).
+OBSERVE_HOST_PATHS = {
+    "pod-resources": ("/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources", True),
+    "nfd-features": (
+        "/etc/kubernetes/node-feature-discovery/features.d",
+        "/host/nfd",
+        False,
+    ),
+}
 
 
 def manifest(name: str) -> dict[str, Any]:
@@ -121,7 +131,7 @@ def test_privileged_only_where_it_must_be(name: str) -> None:
 @pytest.mark.parametrize("name", PLUGIN_MANIFESTS)
 def test_plugin_host_paths_are_exactly_the_needed_ones(name: str) -> None:
     doc = manifest(name)
-    assert host_paths(doc) == PLUGIN_HOST_PATHS
+    assert host_paths(doc) == {**PLUGIN_HOST_PATHS, **OBSERVE_HOST_PATHS}
     assert "--host-root=/host" in only_container(doc)["args"]
     spec = pod_spec(doc)
     assert not spec.get("hostPID") and not spec.get("hostNetwork") and not spec.get("hostIPC")

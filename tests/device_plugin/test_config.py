@@ -39,6 +39,11 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path) -> None:
         "DP_ALLOCATION_POLICY": "simple",
         "DP_LOG_LEVEL": "DEBUG",
         "DP_NODE_MODE": "runtimeclass",
+        "DP_LOG_FORMAT": "json",
+        "DP_METRICS_BIND_ADDRESS": "[::1]",
+        "DP_POD_RESOURCES_SOCKET": "/pr/kubelet.sock",
+        "DP_POD_RESOURCES_INTERVAL": "0",
+        "DP_FEATURE_FILE": "/nfd/enflame-gcu",
     }
     assert {o.env for o in config.OPTIONS} == set(env)
     got = main.load_config([], env)
@@ -60,6 +65,11 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path) -> None:
         log_level="debug",
         node_mode="runtimeclass",
         node_mode_source="given explicitly",
+        log_format="json",
+        metrics_bind_address="::1",
+        pod_resources_socket="/pr/kubelet.sock",
+        pod_resources_interval=0.0,
+        feature_file="/nfd/enflame-gcu",
     )
 
 
@@ -90,6 +100,9 @@ def test_device_list_strategy_is_repeatable_and_comma_separated() -> None:
         (["--log-level", "loud"], {}, "not one of debug, info"),
         ([], {"DP_DISABLE_HEALTHCHECKS": "xids"}, "use 'all'"),
         (["--allocation-policy", "random"], {}, "not one of simple, topology"),
+        (["--metrics-bind-address", "localhost"], {}, "'localhost' is not an IP address"),
+        (["--log-format", "xml"], {}, "not one of text, json"),
+        (["--pod-resources-interval", "0.01"], {}, "outside 0.1..3600 seconds (0 = never"),
     ],
 )
 def test_bad_values_name_the_setting_and_what_is_valid(

@@ -73,7 +73,11 @@ def test_metrics_show_health_per_resource_and_count_allocations() -> None:
                 with pytest.raises(grpc.aio.AioRpcError, match="at most 1 per container"):
                     await kubelet.plugins[SHARED].stub.Allocate(over, timeout=5)
                 samples = scrape(port)
-                assert samples[("enflame_gcu_allocations_total", (("resource", SHARED),))] == 1
+                one = (
+                    "enflame_gcu_allocations_total",
+                    (("locality", "single"), ("resource", SHARED)),
+                )
+                assert samples[one] == 1
                 refused = (
                     "enflame_gcu_allocation_errors_total",
                     (("code", "INVALID_ARGUMENT"), ("resource", SHARED)),

@@ -1,8 +1,7 @@
 """Two driver instances on one node, as during a rolling update with surge (DRA.md §1).
 
 Both share the plugin directory, hence the checkpoint: each call holds ``serialize.lock`` and
-reads the record afresh, so what one instance prepared the other sees at once. Both publish the
-node's pool: they compute the same slices, so neither rewrites what the other wrote.
+reads the record afresh, so what one instance prepared the other sees at once.
 """
 
 from __future__ import annotations
@@ -12,13 +11,9 @@ import fcntl
 import os
 import threading
 
-from enflame_gcu import resourceslices
-from enflame_gcu.dra_plugin import apiserver, claim_cdi, claims, node, publisher
+from enflame_gcu.dra_plugin import claim_cdi, claims
 from enflame_gcu.dra_plugin import config as dra_config
 from tests.dra_plugin import harness
-from tests.dra_plugin.fake_apiserver import FakeApiServer
-
-PUBLISH_OPTIONS = resourceslices.PublishOptions()
 
 A = claims.ClaimRef("enflame", "pair-a", "uid-a")
 B = claims.ClaimRef("enflame", "pair-b", "uid-b")
@@ -119,46 +114,3 @@ def test_a_pod_uid_socket_name_is_shortened_to_fit_the_unix_socket_limit() -> No
     name = os.path.basename(settings.registration_socket)
     assert name.startswith("gcu.enflame.com-0f3c7e1e") and name.endswith("-reg.sock")
     assert name != "gcu.enflame.com-reg.sock"
-
-
-def test_two_instances_publishing_one_pool_agree_and_never_duplicate_it() -> None:
-    async def main() -> None:
-        with harness.simulated_node() as where, FakeApiServer() as fake:
-            fake.add_node(harness.NODE)
-            kubeconfig = fake.kubeconfig(os.path.join(where.work, "kubeconfig"))
-            clients, tasks = [], []
-            stop = asyncio.Event()
-            for _ in range(2):  # the old pod and the new one, side by side
-                client = apiserver.connect(kubeconfig)
-                clients.append(client)
-                devices = node.NodeDevices(where.root, PUBLISH_OPTIONS, health_interval=0.1)
-                api = apiserver.ApiServer(client, harness.NODE)
-                pub = publisher.Publisher(api, devices, harness.NODE, resync_interval=0.5)
-                tasks += [
-                    asyncio.ensure_future(pub.run(stop)),
-                    asyncio.ensure_future(devices.run()),
-                ]
-            try:
-                for wipe in (False, True):  # the kubelet deletes the slices when it starts
-                    if wipe:
-                        fake.wipe(harness.NODE, resourceslices.DRIVER)
-                    await asyncio.sleep(2.0)  # several resyncs and health rescans each
-                    stored = fake.node_slices(harness.NODE)
-                    assert len(stored) == 1
-                    assert {s["spec"]["pool"]["generation"] for s in stored} == {1 + wipe}
-                # One write per publish; the other instance's create is refused (the slice
-                # names are fixed per pool), and it then finds nothing to change.
-                writes = [r for r in fake.requests if r[0] in ("POST", "PUT")]
-                assert [w for w in writes if w[2] < 300] == [
-                    ("POST", "/apis/resource.k8s.io/v1/resourceslices", 201)
-                ] * 2, writes
-                assert {w[2] for w in writes} <= {201, 409}, writes
-            finally:
-                stop.set()
-                for task in tasks[1::2]:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                for client in clients:
-                    await client.close()
-
-    asyncio.run(main())

@@ -12,6 +12,8 @@ from concurrent import futures
 import grpc
 import pytest
 
+from enflame_gcu._proto import podresources_v1_pb2
+from enflame_gcu.errors import KubeletApiError
 from enflame_gcu.simulation.testing import oci_image, podresources
 from tests.kubelet import host
 
@@ -124,8 +126,7 @@ def test_oci_archive_holds_one_image_with_the_files(tmp_path: os.PathLike[str]) 
 
 
 def test_podresources_client_reads_a_list_answer(tmp_path: os.PathLike[str]) -> None:
-    classes = podresources._CLASSES
-    answer = classes["ListPodResourcesResponse"]()
+    answer = podresources_v1_pb2.ListPodResourcesResponse()
     pod = answer.pod_resources.add(name="p", namespace="ns")
     container = pod.containers.add(name="c")
     container.devices.add(resource_name="enflame.com/gcu", device_ids=["gcu4", "gcu5"])
@@ -142,7 +143,7 @@ def test_podresources_client_reads_a_list_answer(tmp_path: os.PathLike[str]) -> 
         {
             "List": grpc.unary_unary_rpc_method_handler(
                 list_pods,
-                request_deserializer=classes["ListPodResourcesRequest"].FromString,
+                request_deserializer=podresources_v1_pb2.ListPodResourcesRequest.FromString,
                 response_serializer=lambda message: message.SerializeToString(),
             )
         },
@@ -163,5 +164,5 @@ def test_podresources_client_reads_a_list_answer(tmp_path: os.PathLike[str]) -> 
 
 
 def test_podresources_client_names_a_missing_socket(tmp_path: os.PathLike[str]) -> None:
-    with pytest.raises(grpc.RpcError):
+    with pytest.raises(KubeletApiError, match=r"not available at .*the socket does not exist"):
         podresources.list_holdings(os.path.join(str(tmp_path), "absent.sock"), timeout=1)

@@ -15,7 +15,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE_PATH = ("enflame_gcu", "_proto")
-# Device plugin v1beta1 (SPEC §3), then the DRA driver's protocols (DRA.md §1-3).
+# Device plugin v1beta1 (SPEC §3), the DRA driver's protocols (DRA.md §1-3), PodResources v1.
 PROTOS = (
     "api.proto",
     "pluginregistration_v1.proto",
@@ -23,6 +23,7 @@ PROTOS = (
     "dra_v1beta1.proto",
     "drahealth_v1.proto",
     "drahealth_v1alpha1.proto",
+    "podresources_v1.proto",
 )
 
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from enflame_gcu import __version__
 from enflame_gcu.container_toolkit.commands import (
+    allocations,
     cdi,
     doctor,
     info,
@@ -21,7 +22,7 @@ from enflame_gcu.container_toolkit.commands import (
 from enflame_gcu.errors import EnflameError
 
 # Subcommand groups, in the order --help lists them. Each module has register(subparsers).
-COMMAND_MODULES = (info, labels, sim, cdi, runtime, system, install, doctor)
+COMMAND_MODULES = (info, labels, allocations, sim, cdi, runtime, system, install, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ environment and the defaults, and the only source of the sharing settings.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +23,8 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_RESOURCE = "enflame.com/gcu"
 SOCKET_NAME = "enflame.sock"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # The resources one process can serve, each on its own socket (kinds as --resources names them).
 GCU, VGCU, SHARED_GCU = "gcu", "vgcu", "shared-gcu"
 RESOURCE_KINDS = (GCU, VGCU, SHARED_GCU)
@@ -49,7 +52,13 @@ class PluginConfig:
     fail_on_init_error: bool = False
     allocation_policy: str = "topology"
     log_level: str = "info"
+    log_format: str = "text"
     metrics_port: int = 0
+    # "" = every address (IPv6 and IPv4 where the host has both), as a DaemonSet's probes need.
+    metrics_bind_address: str = ""
+    pod_resources_socket: str = POD_RESOURCES_SOCKET
+    pod_resources_interval: float = 5.0
+    feature_file: str | None = None
     sharing: sharing.SharingSettings = field(default_factory=sharing.SharingSettings)
     # Cards to share as slices (``gcuN`` or PCI bus ids); None = every card.
     shared_cards: tuple[str, ...] | None = None
@@ -159,6 +168,24 @@ def _choice(valid: Sequence[str]) -> Callable[[str], str]:
     return parse
 
 
+def _address(text: str) -> str:
+    value = text.strip()
+    if value in ("", "*", "all"):
+        return ""
+    try:
+        ipaddress.ip_address(value.strip("[]"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not an IP address (or empty for all addresses)") from None
+    return value.strip("[]")
+
+
+def _poll(text: str) -> float:
+    value = float(text)
+    if value != 0 and not 0.1 <= value <= 3600:
+        raise ValueError(f"{text} is outside 0.1..3600 seconds (0 = never ask)")
+    return value
+
+
 def _path(text: str) -> str:
     if not text.startswith("/"):
         raise ValueError(f"{text!r} is not an absolute path")
@@ -242,10 +269,40 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("log_level", "DP_LOG_LEVEL", _choice(LOG_LEVELS), "log verbosity"),
     Option(
+        "log_format",
+        "DP_LOG_FORMAT",
+        _choice(LOG_FORMATS),
+        "text, or json: one JSON object per line with a UTC timestamp",
+    ),
+    Option(
         "metrics_port",
         "DP_METRICS_PORT",
         _port,
-        "Prometheus metrics port on all addresses; 0 = off",
+        "port of /metrics, /healthz and /readyz; 0 = off",
+    ),
+    Option(
+        "metrics_bind_address",
+        "DP_METRICS_BIND_ADDRESS",
+        _address,
+        "address the metrics port listens on; empty = all addresses",
+    ),
+    Option(
+        "pod_resources_socket",
+        "DP_POD_RESOURCES_SOCKET",
+        _path,
+        "the kubelet's PodResources socket: who holds each card (metrics)",
+    ),
+    Option(
+        "pod_resources_interval",
+        "DP_POD_RESOURCES_INTERVAL",
+        _poll,
+        "seconds between PodResources reads while metrics are on; 0 = never",
+    ),
+    Option(
+        "feature_file",
+        "DP_FEATURE_FILE",
+        _path,
+        "NFD feature file kept current with the node's enflame.com/gcu.* labels; unset = none",
     ),
 )
 

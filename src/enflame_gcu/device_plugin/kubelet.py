@@ -113,7 +113,7 @@ class ResourceServer:
         *,
         resource_name: str | None = None,
         socket_name: str | None = None,
-        observer: service.AllocationObserver | None = None,
+        observer: service.PluginObserver | None = None,
     ) -> None:
         self.config = config
         self.state = state
@@ -128,6 +128,8 @@ class ResourceServer:
         self._socket: tuple[int, int] | None = None
         self._kubelet: tuple[int, int] | None = None
         self._trouble = _Trouble()
+        self._cause = "start"  # why the next registration happens (metrics)
+        self._kubelet_left = False  # kubelet.sock vanished or changed since we registered
 
     @property
     def kubelet_socket(self) -> str:
@@ -248,6 +250,8 @@ class ResourceServer:
         if self._server is not None:
             await self._server.stop(STOP_GRACE)
         self._server = self._service = self._socket = None
+        if self.observer is not None:
+            self.observer.unregistered(self.resource_name)
 
     # --- registration -------------------------------------------------------------------------
 
@@ -280,7 +284,12 @@ class ResourceServer:
                 except grpc.aio.AioRpcError as exc:
                     reason = f"{exc.code().name}: {exc.details()}"
                 else:
-                    self._kubelet = kubelet
+                    cause = self._cause
+                    if self._kubelet_left and cause != "takeover":
+                        cause = "kubelet_restart"  # it also deleted our socket
+                    self._kubelet, self._kubelet_left = kubelet, False
+                    if self.observer is not None:
+                        self.observer.registered_with(self.resource_name, cause)
                     log.info(
                         "registered %s (%d devices) with the kubelet at %s",
                         self.resource_name,
@@ -329,6 +338,7 @@ class ResourceServer:
             if got and not socket_lock.listening(self.socket_path):
                 if said:
                     log.info("taking over %s", self.socket_path)
+                    self._cause = "takeover"
                 return True
             if got:
                 message = (
@@ -375,11 +385,18 @@ class ResourceServer:
             self._trouble.recovered(f"plugin dir {self.config.plugin_dir}")
             if await self.register(watcher):
                 while (reason := self.restart_reason()) is None:
+                    if identity(self.kubelet_socket) != self._kubelet:
+                        self._kubelet_left = True
                     if self.stopping.is_set():
                         return
                     watcher.refresh()  # the plugin dir itself may have been re-created
                     await wait_any(watcher, self.stopping, CHECK_INTERVAL)
                 log.info("%s: serving again and re-registering", reason)
+                self._cause = _cause(reason)
+                if identity(self.kubelet_socket) != self._kubelet:
+                    self._kubelet_left = True
+                if self.observer is not None:
+                    self.observer.unregistered(self.resource_name)
             if not self.lock.held():
                 return  # run() stops the server; _take_lock decides whether we still may serve
             await self.stop()
@@ -387,6 +404,15 @@ class ResourceServer:
     async def close(self) -> None:
         """Ask :meth:`run` to end (it stops the server and releases the lock)."""
         self.stopping.set()
+
+
+def _cause(reason: str) -> str:
+    """The registration cause (a metrics label) for a :meth:`ResourceServer.restart_reason`."""
+    if "kubelet restart" in reason:
+        return "kubelet_restart"
+    if "our lock" in reason:
+        return "lock_lost"
+    return "socket_lost"
 
 
 async def wait_any(watcher: inotify.ChangeWatcher, stopping: asyncio.Event, timeout: float) -> None:

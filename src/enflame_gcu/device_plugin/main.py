@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from enflame_gcu import __version__, naming
 from enflame_gcu.device_plugin import config as plugin_config
-from enflame_gcu.device_plugin import config_file, kubelet, runner
+from enflame_gcu.device_plugin import config_file, kubelet, logs, runner
 from enflame_gcu.errors import ConfigError
 
 log = logging.getLogger("enflame_gcu.device_plugin")
@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"enflame-device-plugin: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(config.log_format)
     apply_log_level(config)
     log.info("enflame-device-plugin %s starting: %s", __version__, config.describe())
     environ = dict(os.environ)

@@ -18,14 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from enflame_gcu import devices, health
 from enflame_gcu.device_plugin import config as plugin_config
-from enflame_gcu.device_plugin import kubelet, metrics, resources, service
+from enflame_gcu.device_plugin import (
+    feature_file,
+    holdings_feed,
+    http_server,
+    kubelet,
+    metrics,
+    resources,
+    service,
+)
 from enflame_gcu.device_plugin import state as plugin_state
 from enflame_gcu.errors import ConfigError
 
@@ -126,7 +136,7 @@ class NodeResources:
         }
 
     def server(
-        self, key: str, observer: service.AllocationObserver | None = None
+        self, key: str, observer: service.PluginObserver | None = None
     ) -> kubelet.ResourceServer:
         """A new ResourceServer for one served resource, on its own socket."""
         return kubelet.ResourceServer(
@@ -138,7 +148,7 @@ class NodeResources:
         )
 
     def servers(
-        self, observer: service.AllocationObserver | None = None
+        self, observer: service.PluginObserver | None = None
     ) -> list[kubelet.ResourceServer]:
         """A new ResourceServer per served resource, each on its own socket."""
         return [self.server(key, observer) for key in self.states]
@@ -147,7 +157,7 @@ class NodeResources:
 class Servers:
     """The running ResourceServers, kept across SIGHUPs by (socket path, resource name)."""
 
-    def __init__(self, observer: service.AllocationObserver | None) -> None:
+    def __init__(self, observer: service.PluginObserver | None) -> None:
         self.observer = observer
         self._running: dict[tuple[str, str], tuple[kubelet.ResourceServer, asyncio.Task[None]]]
         self._running = {}
@@ -189,6 +199,11 @@ class Servers:
         self._running.clear()
 
 
+def _on_health(node: NodeResources, watchers: NodeWatchers, update: health.HealthUpdate) -> None:
+    node.on_health(update)
+    watchers.observe(node)
+
+
 def _health_listener(exported: metrics.Metrics) -> HealthListener:
     def listen(resource: str, snapshot: plugin_state.Snapshot) -> None:
         exported.set_devices(resource, ((d.id, d.healthy) for d in snapshot.devices()))
@@ -208,8 +223,18 @@ def _reloaded(
         return config
     if new != config:
         log.info("SIGHUP: config reloaded: %s", new.describe())
-    if new.metrics_port != config.metrics_port:
-        log.warning("SIGHUP: a new metrics port takes effect only after a restart")
+    if (new.metrics_port, new.metrics_bind_address, new.pod_resources_socket) != (
+        config.metrics_port,
+        config.metrics_bind_address,
+        config.pod_resources_socket,
+    ) or (new.pod_resources_interval, new.log_format) != (
+        config.pod_resources_interval,
+        config.log_format,
+    ):
+        log.warning(
+            "SIGHUP: new metrics, PodResources or log format settings take effect only after "
+            "a restart"
+        )
     return new
 
 
@@ -232,6 +257,49 @@ async def _until_signal(signals: kubelet.Signals, servers: Servers) -> str:
     return "stop" if signals.stop.is_set() else "restart"
 
 
+class NodeWatchers:
+    """What follows the node as a whole: card metrics and the NFD feature file."""
+
+    def __init__(self, exported: metrics.Metrics | None) -> None:
+        self.exported = exported
+        self.feature: feature_file.FeatureFile | None = None
+
+    def configure(self, config: plugin_config.PluginConfig) -> None:
+        """Follow a (new) config's feature file setting."""
+        path = config.feature_file
+        if path is None:
+            self.feature = None
+        elif self.feature is None or self.feature.path != path:
+            counter = None if self.exported is None else self.exported.feature_file_writes.inc
+            self.feature = feature_file.FeatureFile(path, counter)
+
+    def observe(self, node: NodeResources) -> None:
+        """The node's cards or health changed (or were just discovered)."""
+        report = node.monitor.report
+        if self.exported is not None:
+            self.exported.set_node(node.inventory, report)
+        if self.feature is not None:
+            self.feature.update(node.inventory, report)
+
+
+async def _heartbeat(exported: metrics.Metrics) -> None:
+    while True:
+        exported.beat()
+        await asyncio.sleep(1.0)
+
+
+def _background(config: plugin_config.PluginConfig, exported: metrics.Metrics) -> list[Any]:
+    """The heartbeat behind /healthz and the PodResources reader behind the per-card labels."""
+    tasks = [asyncio.ensure_future(_heartbeat(exported))]
+    if config.pod_resources_interval > 0:
+        feed = holdings_feed.HoldingsFeed(
+            exported, config.pod_resources_socket, config.pod_resources_interval
+        )
+        exported.after_allocate = feed.poke
+        tasks.append(asyncio.ensure_future(feed.run()))
+    return tasks
+
+
 async def run(
     config: plugin_config.PluginConfig,
     signals: kubelet.Signals,
@@ -239,9 +307,12 @@ async def run(
 ) -> int:
     """Serve until SIGTERM/SIGINT (exit status 0); 1 when init fails and that is fatal."""
     exported: metrics.Metrics | None = None
+    background: list[Any] = []
     if config.metrics_port:
         exported = metrics.Metrics()
-        exported.serve(config.metrics_port)
+        http_server.start(exported, config.metrics_port, config.metrics_bind_address)
+        background = _background(config, exported)
+    watchers = NodeWatchers(exported)
     servers = Servers(exported)
     frozen = False
     try:
@@ -249,7 +320,9 @@ async def run(
             listener = None if exported is None else _health_listener(exported)
             if exported is not None:
                 exported.retain(config.resource_names().values())
+            watchers.configure(config)
             node = NodeResources(config, listener, servers.states(config))
+            watchers.observe(node)
             log.info("discovered under %s: %s", config.host_root, _describe(node.inventory))
             log.info("%s", _describe_assignment(node.assignment, config))
             for problem in (*node.inventory.problems, *node.assignment.notes):
@@ -271,7 +344,9 @@ async def run(
                 # latency tail. Once only: a freeze per SIGHUP would pin every old discovery.
                 gc.freeze()
                 frozen = True
-            monitor_task = asyncio.ensure_future(node.monitor.run(node.on_health))
+            monitor_task = asyncio.ensure_future(
+                node.monitor.run(functools.partial(_on_health, node, watchers))
+            )
             try:
                 outcome = await _until_signal(signals, servers)
             finally:
@@ -286,3 +361,6 @@ async def run(
             log.info("SIGHUP: rediscovering; running registrations and streams are kept")
     finally:
         await servers.close()
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)

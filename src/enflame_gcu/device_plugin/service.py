@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -91,8 +92,8 @@ def _log_choice(
     )
 
 
-class AllocationObserver(Protocol):
-    """Told about every Allocate outcome (metrics)."""
+class PluginObserver(Protocol):
+    """Told about RPC outcomes, streams and registrations (metrics and probes)."""
 
     def allocated(self, resource: str, containers: list[list[str]]) -> None:
         """A successful Allocate: the device IDs of each container."""
@@ -100,16 +101,33 @@ class AllocationObserver(Protocol):
     def refused(self, resource: str, code: str) -> None:
         """A refused Allocate and its status code name."""
 
+    def preferred_chosen(self, resource: str, ids: Sequence[str]) -> None:
+        """GetPreferredAllocation chose ``ids`` for one container."""
+
+    def rpc_done(self, rpc: str, resource: str, code: str, seconds: float) -> None:
+        """An RPC finished with a status code name after ``seconds``."""
+
+    def stream(self, resource: str, delta: int) -> None:
+        """A ListAndWatch stream opened (+1) or ended (-1)."""
+
+    def registered_with(self, resource: str, cause: str) -> None:
+        """Register succeeded (cause: start, kubelet_restart, socket_lost, ...)."""
+
+    def unregistered(self, resource: str) -> None:
+        """The registration is gone."""
+
 
 async def _guard(
     rpc: str,
     context: Any,
     work: Callable[[], Awaitable[T]],
     on_error: Callable[[str], None] | None = None,
+    timed: Callable[[str, float], None] | None = None,
 ) -> T:
-    """Run an RPC body, turning our errors into explicit status codes."""
+    """Run an RPC body, turning our errors into explicit status codes; time it for ``timed``."""
+    started = time.perf_counter()
     try:
-        return await work()
+        result = await work()
     except InvalidRequestError as exc:
         log.warning("%s rejected: %s", rpc, exc)
         code, message = grpc.StatusCode.INVALID_ARGUMENT, f"{rpc}: {exc}"
@@ -120,8 +138,14 @@ async def _guard(
         # A bug: say so plainly instead of letting gRPC answer UNKNOWN with a traceback.
         log.exception("%s failed unexpectedly", rpc)
         code, message = grpc.StatusCode.INTERNAL, f"{rpc}: internal error: {exc!r}"
+    else:
+        if timed is not None:
+            timed("OK", time.perf_counter() - started)
+        return result
     if on_error is not None:
         on_error(code.name)
+    if timed is not None:
+        timed(code.name, time.perf_counter() - started)
     await context.abort(code, message)
     raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 
@@ -134,7 +158,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
         state: plugin_state.PluginState,
         config: plugin_config.PluginConfig,
         resource_name: str = "",
-        observer: AllocationObserver | None = None,
+        observer: PluginObserver | None = None,
     ):
         self._state = state
         self._config = config
@@ -145,6 +169,17 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
     def reconfigure(self, config: plugin_config.PluginConfig) -> None:
         """Answer with a new config from now on (SIGHUP; the state object stays the same)."""
         self._config = config
+
+    def _timer(self, rpc: str) -> Callable[[str, float], None] | None:
+        observer = self._observer
+        if observer is None:
+            return None
+        resource = self._resource
+
+        def timed(code: str, seconds: float) -> None:
+            observer.rpc_done(rpc, resource, code, seconds)
+
+        return timed
 
     def stop_streams(self) -> None:
         """End every ListAndWatch stream of this server (shutdown or re-registration)."""
@@ -157,9 +192,11 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
     async def ListAndWatch(self, request: Any, context: Any) -> AsyncIterator[Any]:
         """The full device list now and after every change, until the server stops."""
         snapshot = self._state.snapshot
-        yield device_list(snapshot)
+        if self._observer is not None:
+            self._observer.stream(self._resource, +1)
         stop = asyncio.ensure_future(self._stopping.wait())
         try:
+            yield device_list(snapshot)
             while not self._stopping.is_set():
                 change = asyncio.ensure_future(self._state.changed(snapshot.generation))
                 await asyncio.wait({change, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -170,6 +207,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
                 yield device_list(snapshot)
         finally:
             stop.cancel()
+            if self._observer is not None:
+                self._observer.stream(self._resource, -1)
         log.debug("ListAndWatch stream ended")
 
     async def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
@@ -199,9 +238,12 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
                         chosen=chosen,
                     )
                 response.container_responses.add(deviceIDs=chosen)
+                if self._observer is not None:
+                    self._observer.preferred_chosen(self._resource, chosen)
             return response
 
-        return await _guard("GetPreferredAllocation", context, work)
+        rpc = "GetPreferredAllocation"
+        return await _guard(rpc, context, work, timed=self._timer(rpc))
 
     async def Allocate(self, request: Any, context: Any) -> Any:
         """Per container: the edits naming its devices; the whole request or nothing."""
@@ -231,7 +273,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
             if self._observer is not None:
                 self._observer.refused(self._resource, code)
 
-        return await _guard("Allocate", context, work, refused)
+        return await _guard("Allocate", context, work, refused, self._timer("Allocate"))
 
     async def PreStartContainer(self, request: Any, context: Any) -> Any:
         """Nothing to do before a container starts (not required in our options)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import re
+from collections.abc import Collection
 
 from enflame_gcu import devices, products
 
@@ -22,11 +23,14 @@ def label_value(text: str) -> str:
     return value[:63].rstrip("-_.")
 
 
-def for_inventory(inventory: devices.Inventory) -> dict[str, str]:
+def for_inventory(
+    inventory: devices.Inventory, healthy: Collection[str] | None = None
+) -> dict[str, str]:
     """The labels for a node; a node without cards gets only ``present=false``.
 
     ``model``, ``family`` and ``memory`` describe the node's cards when they all agree and
-    say ``mixed`` (memory: omitted) when they do not; ``count`` counts usable cards.
+    say ``mixed`` (memory: omitted) when they do not; ``count`` counts usable cards, or the
+    cards named in ``healthy`` when a health monitor gives its current verdicts.
     """
     cards = inventory.cards
     if not cards:
@@ -35,7 +39,11 @@ def for_inventory(inventory: devices.Inventory) -> dict[str, str]:
     model = next(iter(models)) if len(models) == 1 else None
     result = {
         f"{PREFIX}.present": "true",
-        f"{PREFIX}.count": str(len(inventory.usable_cards())),
+        f"{PREFIX}.count": str(
+            len(inventory.usable_cards())
+            if healthy is None
+            else sum(1 for card in cards if card.name in healthy)
+        ),
         f"{PREFIX}.model": label_value(model) if model else MIXED,
         f"{PREFIX}.family": label_value(products.product_family(model)) if model else MIXED,
     }

@@ -11,6 +11,10 @@ devices turn Unhealthy and its current endpoint counts as stopped (Allocate refu
 next registration: the kubelet's disconnect handling is keyed by resource name, not by
 connection. ``stream_ends`` and ``history`` record what a kubelet log and the node's
 allocatable would have shown.
+
+With ``pod_resources_socket`` it also serves the PodResources API (v1 ``List``; and
+``GetAllocatableResources`` unless ``allocatable_api=False``, which stands for a 1.20 kubelet)
+from the pods it admitted, for as long as it runs.
 """
 
 from __future__ import annotations
@@ -27,7 +31,12 @@ from typing import Any
 
 import grpc
 
-from enflame_gcu._proto import api_pb2, api_pb2_grpc
+from enflame_gcu._proto import (
+    api_pb2,
+    api_pb2_grpc,
+    podresources_v1_pb2,
+    podresources_v1_pb2_grpc,
+)
 
 log = logging.getLogger(__name__)
 KUBELET_SOCKET = "kubelet.sock"
@@ -107,12 +116,39 @@ class _Registration(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         return await self._kubelet._register(request, context)
 
 
+class _PodResources(podresources_v1_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+    def __init__(self, kubelet: KubeletStub, allocatable_api: bool) -> None:
+        self._kubelet = kubelet
+        self._allocatable_api = allocatable_api
+
+    async def List(self, request: Any, context: Any) -> Any:
+        return self._kubelet.pod_resources()
+
+    async def GetAllocatableResources(self, request: Any, context: Any) -> Any:
+        if not self._allocatable_api:  # what a 1.20 kubelet answers
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "unknown method")
+        answer = podresources_v1_pb2.AllocatableResourcesResponse()
+        for name in self._kubelet.plugins:
+            answer.devices.add(resource_name=name, device_ids=self._kubelet.allocatable(name))
+        return answer
+
+
 class KubeletStub:
     """The kubelet's device-manager behaviour, over real unix sockets."""
 
-    def __init__(self, plugin_dir: str, *, dial_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        plugin_dir: str,
+        *,
+        dial_timeout: float = 10.0,
+        pod_resources_socket: str | None = None,
+        allocatable_api: bool = True,
+    ) -> None:
         self.plugin_dir = plugin_dir
         self.dial_timeout = dial_timeout
+        self.pod_resources_socket = pod_resources_socket
+        self.allocatable_api = allocatable_api
+        self._pod_namespace: dict[str, str] = {}
         self.registrations: list[Registration] = []
         self.stream_ends: list[StreamEnd] = []
         self.history: list[Allocatable] = []
@@ -143,6 +179,12 @@ class KubeletStub:
         server = grpc.aio.server()
         api_pb2_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
         server.add_insecure_port(f"unix://{self.socket_path}")
+        if self.pod_resources_socket is not None:
+            os.makedirs(os.path.dirname(self.pod_resources_socket), exist_ok=True)
+            podresources_v1_pb2_grpc.add_PodResourcesListerServicer_to_server(
+                _PodResources(self, self.allocatable_api), server
+            )
+            server.add_insecure_port(f"unix://{self.pod_resources_socket}")
         await server.start()
         self._server = server
 
@@ -154,8 +196,10 @@ class KubeletStub:
         for plugin in list(self._connections):
             await plugin.close()
         self._connections.clear()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
+        for path in (self.socket_path, self.pod_resources_socket):
+            if path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
         self._notify()
 
     async def restart(self) -> None:
@@ -289,12 +333,17 @@ class KubeletStub:
     # --- pods ---------------------------------------------------------------------------------
 
     async def allocate_pod(
-        self, name: str, containers: Mapping[str, int], resource: str = DEFAULT_RESOURCE
+        self,
+        name: str,
+        containers: Mapping[str, int],
+        resource: str = DEFAULT_RESOURCE,
+        namespace: str = "default",
     ) -> dict[str, ContainerAllocation]:
         """Admit a pod: per container choose devices (asking a preference when there is a
         choice) and call Allocate; AdmissionError when that fails."""
         if name in self.pods:
             raise AdmissionError(f"pod {name} already exists")
+        self._pod_namespace[name] = namespace
         plugin = self.plugins.get(resource)
         if plugin is None:
             raise AdmissionError(f"no plugin registered for {resource}")
@@ -343,4 +392,21 @@ class KubeletStub:
         """Forget a pod: its devices are free again (the plugin is not told, as in Kubernetes)."""
         self.pods.pop(name, None)
         self._pod_resource.pop(name, None)
+        self._pod_namespace.pop(name, None)
         self._notify()
+
+    def pod_resources(self) -> Any:
+        """The PodResources ``List`` answer for the admitted pods."""
+        answer = podresources_v1_pb2.ListPodResourcesResponse()
+        for pod, containers in self.pods.items():
+            entry = answer.pod_resources.add(
+                name=pod, namespace=self._pod_namespace.get(pod, "default")
+            )
+            for container, allocation in containers.items():
+                held = entry.containers.add(name=container)
+                if allocation.device_ids:
+                    held.devices.add(
+                        resource_name=self._pod_resource[pod],
+                        device_ids=list(allocation.device_ids),
+                    )
+        return answer

@@ -119,6 +119,7 @@ class RunningNode:
     plugin_dir: str
     kubelet: kubelet_stub.KubeletStub
     plugin: PluginProcess
+    pod_resources_socket: str | None = None
 
     @property
     def socket_path(self) -> str:
@@ -134,11 +135,23 @@ async def running_node(
     *,
     wait_registered: bool = True,
     timeout: float = 15.0,
+    pod_resources: bool = False,
+    allocatable_api: bool = True,
 ) -> AsyncIterator[RunningNode]:
-    """Simulated node + stub kubelet + plugin process; everything is torn down on exit."""
+    """Simulated node + stub kubelet + plugin process; everything is torn down on exit.
+
+    With ``pod_resources`` the stub also serves PodResources (``allocatable_api=False``: as a
+    1.20 kubelet) and the plugin is pointed at it with ``--pod-resources-socket``.
+    """
     work, root, plugins = make_node(topology_name)
+    socket = os.path.join(work, "pr", "kubelet.sock") if pod_resources else None
+    if socket is not None:
+        args = [*args, "--pod-resources-socket", socket]
     try:
-        async with kubelet_stub.KubeletStub(plugins) as kubelet:
+        stub = kubelet_stub.KubeletStub(
+            plugins, pod_resources_socket=socket, allocatable_api=allocatable_api
+        )
+        async with stub as kubelet:
             plugin = PluginProcess(plugins, root, args, env)
             await plugin.start()
             try:
@@ -151,7 +164,7 @@ async def running_node(
                         timeout,
                         "the plugin to register and list its devices",
                     )
-                yield RunningNode(work, root, plugins, kubelet, plugin)
+                yield RunningNode(work, root, plugins, kubelet, plugin, socket)
             except BaseException:
                 sys.stderr.write(f"--- plugin log ---\n{plugin.log_text()}\n")
                 raise

@@ -1,0 +1,93 @@
+"""Per-card metrics, labelled with the pod, namespace and container holding the card.
+
+Computed at scrape time from one :class:`~enflame_gcu.holders.NodeView` (swapped whole by
+:meth:`CardCollector.update`), the way dcgm-exporter labels GPU metrics: a card held by several
+containers (slices, vGCUs) has one series per container; a free card one with empty labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from enflame_gcu import holders
+
+POD_LABELS = ("namespace", "pod", "container")
+
+
+def _numa(view: holders.CardView) -> str:
+    return "" if view.card.numa_node is None else str(view.card.numa_node)
+
+
+def _who(view: holders.CardView) -> list[tuple[str, str, str]]:
+    """Distinct containers holding the card, in order; one empty entry for a free card."""
+    found = dict.fromkeys((h.namespace, h.pod, h.container) for h in view.holders)
+    return list(found) or [("", "", "")]
+
+
+class CardCollector(Collector):
+    """Yields the ``enflame_gcu_card*`` families from the latest view."""
+
+    def __init__(self) -> None:
+        self._view: holders.NodeView | None = None
+        self._known = False
+
+    def update(self, view: holders.NodeView, *, known: bool) -> None:
+        """Publish a new view; ``known`` is False while PodResources cannot be read."""
+        self._view, self._known = view, known
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """No fixed description: the families depend on the view."""
+        return iter(())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The families for one scrape."""
+        view, known = self._view, self._known
+        if view is None:
+            return
+        healthy = GaugeMetricFamily(
+            "enflame_gcu_card_healthy",
+            "1 when the card is healthy; labelled with the pod/namespace/container holding it",
+            labels=["card", "model", "numa_node", *POD_LABELS],
+        )
+        unhealthy = GaugeMetricFamily(
+            "enflame_gcu_card_unhealthy",
+            "1 for each unhealthy card, with the reason",
+            labels=["card", "reason"],
+        )
+        cards = GaugeMetricFamily(
+            "enflame_gcu_cards", "Cards on the node by health", labels=["health"]
+        )
+        allocated = GaugeMetricFamily(
+            "enflame_gcu_card_allocated",
+            "Devices of the card (1 for a whole card; vGCUs or slices) each container holds "
+            "now, per the kubelet's PodResources API; 0 with empty labels for a free card",
+            labels=["card", "model", "resource", *POD_LABELS],
+        )
+        held = GaugeMetricFamily(
+            "enflame_gcu_cards_allocated", "Cards any container holds now (PodResources)"
+        )
+        for card in view.cards:
+            base = [card.card.name, card.card.model]
+            for who in _who(card) if known else [("", "", "")]:
+                healthy.add_metric([*base, _numa(card), *who], 1 if card.healthy else 0)
+            if not card.healthy:
+                unhealthy.add_metric([card.card.name, card.reason or "unknown"], 1)
+            if known:
+                counts: dict[tuple[str, str, str, str], int] = {}
+                for h in card.holders:
+                    key = (h.resource, h.namespace, h.pod, h.container)
+                    counts[key] = counts.get(key, 0) + 1
+                for key, count in (counts or {("", "", "", ""): 0}).items():
+                    allocated.add_metric([*base, *key], count)
+        total = len(view.cards)
+        good = sum(1 for card in view.cards if card.healthy)
+        cards.add_metric(["Healthy"], good)
+        cards.add_metric(["Unhealthy"], total - good)
+        families = [cards, healthy, unhealthy]
+        if known:
+            held.add_metric([], sum(1 for card in view.cards if not card.free))
+            families += [allocated, held]
+        yield from families

@@ -1,0 +1,1 @@
+"""Adapters to the kubelet's node-local APIs other than device plugin registration."""

@@ -1,0 +1,65 @@
+"""The Grafana dashboard (deploy/grafana): every query's metrics and labels exist in a real
+scrape of a running plugin that serves pods, an unhealthy card and preferred allocations."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+from enflame_gcu.simulation import simulate
+from enflame_gcu.simulation.testing import plugin_process
+from tests.deploy import dashboard
+from tests.device_plugin.test_metrics import free_port
+
+
+def test_dashboard_is_importable_grafana_json() -> None:
+    document = dashboard.load()
+    assert document["uid"] == "enflame-gcu" and document["panels"]
+    ids = [panel["id"] for panel in document["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in document["panels"]:
+        assert panel["targets"], panel["title"]
+        assert panel["datasource"]["uid"] == "${datasource}"
+        assert panel["description"]
+    names = [v["name"] for v in document["templating"]["list"]]
+    assert names == ["datasource", "node"]
+
+
+def test_the_checker_catches_unknown_metrics_and_labels() -> None:
+    seen = {"enflame_gcu_cards": {"health"}}
+    assert dashboard.problems(['sum by (health) (enflame_gcu_cards{node=~"$node"})'], seen) == []
+    found = dashboard.problems(
+        [
+            "enflame_gcu_card_temperature",
+            'enflame_gcu_cards{colour="red"}',
+            "sum by (pod) (enflame_gcu_cards)",
+            "up",
+        ],
+        seen,
+    )
+    assert len(found) == 4, found
+
+
+def test_every_dashboard_query_resolves_against_a_running_plugin() -> None:
+    port = free_port()
+
+    async def main() -> str:
+        args = [f"--metrics-port={port}", "--pod-resources-interval=0.2", "--health-interval=0.5"]
+        async with plugin_process.running_node(args=args, pod_resources=True) as node:
+            await node.kubelet.allocate_pod("pod1", {"main": 2})
+            await node.kubelet.allocate_pod("pod2", {"main": 2}, namespace="ml")
+            simulate.unplug(node.root, 7)
+            url = f"http://127.0.0.1:{port}/metrics"
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while True:
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    text: str = answer.read().decode()
+                ready = 'pod="pod2"' in text and "enflame_gcu_card_unhealthy{" in text
+                if ready or loop.time() > deadline:
+                    return text
+                await asyncio.sleep(0.2)
+
+    text = asyncio.run(main())
+    seen = dashboard.scraped_labels(text)
+    assert dashboard.problems(dashboard.queries(), seen) == []
