@@ -136,6 +136,10 @@ def test_the_kubelets_endpoint_names_the_engine(tmp_path: os.PathLike[str]) -> N
     assert node_mode.detect(root).name == "crio"
     fx.write(root, "/var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\n")
     assert node_mode.detect(root).name == "containerd"  # the first CRI engine found
+    flags = 'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///var/run/crio/crio.sock"\n'
+    fx.write(root, "/var/lib/kubelet/kubeadm-flags.env", flags)
+    assert node_mode.detect(root).name == "crio"  # an older kubelet's flag, as kubeadm writes it
+    os.remove(_local(root, "/var/lib/kubelet/kubeadm-flags.env"))
     os.remove(_local(root, "/var/lib/kubelet/config.yaml"))
     os.rmdir(_local(root, "/var/lib/kubelet"))
     assert node_mode.detect(root).name == "docker"  # no kubelet: docker first

@@ -24,6 +24,7 @@ from enflame_gcu.errors import EnflameError, InstallError
 
 KUBELET_DIR = "/var/lib/kubelet"
 KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
+KUBEADM_FLAGS = "/var/lib/kubelet/kubeadm-flags.env"
 BINARIES = {
     "containerd": ("/usr/bin/containerd", "/usr/local/bin/containerd"),
     "crio": ("/usr/bin/crio", "/usr/local/bin/crio"),
@@ -52,15 +53,28 @@ def engine_version(root: str, engine: str) -> tuple[int, int] | None:
     return (int(match[1]), int(match[2])) if match else None
 
 
-def kubelet_engine(root: str) -> str | None:
-    """The engine the kubelet's config names as its CRI endpoint, if it says."""
+def _read_text(root: str, path: str) -> str:
     try:
-        with open(fileio.resolve(root, KUBELET_CONFIG), encoding="utf-8") as handle:
-            config = yaml.safe_load(handle)
-    except (OSError, yaml.YAMLError, EnflameError):
-        return None
+        with open(fileio.resolve(root, path), encoding="utf-8") as handle:
+            return handle.read(1 << 20)
+    except (OSError, UnicodeDecodeError, EnflameError):
+        return ""
+
+
+def kubelet_engine(root: str) -> str | None:
+    """The engine the kubelet names as its CRI endpoint: its config, else kubeadm's flags file."""
+    try:
+        config = yaml.safe_load(_read_text(root, KUBELET_CONFIG))
+    except yaml.YAMLError:
+        config = None
     endpoint = config.get("containerRuntimeEndpoint") if isinstance(config, dict) else None
     if not isinstance(endpoint, str):
+        # Older kubelets take it as a flag; kubeadm writes the flags to this file.
+        match = re.search(
+            r"--container-runtime-endpoint[= ]\"?(\S+?)\"?(?:\s|$)", _read_text(root, KUBEADM_FLAGS)
+        )
+        endpoint = match[1] if match else None
+    if not endpoint:
         return None
     return next((engine for key, engine in ENDPOINT_ENGINES if key in endpoint), None)
 
