@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import socket
 import threading
 
-from enflame_gcu.dra_plugin import claim_cdi, claims
+import pytest
+
+from enflame_gcu.dra_plugin import claim_cdi, claims, kubelet
 from enflame_gcu.dra_plugin import config as dra_config
 from tests.dra_plugin import harness
 
@@ -114,3 +117,77 @@ def test_a_pod_uid_socket_name_is_shortened_to_fit_the_unix_socket_limit() -> No
     name = os.path.basename(settings.registration_socket)
     assert name.startswith("gcu.enflame.com-0f3c7e1e") and name.endswith("-reg.sock")
     assert name != "gcu.enflame.com-reg.sock"
+
+
+def serving(path: str) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+@pytest.mark.parametrize("successor_binds", ["before the old servers stop", "as they stop"])
+def test_the_old_instance_stopping_never_removes_the_sockets_its_successor_bound(
+    successor_binds: str,
+) -> None:
+    """Two instances on the same socket names (no pod UID), the interleaving forced in one process.
+
+    A wipe deletes A's sockets; B binds both; A notices and stops. gRPC deletes the path it
+    bound, by name, when a server stops (B's file by then), and a "still ours?" check made
+    after A's listener closed may see B's socket carry A's old inode number.
+    """
+
+    async def main() -> None:
+        with harness.simulated_node() as where:
+            settings = where.settings()
+
+            def instance() -> kubelet.KubeletPlugin:
+                prepare, devices = harness.make_driver(where, source_with_claims(), settings)
+                return kubelet.KubeletPlugin(settings, prepare, devices)
+
+            a, b = instance(), instance()
+            try:
+                await a.start()
+                for directory in (settings.registry_dir, settings.data_dir):
+                    for name in os.listdir(directory):  # a kubelet restarting: sockets go
+                        path = os.path.join(directory, name)
+                        if name.endswith(".sock"):
+                            os.unlink(path)
+                if successor_binds == "before the old servers stop":
+                    await b.start()
+                else:  # B binds right after A's listeners closed, before A's stop() returns
+                    servers = list(a._servers)
+                    real_stop = servers[0].stop
+
+                    async def stop_then_successor_binds(grace: float | None) -> None:
+                        await real_stop(grace)
+                        await b.start()
+
+                    servers[0].stop = stop_then_successor_binds  # type: ignore[method-assign]
+                await a.stop()
+                assert b.restart_reason() is None
+                for path in (settings.endpoint, settings.registration_socket):
+                    assert serving(path), (path, os.listdir(os.path.dirname(path)))
+                stub = harness.DraKubeletStub(settings.registry_dir)
+                await stub.start()
+                try:
+                    await stub.wait_registered(settings.driver_name)
+                    answer = await stub.prepare(
+                        settings.driver_name, [(A.namespace, A.name, A.uid)]
+                    )
+                    assert answer.claims["uid-a"].error == ""
+                finally:
+                    await stub.stop()
+            finally:
+                await a.stop()
+                await b.stop()
+            leftovers = os.listdir(settings.registry_dir) + [
+                n for n in os.listdir(settings.data_dir) if n.endswith(".sock")
+            ]
+            assert leftovers == []  # B's sockets went with B; nothing else is left
+
+    asyncio.run(main())

@@ -6,6 +6,12 @@ socket appears means the kubelet never dials an endpoint that is not there yet. 
 socket is deleted or replaced (a cleanup script, a kubelet that re-creates its directories),
 both servers start again and the registration socket re-appears, so the kubelet registers us
 again; inotify on the two directories plus a one-second check notice it.
+
+Two instances may share the socket names (no pod UID), so each socket is bound under a private
+name (``.<name>.<8 hex digits>``) and renamed into place: gRPC deletes the path it bound, by
+name, when the server stops, whoever's file is there by then. An instance removes a socket
+only while it is still its own and its listener is still open (a closed socket's inode number
+is free for the next file at once).
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
+import socket
 
 import grpc
 
@@ -25,6 +33,7 @@ log = logging.getLogger(__name__)
 
 STOP_GRACE = 0.5
 CHECK_INTERVAL = 1.0
+BIND_TOKEN_BYTES = 4  # .<socket>.<8 hex digits>: the private name gRPC binds before the rename
 
 
 def identity(path: str) -> tuple[int, int, int] | None:
@@ -35,6 +44,41 @@ def identity(path: str) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return (info.st_dev, info.st_ino, info.st_ctime_ns)
+
+
+def listening(path: str) -> bool:
+    """True when a server accepts connections on the unix socket at ``path`` now."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(path)
+    except BlockingIOError:
+        return True  # a full backlog: somebody listens
+    except OSError:
+        return False  # ECONNREFUSED (stale file), ENOENT, not a socket ...
+    finally:
+        probe.close()
+    return True
+
+
+def remove_stale_binds(path: str) -> None:
+    """Remove private bind names of ``path`` nobody listens on (an instance killed meanwhile)."""
+    directory, prefix = os.path.dirname(path), f".{os.path.basename(path)}."
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        token = name[len(prefix) :]
+        if not name.startswith(prefix) or len(token) != 2 * BIND_TOKEN_BYTES:
+            continue
+        if any(c not in "0123456789abcdef" for c in token):
+            continue
+        stale = os.path.join(directory, name)
+        if not listening(stale):
+            log.info("removing %s left by an instance that was killed while starting", stale)
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
 
 
 class KubeletPlugin:
@@ -72,12 +116,25 @@ class KubeletPlugin:
         if os.path.lexists(path):
             log.info("removing stale socket %s left by an earlier instance", path)
             os.unlink(path)
+        remove_stale_binds(path)
+        directory, name = os.path.split(path)
+        private = os.path.join(directory, f".{name}.{secrets.token_hex(BIND_TOKEN_BYTES)}")
         server = grpc.aio.server()
         add(server)  # type: ignore[operator]
-        server.add_insecure_port(f"unix://{path}")
+        server.add_insecure_port(f"unix://{private}")
         await server.start()
         self._servers.append(server)
-        self._sockets[path] = identity(path)
+        # Nobody else knows the private name: this is the identity of the file we bound.
+        bound = identity(private)
+        try:
+            os.rename(private, path)
+        except FileNotFoundError:
+            bound = None  # wiped before we published it: restart_reason() says so
+        # The rename changed the ctime; the inode, held by our listener, is still ours alone.
+        published = identity(path)
+        if bound is None or published is None or published[:2] != bound[:2]:
+            published = None
+        self._sockets[path] = published
 
     async def start(self) -> None:
         """Serve the DRA + health services, then the registration socket."""
@@ -102,16 +159,21 @@ class KubeletPlugin:
         )
 
     async def stop(self) -> None:
-        """End health streams, stop both servers, remove our sockets (only if still ours)."""
-        if self._streams is not None:
-            self._streams.stop()
+        """Remove our sockets (only if still ours), end health streams, stop both servers.
+
+        The files go first, while our listeners still hold their inodes: once a listener is
+        closed the file system may give its inode number to the next file at once (ext4 does),
+        and a successor's socket at our path would then look like ours.
+        """
         # The registration socket goes first: the kubelet deregisters before the service ends.
-        for server in reversed(self._servers):
-            await server.stop(STOP_GRACE)
-        for path, ident in self._sockets.items():
+        for path, ident in reversed(self._sockets.items()):
             if ident is not None and identity(path) == ident:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
+        if self._streams is not None:
+            self._streams.stop()
+        for server in reversed(self._servers):
+            await server.stop(STOP_GRACE)
         self._servers.clear()
         self._sockets.clear()
         self._streams = None
