@@ -44,7 +44,7 @@ Options:
   --no-default       same as --mode runtimeclass
   --cdi-annotations  the device plugin uses the cdi-annotations strategy: containerd 1.x is
                      told to pass the container annotations cdi.k8s.io/* to the runtime
-  --restart          SIGHUP/restart the engines whose config changed (default: print how)
+  --restart-engine   SIGHUP/restart the engines whose config changed (default: print how)
   --host-root DIR    treat DIR as / (tests, images); /usr/bin links then point at host paths
   --dry-run          print what would change, change nothing
   --uninstall        undo a previous install
@@ -83,7 +83,7 @@ while [[ $# -gt 0 ]]; do
         --mode) need_value "$@"; MODE=$2; shift 2 ;;
         --no-default) MODE=${MODE:-runtimeclass}; shift ;;
         --cdi-annotations) CDI_ANNOTATIONS=1; shift ;;
-        --restart) RESTART=1; shift ;;
+        --restart-engine|--restart) RESTART=1; shift ;; # --restart: the old spelling
         --dry-run) DRY_RUN=1; shift ;;
         --uninstall) UNINSTALL=1; shift ;;
         -h|--help) usage; exit 0 ;;

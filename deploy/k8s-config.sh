@@ -11,12 +11,12 @@
 #
 # Usage: deploy/k8s-config.sh [--dry-run] [--runtime docker|containerd|crio] [--no-restart]
 #                             [--mode MODE] [--skip-swap] [--skip-kubelet] [--skip-runtime]
-#                             [--root DIR]
+#                             [--host-root DIR]
 #   --dry-run      print what would change (and enflame-ctk's diff), change nothing
 #   --runtime      the engine to configure (default: detected from the kubelet, then sockets)
 #   --mode         auto (default), device-specs, cdi, runtimeclass or default-runtime
 #   --no-restart   do not reload/restart the engine or the kubelet (do it yourself later)
-#   --root DIR     act on a node tree under DIR (testing); commands acting on the live system
+#   --host-root DIR  act on a node tree under DIR (testing); commands acting on the live system
 #                  (swapoff, systemctl, engine restarts) are then only printed
 # Environment: KUBELET (kubelet binary), ENFLAME_CTK (enflame-ctk binary).
 set -euo pipefail
@@ -33,6 +33,7 @@ root="/"
 usage() { sed -n '2,24s/^# \{0,1\}//p' "$0"; }
 say() { printf 'k8s-config: %s\n' "$*"; }
 die() { printf 'k8s-config: error: %s\n' "$*" >&2; exit 1; }
+usage_error() { printf 'k8s-config: error: %s\n' "$*" >&2; exit 2; }
 
 while [ "$#" -gt 0 ]; do
     case "$1" in
@@ -42,46 +43,46 @@ while [ "$#" -gt 0 ]; do
         --skip-kubelet) do_kubelet=0 ;;
         --skip-runtime) do_runtime=0 ;;
         --runtime)
-            [ "$#" -ge 2 ] || die "--runtime needs a value: docker, containerd or crio"
+            [ "$#" -ge 2 ] || usage_error "--runtime needs a value: docker, containerd or crio"
             runtime=$2
             shift
             ;;
         --runtime=*) runtime=${1#--runtime=} ;;
         --mode)
-            [ "$#" -ge 2 ] || die "--mode needs a value: auto, device-specs, cdi, runtimeclass or default-runtime"
+            [ "$#" -ge 2 ] || usage_error "--mode needs a value: auto, device-specs, cdi, runtimeclass or default-runtime"
             mode=$2
             shift
             ;;
         --mode=*) mode=${1#--mode=} ;;
-        --root)
-            [ "$#" -ge 2 ] || die "--root needs a directory"
+        --host-root | --root) # --root: the old spelling
+            [ "$#" -ge 2 ] || usage_error "$1 needs a directory"
             root=$2
             shift
             ;;
-        --root=*) root=${1#--root=} ;;
+        --host-root=* | --root=*) root=${1#*=} ;;
         -h | --help) usage; exit 0 ;;
-        *) usage >&2; die "unknown argument: $1" ;;
+        *) usage >&2; usage_error "unknown argument: $1" ;;
     esac
     shift
 done
 case "$runtime" in
     "" | docker | containerd | crio) ;;
-    *) die "--runtime must be docker, containerd or crio, not '$runtime'" ;;
+    *) usage_error "--runtime must be docker, containerd or crio, not '$runtime'" ;;
 esac
 case "$mode" in
     auto | device-specs | cdi | runtimeclass | default-runtime) ;;
-    *) die "--mode must be auto, device-specs, cdi, runtimeclass or default-runtime, not '$mode'" ;;
+    *) usage_error "--mode must be auto, device-specs, cdi, runtimeclass or default-runtime, not '$mode'" ;;
 esac
-[ -d "$root" ] || die "--root $root is not a directory"
+[ -d "$root" ] || usage_error "--host-root $root is not a directory"
 root=$(cd "$root" && pwd)
 root=${root%/}
 live=1
-if [ -n "$root" ]; then live=0; fi # any --root other than / is a test tree
+if [ -n "$root" ]; then live=0; fi # any --host-root other than / is a test tree
 if [ "$dry_run" -eq 0 ] && [ "$live" -eq 1 ] && [ "$(id -u)" -ne 0 ]; then
     die "run as root (or with --dry-run to see what would change)"
 fi
 
-# Run a command that acts on the live system; only print it in dry-run mode or under --root.
+# Run a command that acts on the live system; only print it in dry-run mode or under --host-root.
 run_live() {
     if [ "$dry_run" -eq 1 ] || [ "$live" -eq 0 ]; then
         say "would run: $*"
@@ -98,7 +99,7 @@ configure_swap() {
         active=$(tail -n +2 /proc/swaps)
     fi
     if [ "$live" -eq 0 ]; then
-        say "swap: the live system's swap is not touched under --root"
+        say "swap: the live system's swap is not touched under --host-root"
     elif [ -n "$active" ]; then
         run_live swapoff -a
     else
@@ -234,17 +235,9 @@ configure_runtime() {
     local args=(runtime configure --runtime "$runtime")
     [ "$chosen" = default-runtime ] && args+=(--set-as-default)
     say "runtime: node mode $chosen"
-    if [ "$live" -eq 0 ]; then
-        local config
-        case "$runtime" in
-            docker) config=/etc/docker/daemon.json ;;
-            containerd) config=/etc/containerd/config.toml ;;
-            crio) config=/etc/crio/crio.conf.d/99-enflame.toml ;;
-        esac
-        args+=(--config "$root$config")
-    fi
+    if [ "$live" -eq 0 ]; then args+=(--host-root "$root"); fi
     if [ "$dry_run" -eq 1 ]; then
-        say "would run: enflame-ctk ${args[*]}$([ "$restart" -eq 1 ] && [ "$live" -eq 1 ] && echo ' --restart')"
+        say "would run: enflame-ctk ${args[*]}$([ "$restart" -eq 1 ] && [ "$live" -eq 1 ] && echo ' --restart-engine')"
         if [ -n "$ctk" ]; then
             say "changes enflame-ctk would make:"
             "$ctk" "${args[@]}" --dry-run || say "enflame-ctk could not show the diff (see its message above)"
@@ -252,7 +245,7 @@ configure_runtime() {
         return
     fi
     [ -n "$ctk" ] || die "enflame-ctk not found: install the toolkit first (deploy/install.sh) or set ENFLAME_CTK"
-    if [ "$restart" -eq 1 ] && [ "$live" -eq 1 ]; then args+=(--restart); fi
+    if [ "$restart" -eq 1 ] && [ "$live" -eq 1 ]; then args+=(--restart-engine); fi
     say "running: $ctk ${args[*]}"
     "$ctk" "${args[@]}"
 }

@@ -16,7 +16,7 @@ from tests.shim.schemas import CDI_DIR, assert_valid_cdi
 
 
 def generate(vendor_node: str, output: str, *extra: str) -> int:
-    return cli.main(["cdi", "generate", "--root", vendor_node, "--output", output, *extra])
+    return cli.main(["cdi", "generate", "--host-root", vendor_node, "--output", output, *extra])
 
 
 @pytest.fixture
@@ -282,7 +282,7 @@ def test_generate_writes_the_prepared_edits_for_the_configs_root(
     monkeypatch.setenv("ENFLAME_CONTAINER_RUNTIME_CONFIG", config)
     out = os.path.join(str(tmp_path), "cdi")
     assert cli.main(["cdi", "generate", "--output", out, "--prepared-edits", "config"]) == 0
-    assert f"wrote {prepared}" in capsys.readouterr().out
+    assert f"enflame-ctk: wrote {prepared}" in capsys.readouterr().err
     with open(prepared, encoding="utf-8") as handle:
         document = json.load(handle)
     assert document["root"] == vendor_node

@@ -78,7 +78,7 @@ def test_healthy_node_passes_every_check(healthy: str, capsys: pytest.CaptureFix
         "swap",
         "cpu-manager",
     }
-    assert main(["doctor", "--root", healthy]) == 0
+    assert main(["doctor", "--host-root", healthy]) == 0
     out = capsys.readouterr().out
     assert "PASS  driver" in out and "enflame driver 1.0.20230110 loaded" in out
 
@@ -124,7 +124,10 @@ def test_docker_without_enflame_fails_and_not_default_warns(healthy: str) -> Non
     engines.unconfigure("docker", None, host_root=healthy)
     result = _result(healthy, "engine-docker")
     assert result.status == "fail"
-    assert result.fix == "enflame-ctk runtime configure --runtime docker --set-as-default --restart"
+    assert (
+        result.fix
+        == "enflame-ctk runtime configure --runtime docker --set-as-default --restart-engine"
+    )
     engines.configure("docker", None, engines.RuntimeOptions(), host_root=healthy)
     assert _result(healthy, "engine-docker").status == "warn"
 
@@ -220,10 +223,10 @@ def test_exit_code_and_json_reflect_the_worst_result(
     healthy: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     os.unlink(os.path.join(healthy, "var/lib/kubelet/device-plugins/enflame.sock"))
-    assert main(["doctor", "--root", healthy]) == 1
+    assert main(["doctor", "--host-root", healthy]) == 3  # warnings only
     capsys.readouterr()
     simulate.unload_driver(healthy)
-    assert main(["doctor", "--root", healthy, "--json"]) == 2
+    assert main(["doctor", "--host-root", healthy, "--json"]) == 1  # a check failed
     document = json.loads(capsys.readouterr().out)
     assert document["status"] == "fail"
     driver = next(r for r in document["results"] if r["name"] == "driver")

@@ -81,7 +81,7 @@ def test_a_root_whose_dev_leads_outside_it_is_refused(
     dev = os.path.join(root, "dev")
     os.rename(dev, os.path.join(root, "dev.real"))
     os.symlink("/dev", dev)  # on the host: its own /dev; from here: this process's /dev
-    argv = [command, "--root", root] + (["--output", "-"] if command == "labels" else [])
+    argv = [command, "--host-root", root] + (["--output", "-"] if command == "labels" else [])
     assert main(argv) != 0
     err = capsys.readouterr().err
     assert "/dev under the host root" in err and "refused" in err

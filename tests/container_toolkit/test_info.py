@@ -22,7 +22,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_info_text_shows_cards_groups_and_tree(vendor_node: str) -> None:
-    result = _run("info", "--root", vendor_node)
+    result = _run("info", "--host-root", vendor_node)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "Driver:         enflame 1.0.20230110" in out
@@ -48,7 +48,7 @@ def test_info_text_shows_cards_groups_and_tree(vendor_node: str) -> None:
 
 
 def test_info_json_is_the_same_facts(vendor_node: str) -> None:
-    result = _run("info", "--root", vendor_node, "--json")
+    result = _run("info", "--host-root", vendor_node, "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["driver"] == {"loaded": True, "version": "1.0.20230110"}
@@ -74,14 +74,14 @@ def test_info_json_is_the_same_facts(vendor_node: str) -> None:
 
 def test_info_reports_an_unusable_card_and_exits_zero_while_others_work(vendor_node: str) -> None:
     os.unlink(os.path.join(vendor_node, "dev/gcu6"))
-    result = _run("info", "--root", vendor_node)
+    result = _run("info", "--host-root", vendor_node)
     assert result.returncode == 0
     assert "Cards:          7 usable of 8" in result.stdout
     assert "NOT USABLE: /dev/gcu6 is missing" in result.stdout
 
 
 def test_info_on_a_node_without_cards_says_so_and_fails(tmp_path: object) -> None:
-    result = _run("info", "--root", str(tmp_path))
+    result = _run("info", "--host-root", str(tmp_path))
     assert result.returncode == 1
     assert "No GCU cards found" in result.stdout
     assert "cannot list /sys/bus/pci/devices" in result.stdout
@@ -90,16 +90,16 @@ def test_info_on_a_node_without_cards_says_so_and_fails(tmp_path: object) -> Non
 @pytest.mark.parametrize("name", topofile.builtin_names())
 def test_info_works_on_every_builtin_topology(make_node: MakeNode, name: str) -> None:
     root = make_node(name)
-    assert cli.main(["info", "--root", root, "--json"]) == 0
+    assert cli.main(["info", "--host-root", root, "--json"]) == 0
 
 
 def test_sim_cli_create_unplug_replug_and_errors(tmp_path: object) -> None:
     root = os.path.join(str(tmp_path), "node")
     created = _run("sim", "create", root, "--topology", "flat-4card")
     assert created.returncode == 0, created.stderr
-    assert "device nodes are character devices (mknod)" in created.stdout
+    assert "enflame-ctk: device nodes are character devices (mknod)" in created.stderr
     assert _run("sim", "unplug", root, "gcu2").returncode == 0
-    data = json.loads(_run("info", "--root", root, "--json").stdout)
+    data = json.loads(_run("info", "--host-root", root, "--json").stdout)
     assert [c["name"] for c in data["cards"]] == ["gcu0", "gcu1", "gcu3"]
     assert _run("sim", "replug", root, "2").returncode == 0
     bad = _run("sim", "unplug", root, "gcu9")
@@ -114,10 +114,13 @@ def test_sim_cli_driver_actions(tmp_path: object) -> None:
     root = os.path.join(str(tmp_path), "node")
     assert _run("sim", "create", root).returncode == 0
     assert _run("sim", "set-driver-version", root, "1.2.3").returncode == 0
-    assert json.loads(_run("info", "--root", root, "--json").stdout)["driver"]["version"] == "1.2.3"
+    assert (
+        json.loads(_run("info", "--host-root", root, "--json").stdout)["driver"]["version"]
+        == "1.2.3"
+    )
     assert _run("sim", "unload-driver", root).returncode == 0
-    unloaded = _run("info", "--root", root)
+    unloaded = _run("info", "--host-root", root)
     assert unloaded.returncode == 1
     assert "Driver:         enflame NOT LOADED" in unloaded.stdout
     assert _run("sim", "load-driver", root).returncode == 0
-    assert _run("info", "--root", root).returncode == 0
+    assert _run("info", "--host-root", root).returncode == 0

@@ -10,7 +10,7 @@ from enflame_gcu.container_toolkit import cli
 
 
 def test_labels_to_stdout(vendor_node: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["labels", "--root", vendor_node, "--output", "-"]) == 0
+    assert cli.main(["labels", "--host-root", vendor_node, "--output", "-"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "enflame.com/gcu.count=8"
     assert "enflame.com/gcu.present=true" in lines
@@ -19,7 +19,7 @@ def test_labels_to_stdout(vendor_node: str, capsys: pytest.CaptureFixture[str]) 
 
 def test_labels_written_to_a_feature_file(vendor_node: str, tmp_path: object) -> None:
     target = os.path.join(str(tmp_path), "features.d", "enflame-gcu")
-    assert cli.main(["labels", "--root", vendor_node, "--output", target]) == 0
+    assert cli.main(["labels", "--host-root", vendor_node, "--output", target]) == 0
     with open(target, encoding="utf-8") as handle:
         assert "enflame.com/gcu.model=T20-32GB\n" in handle.read()
     assert oct(os.stat(target).st_mode & 0o777) == "0o644"

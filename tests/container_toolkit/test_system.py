@@ -18,7 +18,7 @@ def links(root: str) -> dict[str, str]:
 
 
 def test_creates_a_link_per_gcu_node(vendor_node: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["system", "create-dev-char-symlinks", "--root", vendor_node]) == 0
+    assert cli.main(["system", "create-dev-char-symlinks", "--host-root", vendor_node]) == 0
     expected = {f"238:{n}": f"../gcu{n}" for n in range(8)} | {"238:255": "../gcuctl"}
     assert links(vendor_node) == expected
     out = capsys.readouterr().out
@@ -45,7 +45,7 @@ def test_is_idempotent_and_repairs_wrong_links(
 
 
 def test_dry_run_changes_nothing(vendor_node: str, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["system", "create-dev-char-symlinks", "--root", vendor_node, "--dry-run"]
+    args = ["system", "create-dev-char-symlinks", "--host-root", vendor_node, "--dry-run"]
     assert cli.main(args) == 0
     assert "would be created" in capsys.readouterr().out
     assert not os.path.exists(os.path.join(vendor_node, "dev", "char"))
@@ -56,7 +56,7 @@ def test_a_regular_file_in_the_way_is_reported_not_removed(vendor_node: str) -> 
     blocker = os.path.join(vendor_node, "dev", "char", "238:2")
     with open(blocker, "w", encoding="utf-8") as handle:
         handle.write("keep me")
-    assert cli.main(["system", "create-dev-char-symlinks", "--root", vendor_node]) == 1
+    assert cli.main(["system", "create-dev-char-symlinks", "--host-root", vendor_node]) == 1
     with open(blocker, encoding="utf-8") as handle:
         assert handle.read() == "keep me"
 

@@ -221,7 +221,7 @@ def test_doc_shows_the_commands_it_is_about(doc: str) -> None:
 
 
 def test_the_checker_catches_unknown_flags_and_subcommands() -> None:
-    assert command_problems("enflame-ctk", ["info", "--root", "/x", "--json"]) == []
+    assert command_problems("enflame-ctk", ["info", "--host-root", "/x", "--json"]) == []
     assert command_problems("enflame-ctk", ["info", "--no-such-flag"]) == [
         "enflame-ctk info: no option --no-such-flag"
     ]

@@ -1,4 +1,4 @@
-"""deploy/k8s-config.sh on a node tree under --root, with a stand-in kubelet and enflame-ctk.
+"""deploy/k8s-config.sh on a node tree under --host-root, with a stand-in kubelet and enflame-ctk.
 
 Under --root nothing on the live system is touched (swapoff, systemctl are only printed), so
 these tests run the script for real against temporary trees.
@@ -41,7 +41,7 @@ def run(
     ctk = executable(tmp_path / "enflame-ctk", f'#!/bin/sh\necho "$@" >> {tmp_path}/ctk-calls\n')
     env = {**os.environ, "KUBELET": kubelet, "ENFLAME_CTK": ctk}
     return subprocess.run(
-        ["bash", os.path.join(DEPLOY, "k8s-config.sh"), "--root", str(root), *args],
+        ["bash", os.path.join(DEPLOY, "k8s-config.sh"), "--host-root", str(root), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -89,9 +89,8 @@ def test_wrapper_modes_configure_the_engine(
 ) -> None:
     result = run(tmp_path, node, "--skip-swap", "--mode", mode)
     assert result.returncode == 0, result.stderr
-    config = node / "etc" / "containerd" / "config.toml"
     assert ctk_calls(tmp_path) == [
-        f"runtime configure --runtime containerd{flags} --config {config}"
+        f"runtime configure --runtime containerd{flags} --host-root {node}"
     ]
 
 
@@ -111,14 +110,13 @@ def test_runtime_can_be_chosen(tmp_path: Path, node: Path) -> None:
     result = run(tmp_path, node, "--runtime", "docker", "--skip-swap")
     assert result.returncode == 0, result.stderr
     assert ctk_calls(tmp_path) == [
-        "runtime configure --runtime docker --set-as-default"
-        f" --config {node}/etc/docker/daemon.json"
+        f"runtime configure --runtime docker --set-as-default --host-root {node}"
     ]
 
 
 def test_unknown_runtime_is_refused(tmp_path: Path, node: Path) -> None:
     result = run(tmp_path, node, "--runtime", "rkt")
-    assert result.returncode == 1
+    assert result.returncode == 2  # a usage error, as for enflame-ctk
     assert "--runtime must be docker, containerd or crio" in result.stderr
 
 

@@ -68,7 +68,7 @@ def test_daemonset_mounts_what_the_driver_defaults_to_and_runs_only_on_dra_nodes
         assert mounts[path] is False
     assert mounts["/host/sys"] is True and mounts["/host/dev"] is True
     assert container["command"] == ["enflame-dra-plugin"]
-    assert "--root=/host" in container["args"]
+    assert "--host-root=/host" in container["args"]
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["ENFLAME_VISIBLE_DEVICES"]["value"] == "void"

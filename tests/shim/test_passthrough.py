@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 
 import pytest
 
+import enflame_gcu
 from enflame_gcu import naming
 from enflame_gcu.shim import launcher
 from tests.shim import launch
@@ -90,7 +92,6 @@ STATE_ARGS = ["--root", "/run/x", "--log", "/b/log.json", "--log-format", "json"
         ["delete", "--force", "create"],
         ["--debug", "--systemd-cgroup", "kill", "c1", "KILL"],
         ["exec", "--process", "/tmp/p.json", "c1"],
-        ["--version"],
         ["spec", "--bundle", "/nonexistent"],
     ],
 )
@@ -104,6 +105,29 @@ def test_non_create_calls_exec_the_runtime_with_identical_argv(
     assert result.stdout == b""
     assert result.stderr == b""
     assert recorded(record) == [path, *args]
+
+
+@pytest.mark.runc
+def test_version_names_ours_then_the_low_level_runtimes(
+    fake_runc: tuple[str, str], wrapper: str, write_config: WriteConfig
+) -> None:
+    runc = shutil.which("runc")
+    assert runc, "runc is installed by make test"
+    config = write_config(runtimes=[runc])
+    result = launch.run(wrapper, ["--version"], config)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.decode().splitlines()
+    assert lines[0] == f"enflame-container-runtime version {enflame_gcu.__version__}"
+    assert lines[1] == f"low-level runtime: {runc}"
+    assert lines[2].startswith("runc version "), lines  # runc's own answer, exec'd
+    # With a subcommand, --version is that command's business: passed through untouched.
+    path, record = fake_runc
+    config = write_config(runtimes=[path])
+    result = launch.run(
+        wrapper, ["state", "--version"], config, extra_env={"FAKE_RUNC_RECORD": record}
+    )
+    assert result.stdout == b""
+    assert recorded(record) == [path, "state", "--version"]
 
 
 def test_console_script_passes_through_too(

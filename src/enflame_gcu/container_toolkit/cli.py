@@ -11,6 +11,7 @@ from enflame_gcu import __version__
 from enflame_gcu.container_toolkit.commands import (
     allocations,
     cdi,
+    common,
     doctor,
     info,
     install,
@@ -25,31 +26,65 @@ from enflame_gcu.errors import EnflameError
 COMMAND_MODULES = (info, labels, allocations, sim, cdi, runtime, system, install, doctor)
 
 
+EPILOG = """\
+options common to every command (before or after it): --log-level LEVEL
+every command that reads the node takes --host-root DIR (the host's / as seen from here)
+every command that reports takes --json (one document with a schemaVersion)
+results go to stdout; errors, warnings and notes go to stderr, prefixed "enflame-ctk: "
+
+exit status: 0 success; 1 a check failed or the command could not do what was asked;
+2 usage error (unknown option, bad value, missing --host-root directory): nothing was changed;
+3 doctor found warnings and no failure.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (also used by tests that check documented commands exist)."""
-    parser = argparse.ArgumentParser(
-        prog="enflame-ctk",
+    parser = common.Parser(
+        prog=common.PROG,
         description="Enflame GCU container toolkit: inspect, simulate and configure GCU nodes.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common.global_options()],
     )
-    parser.add_argument("--version", action="version", version=f"enflame-ctk {__version__}")
     parser.add_argument(
-        "--log-level", default="warning", choices=["debug", "info", "warning", "error"]
+        "--version",
+        action="version",
+        version=f"enflame-ctk {__version__}",
+        help="print the version and exit",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMAND_MODULES:
         module.register(subparsers)
+    _add_global_options(parser, top=True)
     return parser
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """Give every subcommand (at any depth) the global options, so they may follow it."""
+    if not top and not any(a.dest == "log_level" for a in parser._actions):
+        for action in common.global_options()._actions:
+            parser._add_action(action)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                _add_global_options(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, dispatch to the chosen subcommand's handler, map project errors to exit 1."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    level = getattr(args, "log_level", "warning")
+    logging.basicConfig(level=level.upper(), format="enflame-ctk: %(levelname)s: %(message)s")
     try:
         return int(args.handler(args))
     except EnflameError as exc:
-        print(f"enflame-ctk: {exc}", file=sys.stderr)
-        return 1
+        common.note(str(exc))
+        return common.EXIT_FAILED
+    except OSError as exc:
+        # Permissions, a full disk, a read-only host path: name it, never a traceback.
+        common.note(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+        return common.EXIT_FAILED
     except KeyboardInterrupt:
         return 130
 

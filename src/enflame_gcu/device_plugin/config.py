@@ -110,7 +110,10 @@ def _bool(text: str) -> bool:
 
 
 def _interval(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of seconds") from None
     if not 0.05 <= value <= 3600:
         raise ValueError(f"{text} is outside 0.05..3600 seconds")
     return value
@@ -137,7 +140,10 @@ def _kinds(text: str) -> tuple[str, ...]:
 
 
 def _port(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a port number (0..65535; 0 turns metrics off)") from None
     if not 0 <= value <= 65535:
         raise ValueError(f"{text} is outside 0..65535 (0 turns metrics off)")
     return value
@@ -265,9 +271,11 @@ OPTIONS: tuple[Option, ...] = (
         "allocation_policy",
         "DP_ALLOCATION_POLICY",
         _choice(sorted(allocation.POLICIES)),
-        "how GetPreferredAllocation chooses cards",
+        f"how GetPreferredAllocation chooses cards: {', '.join(sorted(allocation.POLICIES))}",
     ),
-    Option("log_level", "DP_LOG_LEVEL", _choice(LOG_LEVELS), "log verbosity"),
+    Option(
+        "log_level", "DP_LOG_LEVEL", _choice(LOG_LEVELS), f"log verbosity: {', '.join(LOG_LEVELS)}"
+    ),
     Option(
         "log_format",
         "DP_LOG_FORMAT",

@@ -85,6 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"enflame-device-plugin: {exc}", file=sys.stderr)
         return 2
+    if not os.path.isdir(config.host_root):
+        # Checked once at start: a later SIGHUP re-reads the file, never the mounts.
+        print(f"enflame-device-plugin: invalid host-root: {config.host_root} "
+              f"{'is not a directory' if os.path.exists(config.host_root) else 'does not exist'}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     logs.configure(config.log_format)
     apply_log_level(config)
     log.info("enflame-device-plugin %s starting: %s", __version__, config.describe())

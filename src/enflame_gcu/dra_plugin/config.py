@@ -100,7 +100,14 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--node-name", default=env.get("NODE_NAME", ""))
-    parser.add_argument("--root", default=_flag(env, "ENFLAME_DRA_ROOT", "/"))
+    parser.add_argument(
+        "--host-root",
+        "--root",  # the old spelling, kept for existing manifests
+        dest="root",
+        metavar="DIR",
+        default=_flag(env, "ENFLAME_DRA_ROOT", "/"),
+        help="the host's / as seen from here (sysfs, /dev) [env ENFLAME_DRA_ROOT; default /]",
+    )
     parser.add_argument(
         "--registry-dir", default=_flag(env, "ENFLAME_DRA_REGISTRY_DIR", REGISTRY_DIR)
     )

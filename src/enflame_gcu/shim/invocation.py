@@ -23,7 +23,16 @@ _CREATE_VALUE_FLAGS = frozenset({"bundle", "b", "console-socket", "pid-file", "p
 class Invocation:
     """What runc is being asked to do, parsed from the argument vector."""
 
-    __slots__ = ("argv", "bundle", "command", "container_id", "help", "log_file", "log_format")
+    __slots__ = (
+        "argv",
+        "bundle",
+        "command",
+        "container_id",
+        "help",
+        "log_file",
+        "log_format",
+        "version",
+    )
 
     def __init__(
         self,
@@ -43,6 +52,7 @@ class Invocation:
         self.log_file = log_file
         self.log_format = log_format
         self.help = help
+        self.version = False
 
     @property
     def edits_spec(self) -> bool:
@@ -67,6 +77,7 @@ def parse_argv(argv: list[str]) -> Invocation:
     index = 1
     command: str | None = None
     wants_help = False
+    wants_version = False
     while index < len(argv):
         arg = argv[index]
         if arg == "--":
@@ -86,9 +97,11 @@ def parse_argv(argv: list[str]) -> Invocation:
             log_format = value or "text"
         elif name in ("help", "h", "version", "v"):
             wants_help = True
+            wants_version = wants_version or name in ("version", "v")
         index += 1
     invocation = Invocation(argv, command, log_file=log_file, log_format=log_format)
     invocation.help = wants_help
+    invocation.version = wants_version and command is None
     if command in EDITING_COMMANDS:
         _parse_create(argv[index + 1 :], invocation)
     return invocation

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
+from enflame_gcu import __version__
 from enflame_gcu.errors import EnflameError
 from enflame_gcu.shim import config as runtime_config
 from enflame_gcu.shim import invocation as runtime_invocation
@@ -92,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     except EnflameError as exc:
         runtime_invocation.report_error(invocation, str(exc))
         return 1
+    if invocation.version:
+        # Ours first, then the low-level runtime's own lines (it execs and prints them).
+        sys.stdout.write(
+            f"{runtime_invocation.PROG} version {__version__}\nlow-level runtime: {runtime}\n"
+        )
+        sys.stdout.flush()
     if invocation.edits_spec and may_request_devices(invocation.bundle or "."):
         try:
             from enflame_gcu.shim import create

@@ -135,5 +135,5 @@ def test_doctor_flags_pod_annotations_that_name_devices(
     ] = ["cdi.k8s.io/*"]
     fx.write(node, "/etc/containerd/config.toml", tomlkit.dumps(document))
     assert _strategy(node, ()).status == "fail"
-    main(["doctor", "--root", node, "--device-list-strategy", "envvar"])
+    main(["doctor", "--host-root", node, "--device-list-strategy", "envvar"])
     assert "any pod author can name devices" in capsys.readouterr().out

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from typing import Any
 
 from enflame_gcu.container_toolkit import doctor
+from enflame_gcu.container_toolkit.commands import common
 
-EXIT_CODES = {"pass": 0, "warn": 1, "fail": 2}
+EXIT_CODES = {"pass": common.EXIT_OK, "warn": common.EXIT_WARNINGS, "fail": common.EXIT_FAILED}
 
 EPILOG = """\
 checks: driver loaded and its version; /dev/gcu* and /dev/gcuctl present and matching sysfs;
@@ -21,7 +21,8 @@ without the annotation pass-through) and pod_annotations that let pods name devi
 the node mode (device-specs, cdi, runtimeclass, default-runtime), whether the node is set up
 for it (CDI specs current, the wrapper default or not) and whether the plugin's settings match.
 
-exit status: 0 every check passed, 1 warnings only, 2 at least one check failed.
+exit status: 0 every check passed, 1 at least one check failed, 3 warnings only,
+2 usage error (bad option or value, missing --host-root directory).
 """
 
 
@@ -29,14 +30,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add the ``doctor`` command to the ``enflame-ctk`` parser."""
     parser = subparsers.add_parser(
         "doctor",
-        help="diagnose this node: driver, devices, runtime, engines, kubelet (exit 0/1/2)",
+        help="diagnose this node: driver, devices, runtime, engines, kubelet (exit 0/1/3)",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--root", default="/", metavar="DIR", help="read every path under DIR (e.g. /host)"
-    )
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    common.add_host_root(parser)
+    common.add_json(parser)
     parser.add_argument(
         "--device-list-strategy",
         metavar="LIST",
@@ -51,12 +50,12 @@ def doctor_command(args: argparse.Namespace) -> int:
     strategies = None
     if args.device_list_strategy:
         strategies = tuple(s.strip() for s in args.device_list_strategy.split(",") if s.strip())
-    results = doctor.run(args.root, strategies)
+    results = doctor.run(args.host_root, strategies)
     worst = doctor.worst(results)
     if args.json:
-        document = {"root": args.root, "status": worst}
+        document: dict[str, object] = {"root": args.host_root, "status": worst}
         document["results"] = [dataclasses.asdict(r) for r in results]
-        print(json.dumps(document, indent=2))
+        common.print_json("DoctorReport", document)
         return EXIT_CODES[worst]
     width = max((len(r.name) for r in results), default=0)
     for result in results:

@@ -12,6 +12,7 @@ from typing import Any
 
 from enflame_gcu import node_modes
 from enflame_gcu.container_toolkit import cdi, cdi_keeper, engines, installer
+from enflame_gcu.container_toolkit.commands import common
 
 READY_LINE = "enflame-ctk install: ready"
 
@@ -33,9 +34,7 @@ is removed on uninstall only if nobody edited it.
 
 
 def _paths(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--host-root", default="/", metavar="DIR", help="the host's / as seen from here"
-    )
+    common.add_host_root(parser, "read and write")
     parser.add_argument(
         "--toolkit-dir",
         default=installer.DEFAULT_TOOLKIT_DIR,
@@ -66,7 +65,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--runtime",
         action="append",
         choices=["auto", "none", *sorted(engines.ENGINES)],
-        help="engine(s) to configure; repeatable (default: auto = the engines this host has)",
+        help="engine(s) to configure, one of %(choices)s; repeatable (default: auto = the "
+        "engines this host has)",
     )
     parser.add_argument(
         "--set-as-default", action="store_true", help="make enflame the engines' default runtime"
@@ -121,7 +121,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.set_defaults(handler=install_command)
 
     remove = subparsers.add_parser(
-        "uninstall", help="undo everything `enflame-ctk install` recorded in its manifest"
+        "uninstall",
+        help="undo everything `enflame-ctk install` recorded in its manifest",
+        description="Undo what `enflame-ctk install` recorded in TOOLKIT_DIR/install-manifest."
+        "json; --dry-run prints the same plan and changes nothing.",
     )
     _paths(remove)
     remove.set_defaults(handler=uninstall_command)
@@ -142,15 +145,14 @@ def _print(outcome: installer.Outcome) -> None:
 def install_command(args: argparse.Namespace) -> int:
     """Handler of ``install``: install, and with --wait stay until told to stop, then undo."""
     if args.wait and args.dry_run:
-        print("enflame-ctk: --wait and --dry-run do not go together", file=sys.stderr)
-        return 1
+        common.note("--wait and --dry-run do not go together")
+        return common.EXIT_USAGE
     if args.mode and args.set_as_default:
-        print(
-            "enflame-ctk: --mode decides whether enflame is the default runtime "
-            "(default-runtime); drop --set-as-default",
-            file=sys.stderr,
+        common.note(
+            "--mode decides whether enflame is the default runtime (default-runtime); "
+            "drop --set-as-default"
         )
-        return 1
+        return common.EXIT_USAGE
     stop = threading.Event()
     if args.wait:
         # Installed before the work starts: a SIGTERM during install is acted on right after.

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from enflame_gcu.container_toolkit import engines
+from enflame_gcu.container_toolkit.commands import common
 from enflame_gcu.container_toolkit.engines import base
 from enflame_gcu.container_toolkit.engines import reload as engine_reload
 from enflame_gcu.errors import EngineConfigError
@@ -14,22 +14,26 @@ from enflame_gcu.errors import EngineConfigError
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--runtime", required=True, choices=sorted(engines.ENGINES), help="container engine"
+        "--runtime",
+        required=True,
+        choices=sorted(engines.ENGINES),
+        help="container engine: %(choices)s",
     )
     parser.add_argument(
-        "--config", metavar="PATH", help="engine config file (default: the engine's standard path)"
+        "--config",
+        metavar="PATH",
+        help="engine config file (default: the engine's standard path inside the host root)",
     )
-    parser.add_argument(
-        "--host-root", default="/", metavar="DIR", help="the host's / as seen from here"
-    )
+    common.add_host_root(parser, "read and write")
     parser.add_argument(
         "--dry-run", action="store_true", help="print a unified diff and change nothing"
     )
     parser.add_argument(
-        "--restart",
+        "--restart-engine",
         action="store_true",
         help="signal or restart the engine afterwards (SIGHUP for docker runtimes, else systemctl)",
     )
+    common.add_deprecated(parser, "--restart", "--restart-engine", "restart_engine", flag=True)
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -43,8 +47,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "configure", help="add the runtime to the engine config (merge, back up, idempotent)"
     )
     _common(configure)
-    configure.add_argument("--runtime-name", default=base.DEFAULT_RUNTIME_NAME)
-    configure.add_argument("--runtime-path", default=base.DEFAULT_RUNTIME_PATH)
+    configure.add_argument(
+        "--runtime-name",
+        default=base.DEFAULT_RUNTIME_NAME,
+        metavar="NAME",
+        help="the runtime's name in the engine config (default: %(default)s)",
+    )
+    configure.add_argument(
+        "--runtime-path",
+        default=base.DEFAULT_RUNTIME_PATH,
+        metavar="PATH",
+        help="absolute path of enflame-container-runtime on the host (default: %(default)s)",
+    )
     configure.add_argument(
         "--set-as-default", action="store_true", help="make it the engine's default runtime"
     )
@@ -70,11 +84,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def configure_command(args: argparse.Namespace) -> int:
     """Handler of ``runtime configure``."""
     if not args.runtime_path.startswith("/"):
-        print(
-            f"enflame-ctk: --runtime-path must be absolute, got {args.runtime_path!r}",
-            file=sys.stderr,
-        )
-        return 1
+        common.note(f"--runtime-path must be absolute, got {args.runtime_path!r}")
+        return common.EXIT_USAGE
     options = base.RuntimeOptions(
         runtime_name=args.runtime_name,
         runtime_path=args.runtime_path,
@@ -89,8 +100,8 @@ def configure_command(args: argparse.Namespace) -> int:
         )
         return _report(change, args)
     except EngineConfigError as exc:
-        print(f"enflame-ctk: {exc}", file=sys.stderr)
-        return 1
+        common.note(str(exc))
+        return common.EXIT_FAILED
 
 
 def unconfigure_command(args: argparse.Namespace) -> int:
@@ -101,15 +112,15 @@ def unconfigure_command(args: argparse.Namespace) -> int:
         )
         return _report(change, args)
     except EngineConfigError as exc:
-        print(f"enflame-ctk: {exc}", file=sys.stderr)
-        return 1
+        common.note(str(exc))
+        return common.EXIT_FAILED
 
 
 def _report(change: engines.Change, args: argparse.Namespace) -> int:
     if change.dry_run:
         print(change.diff, end="")
     print(change.describe())
-    if args.restart and not change.dry_run:
+    if args.restart_engine and not change.dry_run:
         if change.changed:
             print(engine_reload.reload(change, args.host_root))
         else:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from enflame_gcu.container_toolkit import dev_char
+from enflame_gcu.container_toolkit.commands import common
 from enflame_gcu.shim import launcher
 
 
@@ -19,7 +19,7 @@ def register(subparsers: Any) -> None:
         "create-dev-char-symlinks",
         help="create /dev/char/<major>:<minor> links for GCU nodes (runc issue 3671)",
     )
-    links.add_argument("--root", default="/", help="host root (default: /)")
+    common.add_host_root(links, "read and write")
     links.add_argument("--dry-run", action="store_true", help="only report what would change")
     links.set_defaults(handler=_links)
 
@@ -27,22 +27,31 @@ def register(subparsers: Any) -> None:
         "install-runtime-launcher",
         help="write a minimal-start enflame-container-runtime launcher (python -IS)",
     )
-    install.add_argument("--output", required=True, help="e.g. /usr/bin/enflame-container-runtime")
-    install.add_argument("--python", help="interpreter (default: the one running this command)")
-    install.add_argument("--package-dir", help="directory holding enflame_gcu (default: detected)")
+    install.add_argument(
+        "--output",
+        required=True,
+        metavar="FILE",
+        help="where to write the launcher, e.g. /usr/bin/enflame-container-runtime",
+    )
+    install.add_argument(
+        "--python", metavar="PATH", help="interpreter (default: the one running this command)"
+    )
+    install.add_argument(
+        "--package-dir", metavar="DIR", help="directory holding enflame_gcu (default: detected)"
+    )
     install.set_defaults(handler=_install)
 
 
 def _links(args: argparse.Namespace) -> int:
-    actions = dev_char.create_links(args.root, dry_run=args.dry_run)
+    actions = dev_char.create_links(args.host_root, dry_run=args.dry_run)
     for action in actions:
         print(f"{action.link} -> {action.target}: {action.action}")
     if not actions:
-        print(f"no GCU device nodes under {args.root.rstrip('/')}/dev", file=sys.stderr)
+        common.note(f"no GCU device nodes under {args.host_root.rstrip('/')}/dev")
     return 1 if any(a.action.startswith("skipped") for a in actions) else 0
 
 
 def _install(args: argparse.Namespace) -> int:
     launcher.write_launcher(args.output, args.python, args.package_dir)
-    print(f"wrote {args.output}")
+    common.note(f"wrote {args.output}")
     return 0

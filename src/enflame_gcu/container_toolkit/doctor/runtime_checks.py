@@ -23,7 +23,7 @@ RELOAD_BUG = ((1, 1, 3), (1, 1, 6))  # runc versions that drop devices on daemon
 
 
 def _configure_fix(engine: str) -> str:
-    return f"enflame-ctk runtime configure --runtime {engine} --set-as-default --restart"
+    return f"enflame-ctk runtime configure --runtime {engine} --set-as-default --restart-engine"
 
 
 def check_engines(node: Node) -> list[Result]:

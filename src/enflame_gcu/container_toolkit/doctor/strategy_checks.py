@@ -19,7 +19,9 @@ from enflame_gcu.container_toolkit.doctor.model import Node, Result
 from enflame_gcu.container_toolkit.engines import containerd
 
 CONTAINERD_PATHS = ("/usr/bin/containerd", "/usr/local/bin/containerd")
-FIX_ANNOTATIONS = "enflame-ctk runtime configure --runtime containerd --cdi-annotations --restart"
+FIX_ANNOTATIONS = (
+    "enflame-ctk runtime configure --runtime containerd --cdi-annotations --restart-engine"
+)
 
 
 def containerd_version(node: Node) -> tuple[int, int] | None:
@@ -67,7 +69,7 @@ def check_device_list_strategy(node: Node) -> list[Result]:
             "can name devices with them; only container annotations (set by the kubelet from "
             "the device plugin's answer) may"
         )
-        fix = "enflame-ctk runtime configure --runtime containerd --restart   # drops them"
+        fix = "enflame-ctk runtime configure --runtime containerd --restart-engine   # drops them"
         return [Result("device-list-strategy", "fail", detail, fix)]
     wanted = strategies(node)
     if not wanted:

@@ -1,0 +1,144 @@
+"""The grammar every ``enflame-ctk`` command shares: host root, ``--json``, messages, exit codes.
+
+One spelling per option: ``--host-root`` is the host's ``/`` as seen from here for every
+command (the old ``--root`` still works, hidden, with a warning); options common to all
+commands (``--log-level``) are accepted before or after the subcommand. Results go to stdout;
+errors, warnings and notes go to stderr as ``enflame-ctk: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+from enflame_gcu import fileio
+
+PROG = "enflame-ctk"
+# Exit codes, the same for every command (documented in docs/user-guide*.md "Exit codes").
+EXIT_OK = 0
+EXIT_FAILED = 1  # a check failed, or the command could not do what it was asked
+EXIT_USAGE = 2  # bad option or value (argparse's convention); nothing was changed
+EXIT_WARNINGS = 3  # doctor: warnings, no failure
+# Version of every --json document's layout; raised when a field changes meaning or goes away.
+SCHEMA_VERSION = 1
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with our prefix on usage errors and the usage exit code."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print usage and ``<prog>: error: ...`` on stderr, exit with EXIT_USAGE."""
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def note(message: str) -> None:
+    """A message for the operator (not the command's result): stderr, with our prefix."""
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def warn(message: str) -> None:
+    """A warning: stderr, with our prefix."""
+    note(f"warning: {message}")
+
+
+def print_json(kind: str, document: Mapping[str, Any]) -> None:
+    """Print a ``--json`` document on stdout: ``schemaVersion`` and ``kind`` come first."""
+    print(json.dumps({"schemaVersion": SCHEMA_VERSION, "kind": kind, **document}, indent=2))
+
+
+def existing_dir(value: str) -> str:
+    """argparse type: a directory that exists (a usage error names the problem otherwise)."""
+    if not value:
+        raise argparse.ArgumentTypeError("must not be empty")
+    if not os.path.exists(value):
+        raise argparse.ArgumentTypeError(f"{value} does not exist")
+    if not os.path.isdir(value):
+        raise argparse.ArgumentTypeError(f"{value} is not a directory")
+    return value
+
+
+class _Deprecated(argparse.Action):
+    """An old spelling: stores into the new option's dest and says which spelling to use."""
+
+    def __init__(self, *args: Any, new: str = "", **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(*args, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        warn(f"{option_string} is deprecated, use {self.new}")
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+
+
+def add_deprecated(
+    parser: argparse.ArgumentParser,
+    old: str,
+    new: str,
+    dest: str,
+    *,
+    flag: bool = False,
+    type: Any = None,
+) -> None:
+    """Accept ``old`` as a hidden alias of ``new`` (same dest), with a warning when used."""
+    extra: dict[str, Any] = {"nargs": 0} if flag else {"type": type}
+    parser.add_argument(
+        old, dest=dest, action=_Deprecated, new=new, help=argparse.SUPPRESS,
+        default=argparse.SUPPRESS, **extra,
+    )  # fmt: skip
+
+
+def _checked_dir(value: str) -> str:
+    try:
+        return existing_dir(value)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"host root {exc}") from None
+
+
+def add_host_root(parser: argparse.ArgumentParser, what: str = "read") -> None:
+    """``--host-root DIR``: the host's / as seen from here; the command stays inside it."""
+    parser.add_argument(
+        "--host-root",
+        default="/",
+        metavar="DIR",
+        type=_checked_dir,
+        help=f"the host's / as seen from here (e.g. /host in a DaemonSet); every host path "
+        f"the command {what}s is taken inside DIR (default: /)",
+    )
+    add_deprecated(parser, "--root", "--host-root", "host_root", type=_checked_dir)
+
+
+def add_json(parser: argparse.ArgumentParser) -> None:
+    """``--json``: machine-readable output with a ``schemaVersion``."""
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"print the result as one JSON document (schemaVersion {SCHEMA_VERSION})",
+    )
+
+
+def global_options() -> argparse.ArgumentParser:
+    """Options every command accepts before or after the subcommand (a parent parser)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=argparse.SUPPRESS,
+        help="log messages at this level and above on stderr (default: warning)",
+    )
+    return parent
+
+
+def host_file(root: str, path: str) -> str:
+    """A default host path (``/etc/...``) as seen from here: inside ``root``, links jailed."""
+    return fileio.resolve(root, path)
