@@ -121,7 +121,10 @@ def test_unknown_keys_are_named_by_their_path_with_the_valid_keys(
 @pytest.mark.parametrize(
     ("body", "phrase"),
     [
-        ("flags: {healthInterval: soon}", "flags.healthInterval: could not convert"),
+        (
+            "flags: {healthInterval: soon}",
+            "flags.healthInterval: 'soon' is not a number of seconds",
+        ),
         ("flags: {healthInterval: true}", "flags.healthInterval: expected a number"),
         ("flags: {passDeviceSpecs: 1}", "flags.passDeviceSpecs: expected true or false"),
         ("flags: {deviceListStrategy: [magic]}", "flags.deviceListStrategy: unknown strategy"),

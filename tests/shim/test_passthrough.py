@@ -217,7 +217,10 @@ def test_a_broken_config_does_not_stop_non_create_calls(
     assert result.returncode == 7, result.stderr  # the low-level runtime ran, as it was asked
     runtime = path if name in PARSES else os.path.join(bin_dir, "runc")
     assert recorded(record) == [runtime, *args]
-    assert result.stdout == b""
+    # --version names us and the runtime first (stdout is ours there), then execs it.
+    ours = f"enflame-container-runtime version {enflame_gcu.__version__}\n"
+    assert result.stdout == (ours.encode() + f"low-level runtime: {runtime}\n".encode()
+                             if args == ["--version"] else b"")  # fmt: skip
     [line] = result.stderr.decode().splitlines()  # said once
     _, number, problem = BROKEN_CONFIGS[name]
     assert line.startswith("enflame-container-runtime: warning: ")

@@ -59,7 +59,7 @@ def test_cli_error_goes_to_stderr_with_exit_1(
 
 def test_cli_rejects_a_relative_runtime_path(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ("runtime", "configure", "--runtime", "crio", "--runtime-path", "bin/rt")
-    assert run_cli(*argv) == 1
+    assert run_cli(*argv) == 2  # a usage error
     assert "--runtime-path must be absolute" in capsys.readouterr().err
 
 
