@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup demo test lint types contracts unit proto bench clean e2e
+.PHONY: setup demo test lint types contracts unit proto bench clean e2e dist chart-package
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -34,5 +34,12 @@ bench: setup
 e2e: setup
 	@bash scripts/e2e.sh
 
+# Release artifacts into dist/ (docs/packaging.md): wheel, sdist, .deb, .rpm, offline bundle.
+dist: setup
+	@bash scripts/dist.sh
+
+chart-package: setup
+	@bash scripts/chart-package.sh
+
 clean:
-	rm -rf $(VENV) .venv-helm .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) .venv-helm .pytest_cache .mypy_cache .ruff_cache build dist src/*.egg-info

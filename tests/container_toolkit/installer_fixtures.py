@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import sys
 
 DAEMON_JSON = """\
 {
@@ -69,8 +70,11 @@ def fake_host(
         write(root, "/etc/crio/crio.conf", CRIO_CONF)
     # The launcher runs with the host's python3; the real one stands in for it. Not a link to
     # it: an absolute link is followed inside the host root (a jail), so it would dangle.
+    # Laid out as Debian does: python3 -> python3.X, which tells the installer the version.
     real = shutil.which("python3") or "/usr/bin/python3"
-    write(root, "/usr/bin/python3", f'#!/bin/sh\nexec {real} "$@"\n', 0o755)
+    versioned = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    write(root, f"/usr/bin/{versioned}", f'#!/bin/sh\nexec {real} "$@"\n', 0o755)
+    os.symlink(versioned, os.path.join(root, "usr/bin/python3"))
     return root
 
 

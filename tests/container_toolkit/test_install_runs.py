@@ -69,13 +69,13 @@ def test_failed_reinstall_takes_back_only_what_this_run_changed(host: str) -> No
     before = fx.snapshot(host)
     # This run changes the launcher (another python) and docker (default runtime) before
     # containerd's config stops it.
-    fx.write(host, "/usr/bin/python3.11", "#!/bin/sh\n", 0o755)
+    fx.write(host, "/usr/bin/python3.12", "#!/bin/sh\n", 0o755)
     options = installer.InstallOptions(
-        host_root=host, set_as_default=True, python="/usr/bin/python3.11"
+        host_root=host, set_as_default=True, python="/usr/bin/python3.12"
     )
     with pytest.raises(InstallError, match=r"(?s)not valid TOML.*taken back"):
         installer.install(options)
-    os.unlink(os.path.join(host, "usr/bin/python3.11"))
+    os.unlink(os.path.join(host, "usr/bin/python3.12"))
     assert fx.diff(before, fx.snapshot(host)) == []
 
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import tomlkit
 
-from enflame_gcu.container_toolkit import installer
+from enflame_gcu.container_toolkit import host_python, installer
 from enflame_gcu.container_toolkit.cli import main
 from enflame_gcu.container_toolkit.commands.install import READY_LINE
 from enflame_gcu.simulation import simulate, topofile
@@ -259,3 +259,42 @@ def test_failed_install_in_wait_mode_leaves_nothing_behind(host: str) -> None:
     assert process.returncode == 1
     assert "daemon.json" in err
     assert fx.diff(before, fx.snapshot(host)) == []
+
+
+@pytest.mark.parametrize(
+    ("layout", "expected"),
+    [
+        ({"/usr/bin/python3.9": "file", "/usr/bin/python3": "python3.9"}, "is Python 3.9"),
+        ({"/usr/bin/python3": "file"}, "cannot tell which Python /usr/bin/python3"),
+        (
+            {"/opt/py/bin/python3": "file", "/opt/py/lib/python3.8/os.py": "file"},
+            "is Python 3.8",
+        ),
+    ],
+    ids=["old-versioned-name", "unversioned", "old-stdlib-beside-it"],
+)
+def test_an_unsupported_host_python_is_refused_before_anything_changes(
+    tmp_path: os.PathLike[str], layout: dict[str, str], expected: str
+) -> None:
+    host = fx.fake_host(os.path.join(str(tmp_path), "host"))
+    os.unlink(os.path.join(host, "usr/bin/python3"))
+    for path, what in layout.items():
+        if what == "file":
+            fx.write(host, path, "#!/bin/sh\n", 0o755)
+        else:
+            os.symlink(what, os.path.join(host, path.lstrip("/")))
+    python = next(iter(layout)) if "/opt/py/bin/python3" in layout else "/usr/bin/python3"
+    before = fx.snapshot(host)
+    with pytest.raises(installer.InstallError, match=expected):
+        installer.install(installer.InstallOptions(host_root=host, python=python))
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
+def test_the_host_python_version_comes_from_its_stdlib_when_its_name_has_none(
+    tmp_path: os.PathLike[str],
+) -> None:
+    host = str(tmp_path)
+    fx.write(host, "/opt/py/bin/python3", "#!/bin/sh\n", 0o755)
+    fx.write(host, "/opt/py/lib/python3.12/os.py", "")
+    assert host_python.version(host, "/opt/py/bin/python3") == (3, 12)
+    assert host_python.problem(host, "/opt/py/bin/python3") is None

@@ -427,3 +427,25 @@ def test_real_helm_lint_catches_a_broken_chart(tmp_path: Any) -> None:
     with open(schema_path, "w", encoding="utf-8") as handle:
         json.dump(broken, handle)
     assert _real_helm_lint(chart_dir)["errors"]
+
+
+# --- the chart's README lists every value ---------------------------------------------------
+
+
+def test_chart_readme_lists_every_value_and_is_current() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "chart_readme", os.path.join(PROJECT_ROOT, "scripts", "chart_readme.py")
+    )
+    assert spec is not None and spec.loader is not None
+    chart_readme = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(chart_readme)
+    paths = chart_readme.leaves(schema(), schema())
+    assert "image.repository" in paths and "devicePlugin.resourceName" in paths
+    with open(os.path.join(CHART_DIR, "README.md"), encoding="utf-8") as handle:
+        readme = handle.read()
+    listed = re.findall(r"^\| `([^`]+)` \|", readme, re.MULTILINE)
+    assert listed == paths  # every value, in schema order, and nothing else
+    assert not re.search(r"^\| `[^`]+` \| [^|]+ \|  \|$", readme, re.MULTILINE), "undescribed"
+    assert chart_readme.main(["--check"]) == 0, "README.md is stale: python scripts/chart_readme.py"

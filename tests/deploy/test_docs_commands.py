@@ -22,7 +22,14 @@ import pytest
 
 from tests.deploy.helpers import CHART_DIR, PLUGIN_IMAGE, REPO, YAML_DIR, load_all
 
-DOCS = ["README.md", "README.zh-CN.md", "docs/user-guide.md", "docs/user-guide.zh-CN.md"]
+DOCS = [
+    "README.md",
+    "README.zh-CN.md",
+    "docs/user-guide.md",
+    "docs/user-guide.zh-CN.md",
+    "docs/packaging.md",
+    "docs/packaging.zh-CN.md",
+]
 SHELL_LANGS = {"", "bash", "sh", "shell", "console"}
 SEPARATORS = {"&&", "||", ";", "|"}
 SCRIPTS = ("deploy/install.sh", "deploy/k8s-config.sh", "deploy/build-image.sh")
@@ -214,6 +221,9 @@ def test_doc_shows_the_commands_it_is_about(doc: str) -> None:
     """Guards the test above: it must find the key commands, so an extraction bug cannot pass."""
     found = {" ".join(c[:3]) for c in commands(read(doc))}
     assert "enflame-ctk doctor" in found or any(f.startswith("enflame-ctk doctor") for f in found)
+    if "packaging" in doc:
+        assert any(f.startswith("helm install") for f in found)
+        return
     assert any(f.startswith("kubectl apply -f") for f in found)
     if "user-guide" in doc:
         listed = dict(option_lists(read(doc)))

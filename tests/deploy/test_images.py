@@ -61,7 +61,10 @@ def test_plugin_image_installs_the_source_tree_and_runs_the_plugin() -> None:
     lines = instructions("Dockerfile")
     assert lines[0].startswith("FROM python:3.11-slim")
     assert "COPY src ./src" in lines
-    assert any(line.startswith("RUN pip install") and line.endswith(" .") for line in lines)
+    # The plugins' extras on top of the node dependencies (pyproject's split).
+    assert any(
+        line.startswith("RUN pip install") and line.endswith(' "./[plugin,dra]"') for line in lines
+    )
     assert any(line.startswith("ENV ENFLAME_VISIBLE_DEVICES=all") for line in lines)
     assert lines[-1] == 'ENTRYPOINT ["enflame-device-plugin"]'
 

@@ -23,7 +23,14 @@ from importlib import resources
 
 import enflame_gcu
 from enflame_gcu import devices, fileio, node_modes
-from enflame_gcu.container_toolkit import cdi, cdi_keeper, cdi_service, engines, node_mode
+from enflame_gcu.container_toolkit import (
+    cdi,
+    cdi_keeper,
+    cdi_service,
+    engines,
+    host_python,
+    node_mode,
+)
 from enflame_gcu.container_toolkit.engines import hosts, storage
 from enflame_gcu.container_toolkit.engines import reload as engine_reload
 from enflame_gcu.container_toolkit.install_manifest import (
@@ -368,6 +375,8 @@ def _install_wrapper(
             "launcher runs there with the host's python3 (>= 3.10); install python3 on the node "
             "or pass --python with the host path of one"
         )
+    if options.package_dir is None and (why := host_python.problem(run.root, options.python)):
+        raise InstallError(f"cannot install: {why}")  # checked before anything is changed
     for item in options.created:
         kind, _, path = item.partition(":")
         if kind not in ("dir", "tree") or not path.startswith("/"):

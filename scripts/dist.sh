@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# `make dist`: every release artifact into dist/ (docs/packaging.md names each one).
+#   enflame_gcu-V-py3-none-any.whl, enflame_gcu-V.tar.gz   the Python distribution
+#   enflame-container-toolkit_V-1_all.deb, -V-1.noarch.rpm the node-side pieces only
+#   enflame-gcu-node-bundle-V.tar.gz                       offline bundle: wheelhouse + installer
+# The wheel leaves out the test helpers and the demo (ENFLAME_DIST_WITH_TESTING=1 keeps them);
+# the sdist has everything. The bundle's wheelhouse is downloaded once, here, for the host
+# interpreters it supports (BUNDLE_PYTHONS, x86_64); it then installs with no network.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-.venv/bin/python}
+OUT=${DIST_DIR:-dist}
+WORK=$(realpath -m "${DIST_WORK:-build/dist}")
+BUNDLE_PYTHONS=${BUNDLE_PYTHONS:-"3.10 3.11 3.12 3.13"}
+BUNDLE_PLATFORM=${BUNDLE_PLATFORM:-manylinux2014_x86_64}
+PACKAGE=enflame-container-toolkit
+# Subpackages the node packages leave out: they need grpc, lightkube or inotify and run in the
+# plugin images, never on the host.
+NODE_EXCLUDE=(device_plugin dra_plugin _proto)
+
+PYABS=$(realpath -s "$PY")
+VERSION=$("$PY" -c 'import enflame_gcu; print(enflame_gcu.__version__)')
+rm -rf "$WORK"
+mkdir -p "$WORK" "$OUT"
+
+# 1. Source tree as git knows it (plus uncommitted edits), so stray files never ship.
+src=$WORK/src
+mkdir -p "$src"
+git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
+    [[ -e $f ]] && printf '%s\0' "$f"
+done | xargs -0 cp --parents -t "$src"
+(cd "$src" && "$PYABS" -c 'from setuptools import build_meta as m; m.build_sdist("dist")' >/dev/null)
+if [[ ${ENFLAME_DIST_WITH_TESTING:-0} != 1 ]]; then
+    # Test helpers and the demo are not part of the product.
+    find "$src/src/enflame_gcu" \( -name testing -type d -o -name 'demo.py' -o -name demo -type d \) \
+        -prune -exec rm -rf {} +
+fi
+(cd "$src" && "$PYABS" -c 'from setuptools import build_meta as m; m.build_wheel("dist")' >/dev/null)
+wheel=$(ls "$src"/dist/enflame_gcu-"$VERSION"-*.whl)
+sdist=$(ls "$src"/dist/enflame_gcu-"$VERSION".tar.gz)
+cp "$wheel" "$sdist" "$OUT/"
+echo "dist: $OUT/$(basename "$wheel")"
+echo "dist: $OUT/$(basename "$sdist")"
+
+# 2. The node tree shared by the .deb and the .rpm.
+stage=$WORK/node-root
+lib=/usr/lib/enflame-gcu/python
+mkdir -p "$stage$lib" "$stage/usr/bin" "$stage/etc/enflame-container-runtime" \
+    "$stage/etc/logrotate.d" "$stage/var/log/enflame" "$stage/usr/share/doc/$PACKAGE"
+"$PY" - "$wheel" "$stage$lib" "${NODE_EXCLUDE[@]}" <<'EOF'
+import re, sys, zipfile
+wheel, target, *exclude = sys.argv[1:]
+# A module that needs a plugin-only dependency stays in the images (tests/packaging checks
+# that everything left imports with the node's dependencies alone).
+plugin_only = re.compile(
+    rb"^\s*(import|from)\s+(grpc|google|asyncinotify|lightkube|prometheus_client)\b", re.M
+)
+with zipfile.ZipFile(wheel) as archive:
+    for name in archive.namelist():
+        parts = name.split("/")
+        if parts[0] != "enflame_gcu" or (len(parts) > 2 and parts[1] in exclude):
+            continue
+        if name.endswith(".py") and plugin_only.search(archive.read(name)):
+            print(f"dist: node packages leave out {name} (plugin-only imports)")
+            continue
+        archive.extract(name, target)
+EOF
+entry() { # the console script's module:function, from the wheel (follows moved modules)
+    "$PY" - "$wheel" "$1" <<'EOF'
+import configparser, sys, zipfile
+wheel, name = sys.argv[1:]
+with zipfile.ZipFile(wheel) as archive:
+    text = next(archive.read(n).decode() for n in archive.namelist()
+                if n.endswith(".dist-info/entry_points.txt"))
+parser = configparser.ConfigParser()
+parser.read_string(text)
+print(parser["console_scripts"][name])
+EOF
+}
+"$PY" -m enflame_gcu.container_toolkit.cli system install-runtime-launcher \
+    --output "$stage/usr/bin/enflame-container-runtime" --python /usr/bin/python3 \
+    --package-dir "$lib" 2>/dev/null
+ctk=$(entry enflame-ctk)
+cat >"$stage/usr/bin/enflame-ctk" <<EOF
+#!/usr/bin/python3 -I
+# enflame-ctk from the $PACKAGE package: its own copy of enflame_gcu, Debian/RPM python3-yaml
+# and python3-tomlkit from the system site-packages.
+import sys
+sys.path.insert(0, "$lib")
+from ${ctk%%:*} import ${ctk##*:}
+sys.exit(${ctk##*:}())
+EOF
+chmod 0755 "$stage/usr/bin/enflame-ctk"
+cp src/enflame_gcu/data/config.toml "$stage/etc/enflame-container-runtime/config.toml"
+cp packaging/enflame-container-runtime.logrotate "$stage/etc/logrotate.d/enflame-container-runtime"
+cp README.md "$stage/usr/share/doc/$PACKAGE/"
+find "$stage" -type d -exec chmod 0755 {} +
+find "$stage" -type f ! -path "$stage/usr/bin/*" -exec chmod 0644 {} +
+
+# 3. .deb (dpkg-deb, owned by root whoever builds it).
+deb_root=$WORK/deb-root
+cp -a "$stage" "$deb_root"
+mkdir -p "$deb_root/DEBIAN"
+sed "s/@VERSION@/$VERSION/" packaging/deb/control.in >"$deb_root/DEBIAN/control"
+printf '%s\n' /etc/enflame-container-runtime/config.toml /etc/logrotate.d/enflame-container-runtime \
+    >"$deb_root/DEBIAN/conffiles"
+install -m 0755 packaging/deb/postinst packaging/deb/prerm "$deb_root/DEBIAN/"
+deb=$OUT/${PACKAGE}_${VERSION}-1_all.deb
+dpkg-deb --root-owner-group -Zxz --build "$deb_root" "$deb" >/dev/null
+echo "dist: $deb"
+
+# 4. .rpm (rpmbuild from Debian's rpm package; noarch, dependencies declared in the spec).
+top=$WORK/rpmbuild
+mkdir -p "$top"/{SPECS,RPMS,BUILD,BUILDROOT}
+sed "s/@VERSION@/$VERSION/" packaging/rpm/$PACKAGE.spec.in >"$top/SPECS/$PACKAGE.spec"
+rpmbuild --quiet -bb --define "_topdir $top" --define "stage $stage" \
+    --define "_build_id_links none" "$top/SPECS/$PACKAGE.spec" >/dev/null
+rpm=$OUT/$PACKAGE-$VERSION-1.noarch.rpm
+cp "$top/RPMS/noarch/$PACKAGE-$VERSION-1.noarch.rpm" "$rpm"
+echo "dist: $rpm"
+
+# 5. Offline bundle: our wheel + its node dependencies for each supported interpreter.
+name=enflame-gcu-node-bundle-$VERSION
+bundle=$WORK/$name
+mkdir -p "$bundle/wheelhouse"
+cp "$wheel" "$bundle/wheelhouse/"
+for version in $BUNDLE_PYTHONS; do
+    "$PY" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+        --python-version "$version" --platform "$BUNDLE_PLATFORM" --platform any \
+        --dest "$bundle/wheelhouse" "$wheel" 2>"$WORK/pip.log" \
+        || { cat "$WORK/pip.log" >&2; exit 1; }
+done
+cp deploy/install.sh "$bundle/install.sh"
+install -m 0755 packaging/bundle/install "$bundle/install"
+printf '%s\n' $BUNDLE_PYTHONS >"$bundle/PYTHONS"
+cp packaging/enflame-container-runtime.logrotate "$bundle/"
+tar -C "$WORK" --owner=0 --group=0 -czf "$OUT/$name.tar.gz" "$name"
+echo "dist: $OUT/$name.tar.gz"

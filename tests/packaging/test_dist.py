@@ -1,0 +1,297 @@
+"""``make dist``: the wheel and sdist, the .deb (installed and removed with dpkg here), the .rpm
+(inspected with rpm) and the offline bundle (installed in a network namespace with no network)."""
+
+from __future__ import annotations
+
+import email.parser
+import fcntl
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from collections.abc import Iterator
+
+import pytest
+
+import enflame_gcu
+from enflame_gcu import simulate, topofile
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VERSION = enflame_gcu.__version__
+PACKAGE = "enflame-container-toolkit"
+NODE_LIB = "/usr/lib/enflame-gcu/python"
+NODE_DEPENDS = {"python3 (>= 3.10)", "python3-yaml (>= 6.0)", "python3-tomlkit (>= 0.11.7)"}
+PLUGIN_ONLY = ("grpc", "google", "asyncinotify", "lightkube", "prometheus_client")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Run ``scripts/dist.sh`` once into a private directory."""
+    out = str(tmp_path_factory.mktemp("dist"))
+    work = os.path.join(out, "work")
+    env = {**os.environ, "DIST_DIR": out, "DIST_WORK": work}
+    result = subprocess.run(
+        ["bash", "scripts/dist.sh"], cwd=REPO, env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+def _one(dist: str, pattern: str) -> str:
+    [path] = glob.glob(os.path.join(dist, pattern))
+    return path
+
+
+def test_the_wheel_leaves_out_test_helpers_and_demo_and_splits_extras(dist: str) -> None:
+    wheel = _one(dist, f"enflame_gcu-{VERSION}-py3-none-any.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        metadata = email.parser.Parser().parsestr(archive.read(metadata_name).decode())
+    assert any(n.startswith("enflame_gcu/device_plugin/") for n in names)
+    assert not [n for n in names if "/testing/" in n or re.search(r"/demo(\.py|/)", n)]
+    requires = metadata.get_all("Requires-Dist") or []
+    base = sorted(r.split(">=")[0] for r in requires if "extra ==" not in r)
+    assert base == ["PyYAML", "tomlkit"]  # a node install pulls only what runs there
+    plugin = [r for r in requires if 'extra == "plugin"' in r]
+    assert any(r.startswith("grpcio>=") for r in plugin)
+    assert sorted(metadata.get_all("Provides-Extra") or []) == ["dev", "dra", "plugin"]
+
+
+def test_the_sdist_has_everything(dist: str) -> None:
+    with tarfile.open(_one(dist, f"enflame_gcu-{VERSION}.tar.gz")) as archive:
+        names = archive.getnames()
+    prefix = f"enflame_gcu-{VERSION}/"
+    assert prefix + "pyproject.toml" in names
+    assert prefix + "src/enflame_gcu/testing/kubelet_stub.py" in names or any(
+        n.startswith(prefix + "src/enflame_gcu/") and "/testing/" in n for n in names
+    )
+
+
+def test_rpm_declares_its_real_dependencies_and_node_files_only(dist: str) -> None:
+    rpm = _one(dist, f"{PACKAGE}-{VERSION}-1.noarch.rpm")
+    requires = subprocess.run(
+        ["rpm", "-qpR", rpm], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    declared = {line.strip() for line in requires if not line.startswith(("rpmlib(", "/bin/sh"))}
+    assert declared == {
+        "python3 >= 3.10",
+        "python3-pyyaml >= 6.0",
+        "python3-tomlkit >= 0.11.7",
+        "(runc or crun)",
+    }
+    files = subprocess.run(
+        ["rpm", "-qpl", rpm], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert "/usr/bin/enflame-container-runtime" in files
+    assert "/usr/bin/enflame-ctk" in files
+    assert "/etc/logrotate.d/enflame-container-runtime" in files
+    assert not [f for f in files if "device_plugin" in f or "dra_plugin" in f or "/testing" in f]
+    configs = subprocess.run(
+        ["rpm", "-qpc", rpm], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "/etc/enflame-container-runtime/config.toml" in configs
+    arch = subprocess.run(
+        ["rpm", "-qp", "--queryformat", "%{ARCH}", rpm], capture_output=True, text=True, check=True
+    ).stdout
+    assert arch == "noarch"
+
+
+def test_logrotate_accepts_the_file(tmp_path: os.PathLike[str]) -> None:
+    logrotate = shutil.which("logrotate") or "/usr/sbin/logrotate"
+    assert os.path.exists(logrotate), "logrotate is installed by make test"
+    state = os.path.join(str(tmp_path), "state")
+    result = subprocess.run(
+        [logrotate, "--debug", "--state", state,
+         os.path.join(REPO, "packaging", "enflame-container-runtime.logrotate")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "rotating pattern: /var/log/enflame/*.log" in result.stdout + result.stderr
+    assert "error" not in (result.stdout + result.stderr).lower()
+
+
+@pytest.fixture
+def dpkg_lock() -> Iterator[None]:
+    """One package install at a time on this machine (other checkouts run the same test)."""
+    with open("/run/lock/enflame-dist-dpkg.lock", "w", encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _dpkg(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["dpkg", *args], capture_output=True, text=True, check=False)
+
+
+def _ours_or_absent(path: str) -> bool:
+    return not os.path.lexists(path) or _dpkg("-S", path).stdout.startswith(f"{PACKAGE}:")
+
+
+def test_deb_installs_runs_and_removes_with_dpkg(
+    dist: str, dpkg_lock: None, tmp_path: os.PathLike[str]
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("dpkg -i needs root (make test runs as root)")
+    for path in ("/usr/bin/enflame-ctk", "/usr/bin/enflame-container-runtime", NODE_LIB):
+        assert _ours_or_absent(path), f"{path} exists and is not ours: refusing to overwrite it"
+    deb = _one(dist, f"{PACKAGE}_{VERSION}-1_all.deb")
+    fields = subprocess.run(
+        ["dpkg-deb", "--field", deb, "Depends"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert {d.strip() for d in fields.split(",")} == NODE_DEPENDS | {"runc | crun"}
+    installed = _dpkg("-i", deb)
+    try:
+        assert installed.returncode == 0, installed.stdout + installed.stderr
+        work = str(tmp_path)
+        node = os.path.join(work, "node")
+        simulate.create(node, topofile.load("flat-4card"))
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL"))}
+        clean["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+        def run(*argv: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(argv, capture_output=True, text=True, check=False, env=clean)
+
+        version = run("/usr/bin/enflame-ctk", "--version")
+        assert version.stdout.strip() == f"enflame-ctk {VERSION}", version.stderr
+        info = run("/usr/bin/enflame-ctk", "info", "--host-root", node, "--json")
+        assert info.returncode == 0, info.stderr
+        assert '"schemaVersion": 1' in info.stdout
+        # The system's python3-tomlkit (the declared minimum on Debian 12) edits containerd's
+        # config and gives back the original bytes on unconfigure.
+        host = os.path.join(work, "host")
+        config = os.path.join(host, "etc/containerd/config.toml")
+        os.makedirs(os.path.dirname(config))
+        original = 'version = 2\n# keep me\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+        with open(config, "w", encoding="utf-8") as handle:
+            handle.write(original)
+        tomlkit = run("/usr/bin/python3", "-c", "import tomlkit; print(tomlkit.__version__)")
+        configure = run(
+            "/usr/bin/enflame-ctk", "runtime", "configure", "--runtime", "containerd",
+            "--host-root", host,
+        )  # fmt: skip
+        assert configure.returncode == 0, f"tomlkit {tomlkit.stdout}: {configure.stderr}"
+        with open(config, encoding="utf-8") as handle:
+            assert "enflame-container-runtime" in handle.read()
+        undo = run(
+            "/usr/bin/enflame-ctk", "runtime", "unconfigure", "--runtime", "containerd",
+            "--host-root", host,
+        )  # fmt: skip
+        assert undo.returncode == 0, undo.stderr
+        with open(config, encoding="utf-8") as handle:
+            assert handle.read() == original
+        runtime = run("/usr/bin/enflame-container-runtime", "--version")
+        assert runtime.returncode == 0, runtime.stderr
+        assert runtime.stdout.startswith(f"enflame-container-runtime version {VERSION}\n")
+        assert "runc version" in runtime.stdout
+        # Everything shipped imports with the node's dependencies alone (no grpc & co.).
+        walk = run(
+            "/usr/bin/python3", "-I", "-c",
+            "import importlib, pkgutil, sys; sys.path.insert(0, sys.argv[1]); import enflame_gcu;"
+            "bad = [];\n"
+            "for m in pkgutil.walk_packages(enflame_gcu.__path__, 'enflame_gcu.'):\n"
+            "    try: importlib.import_module(m.name)\n"
+            "    except Exception as e: bad.append(f'{m.name}: {e}')\n"
+            "print('\\n'.join(bad)); print(sorted(set(sys.modules) & set(sys.argv[2:])))",
+            NODE_LIB, *PLUGIN_ONLY,
+        )  # fmt: skip
+        assert walk.stdout.strip().splitlines() == ["[]"], walk.stdout + walk.stderr
+        removed = _dpkg("-r", PACKAGE)
+        assert removed.returncode == 0, removed.stderr
+        assert not os.path.exists("/usr/bin/enflame-ctk")
+        assert not os.path.exists("/usr/bin/enflame-container-runtime")
+        assert not os.path.exists(NODE_LIB)  # byte-code from postinst is gone too
+        # dpkg -r keeps conffiles (the operator's edits); purge removes them.
+        assert os.path.exists("/etc/enflame-container-runtime/config.toml")
+    finally:
+        purged = _dpkg("-P", PACKAGE)
+    assert purged.returncode == 0, purged.stderr
+    assert not os.path.exists("/etc/enflame-container-runtime/config.toml")
+    assert not os.path.exists("/etc/logrotate.d/enflame-container-runtime")
+
+
+def _offline_env() -> dict[str, str]:
+    """No pip configuration from this machine: the bundle must be enough on its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "VIRTUAL"))}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    env["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
+    return env
+
+
+@pytest.fixture
+def bundle(dist: str, tmp_path: os.PathLike[str]) -> str:
+    with tarfile.open(_one(dist, f"enflame-gcu-node-bundle-{VERSION}.tar.gz")) as archive:
+        archive.extractall(str(tmp_path), filter="data")
+    return os.path.join(str(tmp_path), f"enflame-gcu-node-bundle-{VERSION}")
+
+
+def test_offline_bundle_installs_with_no_network_and_uninstalls(
+    bundle: str, tmp_path: os.PathLike[str]
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("unshare -n needs root (make test runs as root)")
+    host = os.path.join(str(tmp_path), "host")
+    os.makedirs(os.path.join(host, "usr/bin"))
+    # unshare -n: a new network namespace with only a down loopback, so any download fails.
+    probe = subprocess.run(
+        ["unshare", "-n", sys.executable, "-c",
+         "import socket; socket.create_connection(('1.1.1.1', 443), timeout=2)"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert probe.returncode != 0, "the namespace still has a network"
+    install = subprocess.run(
+        ["unshare", "-n", os.path.join(bundle, "install"), "--host-root", host,
+         "--python", "/usr/bin/python3", "--runtime", "none"],
+        capture_output=True, text=True, check=False, env=_offline_env(),
+    )  # fmt: skip
+    assert install.returncode == 0, install.stdout + install.stderr
+    venv = os.path.join(host, "opt/enflame-gcu/venv")
+    ctk = subprocess.run(
+        [os.path.join(venv, "bin/enflame-ctk"), "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ctk.stdout.strip() == f"enflame-ctk {VERSION}", ctk.stderr
+    installed = subprocess.run(
+        [os.path.join(venv, "bin/python"), "-m", "pip", "list", "--format=freeze"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=_offline_env(),
+    ).stdout.lower()
+    assert "tomlkit==" in installed and "pyyaml==" in installed
+    assert "grpcio" not in installed and "lightkube" not in installed  # node pieces only
+    assert os.path.islink(os.path.join(host, "usr/bin/enflame-container-runtime"))
+    uninstall = subprocess.run(
+        ["unshare", "-n", os.path.join(bundle, "install"), "--uninstall", "--host-root", host],
+        capture_output=True, text=True, check=False, env=_offline_env(),
+    )  # fmt: skip
+    assert uninstall.returncode == 0, uninstall.stdout + uninstall.stderr
+    assert not os.path.exists(os.path.join(host, "opt/enflame-gcu"))
+    assert not os.path.lexists(os.path.join(host, "usr/bin/enflame-container-runtime"))
+
+
+def test_offline_bundle_refuses_an_unsupported_python_before_changing_anything(
+    bundle: str, tmp_path: os.PathLike[str]
+) -> None:
+    host = os.path.join(str(tmp_path), "host")
+    os.makedirs(host)
+    old = os.path.join(str(tmp_path), "python3.9")
+    with open(old, "w", encoding="utf-8") as handle:
+        handle.write("#!/bin/sh\necho 3.9\n")  # answers the version probe like Python 3.9
+    os.chmod(old, 0o755)  # noqa: S103 - an executable stand-in
+    result = subprocess.run(
+        [os.path.join(bundle, "install"), "--host-root", host, "--python", old],
+        capture_output=True, text=True, check=False, env=_offline_env(),
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert f"{old} is Python 3.9; this bundle has wheels for Python 3.10 3.11 3.12 3.13 only" in (
+        result.stderr
+    )
+    assert os.listdir(host) == []
