@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 import enflame_gcu
-from enflame_gcu import simulate, topofile
+from enflame_gcu.simulation import simulate, topofile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERSION = enflame_gcu.__version__
