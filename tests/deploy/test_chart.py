@@ -266,7 +266,8 @@ def test_plugin_template_holds_the_static_manifests_fixed_parts() -> None:
     for env in container["env"]:
         assert f"- name: {env['name']}\n              value: {env['value']}" in text
     assert spec["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
-    assert "seccompProfile:\n          type: RuntimeDefault" in text
+    assert values()["podSecurityContext"] == spec["securityContext"]
+    assert "{{- with .Values.podSecurityContext }}" in text
     assert spec["automountServiceAccountToken"] is False
     assert "automountServiceAccountToken: false" in text
 

@@ -17,6 +17,43 @@
 {{- end -}}
 {{- end -}}
 
+{{/* --- operator knobs (namespaceOverride, image.digest, pod metadata) --- */}}
+
+{{/* The namespace of every namespaced object: namespaceOverride, else the release's. */}}
+{{- define "enflame-gcu.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* DaemonSet names: the static manifests' names, so a chart install and the manifests can never
+     run side by side (one object, one name); fullnameOverride prefixes them instead. Call with
+     (dict "context" $ "component" "device-plugin"). */}}
+{{- define "enflame-gcu.daemonSetName" -}}
+{{- $names := dict "device-plugin" "enflame-device-plugin-daemonset" "container-toolkit" "enflame-container-toolkit-daemonset" "dra-plugin" "enflame-dra-plugin" -}}
+{{- if .context.Values.fullnameOverride -}}
+{{- printf "%s-%s" .context.Values.fullnameOverride .component | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- get $names .component -}}
+{{- end -}}
+{{- end -}}
+
+{{/* podLabels and podAnnotations for a pod template's metadata; call with (dict "context" $
+     "annotations" <extra annotations dict>), indented by the caller. */}}
+{{- define "enflame-gcu.podAnnotations" -}}
+{{- $all := merge (deepCopy (.annotations | default dict)) (.context.Values.podAnnotations | default dict) -}}
+{{- with $all }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Where the plugin's --config-file comes from: "existing" (config.name), "chart" (the chart's
+     ConfigMap: config.inline, else generated from sharing.*) or "" (no file). */}}
+{{- define "enflame-gcu.pluginConfigSource" -}}
+{{- if .Values.config.name -}}existing
+{{- else if or .Values.config.inline .Values.sharing.enabled -}}chart
+{{- end -}}
+{{- end -}}
+
 {{/* Labels common to every object. */}}
 {{- define "enflame-gcu.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
@@ -34,7 +71,11 @@ app.kubernetes.io/instance: {{ .context.Release.Name }}
 
 {{/* image reference; call with (dict "image" .Values.image "context" $). Empty tag = appVersion. */}}
 {{- define "enflame-gcu.image" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .image.repository (default .context.Chart.AppVersion .image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The plugin's --resources list: gcu, plus vgcu and shared-gcu when turned on. */}}
@@ -69,8 +110,22 @@ priorityClassName: {{ . }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- if or $values.nodeSelection.anyOfLabels $mode }}
+{{- with $values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- /* affinity: a nodeAffinity given in values replaces the one nodeSelection builds; its
+     other keys (podAntiAffinity, ...) are kept next to ours. */}}
+{{- $own := $values.affinity | default dict }}
+{{- $computed := or $values.nodeSelection.anyOfLabels $mode }}
+{{- if or $own.nodeAffinity (and $own (not $computed)) }}
 affinity:
+  {{- toYaml $own | nindent 2 }}
+{{- else if $computed }}
+affinity:
+  {{- with $own }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
   nodeAffinity:
     requiredDuringSchedulingIgnoredDuringExecution:
       # Terms are ORed: any one label marks a GCU node.
