@@ -124,9 +124,10 @@ def test_docker_without_enflame_fails_and_not_default_warns(healthy: str) -> Non
     engines.unconfigure("docker", None, host_root=healthy)
     result = _result(healthy, "engine-docker")
     assert result.status == "fail"
-    assert (
-        result.fix
-        == "enflame-ctk runtime configure --runtime docker --set-as-default --restart-engine"
+    # The fix keeps the --host-root doctor was given: it works as printed.
+    assert result.fix == (
+        "enflame-ctk runtime configure --runtime docker --set-as-default --restart-engine"
+        f" --host-root {healthy}"
     )
     engines.configure("docker", None, engines.RuntimeOptions(), host_root=healthy)
     assert _result(healthy, "engine-docker").status == "warn"
@@ -231,3 +232,60 @@ def test_exit_code_and_json_reflect_the_worst_result(
     assert document["status"] == "fail"
     driver = next(r for r in document["results"] if r["name"] == "driver")
     assert driver["status"] == "fail" and driver["fix"]
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "environ", "config"),
+    [
+        (
+            "/usr/local/bin/python3\0/usr/local/bin/enflame-device-plugin\0--pass-device-specs",
+            "",
+            "",
+        ),
+        ("python3\0-m\0enflame_gcu.device_plugin.main\0--pass-device-specs=true", "", ""),
+        ("enflame-device-plugin\0--resources=gcu", "PASS_DEVICE_SPECS=true", ""),
+        (
+            "enflame-device-plugin\0--config-file\0/etc/enflame-device-plugin/config.yaml",
+            "",
+            "version: v1\nflags:\n  passDeviceSpecs: true\n",
+        ),
+    ],
+    ids=["console-script-via-interpreter", "python-m", "env", "config-file"],
+)
+def test_the_plugin_is_recognised_however_it_was_started(
+    healthy: str, cmdline: str, environ: str, config: str
+) -> None:
+    fx.write(healthy, "/var/lib/kubelet/config.yaml", "cpuManagerPolicy: static\n")
+    fx.write(healthy, "/proc/4243/cmdline", cmdline + "\0")
+    fx.write(healthy, "/proc/4243/environ", environ + "\0" if environ else "")
+    if config:  # read through the plugin container's own root, /proc/PID/root
+        fx.write(healthy, "/proc/4243/root/etc/enflame-device-plugin/config.yaml", config)
+    assert _result(healthy, "cpu-manager").status == "pass"
+    fx.write(healthy, "/proc/4243/cmdline", cmdline.replace("pass-device-specs", "x") + "\0")
+    fx.write(healthy, "/proc/4243/environ", "")
+    if config:
+        fx.write(healthy, "/proc/4243/root/etc/enflame-device-plugin/config.yaml", "version: v1\n")
+    assert _result(healthy, "cpu-manager").status == "warn"
+
+
+def test_no_kubelet_settings_pass_without_a_kubelet(healthy: str, tmp_path: object) -> None:
+    os.unlink(os.path.join(healthy, "var/lib/kubelet/config.yaml"))
+    result = _result(healthy, "cpu-manager")
+    assert result.status == "warn" and "cannot tell" in result.detail
+    bare = os.path.join(str(tmp_path), "bare")
+    fx.write(bare, "/proc/swaps", "Filename\tType\n")
+    names = {r.name: r.status for r in doctor.run(bare)}
+    assert names["kubelet"] == "warn"
+    assert "cpu-manager" not in names and "swap" not in names  # nothing to pass
+
+
+def test_fixes_keep_the_host_root_and_name_no_repository_paths(healthy: str) -> None:
+    os.unlink(os.path.join(healthy, "var/lib/kubelet/device-plugins/enflame.sock"))
+    fixes = [r.fix for r in doctor.run(healthy) if r.fix]
+    assert not [f for f in fixes if "deploy/yaml" in f]
+    assert doctor.with_host_root("enflame-ctk a --b && systemctl x", "/h") == (
+        "enflame-ctk a --b --host-root /h && systemctl x"
+    )
+    assert doctor.with_host_root("enflame-ctk a  # why", "/my root") == (
+        "enflame-ctk a --host-root '/my root'  # why"
+    )

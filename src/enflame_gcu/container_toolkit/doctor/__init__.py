@@ -9,6 +9,9 @@ The checks live by what they look at: ``gcu_checks`` (driver, device nodes),
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import shlex
 from collections.abc import Callable
 
 from enflame_gcu import devices, fileio
@@ -68,7 +71,19 @@ def run(root: str = "/", strategies: tuple[str, ...] | None = None) -> list[Resu
         except EnflameError as exc:  # e.g. a path that would leave the root: refused
             name = check.__name__.removeprefix("check_").replace("_", "-")
             results.append(Result(name, "fail", str(exc)))
+    if root not in ("", "/"):
+        results = [dataclasses.replace(r, fix=with_host_root(r.fix, root)) for r in results]
     return results
+
+
+_CTK = re.compile(r"(enflame-ctk [^;&|#]*?)(\s*(?:[;&|#]|$))")
+
+
+def with_host_root(fix: str, root: str) -> str:
+    """The fix's ``enflame-ctk`` commands with the ``--host-root`` doctor was given, kept."""
+    if "enflame-ctk " not in fix or "--host-root" in fix:
+        return fix
+    return _CTK.sub(lambda m: f"{m.group(1)} --host-root {shlex.quote(root)}{m.group(2)}", fix)
 
 
 def worst(results: list[Result]) -> Status:

@@ -69,14 +69,11 @@ def check_plugin_socket(node: Node) -> list[Result]:
     state = _socket_state(node.path(path))
     if state == "missing":
         detail = "no enflame.sock: the device plugin is not running on this node"
-        return [
-            Result(
-                "plugin-socket",
-                "warn",
-                detail,
-                "kubectl apply -f deploy/yaml/enflame-device-plugin.yaml",
-            )
-        ]
+        fix = (
+            "kubectl -n kube-system get pods -o wide "
+            "-l app.kubernetes.io/name=enflame-device-plugin   # one here? (labels, taints)"
+        )
+        return [Result("plugin-socket", "warn", detail, fix)]
     if state != "listening":
         detail = f"{path} is {state}: nobody listens (bind: address already in use on restart)"
         fix = f"rm {path} && systemctl restart kubelet   # then restart the device plugin pod"
@@ -86,6 +83,8 @@ def check_plugin_socket(node: Node) -> list[Result]:
 
 def check_swap(node: Node) -> list[Result]:
     """Swap is off, as the kubelet (and the vendor manual) require."""
+    if not os.path.isdir(node.path("/var/lib/kubelet")):
+        return []  # no kubelet here: the kubelet check says so, nothing to pass
     try:
         with open(node.path("/proc/swaps"), encoding="utf-8") as handle:
             lines = handle.read().splitlines()[1:]
@@ -119,12 +118,23 @@ def _mode_passes_specs(node: Node, plugin_flags: list[tuple[str, str]]) -> bool:
 
 def check_cpu_manager(node: Node) -> list[Result]:
     """With cpuManagerPolicy static, the plugin must pass device specs (compat manifest)."""
+    if not os.path.isdir(node.path("/var/lib/kubelet")):
+        return []  # no kubelet here: the kubelet check says so, nothing to pass
+    if not processes.kubelet_known(node):
+        detail = (
+            f"no kubelet running and no {processes.KUBELET_CONFIG}: cannot tell its "
+            "cpuManagerPolicy"
+        )
+        return [Result("cpu-manager", "warn", detail, "systemctl status kubelet")]
     policy = processes.kubelet_setting(node, "cpuManagerPolicy", "--cpu-manager-policy") or "none"
     if policy != "static":
         return [Result("cpu-manager", "pass", f"kubelet cpuManagerPolicy is {policy}")]
     plugin_flags = list(processes.flags(node, "enflame-device-plugin"))
-    if any(name == "--pass-device-specs" for name, _ in plugin_flags):
-        detail = "cpuManagerPolicy static, and the device plugin runs with --pass-device-specs"
+    passes = processes.plugin_switch(
+        node, "--pass-device-specs", "PASS_DEVICE_SPECS", "passDeviceSpecs"
+    )
+    if passes:
+        detail = "cpuManagerPolicy static, and the device plugin passes device specs"
         return [Result("cpu-manager", "pass", detail)]
     if _mode_passes_specs(node, plugin_flags):
         detail = (
@@ -135,5 +145,11 @@ def check_cpu_manager(node: Node) -> list[Result]:
         "cpuManagerPolicy static rewrites container cgroups: GCUs the runtime injected lose "
         "access (efml: HAL initialization failed) unless the plugin runs --pass-device-specs"
     )
-    fix = "kubectl apply -f deploy/yaml/enflame-device-plugin-compat-with-cpumanager.yaml"
+    if passes is None:
+        detail += " (no device plugin process found on this node to check)"
+    fix = (
+        "helm upgrade enflame-gcu <chart> -n kube-system --reuse-values "
+        "--set devicePlugin.passDeviceSpecs=true   # static manifests: "
+        "kubectl apply -f enflame-device-plugin-compat-with-cpumanager.yaml"
+    )
     return [Result("cpu-manager", "warn", detail, fix)]

@@ -59,3 +59,100 @@ def kubelet_setting(node: Node, key: str, flag: str) -> Any:
     except (OSError, yaml.YAMLError):
         return None
     return data.get(key) if isinstance(data, dict) else None
+
+
+PLUGIN = "enflame-device-plugin"
+PLUGIN_MODULES = ("enflame_gcu.device_plugin.main", "enflame_gcu.device_plugin")
+
+
+def plugin_arguments(words: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The plugin's own arguments when ``words`` is a device plugin process, else None.
+
+    However it was started: the console script (``enflame-device-plugin``, or the interpreter
+    running it, as the kernel shows a script with a ``#!`` line), ``python -m
+    enflame_gcu.device_plugin.main``, or the image's entrypoint (the console script).
+    """
+    for index, word in enumerate(words[:3]):
+        if os.path.basename(word) == PLUGIN:
+            return words[index + 1 :]
+    for index, word in enumerate(words[:-1]):
+        if word == "-m" and words[index + 1] in PLUGIN_MODULES:
+            return words[index + 2 :]
+    return None
+
+
+def _plugin_pids(root: str) -> Iterator[tuple[str, tuple[str, ...]]]:
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(fileio.resolve(root, "/proc")):
+            if not entry.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                with open(fileio.resolve(root, f"/proc/{entry}/cmdline"), "rb") as handle:
+                    words = tuple(
+                        w for w in handle.read().decode("utf-8", "replace").split("\0") if w
+                    )
+                arguments = plugin_arguments(words)
+                if arguments is not None:
+                    yield entry, arguments
+
+
+def _environ(root: str, pid: str) -> dict[str, str]:
+    try:
+        with open(fileio.resolve(root, f"/proc/{pid}/environ"), "rb") as handle:
+            raw = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return {}
+    return dict(item.partition("=")[::2] for item in raw.split("\0") if "=" in item)
+
+
+def _config_flags(root: str, pid: str, path: str) -> dict[str, Any]:
+    """The ``flags`` of the plugin's config file, read through the process's own root."""
+    if not path.startswith("/"):
+        return {}
+    try:
+        with open(fileio.resolve(root, f"/proc/{pid}/root{path}"), encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except (OSError, yaml.YAMLError, ValueError):
+        return {}
+    found = data.get("flags") if isinstance(data, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def plugin_switch(node: Node, flag: str, env: str, key: str) -> bool | None:
+    """A device plugin on/off setting as the running plugin has it: None when none runs.
+
+    Same precedence as the plugin: command line (``--x`` / ``--no-x``), environment, the
+    config file's ``flags`` (``--config-file`` or ``CONFIG_FILE``), default off.
+    """
+    seen = False
+    for pid, arguments in _plugin_pids(node.root):
+        seen = True
+        value: bool | None = None
+        config_file = ""
+        for index, word in enumerate(arguments):
+            name, sep, text = word.partition("=")
+            if name == flag:
+                value = (text.lower() in ("1", "true", "yes", "on")) if sep else True
+            elif name == "--no-" + flag.removeprefix("--"):
+                value = False
+            elif name == "--config-file":
+                following = arguments[index + 1] if index + 1 < len(arguments) else ""
+                config_file = text if sep else following
+        environ = _environ(node.root, pid)
+        if value is None and environ.get(env):
+            value = environ[env].strip().lower() in ("1", "true", "yes", "on")
+        config_file = config_file or environ.get("CONFIG_FILE", "")
+        if value is None and config_file:
+            setting = _config_flags(node.root, pid, config_file).get(key)
+            value = setting if isinstance(setting, bool) else None
+        if value:
+            return True
+    return False if seen else None
+
+
+def kubelet_known(node: Node) -> bool:
+    """Whether there is a kubelet to ask: a running one, or its config file."""
+    if any(os.path.basename(words[0]) == "kubelet" for words in node.processes):
+        return True
+    config = dict(flags(node, "kubelet")).get("--config", KUBELET_CONFIG)
+    return os.path.isfile(node.path(config))
