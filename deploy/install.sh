@@ -165,10 +165,17 @@ else
     for dir in "${missing[@]+"${missing[@]}"}"; do CREATED+=(--created "dir:$dir"); done
     CREATED+=(--created "tree:$ENV_HOST")
     if [[ $DRY_RUN == 1 && ! -x $ENV_HERE/bin/enflame-ctk ]]; then
-        echo "would create the virtualenv $ENV_HERE with $PYTHON"
+        echo "would create the virtualenv $ENV_HOST with $PYTHON"
         echo "would pip install $SOURCE ${PIP_ARGS}"
-        echo "would run: enflame-ctk install ${COMMON[*]} --mode $MODE --bin-dir /usr/bin ..."
-        exit 0
+        # The rest of the plan (files, engine config diffs, restarts) comes from enflame-ctk
+        # itself, run from a throwaway environment outside the host root, removed on exit.
+        PLAN_ENV=$(mktemp -d "${TMPDIR:-/tmp}/enflame-install-plan.XXXXXX")
+        trap 'rm -rf "$PLAN_ENV"' EXIT
+        # shellcheck disable=SC2086 # PIP_ARGS is a list of words on purpose
+        { "$PYTHON" -m venv "$PLAN_ENV" \
+            && "$PLAN_ENV/bin/python" -m pip install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE"; } \
+            >&2 || die "cannot prepare the dry run (pip install into a temporary environment failed)"
+        PLAN_SITE=$("$PYTHON" -c 'import sys; print("lib/python%d.%d/site-packages" % sys.version_info[:2])')
     fi
     if [[ $DRY_RUN == 0 ]]; then
         if [[ ! -x $ENV_HERE/bin/python ]]; then
@@ -182,12 +189,18 @@ else
     fi
 fi
 
-PACKAGE_DIR=$("$ENV_HERE/bin/python" -c \
-    'import enflame_gcu, os; print(os.path.dirname(os.path.dirname(os.path.abspath(enflame_gcu.__file__))))') \
-    || die "$ENV_HERE has no working enflame_gcu package"
+CTK_ENV=${PLAN_ENV:-$ENV_HERE}
+if [[ -n ${PLAN_ENV:-} ]]; then
+    PACKAGE_VIEW=$ENV_HOST/$PLAN_SITE # where the real run's venv will hold the package
+else
+    PACKAGE_DIR=$("$ENV_HERE/bin/python" -c \
+        'import enflame_gcu, os; print(os.path.dirname(os.path.dirname(os.path.abspath(enflame_gcu.__file__))))') \
+        || die "$ENV_HERE has no working enflame_gcu package"
+    PACKAGE_VIEW=$(host_view "$PACKAGE_DIR")
+fi
 ARGS=(
     --python "$ENV_HOST/bin/python"
-    --package-dir "$(host_view "$PACKAGE_DIR")"
+    --package-dir "$PACKAGE_VIEW"
     --bin-dir /usr/bin
     --link-ctk "$ENV_HOST/bin/enflame-ctk"
 )
@@ -195,7 +208,7 @@ ARGS+=(--mode "$MODE")
 [[ $CDI_ANNOTATIONS == 1 ]] && ARGS+=(--cdi-annotations)
 for runtime in "${RUNTIMES[@]+"${RUNTIMES[@]}"}"; do ARGS+=(--runtime "$runtime"); done
 
-if ! "$ENV_HERE/bin/enflame-ctk" install "${COMMON[@]}" "${ARGS[@]}" "${CREATED[@]+"${CREATED[@]}"}"; then
+if ! "$CTK_ENV/bin/enflame-ctk" install "${COMMON[@]}" "${ARGS[@]}" "${CREATED[@]+"${CREATED[@]}"}"; then
     # enflame-ctk install has taken back this run's changes itself, and only those: an install
     # that was there before (re-install, upgrade) keeps working. Only a first install whose
     # undo left a record behind is finished off here, since everything recorded is this run's.

@@ -172,3 +172,40 @@ def test_an_unknown_or_impossible_mode_is_refused_and_changes_nothing(tmp_path: 
     assert result.returncode != 0
     assert "node mode cdi needs an engine that resolves CDI" in result.stderr
     assert fx.snapshot(root) == before
+
+
+@pytest.mark.slow
+def test_dry_run_on_a_fresh_node_shows_the_whole_plan_the_real_run_follows(
+    host: str, tmp_path: object
+) -> None:
+    from tests.container_toolkit.test_dry_run_plans import _done, _plan
+
+    python = shutil.which("python3") or sys.executable
+    scratch = os.path.join(str(tmp_path), "scratch")
+    os.mkdir(scratch)
+    before = fx.snapshot(host)
+    env = {**os.environ, "TMPDIR": scratch}
+    dry = subprocess.run(
+        ["bash", INSTALL_SH, "--host-root", host, "--python", python, "--dry-run"],
+        capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert fx.diff(before, fx.snapshot(host)) == []  # nothing on the host changed
+    assert os.listdir(scratch) == []  # the throwaway environment is gone
+    lines = dry.stdout.splitlines()
+    # The engine configs' diffs, with paths as the host sees them, each step once.
+    assert "--- /etc/containerd/config.toml" in lines
+    assert "/etc/docker/daemon.json would be modified" in lines
+    assert not [line for line in lines if host in line]
+    plan = _plan(
+        tuple(lines[lines.index(next(x for x in lines if x.startswith("would pip"))) + 1 :])
+    )
+    real = run("--host-root", host, "--python", python)
+    assert real.returncode == 0, real.stdout + real.stderr
+    done = real.stdout.splitlines()
+    start = done.index(next(x for x in done if x.startswith("pip install"))) + 1
+    end = done.index(next(x for x in done if x.startswith("recorded in")))
+    # The prefix directories the shell itself makes with the venv ("creating the virtualenv").
+    made_by_shell = {"/opt/ created", "/opt/enflame-gcu/ created"}
+    assert [line for line in plan if line not in made_by_shell] == _done(tuple(done[start:end]))
+    assert run("--uninstall", "--host-root", host).returncode == 0

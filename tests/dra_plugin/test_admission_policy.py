@@ -127,8 +127,10 @@ def test_the_chart_ships_the_same_policy_for_its_own_service_accounts() -> None:
     with open(path, encoding="utf-8") as handle:
         text = handle.read()
     # The template's only Helm parts: names, the release namespace, labels and the if/end.
-    rendered = text.replace('{{ include "enflame-gcu.fullname" . }}', "enflame-gcu").replace(
-        "{{ .Release.Namespace }}", "kube-system"
+    rendered = (
+        text.replace('{{ include "enflame-gcu.fullname" . }}', "enflame-gcu")
+        .replace("{{ .Release.Namespace }}", "kube-system")
+        .replace('{{ include "enflame-gcu.namespace" . }}', "kube-system")
     )
     rendered = "\n".join(
         line for line in rendered.splitlines() if "{{" not in line and "labels:" not in line

@@ -57,6 +57,10 @@ class InstallRun:
         # Cleanups once the run is kept for good (e.g. the previous package tree).
         self.on_commit: list[Callable[[], None]] = []
         self._remembered: set[str] = set()
+        # A dry run changes nothing, so it keeps what it would have made and removed, to plan
+        # each later step as the real run meets it (a directory once, emptied dirs removed).
+        self.planned_dirs: set[str] = set()
+        self.planned_removals: set[str] = set()
         self.existed = False
         try:
             with open(self.manifest_path, encoding="utf-8") as handle:
@@ -141,14 +145,28 @@ class InstallRun:
         """Create ``host_path`` and missing parents, recording each one we create."""
         missing = []
         path = host_path
-        while path != "/" and not os.path.isdir(self.local(path, follow=True)):
+        while (
+            path != "/"
+            and path not in self.planned_dirs
+            and not os.path.isdir(self.local(path, follow=True))
+        ):
             missing.append(path)
             path = os.path.dirname(path)
         for path in reversed(missing):
             self.record({"kind": "dir", "path": path})
-            if not self.dry_run:
+            if self.dry_run:
+                self.planned_dirs.add(path)
+            else:
                 os.mkdir(self.local(path), 0o755)
             self.lines.append(f"{path}/ {self.verb}created")
+
+    def host_view(self, text: str) -> str:
+        """``text`` with paths as seen from here shown as the host sees them."""
+        if self.root in ("", "/"):
+            return text
+        for base in dict.fromkeys((os.path.realpath(self.root), os.path.abspath(self.root))):
+            text = text.replace(base.rstrip("/") + "/", "/")
+        return text
 
     def make_toolkit_dir(self) -> None:
         """Create the toolkit dir (and missing parents) together with the manifest, atomically.
@@ -219,9 +237,17 @@ def _undo(run: InstallRun, action: Action, restart_engine: bool) -> None:
         change = engines.unconfigure(
             action["engine"], None, host_root=run.root, dry_run=run.dry_run, step=action.get("step")
         )
-        run.lines.extend(change.describe().splitlines())
-        if restart_engine and change.changed and not run.dry_run:
-            run.lines.append(engine_reload.reload_or_warn(change, run.root))
+        run.lines.extend(run.host_view(change.describe()).splitlines())
+        if run.dry_run:  # a drop-in it would delete leaves its directory empty
+            run.planned_removals.update(
+                run.host_view(f.path) for f in change.files if f.action == "deleted"
+            )
+        if restart_engine and change.changed:
+            run.lines.append(
+                f"{change.engine}: would be reloaded or restarted"
+                if run.dry_run
+                else engine_reload.reload_or_warn(change, run.root)
+            )
     elif kind == "symlink":
         if os.path.islink(local) and os.readlink(local) == action["target"]:
             _remove(run, path, os.unlink)
@@ -254,7 +280,7 @@ def _undo(run: InstallRun, action: Action, restart_engine: bool) -> None:
     elif kind == "dir":
         if not os.path.isdir(local):
             return
-        entries = os.listdir(local)
+        entries = [e for e in os.listdir(local) if f"{path}/{e}" not in run.planned_removals]
         if entries:
             run.lines.append(f"kept {path}/: not empty ({', '.join(sorted(entries)[:5])})")
         else:
@@ -264,7 +290,9 @@ def _undo(run: InstallRun, action: Action, restart_engine: bool) -> None:
 
 
 def _remove(run: InstallRun, shown: str, remover: Callable[[str], object]) -> None:
-    if not run.dry_run:
+    if run.dry_run:
+        run.planned_removals.add(shown.rstrip("/"))
+    else:
         remover(run.local(shown.rstrip("/") or "/"))
     run.lines.append(f"{shown} {run.verb}removed")
 
@@ -298,7 +326,9 @@ def uninstall(
             + "\n  ".join(run.lines)
             + f"\nthe rest is still recorded in {run.manifest_path}; fix the cause and re-run"
         )
-    if not dry_run:
+    if dry_run:
+        run.planned_removals.add(os.path.join(toolkit_dir, MANIFEST_NAME))
+    else:
         os.unlink(run.manifest_path)
     for action in reversed(dirs):
         try:

@@ -40,7 +40,7 @@ from enflame_gcu.container_toolkit.install_manifest import (
     undo_run,
     uninstall,
 )
-from enflame_gcu.errors import EnflameError, InstallError
+from enflame_gcu.errors import EnflameError, InstallError, SpecError
 from enflame_gcu.shim import config as runtime_config
 from enflame_gcu.shim import launcher
 
@@ -194,11 +194,20 @@ def _prepare_edits(run: InstallRun) -> None:
     run.make_dirs(os.path.dirname(path))
     run.record({"kind": "file", "path": path})
     run.remember(path)
-    if run.dry_run:
-        run.lines.append(f"{path} {run.verb}written from the node's GCUs")
-        return
     fileio.require_confined(run.root, devices.DISCOVERY_PATHS)
     inventory = devices.discover(run.root)
+    if run.dry_run:  # discovery only reads: the plan says what the real run will find
+        try:
+            cdi.build_specs(inventory)
+        except SpecError:
+            run.lines.append(
+                f"{path}: no usable GCU on this node, none would be written (the runtime "
+                "discovers on create)"
+            )
+        else:
+            count = len(inventory.usable_cards())
+            run.lines.append(f"{path} would be written ({count} usable GCUs)")
+        return
     # The document describes the host as the runtime sees it there: root "/".
     if cdi.refresh_prepared_edits(run.local(path), inventory, root="/"):
         run.lines.append(f"{path} written ({len(inventory.usable_cards())} usable GCUs)")
@@ -232,10 +241,14 @@ def _configure_engine(
         run.actions.remove(action)  # nothing written: nothing of ours to undo
         run.save()
     if run.dry_run and change.diff:
-        run.lines.extend(change.diff.rstrip("\n").splitlines())
-    run.lines.extend(change.describe().splitlines())
-    if options.restart_engine and change.changed and not run.dry_run:
-        run.lines.append(engine_reload.reload_or_warn(change, run.root))
+        run.lines.extend(run.host_view(change.diff).rstrip("\n").splitlines())
+    run.lines.extend(run.host_view(change.describe()).splitlines())
+    if options.restart_engine and change.changed:
+        run.lines.append(
+            f"{name}: would be reloaded or restarted"
+            if run.dry_run
+            else engine_reload.reload_or_warn(change, run.root)
+        )
 
 
 def begin(options: InstallOptions) -> InstallRun:
