@@ -51,20 +51,41 @@ mkdir -p "$stage$lib" "$stage/usr/bin" "$stage/etc/enflame-container-runtime" \
 "$PY" - "$wheel" "$stage$lib" "${NODE_EXCLUDE[@]}" <<'EOF'
 import re, sys, zipfile
 wheel, target, *exclude = sys.argv[1:]
-# A module that needs a plugin-only dependency stays in the images (tests/packaging checks
-# that everything left imports with the node's dependencies alone).
+# A module that needs a plugin-only dependency stays in the images, and so does every module
+# importing one that stays there (tests/packaging checks that everything left imports with the
+# node's dependencies alone).
 plugin_only = re.compile(
     rb"^\s*(import|from)\s+(grpc|google|asyncinotify|lightkube|prometheus_client)\b", re.M
 )
 with zipfile.ZipFile(wheel) as archive:
-    for name in archive.namelist():
-        parts = name.split("/")
-        if parts[0] != "enflame_gcu" or (len(parts) > 2 and parts[1] in exclude):
-            continue
-        if name.endswith(".py") and plugin_only.search(archive.read(name)):
-            print(f"dist: node packages leave out {name} (plugin-only imports)")
-            continue
-        archive.extract(name, target)
+    sources = {
+        name: archive.read(name)
+        for name in archive.namelist()
+        if name.startswith("enflame_gcu/")
+        and not (len(name.split("/")) > 2 and name.split("/")[1] in exclude)
+    }
+    dropped = {n for n, text in sources.items() if n.endswith(".py") and plugin_only.search(text)}
+    while True:
+        patterns = []
+        for name in dropped:
+            dotted = name[: -len(".py")].replace("/", ".")
+            package, _, leaf = dotted.rpartition(".")
+            # Top-level imports only: an import inside a function is optional by design.
+            patterns.append(rb"^(?:import|from)\s+" + re.escape(dotted).encode() + rb"\b")
+            patterns.append(rb"^from\s+" + re.escape(package).encode() + rb"\s+import\s[^\n]*\b" + leaf.encode() + rb"\b")
+        uses = re.compile(b"|".join(patterns), re.M) if patterns else None
+        more = {
+            n for n, text in sources.items()
+            if n.endswith(".py") and n not in dropped and uses is not None and uses.search(text)
+        }
+        if not more:
+            break
+        dropped |= more
+    for name in sorted(dropped):
+        print(f"dist: node packages leave out {name} (plugin-only imports)")
+    for name in sources:
+        if name not in dropped:
+            archive.extract(name, target)
 EOF
 entry() { # the console script's module:function, from the wheel (follows moved modules)
     "$PY" - "$wheel" "$1" <<'EOF'

@@ -249,7 +249,7 @@ def render_chart_config(sharing_values: dict[str, object]) -> str:
     No helm binary exists here; this keeps the chart's keys and the plugin's parser in step.
     """
     template = (CHART / "templates" / "configmap-plugin-config.yaml").read_text()
-    body = template.split("config.yaml: |", 1)[1].split("{{- end }}", 1)[0]
+    body = template.rsplit("config.yaml: |", 1)[1].split("{{- end }}", 1)[0]  # the generated one
 
     def value(name: str) -> object:
         return sharing_values[name.removeprefix(".Values.sharing.")]

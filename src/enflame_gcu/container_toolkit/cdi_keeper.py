@@ -21,11 +21,14 @@ import contextlib
 import logging
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from enflame_gcu import devices, fileio, naming
 from enflame_gcu.container_toolkit import cdi
 from enflame_gcu.errors import EnflameError
-from enflame_gcu.support import inotify
+
+if TYPE_CHECKING:
+    from enflame_gcu.support import inotify
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +93,14 @@ async def keep(
     """Refresh at start, then on every change under ``root`` until ``stop`` is set."""
     # Poll ``stop`` often: it is set from a signal handler outside the event loop.
     tick = min(interval, 0.25)
+    watcher: inotify.ChangeWatcher | None
     try:
-        watcher: inotify.ChangeWatcher | None = inotify.ChangeWatcher(
-            watched_directories(root)
-        ).__enter__()
-    except OSError as exc:
+        # Imported here: the node packages carry no asyncinotify (Debian has none); without it
+        # the specs follow the periodic rescan only.
+        from enflame_gcu.support import inotify  # noqa: PLC0415
+
+        watcher = inotify.ChangeWatcher(watched_directories(root)).__enter__()
+    except (OSError, ImportError) as exc:
         log.warning("inotify unavailable (%s): CDI specs follow %ss rescans only", exc, interval)
         watcher = None
     loop = asyncio.get_running_loop()
