@@ -122,7 +122,7 @@ def test_set_as_default_with_a_mode_is_refused_by_the_cli(make_node: MakeNode) -
 
     root = _kube_host(make_node(), docker=False)
     code = main(["install", "--host-root", root, "--mode", "auto", "--set-as-default"])
-    assert code == 1
+    assert code == 2  # a usage error
     assert node_modes.read(root) is None
 
 
