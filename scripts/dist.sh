@@ -55,7 +55,7 @@ wheel, target, *exclude = sys.argv[1:]
 # importing one that stays there (tests/packaging checks that everything left imports with the
 # node's dependencies alone).
 plugin_only = re.compile(
-    rb"^\s*(import|from)\s+(grpc|google|asyncinotify|lightkube|prometheus_client)\b", re.M
+    rb"^\s*(import|from)\s+(grpc|google|lightkube|prometheus_client)\b", re.M
 )
 with zipfile.ZipFile(wheel) as archive:
     sources = {
@@ -87,6 +87,11 @@ with zipfile.ZipFile(wheel) as archive:
         if name not in dropped:
             archive.extract(name, target)
 EOF
+# asyncinotify (pure Python) has no Debian or RPM package: the node packages carry it.
+"$PY" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --dest "$WORK/vendor" "asyncinotify>=4.0" 2>"$WORK/pip-vendor.log" || { cat "$WORK/pip-vendor.log" >&2; exit 1; }
+"$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+    "$stage$lib" "$WORK"/vendor/*.whl
 entry() { # the console script's module:function, from the wheel (follows moved modules)
     "$PY" - "$wheel" "$1" <<'EOF'
 import configparser, sys, zipfile

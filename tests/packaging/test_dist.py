@@ -25,7 +25,7 @@ VERSION = enflame_gcu.__version__
 PACKAGE = "enflame-container-toolkit"
 NODE_LIB = "/usr/lib/enflame-gcu/python"
 NODE_DEPENDS = {"python3 (>= 3.10)", "python3-yaml (>= 6.0)", "python3-tomlkit (>= 0.11.7)"}
-PLUGIN_ONLY = ("grpc", "google", "asyncinotify", "lightkube", "prometheus_client")
+PLUGIN_ONLY = ("grpc", "google", "lightkube", "prometheus_client")
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def test_the_wheel_leaves_out_test_helpers_and_demo_and_splits_extras(dist: str)
     assert not [n for n in names if "/testing/" in n or re.search(r"/demo(\.py|/)", n)]
     requires = metadata.get_all("Requires-Dist") or []
     base = sorted(r.split(">=")[0] for r in requires if "extra ==" not in r)
-    assert base == ["PyYAML", "tomlkit"]  # a node install pulls only what runs there
+    assert base == ["PyYAML", "asyncinotify", "tomlkit"]  # only what runs on a node
     plugin = [r for r in requires if 'extra == "plugin"' in r]
     assert any(r.startswith("grpcio>=") for r in plugin)
     assert sorted(metadata.get_all("Provides-Extra") or []) == ["dev", "dra", "plugin"]

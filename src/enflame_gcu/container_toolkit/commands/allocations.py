@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from enflame_gcu import devices, health, holders, topology
+from enflame_gcu.container_toolkit.commands import common
 from enflame_gcu.errors import KubeletApiError
 
 SCHEMA_VERSION = 1
@@ -30,7 +31,7 @@ def register(subparsers: Any) -> None:
             "Exit 0, or 1 when the PodResources API cannot be read (the cards are still shown)."
         ),
     )
-    parser.add_argument("--root", default="/", help="host root to inspect (default: /)")
+    common.add_host_root(parser)
     parser.add_argument(
         "--pod-resources-socket",
         default=DEFAULT_SOCKET,
@@ -168,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     """Discover under --root, ask PodResources, print; exit 1 when PodResources is unavailable."""
     from enflame_gcu.kubelet_api import podresources  # noqa: PLC0415 (grpc only here)
 
-    inventory = devices.discover(args.root)
+    inventory = devices.discover(args.host_root)
     resources = tuple(args.resource or holders.DEFAULT_RESOURCES)
     source: dict[str, Any] = {"socket": args.pod_resources_socket, "available": True}
     listing: podresources.Listing | None = None
