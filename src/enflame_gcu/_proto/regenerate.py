@@ -1,9 +1,11 @@
-"""Regenerate the committed gRPC stubs from the ``*.proto`` files here with the pinned grpcio-tools.
+"""Regenerate the committed gRPC stubs from the ``*.proto`` files here with the pinned tools.
 
 protoc runs with the ``src`` directory as its include root, so every file is registered under a
 distinct name (``enflame_gcu/_proto/<file>.proto``: the kubelet's own protos are all called
-``api.proto``, and one descriptor pool refuses two files of one name) and the generated gRPC
-modules import their message modules by absolute package path, with no rewriting afterwards.
+``api.proto``, and one descriptor pool refuses two files of one name) and the generated modules
+import each other by absolute package path, with no rewriting afterwards. Besides the message
+and gRPC modules, mypy-protobuf writes their typed ``.pyi`` stubs (``--mypy_out`` and
+``--mypy_grpc_out``), so mypy checks every message field and servicer signature we use.
 """
 
 from __future__ import annotations
@@ -25,12 +27,21 @@ PROTOS = (
     "drahealth_v1alpha1.proto",
     "podresources_v1.proto",
 )
+# mypy-protobuf's protoc plugins, installed next to this interpreter by the dev extras.
+PLUGINS = ("protoc-gen-mypy", "protoc-gen-mypy_grpc")
 
 
-def generated_names(proto: str) -> tuple[str, str]:
-    """The message and gRPC module file names protoc writes for one proto file."""
+def generated_names(proto: str) -> tuple[str, ...]:
+    """The module and stub file names protoc writes for one proto file."""
     stem = proto.removesuffix(".proto")
-    return f"{stem}_pb2.py", f"{stem}_pb2_grpc.py"
+    return (f"{stem}_pb2.py", f"{stem}_pb2_grpc.py", f"{stem}_pb2.pyi", f"{stem}_pb2_grpc.pyi")
+
+
+def _plugin(name: str) -> str:
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"{path} is missing: install the dev extras (mypy-protobuf)")
+    return f"--plugin={name}={path}"
 
 
 def generate(out_dir: str, proto_dir: str = HERE) -> list[str]:
@@ -45,8 +56,11 @@ def generate(out_dir: str, proto_dir: str = HERE) -> list[str]:
         "grpc_tools.protoc",
         f"-I{src_root}",
         f"-I{include}",
+        *(_plugin(name) for name in PLUGINS),
         f"--python_out={out_dir}",
         f"--grpc_python_out={out_dir}",
+        f"--mypy_out=quiet:{out_dir}",
+        f"--mypy_grpc_out=quiet:{out_dir}",
         *(os.path.join(src_root, path) for path in relative),
     ]
     if protoc.main(args) != 0:

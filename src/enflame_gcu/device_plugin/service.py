@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
 
@@ -23,16 +23,18 @@ from enflame_gcu.errors import EnflameError, InvalidRequestError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 DEVICE_SPEC_PERMISSIONS = "rw"
+# What every RPC handler is given: the aio context of one call (request and response types vary).
+Context = grpc.aio.ServicerContext[object, object]
 
 
-def options() -> Any:
+def options() -> api_pb2.DevicePluginOptions:
     """The options we advertise in Register and GetDevicePluginOptions (they must agree)."""
     return api_pb2.DevicePluginOptions(
         pre_start_required=False, get_preferred_allocation_available=True
     )
 
 
-def device_list(snapshot: plugin_state.Snapshot) -> Any:
+def device_list(snapshot: plugin_state.Snapshot) -> api_pb2.ListAndWatchResponse:
     """A ListAndWatchResponse with every device of the snapshot."""
     result = api_pb2.ListAndWatchResponse()
     for device in snapshot.devices():
@@ -44,7 +46,7 @@ def device_list(snapshot: plugin_state.Snapshot) -> Any:
 
 def container_response(
     snapshot: plugin_state.Snapshot, ids: list[str], config: plugin_config.PluginConfig
-) -> Any:
+) -> api_pb2.ContainerAllocateResponse:
     """One ContainerAllocateResponse: the resource's grant, DeviceSpecs if asked."""
     grant = snapshot.kind.grant(ids, config)
     listed = grant.listed
@@ -119,7 +121,7 @@ class PluginObserver(Protocol):
 
 async def _guard(
     rpc: str,
-    context: Any,
+    context: Context,
     work: Callable[[], Awaitable[T]],
     on_error: Callable[[str], None] | None = None,
     timed: Callable[[str, float], None] | None = None,
@@ -150,7 +152,7 @@ async def _guard(
     raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 
 
-class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
+class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     """Serves one resource's devices from a :class:`~state.PluginState`."""
 
     def __init__(
@@ -185,11 +187,15 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
         """End every ListAndWatch stream of this server (shutdown or re-registration)."""
         self._stopping.set()
 
-    async def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+    async def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: Context
+    ) -> api_pb2.DevicePluginOptions:
         """The options: preferred allocation available, no PreStartContainer."""
         return options()
 
-    async def ListAndWatch(self, request: Any, context: Any) -> AsyncIterator[Any]:
+    async def ListAndWatch(
+        self, request: api_pb2.Empty, context: Context
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         """The full device list now and after every change, until the server stops."""
         snapshot = self._state.snapshot
         if self._observer is not None:
@@ -211,10 +217,12 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
                 self._observer.stream(self._resource, -1)
         log.debug("ListAndWatch stream ended")
 
-    async def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+    async def GetPreferredAllocation(
+        self, request: api_pb2.PreferredAllocationRequest, context: Context
+    ) -> api_pb2.PreferredAllocationResponse:
         """Per container: ``allocation_size`` IDs from ``available`` with every must-include."""
 
-        async def work() -> Any:
+        async def work() -> api_pb2.PreferredAllocationResponse:
             snapshot = self._state.snapshot
             response = api_pb2.PreferredAllocationResponse()
             plugin_state.check_size(snapshot, request.container_requests, "container requests")
@@ -245,10 +253,12 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
         rpc = "GetPreferredAllocation"
         return await _guard(rpc, context, work, timed=self._timer(rpc))
 
-    async def Allocate(self, request: Any, context: Any) -> Any:
+    async def Allocate(
+        self, request: api_pb2.AllocateRequest, context: Context
+    ) -> api_pb2.AllocateResponse:
         """Per container: the edits naming its devices; the whole request or nothing."""
 
-        async def work() -> Any:
+        async def work() -> api_pb2.AllocateResponse:
             snapshot = self._state.snapshot
             if not request.container_requests:
                 raise InvalidRequestError("no container requests")
@@ -275,6 +285,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
 
         return await _guard("Allocate", context, work, refused, self._timer("Allocate"))
 
-    async def PreStartContainer(self, request: Any, context: Any) -> Any:
+    async def PreStartContainer(
+        self, request: api_pb2.PreStartContainerRequest, context: Context
+    ) -> api_pb2.PreStartContainerResponse:
         """Nothing to do before a container starts (not required in our options)."""
         return api_pb2.PreStartContainerResponse()

@@ -90,14 +90,14 @@ class _DraService:
         return unprepare_response(self.pb2, errors)
 
 
-class DraV1Service(_DraService, dra_v1_pb2_grpc.DRAPluginServicer):  # type: ignore[misc]
+class DraV1Service(_DraService, dra_v1_pb2_grpc.DRAPluginServicer):
     """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``."""
 
     pb2 = dra_v1_pb2
     with_share_id = True
 
 
-class DraV1Beta1Service(_DraService, dra_v1beta1_pb2_grpc.DRAPluginServicer):  # type: ignore[misc]
+class DraV1Beta1Service(_DraService, dra_v1beta1_pb2_grpc.DRAPluginServicer):
     """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`` (kubelets 1.32-1.33)."""
 
     pb2 = dra_v1beta1_pb2
@@ -148,7 +148,7 @@ class HealthStreams:
                         await task
 
 
-class HealthV1Service(drahealth_v1_pb2_grpc.DRAResourceHealthServicer):  # type: ignore[misc]
+class HealthV1Service(drahealth_v1_pb2_grpc.DRAResourceHealthServicer):
     """``v1.DRAResourceHealth``."""
 
     def __init__(self, streams: HealthStreams) -> None:
@@ -159,7 +159,7 @@ class HealthV1Service(drahealth_v1_pb2_grpc.DRAResourceHealthServicer):  # type:
             yield response
 
 
-class HealthV1Alpha1Service(drahealth_v1alpha1_pb2_grpc.DRAResourceHealthServicer):  # type: ignore[misc]
+class HealthV1Alpha1Service(drahealth_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
     """``v1alpha1.DRAResourceHealth``."""
 
     def __init__(self, streams: HealthStreams) -> None:
@@ -170,7 +170,7 @@ class HealthV1Alpha1Service(drahealth_v1alpha1_pb2_grpc.DRAResourceHealthService
             yield response
 
 
-class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
+class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer):
     """Answers the kubelet's plugin watcher: who we are and where the DRA service listens."""
 
     def __init__(

@@ -108,7 +108,7 @@ class PluginConnection:
         await self.channel.close()
 
 
-class _Registration(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
+class _Registration(api_pb2_grpc.RegistrationServicer):
     def __init__(self, kubelet: KubeletStub) -> None:
         self._kubelet = kubelet
 
@@ -380,10 +380,10 @@ class KubeletStub:
             preferred = [d for d in answer.container_responses[0].deviceIDs if d in available]
             # Advisory: keep what is valid, fill up from the rest in order (kubelet behaviour).
             chosen = (preferred + [d for d in available if d not in preferred])[:size]
-        request = api_pb2.AllocateRequest()
-        request.container_requests.add(devices_ids=chosen)
+        allocate = api_pb2.AllocateRequest()
+        allocate.container_requests.add(devices_ids=chosen)
         try:
-            response = await plugin.stub.Allocate(request, timeout=10)
+            response = await plugin.stub.Allocate(allocate, timeout=10)
         except grpc.aio.AioRpcError as exc:
             raise AdmissionError(f"Allocate failed: {exc.details()}") from exc
         return ContainerAllocation(tuple(chosen), response.container_responses[0], asked)
