@@ -119,13 +119,20 @@ def shell_lines(text: str) -> Iterator[str]:
             yield from re.findall(r"`([^`\n]+)`", line)
 
 
+class UnparsableLine(ValueError):
+    """A shell line of a doc that shlex cannot split: it is reported, never skipped."""
+
+
 def commands(text: str) -> Iterator[list[str]]:
-    """Every simple command (token list) in the shell lines of a Markdown text."""
+    """Every simple command (token list) in the shell lines of a Markdown text.
+
+    Raises UnparsableLine for a line it cannot split, so no command escapes the checks.
+    """
     for line in shell_lines(text):
         try:
             tokens = shlex.split(line, comments=True)
-        except ValueError:
-            continue
+        except ValueError as exc:
+            raise UnparsableLine(f"cannot parse {line!r} as shell: {exc}") from exc
         current: list[str] = []
         for token in [*tokens, ";"]:
             if token in SEPARATORS:
@@ -180,7 +187,11 @@ def doc_problems(doc: str) -> list[str]:
     values = values_keys(load_all(os.path.join(CHART_DIR, "values.yaml"))[0])
     with open(os.path.join(REPO, "Makefile"), encoding="utf-8") as handle:
         targets = set(re.findall(r"^([\w-]+):", handle.read(), re.MULTILINE))
-    for cmd in commands(text):
+    try:
+        found = list(commands(text))
+    except UnparsableLine as exc:
+        return [f"{doc}: {exc}"]
+    for cmd in found:
         head = cmd[0]
         program = program_of(head)
         if program in PARSERS:
@@ -240,6 +251,12 @@ def test_the_checker_catches_unknown_flags_and_subcommands() -> None:
     )
     text = "```bash\n# enflame-ctk sim create /tmp/n --topology vendor-8card --bogus\n```\n"
     assert [c[:3] for c in commands(text)] == [["enflame-ctk", "sim", "create"]]
+
+
+def test_a_line_that_cannot_be_parsed_fails_instead_of_being_skipped() -> None:
+    text = "```bash\nenflame-ctk info\necho 'unclosed\n```\n"
+    with pytest.raises(UnparsableLine, match="cannot parse \"echo 'unclosed\" as shell"):
+        list(commands(text))
 
 
 def test_readme_set_up_is_exactly_make_demo_then_make_test() -> None:
