@@ -33,7 +33,7 @@ def allocate(node: Node, strategies: tuple[str, ...], pass_device_specs: bool = 
         device_list_strategy=strategies,
         pass_device_specs=pass_device_specs,
     )
-    return service.container_response(snapshot, ids, config)
+    return service.container_response(plugin_state.grants(snapshot, [ids], config)[0])
 
 
 def run_pod(

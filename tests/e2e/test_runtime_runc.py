@@ -263,7 +263,9 @@ def test_cards_are_listed_in_index_order_whatever_the_kubelets_order(
         node.ignore_envvar_when_unprivileged()
     snapshot = plugin_state.snapshot_for(devices.discover(node.root), "topology")
     config = plugin_config.PluginConfig(host_root=node.root, device_list_strategy=strategies)
-    response = service.container_response(snapshot, ["gcu5", "gcu1", "gcu0"], config)
+    response = service.container_response(
+        plugin_state.grants(snapshot, [["gcu5", "gcu1", "gcu0"]], config)[0]
+    )
     assert [device.name for device in response.cdi_devices] in (
         [],
         [f"{naming.CDI_VENDOR}/gcu={n}" for n in (0, 1, 5)],

@@ -15,6 +15,7 @@ from enflame_gcu import devices, naming
 from enflame_gcu.container_toolkit import cdi
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import runner, service
+from enflame_gcu.device_plugin import state as plugin_state
 from tests.conftest import MakeNode
 from tests.e2e import kubelet_emulation
 from tests.e2e.conftest import Node, gcu_nodes
@@ -36,7 +37,7 @@ def allocate(root: str, strategies: tuple[str, ...]) -> tuple[list[str], Any]:
     snapshot = runner.NodeResources(config).states["vgcu"].snapshot
     available = [d for d in snapshot.healthy_ids() if d != "vgcu0"]
     ids = snapshot.policy.choose(available, [], 2)
-    return ids, service.container_response(snapshot, ids, config)
+    return ids, service.container_response(plugin_state.grants(snapshot, [ids], config)[0])
 
 
 @pytest.mark.parametrize("strategy", ["envvar", "volume-mounts", "cdi-cri"])

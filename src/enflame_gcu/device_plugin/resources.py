@@ -15,12 +15,14 @@ builds what Allocate gives a container through the one edits model (:mod:`enflam
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from enflame_gcu import allocation, devices, edits, health, sharing, topology, virtual
 from enflame_gcu.device_plugin import config as plugin_config
+from enflame_gcu.errors import EnflameError, InvalidRequestError
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +37,12 @@ class Advertised:
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """What Allocate gives one container, before translation to protobuf."""
+    """What Allocate gives one container, before translation to protobuf: one edits value
+    (env, mounts, annotations, and the device nodes when DeviceSpecs are passed) plus the CDI
+    names of the ``cdi-cri`` strategy."""
 
-    listed: edits.DeviceListEdits
-    env: tuple[tuple[str, str], ...] = ()
-    device_nodes: tuple[edits.DeviceNodeEdit, ...] = ()
+    edits: edits.ContainerEdits
+    cdi_devices: tuple[str, ...] = ()
 
 
 class DeviceKind(Protocol):
@@ -60,12 +63,12 @@ class DeviceKind(Protocol):
         """Every device of the resource, in advertising order."""
         ...
 
-    def check(self, ids: Sequence[str]) -> None:
-        """Resource-specific request checks (InvalidRequestError), beyond known-and-healthy."""
-        ...
-
     def grant(self, ids: Sequence[str], config: plugin_config.PluginConfig) -> Grant:
-        """Edits for one container holding ``ids``."""
+        """Edits for one container holding ``ids`` (known, healthy, each once).
+
+        Raises InvalidRequestError when ``ids`` break the kind's own rules, EnflameError when
+        the node cannot give them (see :func:`_granted`).
+        """
         ...
 
 
@@ -101,12 +104,25 @@ def explain(kind: DeviceKind, ids: Sequence[str]) -> str:
     return f"{len(nodes)} NUMA nodes ({', '.join(nodes)})"
 
 
-def _nodes(
-    inventory: devices.Inventory, names: Sequence[str], config: plugin_config.PluginConfig
-) -> tuple[edits.DeviceNodeEdit, ...]:
-    if not config.pass_device_specs:
-        return ()
-    return edits.for_devices(inventory, names).device_nodes
+def _granted(
+    inventory: devices.Inventory,
+    names: Sequence[str],
+    config: plugin_config.PluginConfig,
+    env: Mapping[str, str] | None = None,
+) -> Grant:
+    """The grant of device ``names``: each device-list strategy's naming, ``env`` on top, and
+    the device nodes when DeviceSpecs are passed."""
+    listed = edits.device_list(names, config.device_list_strategy)
+    nodes: tuple[edits.DeviceNodeEdit, ...] = ()
+    if config.pass_device_specs:
+        try:
+            nodes = edits.for_devices(inventory, names).device_nodes
+        except InvalidRequestError as exc:
+            # The IDs were fine; the node is not (e.g. /dev/gcuctl vanished).
+            raise EnflameError(str(exc)) from exc
+    merged_env = {**dict(listed.edits.env), **(env or {})}
+    given = dataclasses.replace(listed.edits, env=tuple(merged_env.items()), device_nodes=nodes)
+    return Grant(given, listed.cdi_devices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,13 +133,9 @@ class NamedDevices:
     policy: allocation.AllocationPolicy
     catalog: tuple[Advertised, ...]
 
-    def check(self, ids: Sequence[str]) -> None:
-        """Nothing beyond the generic checks."""
-
     def grant(self, ids: Sequence[str], config: plugin_config.PluginConfig) -> Grant:
         """The devices themselves, named for the runtime by each device-list strategy."""
-        listed = edits.device_list(ids, config.device_list_strategy)
-        return Grant(listed, (), _nodes(self.inventory, ids, config))
+        return _granted(self.inventory, ids, config)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,17 +148,14 @@ class SharedSlices:
     catalog: tuple[Advertised, ...]
     policy: allocation.AllocationPolicy = field(default_factory=sharing.PackedPolicy)
 
-    def check(self, ids: Sequence[str]) -> None:
-        """The per-container cap and slice IDs (AllocationError/InvalidRequestError)."""
-        sharing.grant(ids, self.slices_of, self.settings.max_slices_per_container)
-
     def grant(self, ids: Sequence[str], config: plugin_config.PluginConfig) -> Grant:
-        """The slices' cards by minor (so the runtime injects exactly them) and the share env."""
+        """The slices' cards by minor (so the runtime injects exactly them) and the share env.
+
+        The per-container cap and the slice IDs are checked here, once
+        (AllocationError/InvalidRequestError).
+        """
         given = sharing.grant(ids, self.slices_of, self.settings.max_slices_per_container)
-        listed = edits.device_list(given.cards, config.device_list_strategy)
-        return Grant(
-            listed, tuple(given.env().items()), _nodes(self.inventory, given.cards, config)
-        )
+        return _granted(self.inventory, given.cards, config, given.env())
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,25 +44,21 @@ def device_list(snapshot: plugin_state.Snapshot) -> api_pb2.ListAndWatchResponse
     return result
 
 
-def container_response(
-    snapshot: plugin_state.Snapshot, ids: list[str], config: plugin_config.PluginConfig
-) -> api_pb2.ContainerAllocateResponse:
-    """One ContainerAllocateResponse: the resource's grant, DeviceSpecs if asked."""
-    grant = snapshot.kind.grant(ids, config)
-    listed = grant.listed
+def container_response(grant: resources.Grant) -> api_pb2.ContainerAllocateResponse:
+    """One ContainerAllocateResponse from one container's grant (DeviceSpecs when it has nodes)."""
+    given = grant.edits
     response = api_pb2.ContainerAllocateResponse(
-        envs={**dict(listed.edits.env), **dict(grant.env)},
-        annotations=dict(listed.edits.annotations),
+        envs=dict(given.env), annotations=dict(given.annotations)
     )
-    for mount in listed.edits.mounts:
+    for mount in given.mounts:
         response.mounts.add(
             container_path=mount.container_path,
             host_path=mount.host_path,
             read_only=mount.read_only,
         )
-    for name in listed.cdi_devices:
+    for name in grant.cdi_devices:
         response.cdi_devices.add(name=name)
-    for node in grant.device_nodes:
+    for node in given.device_nodes:
         response.devices.add(
             container_path=node.path,
             host_path=node.host_path,
@@ -264,19 +260,11 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 raise InvalidRequestError("no container requests")
             plugin_state.check_size(snapshot, request.container_requests, "container requests")
             requests = [list(req.devices_ids) for req in request.container_requests]
-            for index, ids in enumerate(requests):
-                try:
-                    plugin_state.check_allocatable(snapshot, ids)
-                except InvalidRequestError as exc:
-                    raise InvalidRequestError(f"container request {index}: {exc}") from exc
-            try:
-                responses = [container_response(snapshot, ids, self._config) for ids in requests]
-            except InvalidRequestError as exc:
-                # The IDs were fine; the node is not (e.g. /dev/gcuctl vanished).
-                raise EnflameError(str(exc)) from exc
+            grants = plugin_state.grants(snapshot, requests, self._config)
             log.info("Allocate %s", " | ".join(",".join(ids) for ids in requests))
             if self._observer is not None:
                 self._observer.allocated(self._resource, requests)
+            responses = [container_response(grant) for grant in grants]
             return api_pb2.AllocateResponse(container_responses=responses)
 
         def refused(code: str) -> None:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from enflame_gcu import allocation, devices
+from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import resources
-from enflame_gcu.errors import InvalidRequestError
+from enflame_gcu.errors import EnflameError, InvalidRequestError
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -170,7 +171,32 @@ def check_allocatable(snapshot: Snapshot, ids: list[str]) -> None:
         problems.append(f"repeated device(s) {show_ids(repeated)}")
     if problems:
         raise InvalidRequestError(f"{'; '.join(problems)}; healthy devices: {healthy}")
-    snapshot.kind.check(ids)
+
+
+def grants(
+    snapshot: Snapshot, requests: Sequence[list[str]], config: plugin_config.PluginConfig
+) -> list[resources.Grant]:
+    """Check and grant every container of one Allocate: the whole request or nothing.
+
+    One step per container: its IDs must be known, healthy and given once
+    (:func:`check_allocatable`), then the resource kind checks its own rules as it builds the
+    grant. A bad request raises InvalidRequestError naming the container; a node that cannot
+    give what it advertises (EnflameError, e.g. /dev/gcuctl vanished) is raised only once
+    every container's request has been found valid.
+    """
+    granted: list[resources.Grant] = []
+    node_problem: EnflameError | None = None
+    for index, ids in enumerate(requests):
+        try:
+            check_allocatable(snapshot, ids)
+            granted.append(snapshot.kind.grant(ids, config))
+        except InvalidRequestError as exc:
+            raise InvalidRequestError(f"container request {index}: {exc}") from exc
+        except EnflameError as exc:
+            node_problem = node_problem or exc
+    if node_problem is not None:
+        raise node_problem
+    return granted
 
 
 def check_known(snapshot: Snapshot, ids: list[str]) -> None:
