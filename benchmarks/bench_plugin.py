@@ -92,7 +92,11 @@ async def bench_vendor_node(results: dict[str, Any]) -> None:
 
         samples = []
         for i in range(50):
-            samples += await measure(1, lambda _j, i=i: unplug(i))
+
+            def unplug_card(_j: int, i: int = i) -> Awaitable[None]:
+                return unplug(i)
+
+            samples += await measure(1, unplug_card)
             simulate.replug(node.root, i % 8)
             await node.kubelet.wait_for(lambda k: len(k.allocatable()) == 8, 10, "replugged")
         results["unplug_to_unhealthy_on_list_and_watch"] = summary(samples)

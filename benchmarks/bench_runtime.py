@@ -131,10 +131,10 @@ def main() -> int:
             "all": make_bundle(work, runc, busybox, "all", ["ENFLAME_VISIBLE_DEVICES=all"]),
             "state": make_bundle(work, runc, busybox, "state", []),
         }
-        originals = {}
+        originals: dict[str, bytes] = {}
         for key, bundle in bundles.items():
-            with open(os.path.join(bundle, "config.json"), "rb") as handle:
-                originals[key] = handle.read()
+            with open(os.path.join(bundle, "config.json"), "rb") as spec_file:
+                originals[key] = spec_file.read()
         # The same 8-card spec, pre-edited, run by plain runc: separates runc's own extra work
         # (mknod and cgroup rules for 9 nodes) from the wrapper's.
         # stdio on /dev/null: a created container holds its stdio open until it runs.
@@ -147,8 +147,8 @@ def main() -> int:
             stderr=subprocess.DEVNULL,
         )
         subprocess.run([runc, "--root", state, "delete", "-f", "pre-edit"], check=True)
-        with open(os.path.join(bundles["all"], "config.json"), "rb") as handle:
-            edited_all = handle.read()
+        with open(os.path.join(bundles["all"], "config.json"), "rb") as spec_file:
+            edited_all = spec_file.read()
 
         def run(binary: str, key: str, spec_bytes: bytes, call_env: dict[str, str] = env) -> float:
             with open(os.path.join(bundles[key], "config.json"), "wb") as handle:

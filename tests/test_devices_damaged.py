@@ -65,7 +65,7 @@ def work() -> Iterator[str]:
 
 def targets(root: str) -> list[str]:
     """Every path under the node's /sys and /dev, in a stable order."""
-    found = []
+    found: list[str] = []
     for top in ("sys", "dev"):
         for directory, dirs, files in os.walk(os.path.join(root, top)):
             found.extend(os.path.join(directory, name) for name in sorted(dirs + files))

@@ -50,10 +50,10 @@ def test_install_copies_runtime_and_configures_every_detected_engine(host: str) 
     assert daemon["features"] == {"buildkit": True} and daemon["log-driver"] == "json-file"
     text = _read(host, "/etc/containerd/config.toml")
     assert text.startswith("# containerd config written by the node's provisioning")
-    cri = tomlkit.parse(text)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]  # type: ignore[index]
-    assert cri["default_runtime_name"] == "enflame"  # type: ignore[index]
-    options = cri["runtimes"]["enflame"]["options"]  # type: ignore[index]
-    assert options["BinaryName"] == RUNTIME and options["SystemdCgroup"] is True  # type: ignore[index]
+    cri = tomlkit.parse(text)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+    assert cri["default_runtime_name"] == "enflame"
+    options = cri["runtimes"]["enflame"]["options"]
+    assert options["BinaryName"] == RUNTIME and options["SystemdCgroup"] is True
     backups = [n for n in os.listdir(_local(host, "/etc/docker")) if ".enflame-backup-" in n]
     assert len(backups) == 1
     launcher = _read(host, RUNTIME)
@@ -125,7 +125,7 @@ def test_crio_drop_in_and_its_directory_are_removed_again(tmp_path: object) -> N
     outcome = installer.install(installer.InstallOptions(host_root=root))
     assert outcome.engines == ("crio",)
     drop_in = tomlkit.parse(_read(root, "/etc/crio/crio.conf.d/99-enflame.toml"))
-    assert drop_in["crio"]["runtime"]["runtimes"]["enflame"]["runtime_path"] == RUNTIME  # type: ignore[index]
+    assert drop_in["crio"]["runtime"]["runtimes"]["enflame"]["runtime_path"] == RUNTIME
     installer.uninstall(root)
     assert fx.diff(before, fx.snapshot(root)) == []
 

@@ -179,10 +179,10 @@ def option_lists(text: str) -> Iterator[tuple[str, list[str]]]:
 def doc_problems(doc: str) -> list[str]:
     text = read(doc)
     problems = []
-    for program, flags in option_lists(text):
+    for listed, flags in option_lists(text):
         for flag in flags:
             problems += [
-                f"{doc}: {program} option list: {p}" for p in command_problems(program, [flag])
+                f"{doc}: {listed} option list: {p}" for p in command_problems(listed, [flag])
             ]
     values = values_keys(load_all(os.path.join(CHART_DIR, "values.yaml"))[0])
     with open(os.path.join(REPO, "Makefile"), encoding="utf-8") as handle:
@@ -255,7 +255,7 @@ def test_the_checker_catches_unknown_flags_and_subcommands() -> None:
 
 def test_a_line_that_cannot_be_parsed_fails_instead_of_being_skipped() -> None:
     text = "```bash\nenflame-ctk info\necho 'unclosed\n```\n"
-    with pytest.raises(UnparsableLine, match="cannot parse \"echo 'unclosed\" as shell"):
+    with pytest.raises(UnparsableLine, match='cannot parse "echo \'unclosed" as shell'):
         list(commands(text))
 
 

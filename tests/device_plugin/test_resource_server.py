@@ -55,7 +55,7 @@ def test_socket_deleted_between_bind_and_registration_is_served_again() -> None:
     work, root, plugins = plugin_process.make_node("flat-4card")
     cfg = config.PluginConfig(plugin_dir=plugins, host_root=root)
     real_server = grpc.aio.server
-    losses = []
+    losses: list[str] = []
 
     def server_losing_its_first_socket(*args: Any, **kwargs: Any) -> Any:
         server = real_server(*args, **kwargs)
@@ -70,7 +70,7 @@ def test_socket_deleted_between_bind_and_registration_is_served_again() -> None:
                         losses.append(name)
                         os.unlink(path)
 
-        server.start = start
+        server.start = start  # type: ignore[method-assign]
         return server
 
     async def main() -> None:

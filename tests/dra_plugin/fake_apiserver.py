@@ -73,7 +73,7 @@ class FakeApiServer:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def kubeconfig(self, path: str) -> str:
         """Write a kubeconfig pointing at this server; return its path."""

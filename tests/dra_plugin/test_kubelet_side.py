@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from enflame_gcu.container_toolkit import cdi_validate
-from enflame_gcu.dra_plugin import checkpoint, claim_cdi
+from enflame_gcu.dra_plugin import checkpoint, claim_cdi, claims
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.simulation import simulate
 from tests.dra_plugin import harness
@@ -249,14 +249,14 @@ def test_a_crash_between_the_two_steps_is_rolled_back_at_the_next_start(point: s
 
             crashing, _ = harness.make_driver(where, source, fault=crash)
             with pytest.raises(harness.Crash):
-                await crashing.prepare([harness.claims.ClaimRef(*A)])
+                await crashing.prepare([claims.ClaimRef(*A)])
             record = checkpoint.Checkpoint(os.path.join(where.plugins, "checkpoint.json"))
             assert record.load()["uid-a"].state == checkpoint.PREPARING
             assert os.path.exists(claim_cdi.spec_path(where.cdi, "uid-a")) == (point == "after-cdi")
             restarted, _ = harness.make_driver(where, source)
             assert record.load() == {}
             assert not os.path.exists(claim_cdi.spec_path(where.cdi, "uid-a"))
-            outcome = await restarted.prepare([harness.claims.ClaimRef(*A)])
+            outcome = await restarted.prepare([claims.ClaimRef(*A)])
             assert [d.device for d in outcome["uid-a"]] == ["gcu-0", "gcu-1"]  # type: ignore[union-attr]
             assert record.load()["uid-a"].state == checkpoint.PREPARED
 

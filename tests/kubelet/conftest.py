@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -125,7 +126,7 @@ def tier() -> Iterator[Tier]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """Keep each phase's report on the item, so the node fixture can attach logs on failure."""
-    outcome = yield
+    outcome: Any = yield
     report = outcome.get_result()
     setattr(item, f"report_{report.when}", report)
 

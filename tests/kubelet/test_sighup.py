@@ -70,11 +70,11 @@ def test_sighup_never_leaves_the_kubelet_short_of_healthy_cards(node: harness.No
             pushed = kubelet.log(offset).count(push)
             node.plugin.signal(signal.SIGHUP)
             # A reload ends with the plugin's fresh device list reaching the kubelet.
-            harness.wait_for(
-                f"a device list after SIGHUP {round_ + 1}",
-                lambda before=pushed: kubelet.log(offset).count(push) > before,
-                30,
-            )
+
+            def pushed_again(before: int = pushed) -> bool:
+                return kubelet.log(offset).count(push) > before
+
+            harness.wait_for(f"a device list after SIGHUP {round_ + 1}", pushed_again, 30)
             node.wait_registered(8)
             time.sleep(0.5)  # the old stream's end, if any, is logged by now
     finally:

@@ -42,7 +42,9 @@ def test_volume_mounts(node: harness.Node) -> None:
     response = _response(node, "mounts")
     assert response["envs"] == {"ENFLAME_VISIBLE_DEVICES": "/var/run/enflame-container-devices"}
     assert sorted(report.visible.split(",")) == ["0", "1"]
-    assert sorted(response["mounts"]) == [  # type: ignore[type-var]
+    mounts = response["mounts"]
+    assert isinstance(mounts, list)
+    assert sorted(mounts) == [
         ("/var/run/enflame-container-devices/gcu0", "/dev/null"),
         ("/var/run/enflame-container-devices/gcu1", "/dev/null"),
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from importlib import resources
 
 import pytest
@@ -11,11 +12,12 @@ from enflame_gcu.errors import ConfigError
 from enflame_gcu.shim import config as runtime_config
 from enflame_gcu.shim import toml_subset
 
-try:  # the reference the built-in parser is compared with: tomllib, or tomlkit before 3.11
+# The reference the built-in parser is compared with: tomllib, or tomlkit before 3.11.
+if sys.version_info >= (3, 11):
     import tomllib
 
     reference_loads = tomllib.loads
-except ModuleNotFoundError:  # Python 3.10
+else:
     import tomlkit
 
     def reference_loads(text: str) -> dict[str, object]:

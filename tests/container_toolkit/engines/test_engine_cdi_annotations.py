@@ -130,7 +130,7 @@ def test_doctor_flags_pod_annotations_that_name_devices(
     engines.configure("containerd", None, engines.RuntimeOptions(), host_root=node)
     path = os.path.join(node, "etc/containerd/config.toml")
     document = tomlkit.parse(read(path))
-    document["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["enflame"][  # type: ignore[index]
+    document["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["enflame"][
         "pod_annotations"
     ] = ["cdi.k8s.io/*"]
     fx.write(node, "/etc/containerd/config.toml", tomlkit.dumps(document))

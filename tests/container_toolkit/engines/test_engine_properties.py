@@ -167,7 +167,7 @@ def containerd_toml(draw: st.DrawFn) -> str:
     containerd: dict[str, Any] = {}
     runtimes: dict[str, Any] = {}
     for name in draw(st.lists(RUNTIME_NAMES, max_size=3, unique=True)):
-        entry = {"runtime_type": "io.containerd.runc.v2"}
+        entry: dict[str, Any] = {"runtime_type": "io.containerd.runc.v2"}
         entry.update(draw(st.dictionaries(KEYS, SCALARS, max_size=2)))
         if draw(st.booleans()):
             entry["options"] = {"SystemdCgroup": draw(st.booleans())}
@@ -178,9 +178,9 @@ def containerd_toml(draw: st.DrawFn) -> str:
         runtimes[name] = entry
     if runtimes:
         containerd["runtimes"] = runtimes
-    if runtimes and draw(st.booleans()):
+    if runtimes and bool(draw(st.booleans())):
         containerd["default_runtime_name"] = draw(st.sampled_from(sorted(runtimes)))
-    if containerd or draw(st.booleans()):
+    if containerd or bool(draw(st.booleans())):
         plugins = tomlkit.table(is_super_table=True)
         cri = tomlkit.table()
         for key, value in draw(st.dictionaries(KEYS, SCALARS, max_size=2)).items():
@@ -217,7 +217,7 @@ def crio_conf(draw: st.DrawFn) -> tuple[str, str | None]:
     main = tomlkit.document()
     runtime = tomlkit.table()
     names = draw(st.lists(st.sampled_from(["runc", "crun", "kata"]), max_size=2, unique=True))
-    if names and draw(st.booleans()):
+    if names and bool(draw(st.booleans())):
         runtime["default_runtime"] = draw(st.sampled_from(names))
     runtimes = tomlkit.table(is_super_table=True)
     for name in names:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,7 +276,7 @@ class DraKubeletStub:
             request.claims.add(namespace=namespace, name=name, uid=uid)
         return await plugin.stub.NodeUnprepareResources(request, timeout=timeout)
 
-    async def watch_health(self, driver: str) -> AsyncIterator[Any]:
+    async def watch_health(self, driver: str) -> AsyncGenerator[Any, None]:
         """The plugin's health stream in the version the kubelet prefers."""
         plugin = self.plugin(driver)
         if plugin.health_service is None:
