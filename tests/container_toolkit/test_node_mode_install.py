@@ -7,6 +7,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import tomlkit
@@ -196,12 +197,11 @@ def test_the_keeper_rewrites_specs_within_a_second_of_a_change_and_never_leaves_
         while not seen and time.monotonic() < deadline:
             time.sleep(0.01)
         assert seen and seen[0] == "0,1,2,3,4,5,6,7,all"
-        for step, (change, expected) in enumerate(
-            [
-                (lambda: simulate.unplug(root, 3), "0,1,2,4,5,6,7,all"),
-                (lambda: simulate.replug(root, 3), "0,1,2,3,4,5,6,7,all"),
-            ]
-        ):
+        steps: list[tuple[Callable[[], object], str]] = [
+            (lambda: simulate.unplug(root, 3), "0,1,2,4,5,6,7,all"),
+            (lambda: simulate.replug(root, 3), "0,1,2,3,4,5,6,7,all"),
+        ]
+        for step, (change, expected) in enumerate(steps):
             change()
             started = time.monotonic()
             while seen[-1] != expected and time.monotonic() - started < 1.0:

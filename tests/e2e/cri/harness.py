@@ -53,7 +53,8 @@ RUNTIME_NAME = "enflame"
 @functools.cache
 def stubs() -> tuple[ModuleType, ModuleType]:
     """(messages, services) of the CRI subset, compiled once per process."""
-    from grpc_tools import protoc  # dev dependency: only the tests and the benchmark need it
+    # dev dependency: only the tests and the benchmark need it
+    from grpc_tools import protoc  # type: ignore[import-untyped]
 
     here = os.path.dirname(os.path.abspath(__file__))
     out = tempfile.mkdtemp(prefix="enflame-cri-stubs-")
