@@ -37,7 +37,7 @@ def test_one_numa_node_through_two_root_ports_is_numa_local(make_node: MakeNode)
     inventory = devices.discover(make_node("2socket-16card"))
     topo = topology.Topology.from_inventory(inventory)
     numa0 = [c for c in inventory.cards if c.numa_node == 0]
-    ports = {c.root_port for c in numa0}
+    ports = {str(c.root_port) for c in numa0}
     assert len(ports) > 1, "the fixture needs two root ports on one NUMA node"
     pair = [next(c.name for c in numa0 if c.root_port == port) for port in sorted(ports)[:2]]
     assert holders.locality(topo, pair) == "numa"

@@ -116,7 +116,7 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
         return await self._kubelet._register(request, context)
 
 
-class _PodResources(podresources_v1_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+class _PodResources(podresources_v1_pb2_grpc.PodResourcesListerServicer):
     def __init__(self, kubelet: KubeletStub, allocatable_api: bool) -> None:
         self._kubelet = kubelet
         self._allocatable_api = allocatable_api
