@@ -68,7 +68,7 @@ def test_every_subcommand_and_option_has_help_and_lists_its_choices() -> None:
 
 def test_one_spelling_per_option_across_commands() -> None:
     """The same idea never has two visible spellings (host root, engine restart)."""
-    visible = set()
+    visible: set[object] = set()
     for _path, parser, _help in _parsers(cli.build_parser()):
         for action in parser._actions:
             if action.help != argparse.SUPPRESS:

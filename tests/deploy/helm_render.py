@@ -94,4 +94,4 @@ def objects(rendered: dict[str, list[Any]], kind: str) -> list[dict[str, Any]]:
 def daemonset(rendered: dict[str, list[Any]], template: str) -> dict[str, Any]:
     """The DaemonSet a template renders."""
     [found] = [doc for doc in rendered.get(template, []) if doc.get("kind") == "DaemonSet"]
-    return found
+    return dict(found)

@@ -16,6 +16,7 @@ import pytest
 
 from enflame_gcu.dra_plugin import claim_cdi, claims, kubelet
 from enflame_gcu.dra_plugin import config as dra_config
+from enflame_gcu.simulation.testing import dra_kubelet_stub
 from tests.dra_plugin import harness
 
 A = claims.ClaimRef("enflame", "pair-a", "uid-a")
@@ -172,7 +173,7 @@ def test_the_old_instance_stopping_never_removes_the_sockets_its_successor_bound
                 assert b.restart_reason() is None
                 for path in (settings.endpoint, settings.registration_socket):
                     assert serving(path), (path, os.listdir(os.path.dirname(path)))
-                stub = harness.DraKubeletStub(settings.registry_dir)
+                stub = dra_kubelet_stub.DraKubeletStub(settings.registry_dir)
                 await stub.start()
                 try:
                     await stub.wait_registered(settings.driver_name)
