@@ -183,12 +183,15 @@ def test_the_keeper_rewrites_specs_within_a_second_of_a_change_and_never_leaves_
                     problems.append("spec missing during a rewrite")
                 continue
             try:
-                names = [d["name"] for d in yaml.safe_load(text)["devices"]]
+                # libyaml's loader: a pure-Python parse in a busy loop would hold the GIL
+                # against the keeper's thread (an engine reads from another process).
+                names = [d["name"] for d in yaml.load(text, Loader=yaml.CSafeLoader)["devices"]]
             except (yaml.YAMLError, TypeError, KeyError) as exc:
                 problems.append(f"partial spec: {exc}")
                 continue
             if not seen or seen[-1] != ",".join(names):
                 seen.append(",".join(names))
+            time.sleep(0.001)  # let the keeper's thread run (one interpreter, one GIL)
 
     watcher = threading.Thread(target=reader)
     watcher.start()

@@ -118,8 +118,12 @@ def _runtime_config(args: argparse.Namespace) -> runtime_config.RuntimeConfig:
 
 
 def host_runtime_config(root: str) -> runtime_config.RuntimeConfig:
-    """The host's runtime config: under ``root`` when one is given (missing: the defaults)."""
-    if root == "/":
+    """The host's runtime config: under ``root`` when one is given (missing: the defaults).
+
+    ``ENFLAME_CONTAINER_RUNTIME_CONFIG`` names the file explicitly, as ``--config`` does: it is
+    used as written, whatever the root.
+    """
+    if root == "/" or os.environ.get(runtime_config.PATH_ENV):
         return runtime_config.load()
     path = common.host_file(root, runtime_config.DEFAULT_PATH)
     return runtime_config.load(path) if os.path.lexists(path) else runtime_config.RuntimeConfig()
