@@ -57,6 +57,16 @@ def identity(path: str) -> tuple[int, int] | None:
     return (info.st_dev, info.st_ino)
 
 
+def kubelet_identity(path: str) -> tuple[int, int, int] | None:
+    """``(device, inode, ctime)`` of the kubelet's socket: a restarted kubelet's new socket may
+    get the old inode number at once (ext4 reuses it), so the change time tells them apart."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino, info.st_ctime_ns)
+
+
 @dataclass(slots=True)
 class Signals:
     """What the process was asked to do: stop (SIGTERM/SIGINT) or restart (SIGHUP)."""
@@ -126,7 +136,7 @@ class ResourceServer:
         self._server: grpc.aio.Server | None = None
         self._service: service.DevicePluginService | None = None
         self._socket: tuple[int, int] | None = None
-        self._kubelet: tuple[int, int] | None = None
+        self._kubelet: tuple[int, int, int] | None = None
         self._trouble = _Trouble()
         self._cause = "start"  # why the next registration happens (metrics)
         self._kubelet_left = False  # kubelet.sock vanished or changed since we registered
@@ -275,7 +285,7 @@ class ResourceServer:
                 return False
             if not self.lock.held():
                 return False
-            kubelet = identity(self.kubelet_socket)
+            kubelet = kubelet_identity(self.kubelet_socket)
             if kubelet is None:
                 reason = f"{self.kubelet_socket} does not exist"
             else:
@@ -312,7 +322,7 @@ class ResourceServer:
             return f"our socket {self.socket_path} was deleted or replaced"
         if not self.lock.held():
             return f"our lock {self.lock.path} was deleted or replaced"
-        kubelet = identity(self.kubelet_socket)
+        kubelet = kubelet_identity(self.kubelet_socket)
         if kubelet is not None and kubelet != self._kubelet:
             return f"{self.kubelet_socket} was re-created (kubelet restart)"
         return None
@@ -385,7 +395,7 @@ class ResourceServer:
             self._trouble.recovered(f"plugin dir {self.config.plugin_dir}")
             if await self.register(watcher):
                 while (reason := self.restart_reason()) is None:
-                    if identity(self.kubelet_socket) != self._kubelet:
+                    if kubelet_identity(self.kubelet_socket) != self._kubelet:
                         self._kubelet_left = True
                     if self.stopping.is_set():
                         return
@@ -393,7 +403,7 @@ class ResourceServer:
                     await wait_any(watcher, self.stopping, CHECK_INTERVAL)
                 log.info("%s: serving again and re-registering", reason)
                 self._cause = _cause(reason)
-                if identity(self.kubelet_socket) != self._kubelet:
+                if kubelet_identity(self.kubelet_socket) != self._kubelet:
                     self._kubelet_left = True
                 if self.observer is not None:
                     self.observer.unregistered(self.resource_name)
