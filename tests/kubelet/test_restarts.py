@@ -12,6 +12,10 @@ pytestmark = pytest.mark.kubelet
 
 ALLOCATE_LINE = "Making allocation request for devices"
 
+REGISTRATION_LINE = (
+    'Got registration request from device plugin with resource name "enflame.com/gcu"'
+)
+
 
 def _container_state(node: harness.Node, name: str) -> tuple[str, int]:
     status = node.pods.status(name)["containerStatuses"][0]
@@ -30,11 +34,13 @@ def test_kubelet_restart_keeps_cards_and_calls_no_allocate(node: harness.Node) -
 
     offset = kubelet.restart()
     # The kubelet deleted the plugin's socket on start; the plugin must notice and come back.
-    node.wait_registered(8)
-    after_restart = kubelet.log(offset)
-    assert 'Got registration request from device plugin with resource name "enflame.com/gcu"' in (
-        after_restart
+    # The restarted kubelet shows the old capacity from its checkpoint at once, so wait for its
+    # own log line of the plugin's new registration rather than for the capacity alone.
+    harness.wait_for(
+        "the restarted kubelet to log the plugin's registration",
+        lambda: REGISTRATION_LINE in kubelet.log(offset),
     )
+    node.wait_registered(8)
     for name in held:
         node.pods.wait_running(name)
         assert _container_state(node, name) == before[name], "the container was restarted"
