@@ -13,6 +13,7 @@ import yaml
 
 from enflame_gcu.container_toolkit import cli
 from enflame_gcu.container_toolkit.commands import common
+from tests import program_parsers
 
 REAL_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/enflame-gcu"
 REAL_PREPARED_EDITS = "/var/run/enflame/prepared-edits.json"
@@ -29,48 +30,11 @@ def ctk(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
-def _parsers(
-    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
-) -> list[tuple[tuple[str, ...], argparse.ArgumentParser, str | None]]:
-    """Every parser with its command path and the help its parent gave it."""
-    found: list[tuple[tuple[str, ...], argparse.ArgumentParser, str | None]] = []
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            helps = {choice.dest: choice.help for choice in action._choices_actions}
-            for name, child in action.choices.items():
-                found.append(((*path, name), child, helps.get(name)))
-                found.extend(_parsers(child, (*path, name)))
-    return found
-
-
-def test_every_subcommand_and_option_has_help_and_lists_its_choices() -> None:
-    parsers = _parsers(cli.build_parser())
-    assert len(parsers) >= 20, [p[0] for p in parsers]
-    problems = []
-    for path, parser, helptext in parsers:
-        if not helptext:
-            problems.append(f"{' '.join(path)}: no help")
-        for action in parser._actions:
-            if action.help == argparse.SUPPRESS or isinstance(
-                action, (argparse._HelpAction, argparse._SubParsersAction)
-            ):
-                continue
-            name = "/".join(action.option_strings) or action.dest
-            if not action.help:
-                problems.append(f"{' '.join(path)} {name}: no help")
-            elif action.choices and action.metavar:
-                # With a metavar argparse hides the choices: the help must name them.
-                missing = [c for c in action.choices if str(c) not in action.help]
-                if missing and "%(choices)s" not in action.help:
-                    problems.append(f"{' '.join(path)} {name}: help misses {missing}")
-    assert problems == []
-
-
 def test_one_spelling_per_option_across_commands() -> None:
     """The same idea never has two visible spellings (host root, engine restart)."""
     visible: set[object] = set()
-    for _path, parser, _help in _parsers(cli.build_parser()):
-        for action in parser._actions:
+    for found in program_parsers.walk(cli.build_parser(), ("enflame-ctk",)):
+        for action in found.parser._actions:
             if action.help != argparse.SUPPRESS:
                 visible.update(action.option_strings)
     assert "--host-root" in visible and "--restart-engine" in visible

@@ -29,7 +29,7 @@ def command(where: harness.Node, kubeconfig: str, *extra: str) -> list[str]:
         "enflame_gcu.dra_plugin.main",
         "--node-name",
         NODE,
-        "--root",
+        "--host-root",
         where.root,
         "--registry-dir",
         where.registry,
@@ -151,7 +151,7 @@ def test_cleanup_deletes_the_driver_slices_of_every_node() -> None:
     ("args", "message"),
     [
         (["--shared-slices", "99"], "--shared-slices must be 0..64"),
-        (["--unhealthy", "ignore"], "--unhealthy must be one of taint, omit"),
+        (["--unhealthy", "ignore"], "--unhealthy: 'ignore' is not one of taint, omit"),
         (["--node-name", ""], "the node name is unknown"),
     ],
 )

@@ -119,26 +119,6 @@ def _interval(text: str) -> float:
     return value
 
 
-def _strategies(text: str) -> tuple[str, ...]:
-    chosen = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    bad = [s for s in chosen if s not in edits.STRATEGIES]
-    if bad or not chosen:
-        raise ValueError(
-            f"unknown strategy {', '.join(bad) or '(none)'}; valid: {', '.join(edits.STRATEGIES)}"
-        )
-    return chosen
-
-
-def _kinds(text: str) -> tuple[str, ...]:
-    chosen = tuple(dict.fromkeys(part.strip().lower() for part in text.split(",") if part.strip()))
-    bad = [kind for kind in chosen if kind not in RESOURCE_KINDS]
-    if bad or not chosen:
-        raise ValueError(
-            f"unknown resource {', '.join(bad) or '(none)'}; valid: {', '.join(RESOURCE_KINDS)}"
-        )
-    return chosen
-
-
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -165,13 +145,35 @@ def _healthchecks(text: str) -> bool:
     raise ValueError(f"{text!r} is not supported; use 'all' to disable checks or leave it unset")
 
 
-def _choice(valid: Sequence[str]) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text.lower() not in valid:
-            raise ValueError(f"{text!r} is not one of {', '.join(valid)}")
+class _OneOf:
+    """Parse one of ``valid`` (any case); ``valid`` is what --help lists."""
+
+    def __init__(self, valid: Sequence[str]) -> None:
+        self.valid = tuple(valid)
+
+    def __call__(self, text: str) -> str:
+        if text.lower() not in self.valid:
+            raise ValueError(f"{text!r} is not one of {', '.join(self.valid)}")
         return text.lower()
 
-    return parse
+
+class _ListOf(_OneOf):
+    """Parse a comma list of ``valid`` names (at least one, repeats dropped)."""
+
+    def __init__(self, valid: Sequence[str], what: str, lower: bool = False) -> None:
+        super().__init__(valid)
+        self.what = what
+        self.lower = lower
+
+    def __call__(self, text: str) -> tuple[str, ...]:  # type: ignore[override]
+        parts = (part.strip() for part in text.split(","))
+        chosen = tuple(dict.fromkeys(p.lower() if self.lower else p for p in parts if p))
+        bad = [name for name in chosen if name not in self.valid]
+        if bad or not chosen:
+            raise ValueError(
+                f"unknown {self.what} {', '.join(bad) or '(none)'}; valid: {', '.join(self.valid)}"
+            )
+        return chosen
 
 
 def _address(text: str) -> str:
@@ -208,6 +210,16 @@ class Option:
     help: str
     flag: bool = False
 
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The values it accepts when they are a fixed list (empty otherwise)."""
+        return self.parse.valid if isinstance(self.parse, _OneOf) else ()
+
+    @property
+    def many(self) -> bool:
+        """Whether it takes a comma list (repeatable on the command line)."""
+        return isinstance(self.parse, _ListOf)
+
 
 OPTIONS: tuple[Option, ...] = (
     Option("plugin_dir", "DP_PLUGIN_DIR", _path, "kubelet device plugin directory"),
@@ -221,7 +233,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "resources",
         "DP_RESOURCES",
-        _kinds,
+        _ListOf(RESOURCE_KINDS, "resource", lower=True),
         f"resources to serve, comma list of {', '.join(RESOURCE_KINDS)} (one socket each)",
     ),
     Option("resource_name", "DP_RESOURCE_NAME", _resource, "extended resource for whole cards"),
@@ -242,13 +254,13 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "device_list_strategy",
         "DEVICE_LIST_STRATEGY",
-        _strategies,
+        _ListOf(edits.STRATEGIES, "strategy"),
         f"how Allocate names the devices, comma list of {', '.join(edits.STRATEGIES)}",
     ),
     Option(
         "node_mode",
         "DP_NODE_MODE",
-        _choice(("", node_modes.AUTO, *node_modes.NAMES)),
+        _OneOf(("", node_modes.AUTO, *node_modes.NAMES)),
         "answer as the node mode needs (auto = as the installer recorded in "
         f"{node_modes.MODE_FILE}, else {node_modes.FALLBACK}); fills --pass-device-specs and "
         "--device-list-strategy unless they are given",
@@ -270,16 +282,16 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "allocation_policy",
         "DP_ALLOCATION_POLICY",
-        _choice(sorted(allocation.POLICIES)),
+        _OneOf(sorted(allocation.POLICIES)),
         f"how GetPreferredAllocation chooses cards: {', '.join(sorted(allocation.POLICIES))}",
     ),
     Option(
-        "log_level", "DP_LOG_LEVEL", _choice(LOG_LEVELS), f"log verbosity: {', '.join(LOG_LEVELS)}"
+        "log_level", "DP_LOG_LEVEL", _OneOf(LOG_LEVELS), f"log verbosity: {', '.join(LOG_LEVELS)}"
     ),
     Option(
         "log_format",
         "DP_LOG_FORMAT",
-        _choice(LOG_FORMATS),
+        _OneOf(LOG_FORMATS),
         "text, or json: one JSON object per line with a UTC timestamp",
     ),
     Option(

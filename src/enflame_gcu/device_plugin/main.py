@@ -19,9 +19,6 @@ from enflame_gcu.errors import ConfigError
 log = logging.getLogger("enflame_gcu.device_plugin")
 
 
-_LISTS = ("device_list_strategy", "resources")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The CLI: one flag per config option, each naming its environment variable."""
     parser = argparse.ArgumentParser(
@@ -39,16 +36,22 @@ def build_parser() -> argparse.ArgumentParser:
         default = getattr(defaults, option.field)
         if isinstance(default, tuple):
             default = ",".join(default)
-        text = f"{option.help} [env {option.env}; default {default}]"
+        shown = "unset" if default in (None, "") else default
+        text = f"{option.help} [env {option.env}; default {shown}]"
         name = "--" + option.field.replace("_", "-")
+        choices = [choice for choice in option.choices if choice]
+        metavar = "{" + ",".join(choices) + "}" if choices else option.field.upper()
         if option.flag:
             parser.add_argument(
                 name, action=argparse.BooleanOptionalAction, default=None, help=text
             )
-        elif option.field in _LISTS:
-            parser.add_argument(name, action="append", default=None, help=text + "; repeatable")
+        elif option.many:
+            parser.add_argument(
+                name, action="append", default=None, metavar="LIST",
+                help=f"{text}; repeatable",
+            )  # fmt: skip
         else:
-            parser.add_argument(name, default=None, help=text)
+            parser.add_argument(name, default=None, metavar=metavar, help=text)
     parser.epilog = (parser.epilog or "") + (
         f" {naming.DISABLE_HEALTHCHECKS_ENV}=all reports every card healthy as discovered."
     )
@@ -58,9 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 def load_config(argv: Sequence[str] | None, environ: dict[str, str]) -> plugin_config.PluginConfig:
     """Parse argv over the environment over the config file (if any) over the defaults."""
     args = vars(build_parser().parse_args(argv))
-    for name in _LISTS:
-        if args.get(name) is not None:
-            args[name] = ",".join(args[name])
+    for option in plugin_config.OPTIONS:
+        if option.many and args.get(option.field) is not None:
+            args[option.field] = ",".join(args[option.field])
     env = plugin_config.env_layer(environ)
     layers: list[Mapping[str, object]] = [args, env]
     path = plugin_config.resolve(layers).config_file

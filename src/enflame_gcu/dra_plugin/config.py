@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from enflame_gcu import __version__, naming, resourceslices
 from enflame_gcu.errors import ConfigError
+from enflame_gcu.support import cli_options
 
 REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 PLUGINS_DIR = "/var/lib/kubelet/plugins"
 CDI_DIR = "/var/run/cdi"
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
 UNHEALTHY_MODES = ("taint", "omit")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+PROG = "enflame-dra-plugin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,10 @@ class DraConfig:
             )
         if not 0 <= self.shared_slices <= 64:
             raise ConfigError(f"--shared-slices must be 0..64, got {self.shared_slices}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(
+                f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}"
+            )
         if self.unhealthy not in UNHEALTHY_MODES:
             raise ConfigError(
                 f"--unhealthy must be one of {', '.join(UNHEALTHY_MODES)}, got {self.unhealthy!r}"
@@ -86,68 +93,144 @@ class DraConfig:
         )
 
 
-def _flag(environ: Mapping[str, str], name: str, default: str) -> str:
-    return environ.get(name, default)
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.05 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text} is outside 0.05..3600 seconds")
+    return value
 
 
-def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> DraConfig:
-    """Settings from flags and environment; ConfigError names what is wrong."""
+def _slices(text: str) -> int:
+    try:
+        return int(text or "0")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (0..64)") from None
+
+
+def _choice(valid: Sequence[str]) -> Callable[[str], str]:
+    # Case-insensitive, as the environment variables have always been read.
+    def parse(text: str) -> str:
+        if text.lower() not in valid:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(valid)}")
+        return text.lower()
+
+    return parse
+
+
+def _given(env: str, default: str) -> str:
+    return f"[env {env}; default {default}]"
+
+
+def build_parser(
+    environ: Mapping[str, str] | None = None, prog: str = PROG, description: str = ""
+) -> argparse.ArgumentParser:
+    """The driver's options; each default comes from its environment variable when set."""
     env = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(
-        prog="enflame-dra-plugin",
-        description="DRA driver gcu.enflame.com: publishes GCUs as ResourceSlices and "
-        "prepares claims for the kubelet.",
+        prog=prog,
+        description=description
+        or "DRA driver gcu.enflame.com: publishes GCUs as ResourceSlices and prepares claims "
+        "for the kubelet. 'enflame-dra-plugin cleanup --help': delete the driver's slices.",
+        epilog=f"Precedence: command line > environment > defaults. "
+        f"{naming.DISABLE_HEALTHCHECKS_ENV}=all reports every card healthy as discovered.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--node-name", default=env.get("NODE_NAME", ""))
+    parser.add_argument(
+        "--node-name",
+        metavar="NAME",
+        default=env.get("NODE_NAME", ""),
+        help="this node's name, as its ResourceSlices and claims name it; required "
+        "[env NODE_NAME, which the DaemonSet sets from spec.nodeName]",
+    )
     parser.add_argument(
         "--host-root",
-        "--root",  # the old spelling, kept for existing manifests
         dest="root",
         metavar="DIR",
-        default=_flag(env, "ENFLAME_DRA_ROOT", "/"),
-        help="the host's / as seen from here (sysfs, /dev) [env ENFLAME_DRA_ROOT; default /]",
+        default=env.get("ENFLAME_DRA_ROOT", "/"),
+        help="the host's / as seen from here (sysfs, /dev; e.g. /host in a DaemonSet) "
+        + _given("ENFLAME_DRA_ROOT", "/"),
+    )
+    cli_options.add_deprecated(parser, "--root", "--host-root", "root", prog=PROG)
+    parser.add_argument(
+        "--registry-dir",
+        metavar="DIR",
+        default=env.get("ENFLAME_DRA_REGISTRY_DIR", REGISTRY_DIR),
+        help="the kubelet's plugin registration directory, where the registration socket "
+        "goes " + _given("ENFLAME_DRA_REGISTRY_DIR", REGISTRY_DIR),
     )
     parser.add_argument(
-        "--registry-dir", default=_flag(env, "ENFLAME_DRA_REGISTRY_DIR", REGISTRY_DIR)
+        "--plugin-dir",
+        metavar="DIR",
+        default=env.get("ENFLAME_DRA_PLUGIN_DIR", ""),
+        help="the driver's own directory: DRA service socket and checkpoint "
+        + _given("ENFLAME_DRA_PLUGIN_DIR", f"{PLUGINS_DIR}/<driver name>"),
     )
-    parser.add_argument("--plugin-dir", default=_flag(env, "ENFLAME_DRA_PLUGIN_DIR", ""))
-    parser.add_argument("--cdi-dir", default=_flag(env, "ENFLAME_DRA_CDI_DIR", CDI_DIR))
-    parser.add_argument("--pod-uid", default=env.get("POD_UID", ""))
+    parser.add_argument(
+        "--cdi-dir",
+        metavar="DIR",
+        default=env.get("ENFLAME_DRA_CDI_DIR", CDI_DIR),
+        help="where the CDI spec of each prepared claim is written (the container engine "
+        "reads it) " + _given("ENFLAME_DRA_CDI_DIR", CDI_DIR),
+    )
+    parser.add_argument(
+        "--pod-uid",
+        metavar="UID",
+        default=env.get("POD_UID", ""),
+        help="this pod's UID: puts it in the socket names so two instances can run side by "
+        "side during a rolling update [env POD_UID, from the downward API; default none]",
+    )
     parser.add_argument(
         "--shared-slices",
-        type=int,
-        default=int(_flag(env, "ENFLAME_DRA_SHARED_SLICES", "0") or 0),
-        help="0: cards are exclusive; N: cards can be time-shared in N slices (needs "
-        "consumable capacity on the cluster)",
+        metavar="N",
+        type=_slices,
+        default=env.get("ENFLAME_DRA_SHARED_SLICES", "0"),
+        help="0: cards are exclusive; N (1..64): cards can be time-shared in N slices (needs "
+        "consumable capacity on the cluster) " + _given("ENFLAME_DRA_SHARED_SLICES", "0"),
     )
     parser.add_argument(
         "--unhealthy",
-        default=_flag(env, "ENFLAME_DRA_UNHEALTHY", "taint"),
-        help="taint: unhealthy devices get a NoSchedule taint; omit: they are not published",
+        metavar="{" + ",".join(UNHEALTHY_MODES) + "}",
+        type=_choice(UNHEALTHY_MODES),
+        default=env.get("ENFLAME_DRA_UNHEALTHY", "taint"),
+        help="taint: unhealthy devices get a NoSchedule taint; omit: they are not published "
+        + _given("ENFLAME_DRA_UNHEALTHY", "taint"),
     )
     parser.add_argument(
         "--health-interval",
-        type=float,
-        default=float(_flag(env, "ENFLAME_DRA_HEALTH_INTERVAL", "5")),
+        metavar="SECONDS",
+        type=_seconds,
+        default=env.get("ENFLAME_DRA_HEALTH_INTERVAL", "5"),
+        help="seconds between health rescans (0.05..3600) "
+        + _given("ENFLAME_DRA_HEALTH_INTERVAL", "5"),
     )
     parser.add_argument(
         "--kubeconfig",
+        metavar="FILE",
         default=env.get("KUBECONFIG", ""),
-        help="kubeconfig file; default: the in-cluster service account",
+        help="kubeconfig file [env KUBECONFIG; default: the in-cluster service account]",
     )
     parser.add_argument(
         "--no-publish",
         action="store_true",
         help="serve the kubelet only, do not publish ResourceSlices (testing)",
     )
-    parser.add_argument("--log-level", default=_flag(env, "ENFLAME_DRA_LOG_LEVEL", "info"))
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        if exc.code == 0:
-            raise
-        raise ConfigError("invalid command line (see the message above)") from None
+    parser.add_argument(
+        "--log-level",
+        metavar="{" + ",".join(LOG_LEVELS) + "}",
+        type=_choice(LOG_LEVELS),
+        default=env.get("ENFLAME_DRA_LOG_LEVEL", "info"),
+        help=f"log messages at this level and above: {', '.join(LOG_LEVELS)} "
+        + _given("ENFLAME_DRA_LOG_LEVEL", "info"),
+    )
+    return parser
+
+
+def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> DraConfig:
+    """The settings a parsed command line gives; ConfigError when they are invalid."""
+    env = os.environ if environ is None else environ
     return DraConfig(
         node_name=args.node_name,
         root=args.root,
@@ -163,3 +246,18 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         publish=not args.no_publish,
         log_level=args.log_level,
     )
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """argparse's result; a usage error (printed by argparse) becomes a ConfigError."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:
+        if exc.code == 0:
+            raise
+        raise ConfigError("invalid command line (see the message above)") from None
+
+
+def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> DraConfig:
+    """Settings from flags and environment; ConfigError names what is wrong."""
+    return from_args(parse_args(build_parser(environ), argv), environ)

@@ -93,19 +93,31 @@ async def _cleanup(settings: dra_config.DraConfig, every_node: bool) -> int:
     return 0
 
 
+def cleanup_parser() -> argparse.ArgumentParser:
+    """``enflame-dra-plugin cleanup``: the driver's options and ``--all-nodes``."""
+    parser = dra_config.build_parser(
+        prog=f"{dra_config.PROG} cleanup",
+        description="Delete the driver's ResourceSlices of this node (--node-name) or of every "
+        "node (--all-nodes); the chart runs it when the driver is uninstalled.",
+    )
+    parser.add_argument(
+        "--all-nodes", action="store_true", help="delete every node's slices of this driver"
+    )
+    return parser
+
+
 def cleanup(argv: Sequence[str]) -> int:
     """``enflame-dra-plugin cleanup [--all-nodes] [--node-name N] [--kubeconfig F]``."""
-    parser = argparse.ArgumentParser(prog="enflame-dra-plugin cleanup")
-    parser.add_argument("--all-nodes", action="store_true", help="every node's slices")
-    known, rest = parser.parse_known_args(argv)
     try:
-        extra = ["--node-name", "all-nodes"] if known.all_nodes else []
-        settings = dra_config.parse([*rest, *extra] if known.all_nodes else rest)
+        args = dra_config.parse_args(cleanup_parser(), argv)
+        if args.all_nodes:
+            args.node_name = "all-nodes"
+        settings = dra_config.from_args(args)
     except ConfigError as exc:
         print(f"enflame-dra-plugin cleanup: {exc}", file=sys.stderr)
         return 2
     _setup_logging(settings.log_level)
-    return asyncio.run(_cleanup(settings, known.all_nodes))
+    return asyncio.run(_cleanup(settings, args.all_nodes))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,10 +12,11 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from enflame_gcu import fileio
+from enflame_gcu.support import cli_options
 
 PROG = "enflame-ctk"
 # Exit codes, the same for every command (documented in docs/user-guide*.md "Exit codes").
@@ -63,24 +64,6 @@ def existing_dir(value: str) -> str:
     return value
 
 
-class _Deprecated(argparse.Action):
-    """An old spelling: stores into the new option's dest and says which spelling to use."""
-
-    def __init__(self, *args: Any, new: str = "", **kwargs: Any) -> None:
-        self.new = new
-        super().__init__(*args, **kwargs)
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        warn(f"{option_string} is deprecated, use {self.new}")
-        setattr(namespace, self.dest, True if self.nargs == 0 else values)
-
-
 def add_deprecated(
     parser: argparse.ArgumentParser,
     old: str,
@@ -91,11 +74,7 @@ def add_deprecated(
     type: Any = None,
 ) -> None:
     """Accept ``old`` as a hidden alias of ``new`` (same dest), with a warning when used."""
-    extra: dict[str, Any] = {"nargs": 0} if flag else {"type": type}
-    parser.add_argument(
-        old, dest=dest, action=_Deprecated, new=new, help=argparse.SUPPRESS,
-        default=argparse.SUPPRESS, **extra,
-    )  # fmt: skip
+    cli_options.add_deprecated(parser, old, new, dest, prog=PROG, flag=flag, type=type)
 
 
 def _checked_dir(value: str) -> str:

@@ -28,7 +28,8 @@ def register(subparsers: Any) -> None:
     create.add_argument(
         "--topology",
         default="vendor-8card",
-        help=f"built-in name ({', '.join(topofile.builtin_names())}) or a .topo file",
+        help=f"built-in name ({', '.join(topofile.builtin_names())}) or a .topo file "
+        "(default: %(default)s)",
     )
     create.add_argument(
         "--regular-files", action="store_true", help="make /dev nodes regular files, not mknod"
