@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from enflame_gcu.device_plugin import config, kubelet, runner, socket_lock
+from enflame_gcu.device_plugin import config, kubelet, runner
 from enflame_gcu.simulation.testing import plugin_process
 from enflame_gcu.simulation.testing.kubelet_stub import KubeletStub
-from enflame_gcu.support import inotify
+from enflame_gcu.support import inotify, unix_sockets
 
 STANDBY = "this instance stands by and takes over when that one stops"
 Start = Callable[[plugin_process.PluginProcess, plugin_process.PluginProcess], Awaitable[None]]
@@ -244,7 +244,7 @@ def test_the_old_holder_stopping_never_removes_the_socket_its_successor_bound(
                     a._server.stop = stop_then_successor_binds  # type: ignore[method-assign]
                 await a.stop()
                 a.lock.release()
-                assert socket_lock.listening(cfg.socket_path), os.listdir(plugins)
+                assert unix_sockets.listening(cfg.socket_path), os.listdir(plugins)
                 with inotify.ChangeWatcher([plugins]) as watcher:
                     assert await asyncio.wait_for(b.register(watcher), 10)
                 await stub.wait_for(lambda k: len(k.allocatable()) == 4, 5, "B's four cards")

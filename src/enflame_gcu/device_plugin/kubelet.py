@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 from dataclasses import dataclass, field
 
 import grpc
@@ -34,7 +33,7 @@ from enflame_gcu._proto import api_pb2, api_pb2_grpc
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import service, socket_lock
 from enflame_gcu.device_plugin import state as plugin_state
-from enflame_gcu.support import inotify
+from enflame_gcu.support import inotify, unix_sockets
 
 log = logging.getLogger(__name__)
 
@@ -45,26 +44,6 @@ STOP_GRACE = 0.5
 CHECK_INTERVAL = 1.0
 STANDBY_INTERVAL = 0.5  # how often a standby instance tries the lock (events wake it sooner)
 BACKOFF_FIRST, BACKOFF_MAX = 0.25, 5.0
-BIND_TOKEN_BYTES = 4  # .<socket>.<8 hex digits>: the private name gRPC binds before the rename
-
-
-def identity(path: str) -> tuple[int, int] | None:
-    """``(device, inode)`` of a file, None when it does not exist: tells re-creation apart."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino)
-
-
-def kubelet_identity(path: str) -> tuple[int, int, int] | None:
-    """``(device, inode, ctime)`` of the kubelet's socket: a restarted kubelet's new socket may
-    get the old inode number at once (ext4 reuses it), so the change time tells them apart."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino, info.st_ctime_ns)
 
 
 @dataclass(slots=True)
@@ -178,7 +157,7 @@ class ResourceServer:
         self._check_dir()
         path = self.socket_path
         if os.path.lexists(path):
-            if socket_lock.listening(path):
+            if unix_sockets.listening(path):
                 raise Occupied(path)
             log.info("removing stale socket %s left by an earlier instance", path)
             try:
@@ -187,10 +166,8 @@ class ResourceServer:
                 pass
             except OSError as exc:
                 raise DirUnusable(f"cannot remove stale {path}: {exc.strerror or exc}") from exc
-        self._remove_stale_binds()
-        private = os.path.join(
-            self.config.plugin_dir, f"{self._bind_prefix}{secrets.token_hex(BIND_TOKEN_BYTES)}"
-        )
+        unix_sockets.remove_stale_binds(path)
+        private = unix_sockets.private_bind_name(path)
         server = grpc.aio.server()
         self._service = service.DevicePluginService(
             self.state, self.config, self.resource_name, self.observer
@@ -206,7 +183,7 @@ class ResourceServer:
         await server.start()
         self._server = server
         # Nobody else knows the private name: this is the identity of the file we bound.
-        bound = identity(private)
+        bound = unix_sockets.inode(private)
         try:
             os.rename(private, path)
         except FileNotFoundError:
@@ -218,32 +195,9 @@ class ResourceServer:
         self._socket = bound
         log.debug("serving %s on %s", self.resource_name, path)
 
-    @property
-    def _bind_prefix(self) -> str:
-        return f".{self.socket_name}."
-
-    def _remove_stale_binds(self) -> None:
-        """Remove private bind names nobody listens on (an instance killed before renaming)."""
-        prefix = self._bind_prefix
-        try:
-            names = os.listdir(self.config.plugin_dir)
-        except OSError:
-            return
-        for name in names:
-            token = name[len(prefix) :]
-            if not name.startswith(prefix) or len(token) != 2 * BIND_TOKEN_BYTES:
-                continue
-            if any(c not in "0123456789abcdef" for c in token):
-                continue
-            stale = os.path.join(self.config.plugin_dir, name)
-            if not socket_lock.listening(stale):
-                log.info("removing %s left by an instance that was killed while starting", stale)
-                with contextlib.suppress(OSError):
-                    os.unlink(stale)
-
     def _lost(self) -> bool:
         """True when the file at our socket path is not the one our server bound."""
-        return self._socket is None or identity(self.socket_path) != self._socket
+        return self._socket is None or unix_sockets.inode(self.socket_path) != self._socket
 
     async def stop(self) -> None:
         """Remove our socket (only if it is still ours), end the streams, stop the server.
@@ -252,7 +206,7 @@ class ResourceServer:
         closed the file system may give that inode number to the next file at once (ext4
         does), and a successor's socket at our path would then look like ours.
         """
-        if self._socket is not None and identity(self.socket_path) == self._socket:
+        if self._socket is not None and unix_sockets.inode(self.socket_path) == self._socket:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket_path)
         if self._service is not None:
@@ -285,7 +239,7 @@ class ResourceServer:
                 return False
             if not self.lock.held():
                 return False
-            kubelet = kubelet_identity(self.kubelet_socket)
+            kubelet = unix_sockets.identity(self.kubelet_socket)
             if kubelet is None:
                 reason = f"{self.kubelet_socket} does not exist"
             else:
@@ -322,7 +276,7 @@ class ResourceServer:
             return f"our socket {self.socket_path} was deleted or replaced"
         if not self.lock.held():
             return f"our lock {self.lock.path} was deleted or replaced"
-        kubelet = kubelet_identity(self.kubelet_socket)
+        kubelet = unix_sockets.identity(self.kubelet_socket)
         if kubelet is not None and kubelet != self._kubelet:
             return f"{self.kubelet_socket} was re-created (kubelet restart)"
         return None
@@ -345,7 +299,7 @@ class ResourceServer:
                 await wait_any(watcher, self.stopping, self._trouble.failed(reason))
                 continue
             self._trouble.recovered(f"plugin dir {self.config.plugin_dir}")
-            if got and not socket_lock.listening(self.socket_path):
+            if got and not unix_sockets.listening(self.socket_path):
                 if said:
                     log.info("taking over %s", self.socket_path)
                     self._cause = "takeover"
@@ -395,7 +349,7 @@ class ResourceServer:
             self._trouble.recovered(f"plugin dir {self.config.plugin_dir}")
             if await self.register(watcher):
                 while (reason := self.restart_reason()) is None:
-                    if kubelet_identity(self.kubelet_socket) != self._kubelet:
+                    if unix_sockets.identity(self.kubelet_socket) != self._kubelet:
                         self._kubelet_left = True
                     if self.stopping.is_set():
                         return
@@ -403,7 +357,7 @@ class ResourceServer:
                     await wait_any(watcher, self.stopping, CHECK_INTERVAL)
                 log.info("%s: serving again and re-registering", reason)
                 self._cause = _cause(reason)
-                if kubelet_identity(self.kubelet_socket) != self._kubelet:
+                if unix_sockets.identity(self.kubelet_socket) != self._kubelet:
                     self._kubelet_left = True
                 if self.observer is not None:
                     self.observer.unregistered(self.resource_name)

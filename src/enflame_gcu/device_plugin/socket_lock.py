@@ -95,18 +95,3 @@ class SocketLock:
                 os.unlink(self.path)
         os.close(self._fd)
         self._fd = None
-
-
-def listening(path: str) -> bool:
-    """True when a server accepts connections on the unix socket at ``path`` now."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.setblocking(False)
-    try:
-        probe.connect(path)
-    except BlockingIOError:
-        return True  # a full backlog: somebody listens
-    except OSError:
-        return False  # ECONNREFUSED (stale file), ENOENT, not a socket ...
-    finally:
-        probe.close()
-    return True

@@ -20,65 +20,17 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
-import socket
 
 import grpc
 
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.dra_plugin import driver, node, service
-from enflame_gcu.support import inotify
+from enflame_gcu.support import inotify, unix_sockets
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE = 0.5
 CHECK_INTERVAL = 1.0
-BIND_TOKEN_BYTES = 4  # .<socket>.<8 hex digits>: the private name gRPC binds before the rename
-
-
-def identity(path: str) -> tuple[int, int, int] | None:
-    """``(device, inode, ctime)`` of a file; None when absent (tells a re-created file apart:
-    a new file may get the inode number of the one just deleted)."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino, info.st_ctime_ns)
-
-
-def listening(path: str) -> bool:
-    """True when a server accepts connections on the unix socket at ``path`` now."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.setblocking(False)
-    try:
-        probe.connect(path)
-    except BlockingIOError:
-        return True  # a full backlog: somebody listens
-    except OSError:
-        return False  # ECONNREFUSED (stale file), ENOENT, not a socket ...
-    finally:
-        probe.close()
-    return True
-
-
-def remove_stale_binds(path: str) -> None:
-    """Remove private bind names of ``path`` nobody listens on (an instance killed meanwhile)."""
-    directory, prefix = os.path.dirname(path), f".{os.path.basename(path)}."
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        token = name[len(prefix) :]
-        if not name.startswith(prefix) or len(token) != 2 * BIND_TOKEN_BYTES:
-            continue
-        if any(c not in "0123456789abcdef" for c in token):
-            continue
-        stale = os.path.join(directory, name)
-        if not listening(stale):
-            log.info("removing %s left by an instance that was killed while starting", stale)
-            with contextlib.suppress(OSError):
-                os.unlink(stale)
 
 
 class KubeletPlugin:
@@ -116,22 +68,21 @@ class KubeletPlugin:
         if os.path.lexists(path):
             log.info("removing stale socket %s left by an earlier instance", path)
             os.unlink(path)
-        remove_stale_binds(path)
-        directory, name = os.path.split(path)
-        private = os.path.join(directory, f".{name}.{secrets.token_hex(BIND_TOKEN_BYTES)}")
+        unix_sockets.remove_stale_binds(path)
+        private = unix_sockets.private_bind_name(path)
         server = grpc.aio.server()
         add(server)  # type: ignore[operator]
         server.add_insecure_port(f"unix://{private}")
         await server.start()
         self._servers.append(server)
         # Nobody else knows the private name: this is the identity of the file we bound.
-        bound = identity(private)
+        bound = unix_sockets.identity(private)
         try:
             os.rename(private, path)
         except FileNotFoundError:
             bound = None  # wiped before we published it: restart_reason() says so
         # The rename changed the ctime; the inode, held by our listener, is still ours alone.
-        published = identity(path)
+        published = unix_sockets.identity(path)
         if bound is None or published is None or published[:2] != bound[:2]:
             published = None
         self._sockets[path] = published
@@ -167,7 +118,7 @@ class KubeletPlugin:
         """
         # The registration socket goes first: the kubelet deregisters before the service ends.
         for path, ident in reversed(self._sockets.items()):
-            if ident is not None and identity(path) == ident:
+            if ident is not None and unix_sockets.identity(path) == ident:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
         if self._streams is not None:
@@ -182,7 +133,7 @@ class KubeletPlugin:
     def restart_reason(self) -> str | None:
         """Why both servers must start again, or None."""
         for path, ident in self._sockets.items():
-            if identity(path) != ident:
+            if unix_sockets.identity(path) != ident:
                 return f"socket {path} was deleted or replaced"
         return None
 
