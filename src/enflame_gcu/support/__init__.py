@@ -1,1 +1,1 @@
-"""Helpers below the domain that wrap an operating-system facility (inotify)."""
+"""Helpers below the domain that wrap an operating-system facility: inotify, unix sockets."""
