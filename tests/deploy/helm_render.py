@@ -17,6 +17,7 @@ import shutil
 import subprocess
 from typing import Any
 
+import jsonschema
 import yaml
 
 from tests.conftest import PROJECT_ROOT
@@ -68,13 +69,30 @@ def render(workdir: str, overrides: dict[str, Any] | None = None) -> dict[str, l
     )
     lint = json.loads(result.stdout.splitlines()[0])
     problems = [m for m in lint["messages"] if m["severity"] >= 3]
-    assert lint["errors"] is None and not problems, (lint, result.stderr[-2000:])
+    if lint["errors"] is not None or problems:
+        raise AssertionError(
+            f"helm lint: {problems or lint['errors']}; values schema: "
+            f"{schema_problems(target) or 'none'}; {result.stderr[-2000:]}"
+        )
     rendered: dict[str, list[Any]] = {}
     for name, encoded in _RENDERED.findall(result.stdout + result.stderr):
         text = base64.b64decode(encoded).decode()
         rendered[name] = [doc for doc in yaml.safe_load_all(text) if doc]
     assert rendered, f"the probe rendered nothing: {result.stderr[-2000:]}"
     return rendered
+
+
+def schema_problems(chart_dir: str) -> list[str]:
+    """Why the chart's values.yaml breaks its values.schema.json (the text Helm's lint loses)."""
+    with open(os.path.join(chart_dir, "values.schema.json"), encoding="utf-8") as handle:
+        schema = json.load(handle)
+    with open(os.path.join(chart_dir, "values.yaml"), encoding="utf-8") as handle:
+        values = yaml.safe_load(handle)
+    checker = jsonschema.validators.validator_for(schema)(schema)
+    return [
+        f"{'.'.join(str(p) for p in error.absolute_path) or '(top)'}: {error.message}"
+        for error in sorted(checker.iter_errors(values), key=lambda e: list(e.absolute_path))
+    ]
 
 
 def lint_errors(workdir: str, overrides: dict[str, Any]) -> str:

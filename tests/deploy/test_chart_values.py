@@ -184,6 +184,9 @@ def test_the_render_harness_can_fail(tmp_path: Any) -> None:
     """Helm itself refuses a value the schema rejects: the harness reports it."""
     problems = helm_render.lint_errors(str(tmp_path), {"image": {"digest": "latest"}})
     assert "'severity': 3, 'path': 'values.yaml'" in problems  # the schema check, in Go
+    # helm-sdkpy loses Go's error text; the harness names the reason from the schema instead.
+    assert "'errorText': 'lost'" in problems and "{}" not in problems
+    assert "image.digest: 'latest' does not match" in problems
 
 
 def test_static_manifest_names_are_what_the_guide_uses() -> None:
