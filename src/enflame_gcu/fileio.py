@@ -2,12 +2,64 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 from enflame_gcu.errors import PathOutsideRootError
 
 # As many links as Linux follows in one lookup (MAXSYMLINKS) before ELOOP.
 MAX_SYMLINKS = 40
+# A node's config files are kilobytes; a bigger one is refused, not read into memory.
+MAX_CONFIG_BYTES = 16 << 20
+NULL_DEVICE = os.makedev(1, 3)  # /dev/null on Linux
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def _not_regular(path: str, mode: int) -> OSError:
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return OSError(errno.EINVAL, f"it is {kind}, not a regular file", path)
+
+
+def read_regular(path: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
+    """The bytes of the regular file at ``path`` (symlinks followed), at most ``limit`` of them;
+    the null device reads as empty.
+
+    A FIFO would block the reader forever and a device (``/dev/zero``) never ends: anything but
+    a regular file is an OSError naming what it is, found before it is opened where possible
+    (opening some devices acts on them) and checked again on the descriptor. So is a file over
+    ``limit`` bytes (EFBIG). FileNotFoundError passes through as from ``open``.
+    """
+    info = os.stat(path)
+    if stat.S_ISCHR(info.st_mode) and info.st_rdev == NULL_DEVICE:
+        return b""  # /dev/null names an empty file (its usual meaning); nothing to open
+    if not stat.S_ISREG(info.st_mode):
+        raise _not_regular(path, info.st_mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)  # the path may have been swapped since the stat
+        if not stat.S_ISREG(info.st_mode):
+            raise _not_regular(path, info.st_mode)
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"it is larger than {limit} bytes", path)
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, max(info.st_size - size, 0) + 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise OSError(errno.EFBIG, f"it is larger than {limit} bytes", path)
+    return b"".join(chunks)
 
 
 def host_path(root: str, path: str) -> str:

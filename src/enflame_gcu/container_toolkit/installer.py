@@ -144,8 +144,7 @@ def _write_launcher(run: InstallRun, options: InstallOptions, package_dir: str) 
 
 def _read(path: str) -> str | None:
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
+        return fileio.read_regular(path).decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
 

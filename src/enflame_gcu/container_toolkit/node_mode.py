@@ -55,8 +55,7 @@ def engine_version(root: str, engine: str) -> tuple[int, int] | None:
 
 def _read_text(root: str, path: str) -> str:
     try:
-        with open(fileio.resolve(root, path), encoding="utf-8") as handle:
-            return handle.read(1 << 20)
+        return fileio.read_regular(fileio.resolve(root, path), 1 << 20).decode("utf-8")
     except (OSError, UnicodeDecodeError, EnflameError):
         return ""
 

@@ -8,11 +8,14 @@ small flat-TOML reader in :mod:`enflame_gcu.shim.toml_subset` rather than ``toml
 from __future__ import annotations
 
 import os
+import stat
 
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.shim import toml_subset
 
 DEFAULT_PATH = "/etc/enflame-container-runtime/config.toml"
+MAX_BYTES = 1 << 20  # the runtime's config is a few hundred bytes
+NULL_DEVICE = os.makedev(1, 3)  # /dev/null: an empty config, as usual
 PATH_ENV = "ENFLAME_CONTAINER_RUNTIME_CONFIG"
 DEFAULT_LOG_FILE = "/var/log/enflame/enflame-container-runtime.log"
 # Written by `enflame-ctk cdi generate --prepared-edits` (and the installer); see the template.
@@ -72,11 +75,35 @@ def config_path() -> tuple[str, bool]:
     return (explicit, True) if explicit else (DEFAULT_PATH, False)
 
 
+def _read_regular(path: str) -> bytes:
+    """The bytes of a regular file (the null device reads as empty); ConfigError for a FIFO,
+    device, socket or directory, which could block the runtime or never end.
+
+    fileio.read_regular does the same for the toolkit; importing it would cost every
+    pass-through call a module (tests/shim/test_passthrough.py keeps that list short).
+    """
+    info = os.stat(path)
+    if stat.S_ISCHR(info.st_mode) and info.st_rdev == NULL_DEVICE:
+        return b""
+    fd = -1
+    if stat.S_ISREG(info.st_mode):  # never open anything else: opening acts on some devices
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):  # again, on what was opened
+            raise ConfigError(f"config file {path} is not a regular file (a FIFO or a device?)")
+        raw = os.read(fd, MAX_BYTES + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(raw) > MAX_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_BYTES} bytes")
+    return raw
+
+
 def _read_text(path: str, explicit: bool) -> str | None:
     """The file's text; None for a missing default file; ConfigError naming the problem."""
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
+        raw = _read_regular(path)
     except FileNotFoundError:
         if explicit:
             raise ConfigError(f"config file {path} does not exist") from None

@@ -67,8 +67,7 @@ def load(path: str, root: str) -> Prepared:
     if not path:
         raise Unavailable("prepared-edits is off in the config")
     try:
-        with open(path, "rb") as handle:
-            data = json.loads(handle.read())
+        data = json.loads(fileio.read_regular(path))
     except FileNotFoundError:
         raise Unavailable(f"{path} does not exist") from None
     except (OSError, ValueError) as exc:

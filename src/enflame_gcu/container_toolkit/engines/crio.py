@@ -29,8 +29,8 @@ def effective_runtime_config(config_path: str, skip: str, host_root: str = "/") 
     skipped = storage.target(skip, host_root) if skip else ""
     for source in sources:
         path = storage.target(source, host_root)
-        if path == skipped or not os.path.isfile(path):
-            continue
+        if path == skipped or not os.path.exists(path) or os.path.isdir(path):
+            continue  # a FIFO or device is read, so read_text refuses it and names it
         text = storage.read_text(path)
         document = formats.FORMATS["toml"].parse(text or "", path)
         runtime = formats.plain(base.lookup(document, ("crio", "runtime"))) or {}

@@ -60,10 +60,9 @@ def identity(path: str) -> os.stat_result | None:
 
 
 def read_text(path: str) -> str | None:
-    """The file's text, or None when it does not exist."""
+    """The file's text, or None when it does not exist; a FIFO, device or huge file is refused."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
+        return fileio.read_regular(path).decode("utf-8")
     except FileNotFoundError:
         return None
     except UnicodeDecodeError as exc:
