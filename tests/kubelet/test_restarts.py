@@ -22,6 +22,14 @@ def _container_state(node: harness.Node, name: str) -> tuple[str, int]:
     return status["containerID"], status["restartCount"]
 
 
+def _entries() -> list[dict[str, object]]:
+    """The kubelet's checkpointed allocations; it writes them in Go map order, so sorted."""
+    entries: list[dict[str, object]] = harness.checkpoint()["entries"]
+    return sorted(
+        entries, key=lambda e: (str(e["pod_uid"]), str(e["container"]), str(e["resource"]))
+    )
+
+
 def test_kubelet_restart_keeps_cards_and_calls_no_allocate(node: harness.Node) -> None:
     node.up()
     node.pods.run("two-a", 2)
@@ -30,7 +38,7 @@ def test_kubelet_restart_keeps_cards_and_calls_no_allocate(node: harness.Node) -
     assert kubelet.log().count(ALLOCATE_LINE) == 2
     held = {name: node.pods.uid(name) for name in ("two-a", "two-b")}
     before = {name: _container_state(node, name) for name in held}
-    entries_before = harness.checkpoint()["entries"]
+    entries_before = _entries()
 
     offset = kubelet.restart()
     # The kubelet deleted the plugin's socket on start; the plugin must notice and come back.
@@ -44,7 +52,7 @@ def test_kubelet_restart_keeps_cards_and_calls_no_allocate(node: harness.Node) -
     for name in held:
         node.pods.wait_running(name)
         assert _container_state(node, name) == before[name], "the container was restarted"
-    assert harness.checkpoint()["entries"] == entries_before
+    assert _entries() == entries_before
     # A new pod gets the free pair (gcu2/gcu3 would break the manual's rule only if 0,1,4,5
     # were free): the restarted kubelet knows which cards are held.
     report = node.pods.run("two-c", 2)
