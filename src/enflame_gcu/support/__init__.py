@@ -1,1 +1,1 @@
-"""Helpers below the domain that wrap an operating-system facility: inotify, unix sockets."""
+"""Helpers below the domain: inotify, unix sockets, options shared by our programs."""
