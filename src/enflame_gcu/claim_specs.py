@@ -14,12 +14,14 @@ import json
 import os
 import stat
 
+from enflame_gcu import naming
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-DRIVER = "gcu.enflame.com"
+DRIVER = naming.DRA_DRIVER
 CDI_VENDOR = f"k8s.{DRIVER}"
 CDI_CLASS = "claim"
 CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"

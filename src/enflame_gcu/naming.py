@@ -21,6 +21,8 @@ CDI_ANNOTATION_KEY = "cdi.k8s.io/enflame-gcu"
 # CDI kind -> device-name prefix, for the kinds our specs define.
 CDI_KINDS = {f"{CDI_VENDOR}/gcu": "gcu", f"{CDI_VENDOR}/vgcu": "vgcu"}
 PROCESSED_ANNOTATION = "com.enflame.gcu.processed"
+# The DRA driver's name: in ResourceSlices, claims' results and its CDI vendor (k8s.<driver>).
+DRA_DRIVER = "gcu.enflame.com"
 # Where discovery reads a card: its PCI function, the device tree, the driver's dirs in order.
 PCI_DEVICES = "/sys/bus/pci/devices"
 SYS_DEVICES = "/sys/devices"

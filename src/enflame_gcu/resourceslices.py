@@ -42,9 +42,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from enflame_gcu import devices, products
+from enflame_gcu import devices, naming, products
 
-DRIVER = "gcu.enflame.com"
+DRIVER = naming.DRA_DRIVER
 STANDARD_DOMAIN = "resource.kubernetes.io"
 API_VERSION = "resource.k8s.io/v1"
 UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
