@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from enflame_gcu import fileio
-from enflame_gcu.container_toolkit import node_mode
+from enflame_gcu.container_toolkit import cdi, cdi_keeper, node_mode
 from enflame_gcu.container_toolkit.engines import storage
-from enflame_gcu.errors import ConfigError, EngineConfigError
+from enflame_gcu.errors import ConfigError, EngineConfigError, SpecError
 from enflame_gcu.shim import config as runtime_config
 from enflame_gcu.shim import prepared_edits
 
@@ -118,3 +118,16 @@ def test_kubelet_settings_that_are_a_fifo_name_no_engine(tmp_path: Path) -> None
     _fifo(tmp_path / node_mode.KUBELET_CONFIG.lstrip("/"))
     _zero(tmp_path / node_mode.KUBEADM_FLAGS.lstrip("/"))
     assert node_mode.kubelet_engine(str(tmp_path)) is None
+
+
+def test_cdi_list_names_a_spec_that_is_a_fifo(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="a FIFO"):
+        cdi.load_file(str(_fifo(tmp_path / "cdi" / "planted.yaml")))
+
+
+def test_the_cdi_keeper_replaces_a_fifo_at_its_spec_path(vendor_node: str, tmp_path: Path) -> None:
+    output = tmp_path / "cdi"
+    planted = _fifo(output / os.path.basename(cdi_keeper.spec_paths(str(output))[0]))
+    changed = cdi_keeper.refresh(vendor_node, str(output))
+    assert f"{planted} written" in changed
+    assert planted.is_file() and cdi.load_file(str(planted))["kind"] == "enflame.com/gcu"

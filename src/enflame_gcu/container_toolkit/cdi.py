@@ -159,8 +159,7 @@ def refresh_prepared_edits(
 def load_file(path: str) -> dict[str, Any]:
     """Read a CDI spec file (``.json`` or ``.yaml``/``.yml``)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        text = fileio.read_regular(path).decode("utf-8")
         data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise SpecError(f"cannot read CDI spec {path}: {exc}") from exc

@@ -44,10 +44,9 @@ def spec_paths(output_dir: str) -> list[str]:
 
 def _read(path: str) -> str | None:
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError:
-        return None
+        return fileio.read_regular(path).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None  # missing, not a file or not text: rewritten
 
 
 def refresh(root: str, output_dir: str) -> list[str]:
