@@ -14,6 +14,7 @@ import pytest
 from enflame_gcu import fileio
 from enflame_gcu.container_toolkit import cdi, cdi_keeper, node_mode
 from enflame_gcu.container_toolkit.engines import storage
+from enflame_gcu.device_plugin import config_file
 from enflame_gcu.errors import ConfigError, EngineConfigError, SpecError
 from enflame_gcu.shim import config as runtime_config
 from enflame_gcu.shim import prepared_edits
@@ -131,3 +132,8 @@ def test_the_cdi_keeper_replaces_a_fifo_at_its_spec_path(vendor_node: str, tmp_p
     changed = cdi_keeper.refresh(vendor_node, str(output))
     assert f"{planted} written" in changed
     assert planted.is_file() and cdi.load_file(str(planted))["kind"] == "enflame.com/gcu"
+
+
+def test_the_plugin_config_file_that_is_a_fifo_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"config file .*: cannot read: it is a FIFO"):
+        config_file.load(str(_fifo(tmp_path / "config.yaml")))

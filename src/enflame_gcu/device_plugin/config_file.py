@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from enflame_gcu import sharing
+from enflame_gcu import fileio, sharing
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.errors import ConfigError
 
@@ -202,10 +202,11 @@ def parse(text: str) -> dict[str, Any]:
 def load(path: str) -> dict[str, Any]:
     """Read and parse a config file; ConfigError starts with the file's path."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        text = fileio.read_regular(path).decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"config file {path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path}: not UTF-8 text ({exc})") from exc
     try:
         return parse(text)
     except ConfigError as exc:

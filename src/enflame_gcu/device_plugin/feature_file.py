@@ -27,9 +27,8 @@ class FeatureFile:
 
     def _current(self) -> str | None:
         try:
-            with open(self.path, encoding="utf-8") as handle:
-                return handle.read()
-        except (OSError, UnicodeDecodeError):
+            return fileio.read_regular(self.path).decode("utf-8")
+        except (OSError, UnicodeDecodeError):  # missing, not a file or not text: rewritten
             return None
 
     def update(self, inventory: devices.Inventory, report: health.HealthReport) -> bool:
