@@ -136,6 +136,19 @@ if [[ $UNINSTALL == 1 ]]; then
 fi
 
 CREATED=()
+FRESH_ENV=0
+missing=()
+# On exit from a failed first install: the venv this run created and the directory levels of
+# PREFIX it made (deepest first, only while empty) go, unless a manifest now records them.
+remove_fresh_env() {
+    [[ $FRESH_ENV == 1 && ! -e $MANIFEST ]] || return 0
+    rm -rf "$ENV_HERE"
+    local i
+    for ((i = ${#missing[@]} - 1; i >= 0; i--)); do
+        rmdir "$(hp "${missing[i]}")" 2>/dev/null || break
+    done
+    echo "$PROG: removed what this failed first install created ($ENV_HOST); the node is as it was" >&2
+}
 if [[ -n $USE_ENV ]]; then
     ENV_HOST=$USE_ENV
     ENV_HERE=$USE_ENV
@@ -179,13 +192,20 @@ else
     fi
     if [[ $DRY_RUN == 0 ]]; then
         if [[ ! -x $ENV_HERE/bin/python ]]; then
+            # A first install: until a manifest records the venv, a failure (pip, an interrupt,
+            # enflame-ctk install refusing) removes what this run created, so a re-run works.
+            FRESH_ENV=1
+            trap remove_fresh_env EXIT
+            trap 'exit 130' INT
+            trap 'exit 143' TERM
             echo "creating the virtualenv $ENV_HERE"
             mkdir -p "$(hp "$PREFIX")"
-            "$PYTHON" -m venv "$ENV_HERE"
+            "$PYTHON" -m venv "$ENV_HERE" || die "cannot create the virtualenv $ENV_HERE"
         fi
         echo "pip install $SOURCE"
         # shellcheck disable=SC2086 # PIP_ARGS is a list of words on purpose
-        "$ENV_HERE/bin/python" -m pip install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE"
+        "$ENV_HERE/bin/python" -m pip install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE" \
+            || die "pip install of $SOURCE failed (see above)"
     fi
 fi
 
@@ -219,6 +239,7 @@ if ! "$CTK_ENV/bin/enflame-ctk" install "${COMMON[@]}" "${ARGS[@]}" "${CREATED[@
     exit 1
 fi
 
+FRESH_ENV=0 # recorded in the manifest: from here on --uninstall removes it
 if [[ $DRY_RUN == 0 ]]; then
     echo "recorded in $MANIFEST; undo with: $0 --uninstall${USE_ENV:+ --use-env $USE_ENV}"
     if [[ $RESTART == 0 ]]; then

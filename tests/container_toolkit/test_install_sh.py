@@ -142,6 +142,39 @@ def test_full_install_builds_a_venv_and_uninstall_removes_it(host: str) -> None:
     assert fx.diff(before, fx.snapshot(host)) == []
 
 
+@pytest.mark.slow
+def test_a_failed_first_install_leaves_nothing_behind_and_a_rerun_works(tmp_path: object) -> None:
+    host = fx.fake_host(os.path.join(str(tmp_path), "host"), docker=False)
+    empty = os.path.join(str(tmp_path), "no-wheels")
+    os.mkdir(empty)
+    python = shutil.which("python3") or sys.executable
+    before = fx.snapshot(host)
+    # pip fails (an empty wheelhouse, no index): the fresh venv and /opt/enflame-gcu go again.
+    failed = run(
+        "--host-root", host, "--python", python, "--pip-args", f"--no-index --find-links {empty}"
+    )  # fmt: skip
+    assert failed.returncode == 1
+    assert "pip install of" in failed.stderr and "failed (see above)" in failed.stderr
+    assert "removed what this failed first install created (/opt/enflame-gcu/venv)" in (
+        failed.stderr
+    )
+    assert fx.diff(before, fx.snapshot(host)) == []
+    # pip works but enflame-ctk install refuses before recording anything (no CDI engine).
+    refused = run("--host-root", host, "--python", python, "--mode", "cdi")
+    assert refused.returncode == 1
+    assert "node mode cdi needs an engine that resolves CDI" in refused.stderr
+    assert "removed what this failed first install created" in refused.stderr
+    assert fx.diff(before, fx.snapshot(host)) == []
+    # The next run is a first install again, not "venv exists but no install recorded it".
+    result = run("--host-root", host, "--python", python, "--mode", "runtimeclass")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "removed what" not in result.stderr
+    assert os.path.isfile(os.path.join(host, "opt/enflame-gcu/install-manifest.json"))
+    result = run("--uninstall", "--host-root", host)
+    assert result.returncode == 0, result.stderr
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
 # --- node modes -----------------------------------------------------------------------------
 
 
