@@ -87,9 +87,19 @@ with zipfile.ZipFile(wheel) as archive:
         if name not in dropped:
             archive.extract(name, target)
 EOF
-# asyncinotify (pure Python) has no Debian or RPM package: the node packages carry it.
+# asyncinotify (pure Python) has no Debian or RPM package: the node packages carry it (the
+# newest release meeting the wheel's own requirement).
+inotify_req=$("$PY" - "$wheel" <<'EOF'
+import email.parser, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as archive:
+    name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+    metadata = email.parser.Parser().parsestr(archive.read(name).decode())
+print(next(r for r in metadata.get_all("Requires-Dist") if r.startswith("asyncinotify")
+           and "extra ==" not in r))
+EOF
+)
 "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-    --dest "$WORK/vendor" "asyncinotify>=4.0" 2>"$WORK/pip-vendor.log" || { cat "$WORK/pip-vendor.log" >&2; exit 1; }
+    --dest "$WORK/vendor" "$inotify_req" 2>"$WORK/pip-vendor.log" || { cat "$WORK/pip-vendor.log" >&2; exit 1; }
 "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
     "$stage$lib" "$WORK"/vendor/*.whl
 entry() { # the console script's module:function, from the wheel (follows moved modules)
