@@ -6,6 +6,8 @@ from __future__ import annotations
 import email.parser
 import fcntl
 import glob
+import io
+import json
 import os
 import re
 import shutil
@@ -19,6 +21,7 @@ import pytest
 
 import enflame_gcu
 from enflame_gcu.simulation import simulate, topofile
+from tests.packaging import rpm_root
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERSION = enflame_gcu.__version__
@@ -213,6 +216,78 @@ def test_deb_installs_runs_and_removes_with_dpkg(
     assert purged.returncode == 0, purged.stderr
     assert not os.path.exists("/etc/enflame-container-runtime/config.toml")
     assert not os.path.exists("/etc/logrotate.d/enflame-container-runtime")
+
+
+def _deb_tree(deb: str) -> dict[str, tuple[str, int]]:
+    """Every path the .deb installs, with its kind and permission bits."""
+    data = subprocess.run(["dpkg-deb", "--fsys-tarfile", deb], capture_output=True, check=True)
+    tree: dict[str, tuple[str, int]] = {}
+    with tarfile.open(fileobj=io.BytesIO(data.stdout)) as archive:
+        for member in archive.getmembers():
+            path = "/" + member.name.lstrip("./").rstrip("/")
+            if path != "/":
+                kind = "dir" if member.isdir() else "link" if member.issym() else "file"
+                tree[path] = (kind, member.mode & 0o7777)
+    return tree
+
+
+def test_rpm_installs_into_a_throwaway_root_like_the_deb_and_erases_cleanly(
+    dist: str, dpkg_lock: None, tmp_path: os.PathLike[str]
+) -> None:
+    """rpm -i, use, rpm -e in a throwaway root whose /usr overlays this machine's (rpm_root.py).
+
+    The scriptlets run for real there (/bin/sh, python3, python3-yaml and python3-tomlkit from
+    this Debian 12 machine standing in for an RPM distribution's): %post byte-compiles,
+    %preun unconfigures the engine configure changed. Dependencies are not resolved (--nodeps:
+    the throwaway root's rpm database knows no other package).
+    """
+    if os.geteuid() != 0:
+        pytest.skip("rpm --root, mount and chroot need root (make test runs as root)")
+    rpm = _one(dist, f"{PACKAGE}-{VERSION}-1.noarch.rpm")
+    work = os.path.join(str(tmp_path), "rpm-root")
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", sys.executable, "-m",
+         "tests.packaging.rpm_root", rpm, work],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    for step in ("initdb", "install", "configure", "erase"):
+        assert report[step]["rc"] == 0, f"{step}: {report[step]}"
+    # Installed: the .deb's files, at the same paths, with the same modes, owned by root.
+    deb = _deb_tree(_one(dist, f"{PACKAGE}_{VERSION}-1_all.deb"))
+    installed = report["installed"]
+    assert {p for p, (kind, _) in deb.items() if kind != "dir"} == {
+        p for p, entry in installed.items() if entry[0] != "dir"
+    }
+    for path, entry in installed.items():
+        assert entry is not None, f"{path}: listed by rpm -ql but not on disk"
+        assert (entry[0], entry[1]) == deb[path], f"{path}: rpm {entry[:2]}, deb {deb[path]}"
+        assert entry[2:] == [0, 0], f"{path} is owned by {entry[2:]}"
+    assert "/var/log/enflame" in installed and "/usr/lib/enflame-gcu" in installed
+    assert report["verify"]["rc"] == 0, report["verify"]  # rpm -V --nodeps: files as shipped
+    assert sorted(report["configs"]) == [
+        "/etc/enflame-container-runtime/config.toml",
+        "/etc/logrotate.d/enflame-container-runtime",
+    ]
+    assert report["compiled_by_post"], "%post did not byte-compile the package"
+    assert report["ctk_version"]["out"].strip() == f"enflame-ctk {VERSION}"
+    runtime = report["runtime_version"]["out"]
+    assert runtime.startswith(f"enflame-container-runtime version {VERSION}\n"), runtime
+    assert "enflame-container-runtime" in report["containerd_configured"]
+    # Erased: every file and directory it owned is gone, byte-code included; %preun took the
+    # runtime out of containerd's config; the edited conffile is kept as .rpmsave (RPM's way;
+    # dpkg keeps it in place until purge) and its directory stays for it.
+    gone = {p for p, entry in report["after"].items() if entry is None}
+    assert set(installed) - gone == {"/etc/enflame-container-runtime"}
+    assert report["package_dir_after"] is None
+    assert report["rpmsave"] is not None and report["rpmsave"].endswith("# an operator's edit\n")
+    assert (
+        "config.toml saved as /etc/enflame-container-runtime/config.toml.rpmsave"
+        in (report["erase"]["err"])
+    )
+    assert report["containerd_after"] == rpm_root.ORIGINAL
+    assert "is not installed" in report["query_after"]["out"]
 
 
 def _offline_env() -> dict[str, str]:
