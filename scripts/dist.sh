@@ -5,7 +5,8 @@
 #   enflame-gcu-node-bundle-V.tar.gz                       offline bundle: wheelhouse + installer
 # The wheel leaves out the test helpers and the demo (ENFLAME_DIST_WITH_TESTING=1 keeps them);
 # the sdist has everything. The bundle's wheelhouse is downloaded once, here, for the host
-# interpreters it supports (BUNDLE_PYTHONS, x86_64); it then installs with no network.
+# interpreters (BUNDLE_PYTHONS) and machines (BUNDLE_ARCHES, manylinux2014 wheels) it supports;
+# it then installs with no network.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,7 +14,7 @@ PY=${PY:-.venv/bin/python}
 OUT=${DIST_DIR:-dist}
 WORK=$(realpath -m "${DIST_WORK:-build/dist}")
 BUNDLE_PYTHONS=${BUNDLE_PYTHONS:-"3.10 3.11 3.12 3.13"}
-BUNDLE_PLATFORM=${BUNDLE_PLATFORM:-manylinux2014_x86_64}
+BUNDLE_ARCHES=${BUNDLE_ARCHES:-"x86_64 aarch64"}
 PACKAGE=enflame-container-toolkit
 # Subpackages the node packages leave out: they need grpc, lightkube or inotify and run in the
 # plugin images, never on the host.
@@ -156,20 +157,27 @@ rpm=$OUT/$PACKAGE-$VERSION-1.noarch.rpm
 cp "$top/RPMS/noarch/$PACKAGE-$VERSION-1.noarch.rpm" "$rpm"
 echo "dist: $rpm"
 
-# 5. Offline bundle: our wheel + its node dependencies for each supported interpreter.
+# 5. Offline bundle: our wheel, and its node dependencies for each supported machine (a
+# wheelhouse of its own, picked by the installer from `uname -m`) and interpreter.
 name=enflame-gcu-node-bundle-$VERSION
 bundle=$WORK/$name
 mkdir -p "$bundle/wheelhouse"
 cp "$wheel" "$bundle/wheelhouse/"
-for version in $BUNDLE_PYTHONS; do
-    "$PY" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
-        --python-version "$version" --platform "$BUNDLE_PLATFORM" --platform any \
-        --dest "$bundle/wheelhouse" "$wheel" 2>"$WORK/pip.log" \
-        || { cat "$WORK/pip.log" >&2; exit 1; }
+for arch in $BUNDLE_ARCHES; do
+    for version in $BUNDLE_PYTHONS; do
+        "$PY" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+            --python-version "$version" --platform "manylinux2014_$arch" --platform any \
+            --dest "$bundle/wheelhouse/$arch" "$wheel" 2>"$WORK/pip.log" \
+            || { cat "$WORK/pip.log" >&2; exit 1; }
+    done
+    rm "$bundle/wheelhouse/$arch/$(basename "$wheel")" # one copy, in wheelhouse/
 done
 cp deploy/install.sh "$bundle/install.sh"
 install -m 0755 packaging/bundle/install "$bundle/install"
+# shellcheck disable=SC2086 # one per line
 printf '%s\n' $BUNDLE_PYTHONS >"$bundle/PYTHONS"
+# shellcheck disable=SC2086
+printf '%s\n' $BUNDLE_ARCHES >"$bundle/ARCHES"
 cp packaging/enflame-container-runtime.logrotate "$bundle/"
 tar -C "$WORK" --owner=0 --group=0 -czf "$OUT/$name.tar.gz" "$name"
 echo "dist: $OUT/$name.tar.gz"

@@ -1,5 +1,6 @@
 """``make dist``: the wheel and sdist, the .deb (installed and removed with dpkg here), the .rpm
-(inspected with rpm) and the offline bundle (installed in a network namespace with no network)."""
+(inspected with rpm, installed and erased in a throwaway root) and the offline bundle (installed
+in a network namespace with no network; its aarch64 wheelhouse resolved for every Python)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from collections.abc import Iterator
 
@@ -350,6 +352,67 @@ def test_offline_bundle_installs_with_no_network_and_uninstalls(
     assert uninstall.returncode == 0, uninstall.stdout + uninstall.stderr
     assert not os.path.exists(os.path.join(host, "opt/enflame-gcu"))
     assert not os.path.lexists(os.path.join(host, "usr/bin/enflame-container-runtime"))
+
+
+def _resolve(bundle: str, arch: str, python: str, wheelhouses: list[str]) -> dict[str, str]:
+    """What pip would install on an ``arch`` node with ``python`` from these wheelhouses only."""
+    with tempfile.TemporaryDirectory() as scratch:
+        report = os.path.join(scratch, "report.json")
+        links = [arg for w in wheelhouses for arg in ("--find-links", os.path.join(bundle, w))]
+        [wheel] = glob.glob(os.path.join(bundle, "wheelhouse", "enflame_gcu-*.whl"))
+        done = subprocess.run(
+            ["unshare", "-n", sys.executable, "-m", "pip", "install", "--quiet", "--dry-run",
+             "--ignore-installed", "--target", os.path.join(scratch, "target"),
+             "--platform", f"manylinux2014_{arch}", "--python-version", python,
+             "--only-binary=:all:", "--no-index", *links, "--report", report, wheel],
+            capture_output=True, text=True, check=False, env=_offline_env(),
+        )  # fmt: skip
+        if done.returncode != 0:
+            return {"error": done.stderr}
+        with open(report, encoding="utf-8") as handle:
+            plan = json.load(handle)["install"]
+    return {item["metadata"]["name"].lower(): item["download_info"]["url"] for item in plan}
+
+
+def test_offline_bundle_serves_every_machine_and_python_it_names(bundle: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("unshare -n needs root (make test runs as root)")
+    with open(os.path.join(bundle, "ARCHES"), encoding="utf-8") as handle:
+        arches = handle.read().split()
+    with open(os.path.join(bundle, "PYTHONS"), encoding="utf-8") as handle:
+        pythons = handle.read().split()
+    assert arches == ["x86_64", "aarch64"] and pythons == ["3.10", "3.11", "3.12", "3.13"]
+    for arch in arches:
+        other = {"x86_64": "aarch64", "aarch64": "x86_64"}[arch]
+        assert not glob.glob(os.path.join(bundle, "wheelhouse", arch, f"*{other}*"))
+        for python in pythons:
+            plan = _resolve(bundle, arch, python, ["wheelhouse", f"wheelhouse/{arch}"])
+            assert sorted(plan) == ["asyncinotify", "enflame-gcu", "pyyaml", "tomlkit"], plan
+            tag = "cp" + python.replace(".", "")
+            assert f"-{tag}-{tag}-manylinux2014_{arch}" in plan["pyyaml"], plan["pyyaml"]
+    # The check can fail: the other machine's wheelhouse has no PyYAML for this one.
+    wrong = _resolve(bundle, "aarch64", "3.11", ["wheelhouse", "wheelhouse/x86_64"])
+    assert "No matching distribution found for PyYAML" in wrong.get("error", ""), wrong
+
+
+def test_offline_bundle_refuses_an_unsupported_machine_before_changing_anything(
+    bundle: str, tmp_path: os.PathLike[str]
+) -> None:
+    if os.uname().machine != "x86_64":
+        pytest.skip("setarch i686 stands in for an unsupported machine on x86_64 only")
+    host = os.path.join(str(tmp_path), "host")
+    os.makedirs(host)
+    # setarch i686: this x86_64 machine then reports i686 to `uname -m`, as a 32-bit host would.
+    result = subprocess.run(
+        ["setarch", "i686", os.path.join(bundle, "install"), "--host-root", host,
+         "--python", "/usr/bin/python3"],
+        capture_output=True, text=True, check=False, env=_offline_env(),
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "install: this machine is i686; this bundle has wheels for x86_64 aarch64 only" in (
+        result.stderr
+    )
+    assert os.listdir(host) == []
 
 
 def test_offline_bundle_refuses_an_unsupported_python_before_changing_anything(
