@@ -145,6 +145,7 @@ def test_full_install_builds_a_venv_and_uninstall_removes_it(host: str) -> None:
 @pytest.mark.slow
 def test_a_failed_first_install_leaves_nothing_behind_and_a_rerun_works(tmp_path: object) -> None:
     host = fx.fake_host(os.path.join(str(tmp_path), "host"), docker=False)
+    os.makedirs(os.path.join(host, "var/lib/kubelet"))  # a Kubernetes node: auto is device-specs
     empty = os.path.join(str(tmp_path), "no-wheels")
     os.mkdir(empty)
     python = shutil.which("python3") or sys.executable
@@ -165,11 +166,13 @@ def test_a_failed_first_install_leaves_nothing_behind_and_a_rerun_works(tmp_path
     assert "node mode cdi needs an engine that resolves CDI" in refused.stderr
     assert "removed what this failed first install created" in refused.stderr
     assert fx.diff(before, fx.snapshot(host)) == []
-    # The next run is a first install again, not "venv exists but no install recorded it".
-    result = run("--host-root", host, "--python", python, "--mode", "runtimeclass")
+    # The next run is a first install again, not "venv exists but no install recorded it"; in
+    # a mode without the wrapper too, the venv is recorded and uninstall removes it.
+    result = run("--host-root", host, "--python", python)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "node mode device-specs (auto)" in result.stdout
     assert "removed what" not in result.stderr
-    assert os.path.isfile(os.path.join(host, "opt/enflame-gcu/install-manifest.json"))
+    assert os.path.isfile(os.path.join(host, "opt/enflame-gcu/venv/bin/enflame-ctk"))
     result = run("--uninstall", "--host-root", host)
     assert result.returncode == 0, result.stderr
     assert fx.diff(before, fx.snapshot(host)) == []

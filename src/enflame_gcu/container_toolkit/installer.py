@@ -357,6 +357,8 @@ def _install(options: InstallOptions, run: InstallRun) -> Outcome:
         # Like an install without a mode: every engine found (or named) gets the runtime entry.
         outcome = _install_wrapper(options, run, options.engines, mode.wrapper == "default")
     else:
+        # No wrapper, but install.sh's venv (a tree it created) still goes on uninstall.
+        _record_created(run, options)
         run.make_toolkit_dir()
         run.save()
         if options.bin_dir and options.ctk:
@@ -375,6 +377,15 @@ def _install(options: InstallOptions, run: InstallRun) -> Outcome:
     return Outcome(tuple(run.lines), outcome.engines, record.mode)
 
 
+def _record_created(run: InstallRun, options: InstallOptions) -> None:
+    """What the caller (install.sh) made for this install, so uninstall removes it too."""
+    for item in options.created:
+        kind, _, path = item.partition(":")
+        if kind not in ("dir", "tree") or not path.startswith("/"):
+            raise InstallError(f"--created wants dir:/ABS/PATH or tree:/ABS/PATH, got {item!r}")
+        run.record({"kind": kind, "path": path})
+
+
 def _install_wrapper(
     options: InstallOptions,
     run: InstallRun,
@@ -389,11 +400,7 @@ def _install_wrapper(
         )
     if options.package_dir is None and (why := host_python.problem(run.root, options.python)):
         raise InstallError(f"cannot install: {why}")  # checked before anything is changed
-    for item in options.created:
-        kind, _, path = item.partition(":")
-        if kind not in ("dir", "tree") or not path.startswith("/"):
-            raise InstallError(f"--created wants dir:/ABS/PATH or tree:/ABS/PATH, got {item!r}")
-        run.record({"kind": kind, "path": path})
+    _record_created(run, options)
     run.make_toolkit_dir()
     run.save()
     package_dir = options.package_dir or _copy_package(run)
