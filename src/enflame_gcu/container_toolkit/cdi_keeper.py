@@ -94,8 +94,8 @@ async def keep(
     tick = min(interval, 0.25)
     watcher: inotify.ChangeWatcher | None
     try:
-        # Imported here: the node packages carry no asyncinotify (Debian has none); without it
-        # the specs follow the periodic rescan only.
+        # Imported here: an install without asyncinotify (a hand-made one; the .deb, .rpm and
+        # bundle carry it) still works, the specs then following the periodic rescan only.
         from enflame_gcu.support import inotify  # noqa: PLC0415
 
         watcher = inotify.ChangeWatcher(watched_directories(root)).__enter__()
