@@ -82,18 +82,18 @@ def test_failed_reinstall_takes_back_only_what_this_run_changed(host: str) -> No
 def _start_waiting(host: str, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*CTK, "install", "--host-root", host, "--wait", "--set-as-default", *extra],
-        stdout=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
 
 
 def _until_ready(process: subprocess.Popen[str]) -> None:
-    assert process.stdout is not None
+    assert process.stderr is not None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line or line.startswith("enflame-ctk install: ready"):
+        line = process.stderr.readline()
+        if not line or line.startswith("enflame-ctk: install: ready"):
             return
     process.kill()
 

@@ -56,7 +56,9 @@ def test_install_links_runtime_and_merges_engine_configs(host: str) -> None:
     )
     assert os.path.isfile(os.path.join(host, "etc/enflame-container-runtime/config.toml"))
     assert os.path.isdir(os.path.join(host, "var/log/enflame"))
-    assert "added default-runtime = 'enflame'" in result.stdout
+    # enflame-ctk reports what it did on stderr, with its prefix.
+    said = [x for x in result.stderr.splitlines() if "added default-runtime = 'enflame'" in x]
+    assert said and all(x.startswith("enflame-ctk: ") for x in said)
     assert "install-manifest.json; undo with:" in result.stdout
 
 
@@ -170,7 +172,7 @@ def test_a_failed_first_install_leaves_nothing_behind_and_a_rerun_works(tmp_path
     # a mode without the wrapper too, the venv is recorded and uninstall removes it.
     result = run("--host-root", host, "--python", python)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "node mode device-specs (auto)" in result.stdout
+    assert "enflame-ctk: node mode device-specs (auto)" in result.stderr
     assert "removed what" not in result.stderr
     assert os.path.isfile(os.path.join(host, "opt/enflame-gcu/venv/bin/enflame-ctk"))
     result = run("--uninstall", "--host-root", host)
@@ -189,7 +191,7 @@ def test_mode_auto_on_a_kubernetes_node_installs_no_wrapper_and_uninstalls_clean
     before = fx.snapshot(root)
     result = run("--host-root", root, "--use-env", DEV_ENV)
     assert result.returncode == 0, result.stderr
-    assert "node mode device-specs (auto)" in result.stdout
+    assert "enflame-ctk: node mode device-specs (auto)" in result.stderr
     assert not os.path.lexists(os.path.join(root, "usr/bin/enflame-container-runtime"))
     assert _read(root, "/etc/containerd/config.toml") == fx.CONTAINERD_V2
     with open(os.path.join(root, "etc/enflame-gcu/node-mode.json"), encoding="utf-8") as handle:
@@ -238,10 +240,10 @@ def test_dry_run_on_a_fresh_node_shows_the_whole_plan_the_real_run_follows(
     )
     real = run("--host-root", host, "--python", python)
     assert real.returncode == 0, real.stdout + real.stderr
-    done = real.stdout.splitlines()
-    start = done.index(next(x for x in done if x.startswith("pip install"))) + 1
-    end = done.index(next(x for x in done if x.startswith("recorded in")))
+    # What the real run did: enflame-ctk's report, on stderr with its prefix.
+    prefix = "enflame-ctk: "
+    done = [x.removeprefix(prefix) for x in real.stderr.splitlines() if x.startswith(prefix)]
     # The prefix directories the shell itself makes with the venv ("creating the virtualenv").
     made_by_shell = {"/opt/ created", "/opt/enflame-gcu/ created"}
-    assert [line for line in plan if line not in made_by_shell] == _done(tuple(done[start:end]))
+    assert [line for line in plan if line not in made_by_shell] == _done(tuple(done))
     assert run("--uninstall", "--host-root", host).returncode == 0

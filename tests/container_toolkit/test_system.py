@@ -21,8 +21,10 @@ def test_creates_a_link_per_gcu_node(vendor_node: str, capsys: pytest.CaptureFix
     assert cli.main(["system", "create-dev-char-symlinks", "--host-root", vendor_node]) == 0
     expected = {f"238:{n}": f"../gcu{n}" for n in range(8)} | {"238:255": "../gcuctl"}
     assert links(vendor_node) == expected
-    out = capsys.readouterr().out
-    assert out.count(": created") == 9
+    captured = capsys.readouterr()
+    assert captured.out == ""  # a real run reports on stderr, each line with the prefix
+    assert captured.err.count(": created\n") == 9
+    assert all(line.startswith("enflame-ctk: /dev/char/") for line in captured.err.splitlines())
     # The links resolve to the device nodes themselves.
     target = os.path.realpath(os.path.join(vendor_node, "dev", "char", "238:3"))
     assert target == os.path.join(os.path.realpath(vendor_node), "dev", "gcu3")

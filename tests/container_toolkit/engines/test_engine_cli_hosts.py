@@ -35,12 +35,14 @@ def test_cli_configure_then_unconfigure(
     assert f"+++ {path}" in out and '+  "default-runtime": "enflame"' in out.replace("    ", "  ")
     assert not os.path.exists(path)
     assert run_cli(*argv) == 0
-    out = capsys.readouterr().out
-    assert f"{path} was created" in out
-    assert "added default-runtime = 'enflame'" in out
+    # A real run reports on stderr with the prefix; stdout (the result) stays empty.
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"enflame-ctk: {path} was created" in captured.err
+    assert "added default-runtime = 'enflame'" in captured.err
     assert json.loads(read(path))["default-runtime"] == "enflame"
     assert run_cli("runtime", "unconfigure", "--runtime", "docker", "--config", path) == 0
-    assert f"{path} was deleted" in capsys.readouterr().out
+    assert f"enflame-ctk: {path} was deleted" in capsys.readouterr().err
     assert not os.path.exists(path)
 
 

@@ -39,8 +39,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def note(message: str) -> None:
-    """A message for the operator (not the command's result): stderr, with our prefix."""
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    """A message for the operator (not the command's result): stderr, our prefix on each line."""
+    lines = message.splitlines() or [""]
+    print("".join(f"{PROG}: {line}\n" for line in lines), end="", file=sys.stderr, flush=True)
 
 
 def warn(message: str) -> None:

@@ -14,7 +14,8 @@ from enflame_gcu import node_modes
 from enflame_gcu.container_toolkit import cdi, cdi_keeper, engines, installer
 from enflame_gcu.container_toolkit.commands import common
 
-READY_LINE = "enflame-ctk install: ready"
+READY_MESSAGE = "install: ready"
+READY_LINE = f"{common.PROG}: {READY_MESSAGE}"  # on stderr
 
 INSTALL_EPILOG = """\
 examples:
@@ -136,10 +137,15 @@ def _engines(choices: list[str] | None) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(c for c in choices if c != "none"))
 
 
-def _print(outcome: installer.Outcome) -> None:
-    for line in outcome.lines:
-        print(line)
-    sys.stdout.flush()
+def _print(outcome: installer.Outcome, dry_run: bool) -> None:
+    """A dry run's plan is its result (stdout); a real run's lines report progress (stderr)."""
+    if dry_run:
+        for line in outcome.lines:
+            print(line)
+        sys.stdout.flush()
+    else:
+        for line in outcome.lines:
+            common.note(line)
 
 
 def install_command(args: argparse.Namespace) -> int:
@@ -179,28 +185,28 @@ def install_command(args: argparse.Namespace) -> int:
     # that was there before; with --wait, SIGTERM later takes back this run's changes only.
     run = installer.begin(options)
     outcome = installer.install(options, run, keep_undo=args.wait)
-    _print(outcome)
+    _print(outcome, args.dry_run)
     if not args.wait:
         return 0
     if args.ready_file:
         os.makedirs(os.path.dirname(os.path.abspath(args.ready_file)), exist_ok=True)
         with open(args.ready_file, "w", encoding="utf-8") as handle:
             handle.write("ready\n")
-    print(f"{READY_LINE}; waiting for SIGTERM to undo the install", flush=True)
+    common.note(f"{READY_MESSAGE}; waiting for SIGTERM to undo the install")
     if outcome.mode is not None and node_modes.MODES[outcome.mode].cdi_specs:
         # Node mode cdi: this process owns the CDI specs until it is stopped (cdi_keeper).
         output = installer.InstallRun(args.host_root, args.toolkit_dir, False).local(
             cdi.DEFAULT_OUTPUT_DIR, follow=True
         )
-        print(f"keeping the CDI specs in {cdi.DEFAULT_OUTPUT_DIR} current", flush=True)
+        common.note(f"keeping the CDI specs in {cdi.DEFAULT_OUTPUT_DIR} current")
         cdi_keeper.run_until(args.host_root, output, stop)
     while not stop.wait(3600):
         pass
-    print("enflame-ctk install: stopping, undoing what this run installed", flush=True)
+    common.note("install: stopping, undoing what this run installed")
     if args.ready_file:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(args.ready_file)
-    _print(installer.undo_run(run, args.restart_engine))
+    _print(installer.undo_run(run, args.restart_engine), dry_run=False)
     return 0
 
 
@@ -209,5 +215,5 @@ def uninstall_command(args: argparse.Namespace) -> int:
     outcome = installer.uninstall(
         args.host_root, args.toolkit_dir, restart_engine=args.restart_engine, dry_run=args.dry_run
     )
-    _print(outcome)
+    _print(outcome, args.dry_run)
     return 0

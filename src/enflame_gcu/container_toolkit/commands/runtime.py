@@ -117,12 +117,16 @@ def unconfigure_command(args: argparse.Namespace) -> int:
 
 
 def _report(change: engines.Change, args: argparse.Namespace) -> int:
+    # A dry run's diff and summary are its result (stdout); a real run reports on stderr.
+    # Paths as the host sees them (an explicit --config outside the host root stays as given).
     if change.dry_run:
-        print(change.diff, end="")
-    print(change.describe())
-    if args.restart_engine and not change.dry_run:
+        print(base.host_view_text(change.diff, args.host_root), end="")
+        print(base.host_view_text(change.describe(), args.host_root))
+        return 0
+    common.note(base.host_view_text(change.describe(), args.host_root))
+    if args.restart_engine:
         if change.changed:
-            print(engine_reload.reload(change, args.host_root))
+            common.note(engine_reload.reload(change, args.host_root))
         else:
-            print(f"{change.engine}: nothing changed, not restarted")
+            common.note(f"{change.engine}: nothing changed, not restarted")
     return 0

@@ -45,7 +45,9 @@ def register(subparsers: Any) -> None:
 def _links(args: argparse.Namespace) -> int:
     actions = dev_char.create_links(args.host_root, dry_run=args.dry_run)
     for action in actions:
-        print(f"{action.link} -> {action.target}: {action.action}")
+        line = f"{action.link} -> {action.target}: {action.action}"
+        # A dry run's plan is its result (stdout); a real run reports what it did (stderr).
+        print(line) if args.dry_run else common.note(line)
     if not actions:
         common.note(f"no GCU device nodes under {args.host_root.rstrip('/')}/dev")
     return 1 if any(a.action.startswith("skipped") for a in actions) else 0

@@ -156,6 +156,15 @@ def lookup(document: Mapping[str, Any], path: tuple[str, ...]) -> Any:
     return node
 
 
+def host_view_text(text: str, host_root: str) -> str:
+    """``text`` (a report, a diff) with paths under ``host_root`` shown as the host sees them."""
+    if host_root in ("", "/"):
+        return text
+    for prefix in dict.fromkeys((os.path.realpath(host_root), os.path.abspath(host_root))):
+        text = text.replace(prefix.rstrip("/") + "/", "/")
+    return text
+
+
 def host_view(path: str, host_root: str) -> str:
     """``path`` as the host sees it, when this process sees the host under ``host_root``."""
     if host_root in ("", "/"):

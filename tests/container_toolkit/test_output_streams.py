@@ -1,0 +1,109 @@
+"""Where each command's output goes (docs/user-guide.md, "Exit codes and output").
+
+The rule: a command's result (what --json carries, a dry run's plan, `cdi generate` to stdout)
+is on stdout, unprefixed; progress, notes, warnings and errors are on stderr, every line as
+``enflame-ctk: ...``. A command that changes the node has the node's new state as its result:
+its real run leaves stdout empty and reports on stderr. Each command runs for real, as its own
+process, on a simulated host.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from enflame_gcu.container_toolkit.commands import common
+from tests.conftest import MakeNode
+from tests.container_toolkit import installer_fixtures as fx
+
+CTK = [sys.executable, "-m", "enflame_gcu.container_toolkit.cli"]
+PREFIX = "enflame-ctk: "
+
+
+def ctk(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CTK, *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def reports_on_stderr_only(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """A real run: nothing on stdout; stderr's lines, each with the prefix (returned without)."""
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert lines, "a real run says what it did"
+    assert [line for line in lines if not line.startswith(PREFIX)] == []
+    return [line.removeprefix(PREFIX) for line in lines]
+
+
+def plan_on_stdout(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """A dry run: the plan on stdout, unprefixed; stderr only prefixed lines, if any."""
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines and not [line for line in lines if line.startswith(PREFIX)]
+    assert [line for line in result.stderr.splitlines() if not line.startswith(PREFIX)] == []
+    return lines
+
+
+@pytest.fixture
+def host(make_node: MakeNode) -> str:
+    root = make_node("vendor-8card")
+    return fx.fake_host(root)
+
+
+def test_install_and_uninstall_report_on_stderr_and_dry_runs_plan_on_stdout(host: str) -> None:
+    before = fx.snapshot(host)
+    args = ("--host-root", host, "--set-as-default")
+    plan = plan_on_stdout(ctk("install", *args, "--dry-run"))
+    assert "/usr/local/enflame/ would be created" in plan
+    assert any(line.startswith("--- /etc/containerd/config.toml") for line in plan)
+    assert fx.diff(before, fx.snapshot(host)) == []
+    done = reports_on_stderr_only(ctk("install", *args))
+    assert "/usr/local/enflame/ created" in done
+    assert any("added default-runtime = 'enflame'" in line for line in done)
+    undo_plan = plan_on_stdout(ctk("uninstall", "--host-root", host, "--dry-run"))
+    assert "/usr/local/enflame/ would be removed" in undo_plan
+    undone = reports_on_stderr_only(ctk("uninstall", "--host-root", host))
+    assert "/usr/local/enflame/ removed" in undone
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
+def test_runtime_configure_and_unconfigure_report_on_stderr(host: str) -> None:
+    args = ("--runtime", "containerd", "--host-root", host)
+    plan = plan_on_stdout(ctk("runtime", "configure", *args, "--dry-run"))
+    assert plan[0] == "--- /etc/containerd/config.toml"
+    assert "/etc/containerd/config.toml would be modified" in plan
+    done = reports_on_stderr_only(ctk("runtime", "configure", *args, "--set-as-default"))
+    assert done[0].startswith("/etc/containerd/config.toml was modified")
+    again = reports_on_stderr_only(ctk("runtime", "configure", *args, "--set-as-default"))
+    assert again == ["/etc/containerd/config.toml: already up to date, nothing written"]
+    undone = reports_on_stderr_only(ctk("runtime", "unconfigure", *args))
+    assert undone[0].startswith("/etc/containerd/config.toml was restored")
+
+
+def test_dev_char_links_report_on_stderr_and_plan_on_stdout(host: str) -> None:
+    args = ("system", "create-dev-char-symlinks", "--host-root", host)
+    plan = plan_on_stdout(ctk(*args, "--dry-run"))
+    assert "/dev/char/238:0 -> ../gcu0: would be created" in plan
+    done = reports_on_stderr_only(ctk(*args))
+    assert "/dev/char/238:0 -> ../gcu0: created" in done
+
+
+def test_a_failed_install_says_so_on_stderr_every_line_prefixed(host: str) -> None:
+    fx.write(host, "/etc/docker/daemon.json", "{not json")
+    before = fx.snapshot(host)
+    result = ctk("install", "--host-root", host)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) > 1 and all(line.startswith(PREFIX) for line in lines), lines
+    assert any("daemon.json" in line for line in lines)
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
+def test_a_multi_line_note_carries_the_prefix_on_every_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    common.note("first\nsecond\n")
+    common.note("")
+    assert capsys.readouterr().err == f"{PREFIX}first\n{PREFIX}second\n{PREFIX}\n"
