@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from enflame_gcu.dra_plugin import claim_cdi, claims, kubelet
+from enflame_gcu.dra_plugin import claim_cdi, claims, driver, kubelet
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.simulation.testing import dra_kubelet_stub
 from tests.dra_plugin import harness
@@ -137,9 +137,10 @@ def test_the_old_instance_stopping_never_removes_the_sockets_its_successor_bound
 ) -> None:
     """Two instances on the same socket names (no pod UID), the interleaving forced in one process.
 
-    A wipe deletes A's sockets; B binds both; A notices and stops. gRPC deletes the path it
-    bound, by name, when a server stops (B's file by then), and a "still ours?" check made
-    after A's listener closed may see B's socket carry A's old inode number.
+    A wipe deletes A's sockets and its lock file (a cleanup script); B takes the new lock and
+    binds both; A notices and stops. gRPC deletes the path it bound, by name, when a server
+    stops (B's file by then), and a "still ours?" check made after A's listener closed may see
+    B's socket carry A's old inode number.
     """
 
     async def main() -> None:
@@ -151,13 +152,16 @@ def test_the_old_instance_stopping_never_removes_the_sockets_its_successor_bound
                 return kubelet.KubeletPlugin(settings, prepare, devices)
 
             a, b = instance(), instance()
+            assert a.lock is not None and b.lock is not None
             try:
+                assert a.lock.try_acquire() and not b.lock.try_acquire()
                 await a.start()
                 for directory in (settings.registry_dir, settings.data_dir):
-                    for name in os.listdir(directory):  # a kubelet restarting: sockets go
+                    for name in os.listdir(directory):  # a cleanup script: sockets and lock go
                         path = os.path.join(directory, name)
-                        if name.endswith(".sock"):
+                        if name.endswith((".sock", ".lock")) and name != driver.LOCK_FILE:
                             os.unlink(path)
+                assert a.restart_reason() is not None and b.lock.try_acquire()
                 if successor_binds == "before the old servers stop":
                     await b.start()
                 else:  # B binds right after A's listeners closed, before A's stop() returns
@@ -170,6 +174,7 @@ def test_the_old_instance_stopping_never_removes_the_sockets_its_successor_bound
 
                     servers[0].stop = stop_then_successor_binds  # type: ignore[method-assign]
                 await a.stop()
+                a.lock.release()
                 assert b.restart_reason() is None
                 for path in (settings.endpoint, settings.registration_socket):
                     assert serving(path), (path, os.listdir(os.path.dirname(path)))
@@ -186,8 +191,10 @@ def test_the_old_instance_stopping_never_removes_the_sockets_its_successor_bound
             finally:
                 await a.stop()
                 await b.stop()
+                a.lock.release()
+                b.lock.release()
             leftovers = os.listdir(settings.registry_dir) + [
-                n for n in os.listdir(settings.data_dir) if n.endswith(".sock")
+                n for n in os.listdir(settings.data_dir) if n.endswith((".sock", ".sock.lock"))
             ]
             assert leftovers == []  # B's sockets went with B; nothing else is left
 

@@ -1,12 +1,12 @@
 """Serving one resource to the kubelet: take the socket's lock, serve, Register, heal, repeat.
 
-- **One instance per socket.** A :class:`~.socket_lock.SocketLock` decides who serves; another
-  instance on the same plugin dir stands by (logging once who holds the socket) and takes over
-  when the holder stops. A live socket at our path that nobody locked (an older plugin) is never
-  deleted: we wait for it to go away. An instance removes only the socket file that is still
-  its own, and only while its listener is open (a closed socket's inode number is free for the
-  successor's socket at once); gRPC binds a private name that is renamed into place, because
-  gRPC deletes the path it bound when the server stops, whoever's file is there by then.
+- **One instance per socket.** A :class:`~enflame_gcu.support.socket_lock.SocketLock` decides who
+  serves; another instance on the same plugin dir stands by (logging once who holds the socket) and
+  takes over when the holder stops. A live socket at our path that nobody locked (an older plugin)
+  is never deleted: we wait for it to go away. An instance removes only the socket file that is
+  still its own, and only while its listener is open (a closed socket's inode number is free for the
+  successor's socket at once); gRPC binds a private name that is renamed into place, because gRPC
+  deletes the path it bound when the server stops, whoever's file is there by then.
 - **Healing.** The kubelet deletes every socket in its plugin dir when it restarts and re-creates
   ``kubelet.sock``; someone may also delete our socket by hand. Inotify on the plugin dir (plus a
   one-second check for what events miss) notices both; the old server is stopped before the new
@@ -31,9 +31,9 @@ import grpc
 
 from enflame_gcu._proto import api_pb2, api_pb2_grpc
 from enflame_gcu.device_plugin import config as plugin_config
-from enflame_gcu.device_plugin import service, socket_lock
+from enflame_gcu.device_plugin import service
 from enflame_gcu.device_plugin import state as plugin_state
-from enflame_gcu.support import inotify, unix_sockets
+from enflame_gcu.support import inotify, socket_lock, unix_sockets
 
 log = logging.getLogger(__name__)
 

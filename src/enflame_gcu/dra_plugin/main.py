@@ -11,7 +11,8 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from enflame_gcu import __version__, fileio
 from enflame_gcu.dra_plugin import apiserver, driver, kubelet, node, publisher
@@ -64,9 +65,8 @@ async def run(settings: dra_config.DraConfig) -> int:
     tasks = [asyncio.ensure_future(plugin.serve_until(stop))]
     health = asyncio.ensure_future(devices.run())
     if settings.publish:
-        tasks.append(
-            asyncio.ensure_future(publisher.Publisher(api, devices, settings.node_name).run(stop))
-        )
+        publish = publisher.Publisher(api, devices, settings.node_name)
+        tasks.append(asyncio.ensure_future(_publish_while_serving(plugin, publish, stop)))
     try:
         await stop.wait()
     finally:
@@ -79,6 +79,41 @@ async def run(settings: dra_config.DraConfig) -> int:
         log.error("stopped with an error: %r", failure)
     log.info("stopped")
     return 1 if failures else 0
+
+
+async def _publish_while_serving(
+    plugin: kubelet.KubeletPlugin, publish: publisher.Publisher, stop: asyncio.Event
+) -> None:
+    """Publish while this instance serves; a standby instance leaves the slices alone (the one
+    serving keeps them current), neither writing nor deleting any."""
+    while not stop.is_set():
+        await _first(plugin.serving.wait(), stop.wait())
+        if stop.is_set():
+            return
+        leave = asyncio.Event()
+
+        async def until_standby(leave: asyncio.Event = leave) -> None:
+            await _first(plugin.standing_by.wait(), stop.wait())
+            leave.set()
+
+        watch = asyncio.ensure_future(until_standby())
+        try:
+            await publish.run(leave)
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        if not stop.is_set():
+            log.info("standing by: no longer publishing ResourceSlices")
+
+
+async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _cleanup(settings: dra_config.DraConfig, every_node: bool) -> int:

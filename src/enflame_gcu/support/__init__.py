@@ -1,1 +1,1 @@
-"""Helpers below the domain: inotify, unix sockets, options shared by our programs."""
+"""Helpers below the domain: inotify, unix sockets and their locks, shared CLI options."""

@@ -1,14 +1,16 @@
-"""One serving instance per socket: an exclusive lock on ``<plugin dir>/<socket>.lock``.
+"""One serving instance per socket: an exclusive lock on ``<socket>.lock`` beside it.
 
-Two plugin instances on one plugin dir (a DaemonSet rolling update with surge, a Helm release
-next to a static manifest, a manual run) would otherwise each delete the other's socket and
-re-register forever. The rule: whoever holds the lock serves the socket; any other instance
-stands by, says once why, and takes over as soon as the holder stops (the kernel drops the lock
-when its process ends, even on SIGKILL). The lock file holds a line naming its holder (pid,
-host name = pod name, start time) for that message.
+Two instances of a plugin on one node using the same socket names (a DaemonSet rolling update with
+surge, a Helm release next to a static manifest, a manual run) would otherwise each delete the
+other's socket and re-register forever. The device plugin locks each resource's socket; the DRA
+driver without a pod UID locks its service socket for the pair (docs/dra.md). The rule: whoever
+holds the lock serves the socket; any other instance stands by, says once why, and takes over as
+soon as the holder stops (the kernel drops the lock when its process ends, even on SIGKILL). The
+lock file holds a line naming its holder (pid, host name = pod name, start time) for that message.
 
 The file is removed by its holder on a clean stop; an older kubelet that wipes the plugin dir
-may delete it while held, so holding means holding the lock on the file now at the path.
+(or a cleanup script) may delete it while held, so holding means holding the lock on the file
+now at the path.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ import fcntl
 import os
 import socket
 import time
-
-from enflame_gcu import sysfs
 
 LOCK_SUFFIX = ".lock"
 _HOLDER_BYTES = 512
@@ -35,6 +35,16 @@ def _identity(fd_or_path: int | str) -> tuple[int, int] | None:
     except OSError:
         return None
     return (info.st_dev, info.st_ino)
+
+
+def _printable(text: str) -> str:
+    # What another process wrote: control characters escaped, one safe line for a log.
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+        for c in text
+    )
 
 
 class SocketLock:
@@ -84,7 +94,7 @@ class SocketLock:
                 text = handle.read(_HOLDER_BYTES).decode("utf-8", "replace").strip()
         except OSError:
             return "unknown"
-        return sysfs.printable(text.splitlines()[0]) if text else "unknown"
+        return _printable(text.splitlines()[0]) if text else "unknown"
 
     def release(self, *, unlink: bool = True) -> None:
         """Drop the lock; remove the file first when it is still ours."""
