@@ -173,6 +173,7 @@ def test_one_instance_serves_the_other_stands_by_and_takes_over(
             print(f"takeover after {stop_with.name}: {took:.2f} s")
             text = standby.log()
             assert "taking over" in text and REGISTERED in text, text
+            assert "does not take" not in text  # the dying holder's sockets are not "older"
             # The new holder answers from the shared checkpoint and prepares more.
             assert await devices_of(stub, A) == ["gcu-0", "gcu-1"]
             assert await devices_of(stub, B) == ["gcu-2", "gcu-3"]

@@ -8,16 +8,17 @@ both servers start again and the registration socket re-appears, so the kubelet 
 again; inotify on the two directories plus a one-second check notice it.
 
 **One instance per socket name.** With a pod UID the socket names carry it, and two instances (a
-rolling update with surge) serve side by side. Without one, two instances on a node (a surge without
-the pod UID, a manual run next to the DaemonSet, a Helm release next to the static manifest) would
-share the names and each take the other's sockets forever. So without a pod UID whoever holds the
-:class:`~enflame_gcu.support.socket_lock.SocketLock` of the service socket (``dra.sock.lock``, one
-lock for the pair) serves both sockets; another instance stands by, says once who holds it, and
-takes over when the holder stops (the kernel drops the lock when its process ends, even on SIGKILL;
-a standby tries every half second and on every change in the directory). A standby serves nothing
-and publishes nothing (:attr:`KubeletPlugin.serving`); taking over, it first recovers the checkpoint
-as a start does (the holder may have been killed inside a Prepare). A live socket at our path that
-nobody locked (an older driver) is never deleted: we wait for it to go away.
+rolling update with surge) serve side by side. Without one, two instances on a node (a surge
+without the pod UID, a manual run next to the DaemonSet, a Helm release next to the static
+manifest) would share the names and each take the other's sockets forever. So without a pod UID
+whoever holds the :class:`~enflame_gcu.support.socket_lock.SocketLock` of the service socket
+(``dra.sock.lock``, one lock for the pair) serves both sockets; another instance stands by, says
+once who holds it, and takes over when the holder stops (the kernel drops the lock when its process
+ends, even on SIGKILL; a standby tries on every change in the directory, which includes the
+holder's exit closing the lock file, and every half second). A standby serves nothing and publishes
+nothing (:attr:`KubeletPlugin.serving`); taking over, it first recovers the checkpoint as a start
+does (the holder may have been killed inside a Prepare). A live socket at our path that nobody
+locked (an older driver) is never deleted: we wait for it to go away.
 
 Each socket is bound under a private name (``.<name>.<8 hex digits>``) and renamed into place:
 gRPC deletes the path it bound, by name, when the server stops, whoever's file is there by then.
@@ -192,6 +193,10 @@ class KubeletPlugin:
                 for path in (settings.endpoint, settings.registration_socket)
                 if unix_sockets.listening(path)
             ]
+            if got and foreign:
+                # A holder killed just now drops its lock before its listeners (fd order).
+                await asyncio.sleep(0.1)
+                foreign = [path for path in foreign if unix_sockets.listening(path)]
             if got and not foreign:
                 if said:
                     log.info("taking over %s", settings.endpoint)
