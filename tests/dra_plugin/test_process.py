@@ -176,3 +176,32 @@ def test_version_prints_and_exits_zero() -> None:
         timeout=60,
     )
     assert result.returncode == 0 and result.stdout.startswith("enflame-dra-plugin ")
+
+
+FAILING_SERVE = """
+import sys
+from enflame_gcu.dra_plugin import kubelet, main
+
+async def fails(self, stop):
+    raise OSError("cannot bind the service socket (injected)")
+
+kubelet.KubeletPlugin.serve_until = fails
+sys.exit(main.main(sys.argv[1:]))
+"""
+
+
+def test_a_driver_whose_kubelet_side_fails_exits_instead_of_serving_nothing() -> None:
+    """Before: serving failed, the process waited for a SIGTERM forever, Ready and useless."""
+    with harness.simulated_node() as where, FakeApiServer() as fake:
+        fake.add_node(NODE)
+        kubeconfig = fake.kubeconfig(os.path.join(where.work, "kubeconfig"))
+        argv = command(where, kubeconfig)[3:]  # the options, after "-m module"
+        result = subprocess.run(
+            [sys.executable, "-c", FAILING_SERVE, *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "a part of the driver ended without a stop being asked for" in result.stderr
+    assert "cannot bind the service socket (injected)" in result.stderr

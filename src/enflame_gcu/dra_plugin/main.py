@@ -31,7 +31,8 @@ def _setup_logging(level: str) -> None:
 
 
 async def run(settings: dra_config.DraConfig) -> int:
-    """Run until SIGTERM/SIGINT; 0 on a clean stop, 1 when the driver cannot start."""
+    """Run until SIGTERM/SIGINT; 0 on a clean stop, 1 when the driver cannot start or a part
+    of it (serving the kubelet, publishing) ends or fails on its own."""
     devices = node.NodeDevices(
         settings.root,
         settings.publish_options(),
@@ -67,8 +68,14 @@ async def run(settings: dra_config.DraConfig) -> int:
     if settings.publish:
         publish = publisher.Publisher(api, devices, settings.node_name)
         tasks.append(asyncio.ensure_future(_publish_while_serving(plugin, publish, stop)))
+    ended_alone = False
     try:
-        await stop.wait()
+        # A part that ends before a stop was asked for (serving the kubelet, publishing) leaves
+        # a process that looks alive but serves nothing: stop, and let the DaemonSet restart us.
+        await _first(stop.wait(), asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED))
+        ended_alone = not stop.is_set()
+        if ended_alone:
+            log.error("a part of the driver ended without a stop being asked for; stopping")
     finally:
         stop.set()
         health.cancel()
@@ -78,7 +85,7 @@ async def run(settings: dra_config.DraConfig) -> int:
     for failure in failures:
         log.error("stopped with an error: %r", failure)
     log.info("stopped")
-    return 1 if failures else 0
+    return 1 if failures or ended_alone else 0
 
 
 async def _publish_while_serving(
