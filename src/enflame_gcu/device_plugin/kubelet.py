@@ -43,6 +43,7 @@ REGISTER_TIMEOUT = 15.0  # the kubelet dials us back inside Register with a 10 s
 STOP_GRACE = 0.5
 CHECK_INTERVAL = 1.0
 STANDBY_INTERVAL = 0.5  # how often a standby instance tries the lock (events wake it sooner)
+LISTENER_GRACE = 0.1  # a killed holder's listener may outlive its lock by this much
 BACKOFF_FIRST, BACKOFF_MAX = 0.25, 5.0
 
 
@@ -299,7 +300,12 @@ class ResourceServer:
                 await wait_any(watcher, self.stopping, self._trouble.failed(reason))
                 continue
             self._trouble.recovered(f"plugin dir {self.config.plugin_dir}")
-            if got and not unix_sockets.listening(self.socket_path):
+            foreign = got and unix_sockets.listening(self.socket_path)
+            if foreign:
+                # A holder killed just now drops its lock before its listener (fd order).
+                await asyncio.sleep(LISTENER_GRACE)
+                foreign = unix_sockets.listening(self.socket_path)
+            if got and not foreign:
                 if said:
                     log.info("taking over %s", self.socket_path)
                     self._cause = "takeover"
