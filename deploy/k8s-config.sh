@@ -13,7 +13,8 @@
 #                             [--mode MODE] [--skip-swap] [--skip-kubelet] [--skip-runtime]
 #                             [--host-root DIR]
 #   --dry-run      print what would change (and enflame-ctk's diff), change nothing
-#   --runtime      the engine to configure (default: detected from the kubelet, then sockets)
+#   --runtime      the engine to configure (default: as `enflame-ctk runtime detect` says:
+#                  the kubelet's CRI endpoint, else the first socket; see detect_runtime)
 #   --mode         auto (default), device-specs, cdi, runtimeclass or default-runtime
 #   --no-restart   do not reload/restart the engine or the kubelet (do it yourself later)
 #   --host-root DIR  act on a node tree under DIR (testing); commands acting on the live system
@@ -191,30 +192,126 @@ configure_kubelet() {
 }
 
 # --- 3. container engine ---------------------------------------------------------------------
-detect_runtime() { # the engine behind the kubelet's CRI endpoint, else the first socket found
-    local settings
-    settings=$(kubelet_settings 2>/dev/null || true)
-    case "$settings" in
-        *cri-dockerd.sock* | *dockershim.sock*) echo docker; return ;;
-        *crio.sock*) echo crio; return ;;
-        *containerd.sock*) echo containerd; return ;;
+# The engine the kubelet runs, as one line "ENGINE: why": `enflame-ctk runtime detect` answers
+# (doctor and the installer use the same Python); without an enflame-ctk that has that command
+# the shell below follows the same rules (tests/deploy/test_engine_detection.py holds the two to
+# one table): the kubelet's CRI endpoint (a running kubelet's flag, else the config file its
+# --config names; with no kubelet running, the flag in the files its unit passes, else
+# /var/lib/kubelet/config.yaml; the last word wins), else the first socket found: containerd,
+# CRI-O, docker. Prints nothing (and says why on stderr) when no engine is found.
+endpoint_engine() {
+    case "$1" in
+        *cri-dockerd* | *dockershim*) echo docker ;;
+        *crio*) echo crio ;;
+        *containerd*) echo containerd ;;
     esac
-    if [ -e "$root/run/containerd/containerd.sock" ]; then echo containerd; return; fi
-    if [ -e "$root/var/run/crio/crio.sock" ] || [ -e "$root/run/crio/crio.sock" ]; then echo crio; return; fi
-    if [ -e "$root/var/run/docker.sock" ] || [ -e "$root/run/docker.sock" ]; then echo docker; return; fi
 }
 
-find_ctk() {
-    if [ -n "${ENFLAME_CTK:-}" ]; then echo "$ENFLAME_CTK"; return; fi
+last_flag() { # the last value of flag $1 among the words on stdin (one a line)
+    awk -v f="$1" '$0 == f { if ((getline v) > 0) val = v; next }
+        index($0, f "=") == 1 { val = substr($0, length(f) + 2) }
+        END { if (val != "") print val }'
+}
+
+running_kubelet() { # the pid of the oldest kubelet under $root/proc
+    local f first pid best=""
+    for f in "$root"/proc/[0-9]*/cmdline; do
+        [ -f "$f" ] || continue # a regular file: a FIFO would block the read
+        first=$(tr '\0' '\n' <"$f" 2>/dev/null | head -n 1 || true)
+        [ "${first##*/}" = kubelet ] || continue
+        pid=${f%/cmdline}
+        pid=${pid##*/}
+        if [ -z "$best" ] || [ "$pid" -lt "$best" ]; then best=$pid; fi
+    done
+    echo "$best"
+}
+
+config_endpoint() { # "VALUE<TAB>where" from the kubelet config file $1
+    local value
+    [ -f "$root$1" ] || return 0
+    value=$(sed -n "s/^containerRuntimeEndpoint:[[:space:]]*[\"']\{0,1\}\([^\"'[:space:]#]*\).*/\1/p" "$root$1" | tail -n 1)
+    if [ -n "$value" ]; then printf '%s\tcontainerRuntimeEndpoint in %s\n' "$value" "$1"; fi
+}
+
+kubelet_endpoint() { # "VALUE<TAB>where": the kubelet's CRI endpoint, nothing when not set
+    local flag=--container-runtime-endpoint pid value file found=""
+    pid=$(running_kubelet)
+    if [ -n "$pid" ]; then
+        value=$(tr '\0' '\n' <"$root/proc/$pid/cmdline" | last_flag "$flag")
+        if [ -n "$value" ]; then printf '%s\t%s of the running kubelet\n' "$value" "$flag"; return; fi
+        file=$(tr '\0' '\n' <"$root/proc/$pid/cmdline" | last_flag --config)
+        config_endpoint "${file:-/var/lib/kubelet/config.yaml}"
+        return
+    fi
+    for file in /var/lib/kubelet/kubeadm-flags.env /etc/default/kubelet /etc/sysconfig/kubelet; do
+        [ -f "$root$file" ] || continue
+        value=$(grep -v '^[[:space:]]*#' "$root$file" \
+            | grep -o -- "${flag}[= ][= ]*[\"']\{0,1\}[^\"'[:space:]]*" \
+            | tail -n 1 | sed "s/^${flag}[= ]*[\"']\{0,1\}//" || true)
+        if [ -n "$value" ]; then found=$(printf '%s\t%s in %s' "$value" "$flag" "$file"); fi
+    done
+    if [ -n "$found" ]; then echo "$found"; return; fi
+    config_endpoint /var/lib/kubelet/config.yaml
+}
+
+detect_runtime_here() { # the shell's own answer, the same line enflame-ctk prints
+    local said value where engine why path
+    said=$(kubelet_endpoint)
+    if [ -n "$said" ]; then
+        value=${said%%$'\t'*}
+        where=${said#*$'\t'}
+        engine=$(endpoint_engine "$value")
+        if [ -n "$engine" ]; then
+            echo "$engine: the kubelet's CRI endpoint $value ($where)"
+            return
+        fi
+        why="the kubelet's CRI endpoint $value ($where) names no engine we know"
+    else
+        why="the kubelet's CRI endpoint is not set"
+    fi
+    for path in containerd:/run/containerd/containerd.sock crio:/var/run/crio/crio.sock \
+        crio:/run/crio/crio.sock docker:/var/run/docker.sock docker:/run/docker.sock; do
+        if [ -e "$root${path#*:}" ] || [ -L "$root${path#*:}" ]; then
+            echo "${path%%:*}: socket ${path#*:} ($why)"
+            return
+        fi
+    done
+    printf 'k8s-config: no containerd, CRI-O or docker socket (%s)\n' "$why" >&2
+}
+
+find_ctk() { # ENFLAME_CTK when set (not executable: none), else enflame-ctk on PATH or ours
+    if [ -n "${ENFLAME_CTK:-}" ]; then
+        if [ -x "$ENFLAME_CTK" ]; then echo "$ENFLAME_CTK"; fi
+        return
+    fi
     if command -v enflame-ctk >/dev/null 2>&1; then command -v enflame-ctk; return; fi
     if [ -x /opt/enflame-gcu/bin/enflame-ctk ]; then echo /opt/enflame-gcu/bin/enflame-ctk; fi
 }
 
+detect_runtime() {
+    local ctk answer status=0
+    ctk=$(find_ctk)
+    if [ -n "$ctk" ]; then
+        answer=$("$ctk" runtime detect --host-root "${root:-/}") || status=$?
+        # 2: a usage error, i.e. an enflame-ctk without `runtime detect`: the shell answers.
+        if [ "$status" -ne 2 ]; then
+            echo "$answer"
+            return
+        fi
+    fi
+    detect_runtime_here
+}
+
 configure_runtime() {
     if [ -z "$runtime" ]; then
-        runtime=$(detect_runtime)
-        [ -n "$runtime" ] || die "no container engine found (containerd, CRI-O or docker sockets); pass --runtime"
-        say "runtime: detected $runtime"
+        local detected
+        detected=$(detect_runtime)
+        runtime=${detected%%:*}
+        case "$runtime" in
+            docker | containerd | crio) ;;
+            *) die "no container engine found (the kubelet's CRI endpoint, containerd, CRI-O or docker sockets); pass --runtime" ;;
+        esac
+        say "runtime: detected $detected"
     fi
     local chosen=$mode
     if [ "$chosen" = auto ]; then

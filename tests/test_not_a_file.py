@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from enflame_gcu import fileio
-from enflame_gcu.container_toolkit import cdi, cdi_keeper, node_mode
-from enflame_gcu.container_toolkit.engines import storage
+from enflame_gcu.container_toolkit import cdi, cdi_keeper
+from enflame_gcu.container_toolkit.engines import cri, storage
 from enflame_gcu.device_plugin import config_file
 from enflame_gcu.errors import ConfigError, EngineConfigError, SpecError
 from enflame_gcu.shim import config as runtime_config
@@ -116,9 +116,12 @@ def test_prepared_edits_that_are_a_fifo_are_unavailable_not_a_hang(tmp_path: Pat
 
 
 def test_kubelet_settings_that_are_a_fifo_name_no_engine(tmp_path: Path) -> None:
-    _fifo(tmp_path / node_mode.KUBELET_CONFIG.lstrip("/"))
-    _zero(tmp_path / node_mode.KUBEADM_FLAGS.lstrip("/"))
-    assert node_mode.kubelet_engine(str(tmp_path)) is None
+    _fifo(tmp_path / cri.KUBELET_CONFIG.lstrip("/"))
+    _zero(tmp_path / cri.FLAG_FILES[0].lstrip("/"))
+    _fifo(tmp_path / cri.FLAG_FILES[1].lstrip("/"))
+    _fifo(tmp_path / "proc" / "1" / "cmdline")
+    assert cri.kubelet_endpoint(str(tmp_path)) is None
+    assert cri.detect(str(tmp_path)).engine == ""
 
 
 def test_cdi_list_names_a_spec_that_is_a_fifo(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,13 @@ def run(
     tmp_path: Path, root: Path, *args: str, kubelet_version: str = "v1.28.2"
 ) -> subprocess.CompletedProcess[str]:
     kubelet = executable(tmp_path / "kubelet", f"#!/bin/sh\necho 'Kubernetes {kubelet_version}'\n")
-    ctk = executable(tmp_path / "enflame-ctk", f'#!/bin/sh\necho "$@" >> {tmp_path}/ctk-calls\n')
+    # A stand-in that records the calls that change things; `runtime detect` is the real one.
+    real = f"{sys.executable} -m enflame_gcu.container_toolkit.cli"
+    ctk = executable(
+        tmp_path / "enflame-ctk",
+        f'#!/bin/sh\n[ "$1 $2" = "runtime detect" ] && exec {real} "$@"\n'
+        f'echo "$@" >> {tmp_path}/ctk-calls\n',
+    )
     env = {**os.environ, "KUBELET": kubelet, "ENFLAME_CTK": ctk}
     return subprocess.run(
         ["bash", os.path.join(DEPLOY, "k8s-config.sh"), "--host-root", str(root), *args],

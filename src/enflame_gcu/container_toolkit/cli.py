@@ -30,7 +30,8 @@ EPILOG = """\
 options common to every command (before or after it): --log-level LEVEL
 every command that reads the node takes --host-root DIR (the host's / as seen from here)
 every command that reports takes --json (one document with a schemaVersion)
-results go to stdout; errors, warnings and notes go to stderr, prefixed "enflame-ctk: "
+results (--json, a dry run's plan) go to stdout; progress, notes, warnings and errors go
+to stderr, every line prefixed "enflame-ctk: " (a real install or configure: stderr only)
 
 exit status: 0 success; 1 a check failed or the command could not do what was asked;
 2 usage error (unknown option, bad value, missing --host-root directory): nothing was changed;

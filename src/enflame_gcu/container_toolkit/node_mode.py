@@ -1,9 +1,9 @@
 """Choose a node's mode from its engine and version (install.sh, the toolkit DaemonSet, doctor).
 
-The engine is the one the kubelet talks to when the node runs a kubelet (its
-``containerRuntimeEndpoint``), else the first engine found; its version comes from the engine's
-own binary (``chroot HOST_ROOT <binary> --version`` from a container). See
-:mod:`enflame_gcu.node_modes` for the matrix itself.
+The engine is the one the kubelet talks to when the node runs a kubelet (its CRI endpoint, read
+by :mod:`.engines.cri` as doctor and deploy/k8s-config.sh read it), else the first engine
+found; its version comes from the engine's own binary (``chroot HOST_ROOT <binary> --version``
+from a container). See :mod:`enflame_gcu.node_modes` for the matrix itself.
 """
 
 from __future__ import annotations
@@ -15,24 +15,18 @@ import signal
 import subprocess
 from collections.abc import Sequence
 
-import yaml
-
 from enflame_gcu import fileio, node_modes
 from enflame_gcu.container_toolkit.doctor import engine_configs
-from enflame_gcu.container_toolkit.engines import hosts
-from enflame_gcu.errors import EnflameError, InstallError
+from enflame_gcu.container_toolkit.engines import cri, hosts
+from enflame_gcu.errors import InstallError
 
 KUBELET_DIR = "/var/lib/kubelet"
-KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
-KUBEADM_FLAGS = "/var/lib/kubelet/kubeadm-flags.env"
 BINARIES = {
     "containerd": ("/usr/bin/containerd", "/usr/local/bin/containerd"),
     "crio": ("/usr/bin/crio", "/usr/local/bin/crio"),
     "docker": ("/usr/bin/dockerd", "/usr/local/bin/dockerd"),
     "podman": ("/usr/bin/podman", "/usr/local/bin/podman"),
 }
-# Which engine a kubelet endpoint names (cri-dockerd puts docker behind the CRI).
-ENDPOINT_ENGINES = (("crio", "crio"), ("cri-dockerd", "docker"), ("containerd", "containerd"))
 
 
 def engine_version(root: str, engine: str) -> tuple[int, int] | None:
@@ -53,31 +47,6 @@ def engine_version(root: str, engine: str) -> tuple[int, int] | None:
     return (int(match[1]), int(match[2])) if match else None
 
 
-def _read_text(root: str, path: str) -> str:
-    try:
-        return fileio.read_regular(fileio.resolve(root, path), 1 << 20).decode("utf-8")
-    except (OSError, UnicodeDecodeError, EnflameError):
-        return ""
-
-
-def kubelet_engine(root: str) -> str | None:
-    """The engine the kubelet names as its CRI endpoint: its config, else kubeadm's flags file."""
-    try:
-        config = yaml.safe_load(_read_text(root, KUBELET_CONFIG))
-    except yaml.YAMLError:
-        config = None
-    endpoint = config.get("containerRuntimeEndpoint") if isinstance(config, dict) else None
-    if not isinstance(endpoint, str):
-        # Older kubelets take it as a flag; kubeadm writes the flags to this file.
-        match = re.search(
-            r"--container-runtime-endpoint[= ]\"?(\S+?)\"?(?:\s|$)", _read_text(root, KUBEADM_FLAGS)
-        )
-        endpoint = match[1] if match else None
-    if not endpoint:
-        return None
-    return next((engine for key, engine in ENDPOINT_ENGINES if key in endpoint), None)
-
-
 def _installed(root: str) -> list[str]:
     found = list(hosts.detect(root))
     if any(os.path.exists(fileio.resolve(root, p)) for p in BINARIES["podman"]):
@@ -91,9 +60,11 @@ def detect(root: str, asked: Sequence[str] | None = None) -> node_modes.Engine:
     found = list(asked) if asked else _installed(root)
     name = ""
     if kubelet:
-        said = kubelet_engine(root)
-        cri = [e for e in found if e in ("containerd", "crio")]
-        name = said if said in found else (cri[0] if cri else "")
+        # The kubelet's CRI endpoint, read as doctor and k8s-config.sh read it (engines.cri).
+        endpoint = cri.kubelet_endpoint(root)
+        said = endpoint.engine if endpoint is not None else None
+        runs_cri = [e for e in found if e in ("containerd", "crio")]
+        name = said if said in found else (runs_cri[0] if runs_cri else "")
     if not name:
         # Without a kubelet: docker first (it also brings a containerd), then podman.
         order = ("docker", "podman", "crio", "containerd")

@@ -50,10 +50,13 @@ def doctor_command(args: argparse.Namespace) -> int:
     strategies = None
     if args.device_list_strategy:
         strategies = tuple(s.strip() for s in args.device_list_strategy.split(",") if s.strip())
-    results = doctor.run(args.host_root, strategies)
+    node = doctor.inspect(args.host_root, strategies)
+    results = doctor.run_checks(node)
     worst = doctor.worst(results)
     if args.json:
         document: dict[str, object] = {"root": args.host_root, "status": worst}
+        # The engine checked and why (the "engine" result says it in words).
+        document["engine"] = dataclasses.asdict(node.cri) if node.cri is not None else None
         document["results"] = [dataclasses.asdict(r) for r in results]
         common.print_json("DoctorReport", document)
         return EXIT_CODES[worst]

@@ -1,4 +1,4 @@
-"""``enflame-ctk runtime configure|unconfigure``: set an engine up to use the GCU runtime."""
+"""``enflame-ctk runtime configure|unconfigure|detect``: set an engine up for the GCU runtime."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from enflame_gcu.container_toolkit import engines
 from enflame_gcu.container_toolkit.commands import common
-from enflame_gcu.container_toolkit.engines import base
+from enflame_gcu.container_toolkit.engines import base, cri
 from enflame_gcu.container_toolkit.engines import reload as engine_reload
 from enflame_gcu.errors import EngineConfigError
 
@@ -80,6 +80,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     _common(unconfigure)
     unconfigure.set_defaults(handler=unconfigure_command)
 
+    detect = actions.add_parser(
+        "detect",
+        help="print the engine this node's kubelet runs, and why (doctor and k8s-config.sh ask)",
+        description="The engine behind the kubelet's CRI endpoint (a running kubelet's flags, "
+        "else the config file it names; with no kubelet running, the flags files its unit "
+        "passes, else /var/lib/kubelet/config.yaml), else the first socket found: containerd, "
+        "CRI-O, docker. Prints 'ENGINE: why'; exit 1 when no engine is found.",
+    )
+    common.add_host_root(detect)
+    common.add_json(detect)
+    detect.set_defaults(handler=detect_command)
+
 
 def configure_command(args: argparse.Namespace) -> int:
     """Handler of ``runtime configure``."""
@@ -114,6 +126,26 @@ def unconfigure_command(args: argparse.Namespace) -> int:
     except EngineConfigError as exc:
         common.note(str(exc))
         return common.EXIT_FAILED
+
+
+def detect_command(args: argparse.Namespace) -> int:
+    """Handler of ``runtime detect``: the engine and why on stdout; exit 1 when none."""
+    found = cri.detect(args.host_root)
+    status = common.EXIT_OK if found.engine else common.EXIT_FAILED
+    if args.json:
+        document = {
+            "root": args.host_root,
+            "engine": found.engine or None,
+            "source": found.source or None,
+            "endpoint": found.endpoint or None,
+            "reason": found.reason,
+        }
+        common.print_json("RuntimeDetection", document)
+    elif found.engine:
+        print(found.describe())
+    else:
+        common.note(f"no container engine found: {found.reason}")
+    return status
 
 
 def _report(change: engines.Change, args: argparse.Namespace) -> int:

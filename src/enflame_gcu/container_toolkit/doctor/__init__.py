@@ -25,6 +25,7 @@ from enflame_gcu.container_toolkit.doctor import (
     strategy_checks,
 )
 from enflame_gcu.container_toolkit.doctor.model import RANK, Node, Result, Status
+from enflame_gcu.container_toolkit.engines import cri
 from enflame_gcu.errors import EnflameError
 
 __all__ = ["CHECKS", "Node", "Result", "Status", "inspect", "run", "worst"]
@@ -58,12 +59,18 @@ def inspect(root: str = "/", strategies: tuple[str, ...] | None = None) -> Node:
         engine_configs.read_engines(root),
         processes.read_processes(root),
         strategies,
+        cri.detect(root),
     )
 
 
 def run(root: str = "/", strategies: tuple[str, ...] | None = None) -> list[Result]:
     """Every check's results for the node under ``root``, in FAQ order."""
-    node = inspect(root, strategies)
+    return run_checks(inspect(root, strategies))
+
+
+def run_checks(node: Node) -> list[Result]:
+    """Every check's results for ``node`` (from :func:`inspect`), in FAQ order."""
+    root = node.root
     results = []
     for check in CHECKS:
         try:

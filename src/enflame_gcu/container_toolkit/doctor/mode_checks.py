@@ -21,7 +21,7 @@ REINSTALL = "enflame-ctk install --host-root / --mode auto   # or: deploy/instal
 
 
 def _from_engines(node: Node) -> str:
-    ours = [view for view in node.engines if view.runtime_path]
+    ours = [view for view in node.checked_engines if view.runtime_path]
     if any(view.is_default for view in ours):
         return "default-runtime"
     return "runtimeclass" if ours else node_modes.FALLBACK
@@ -112,7 +112,7 @@ def check_node_mode(node: Node) -> list[Result]:
         else f"not recorded ({node_modes.MODE_FILE} is missing), read off the engines"
     )
     problems: list[str] = []
-    ours = [view for view in node.engines if view.runtime_path]
+    ours = [view for view in node.checked_engines if view.runtime_path]
     if mode in ("device-specs", "cdi") and any(view.is_default for view in ours):
         problems.append(
             "enflame-container-runtime is still the engine's default runtime: every container "

@@ -7,6 +7,7 @@ from typing import Literal
 
 from enflame_gcu import devices, fileio
 from enflame_gcu.container_toolkit.doctor import engine_configs
+from enflame_gcu.container_toolkit.engines import cri
 
 Status = Literal["pass", "warn", "fail"]
 RANK: dict[str, int] = {"pass": 0, "warn": 1, "fail": 2}
@@ -32,6 +33,19 @@ class Node:
     processes: tuple[tuple[str, ...], ...]
     # The device plugin's --device-list-strategy, when the operator named it to doctor.
     strategies: tuple[str, ...] | None = None
+    # The engine the kubelet runs, found as deploy/k8s-config.sh finds it (engines.cri).
+    cri: cri.Detection | None = None
+
+    @property
+    def checked_engines(self) -> tuple[engine_configs.EngineView, ...]:
+        """The engines held to the GCU setup: the kubelet's when its endpoint names it, else all.
+
+        An engine the kubelet does not use (docker next to a containerd kubelet) runs no pod,
+        so its config does not decide whether pods get GCUs.
+        """
+        if self.cri is not None and self.cri.source == "kubelet":
+            return tuple(view for view in self.engines if view.engine == self.cri.engine)
+        return self.engines
 
     def path(self, host_path: str, follow: bool = True) -> str:
         """``host_path`` as seen from here, its symlinks followed inside the root (a jail)."""

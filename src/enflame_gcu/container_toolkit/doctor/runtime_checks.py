@@ -26,15 +26,44 @@ def _configure_fix(engine: str) -> str:
     return f"enflame-ctk runtime configure --runtime {engine} --set-as-default --restart-engine"
 
 
+def _which_engine(node: Node) -> Result:
+    """Which engine is checked and why: the kubelet's (as k8s-config.sh finds it), else all."""
+    found = [view.engine for view in node.engines]
+    detection = node.cri
+    if detection is not None and detection.source == "kubelet":
+        if detection.engine not in found:
+            detail = (
+                f"the kubelet runs {detection.engine} ({detection.reason}), but no "
+                f"{detection.engine} is installed here (binary, /etc dir or socket)"
+            )
+            fix = "check the kubelet's --container-runtime-endpoint / containerRuntimeEndpoint"
+            return Result("engine", "warn", detail, fix)
+        others = [engine for engine in found if engine != detection.engine]
+        detail = f"checking {detection.engine}, the engine the kubelet runs: {detection.reason}"
+        if others:
+            detail += f"; not checked, the kubelet does not use them: {', '.join(others)}"
+        return Result("engine", "pass", detail)
+    if not found:
+        why = f" ({detection.reason})" if detection is not None else ""
+        detail = f"no docker, containerd or CRI-O found (binaries, /etc dirs or sockets){why}"
+        return Result(
+            "engine", "warn", detail, "install a container engine, then: deploy/install.sh"
+        )
+    if detection is not None and detection.engine:
+        why = f"{detection.engine} runs ({detection.reason})"
+    else:
+        why = detection.reason if detection is not None else "the kubelet's engine is unknown"
+    detail = f"checking every engine found ({', '.join(found)}): {why}"
+    return Result("engine", "pass", detail)
+
+
 def check_engines(node: Node) -> list[Result]:
-    """Each engine knows the enflame runtime, keeps SystemdCgroup and uses it by default."""
-    if not node.engines:
-        detail = "no docker, containerd or CRI-O found (binaries, /etc dirs or sockets)"
-        return [
-            Result("engine", "warn", detail, "install a container engine, then: deploy/install.sh")
-        ]
-    results = []
-    for view in node.engines:
+    """The engine the kubelet runs (else each engine) knows the enflame runtime, keeps
+    SystemdCgroup and uses it by default; the first result says which engine and why."""
+    results = [_which_engine(node)]
+    if results[0].status != "pass":
+        return results
+    for view in node.checked_engines:
         name, fix = f"engine-{view.engine}", _configure_fix(view.engine)
         if view.runtime_path is None:
             detail = view.problem or "no runtime entry runs enflame-container-runtime"

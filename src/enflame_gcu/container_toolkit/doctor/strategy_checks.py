@@ -58,7 +58,7 @@ def strategies(node: Node) -> tuple[str, ...] | None:
 
 def check_device_list_strategy(node: Node) -> list[Result]:
     """The engine passes on what the plugin's strategy uses, and pods cannot forge it."""
-    views = [v for v in node.engines if v.engine == "containerd" and v.runtime_path]
+    views = [v for v in node.checked_engines if v.engine == "containerd" and v.runtime_path]
     if not views:
         return []
     view = views[0]
