@@ -13,9 +13,11 @@ EXIT_CODES = {"pass": common.EXIT_OK, "warn": common.EXIT_WARNINGS, "fail": comm
 
 EPILOG = """\
 checks: driver loaded and its version; /dev/gcu* and /dev/gcuctl present and matching sysfs;
-the runtime binary the engines point at; the runtime config; docker/containerd/CRI-O configured
-(and enflame the default); runc 1.1.3-1.1.6 vs /dev/char links (runc issue 3671); the kubelet's
-device-plugin dir and kubelet.sock; a stale enflame.sock; swap; cpuManagerPolicy static;
+the runtime binary the engines point at; the runtime config; the engine the kubelet runs (as
+`enflame-ctk runtime detect` finds it) set up as the node mode needs: enflame the default
+runtime, only the RuntimeClass handler, or absent (device-specs, cdi); runc 1.1.3-1.1.6 vs
+/dev/char links (runc issue 3671); the kubelet's device-plugin dir and kubelet.sock; a stale
+enflame.sock; swap; cpuManagerPolicy static;
 a device-list strategy the engine cannot honour (cdi-cri on containerd < 1.7, cdi-annotations
 without the annotation pass-through) and pod_annotations that let pods name devices;
 the node mode (device-specs, cdi, runtimeclass, default-runtime), whether the node is set up

@@ -1,7 +1,9 @@
 """Doctor checks of the runtime path: the binary and its config, each engine, and runc.
 
-The engines must run enflame-container-runtime (by default), and an affected runc needs the
-``/dev/char`` links that ``dev_char`` plans, or a daemon-reload drops the GCUs (runc #3671).
+The engines run enflame-container-runtime as the node mode the installer recorded needs it: as
+their default runtime (default-runtime, or no record: the vendor's way), as a handler for
+RuntimeClass enflame (runtimeclass), or not at all (device-specs, cdi). An affected runc needs
+the ``/dev/char`` links that ``dev_char`` plans, or a daemon-reload drops the GCUs (runc #3671).
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import os
 import re
 import subprocess
 
+from enflame_gcu import node_modes
 from enflame_gcu.container_toolkit import dev_char
-from enflame_gcu.container_toolkit.doctor import processes
+from enflame_gcu.container_toolkit.doctor import engine_configs, processes
 from enflame_gcu.container_toolkit.doctor.model import Node, Result
 from enflame_gcu.container_toolkit.engines import base
 from enflame_gcu.errors import EnflameError
@@ -24,6 +27,51 @@ RELOAD_BUG = ((1, 1, 3), (1, 1, 6))  # runc versions that drop devices on daemon
 
 def _configure_fix(engine: str) -> str:
     return f"enflame-ctk runtime configure --runtime {engine} --set-as-default --restart-engine"
+
+
+def _recorded_mode(node: Node) -> node_modes.NodeMode | None:
+    """The node mode the installer recorded; None without a readable record (the node-mode
+    check reports a broken one), which keeps the vendor's way: the wrapper as the default."""
+    try:
+        record = node_modes.read(node.root)
+    except ValueError:
+        return None
+    return node_modes.MODES.get(record.mode) if record is not None else None
+
+
+def _engine_for_mode(view: engine_configs.EngineView, mode: node_modes.NodeMode) -> Result:
+    """An engine on a node whose mode wants no wrapper, or the wrapper as a handler only."""
+    name, where = f"engine-{view.engine}", f"node mode {mode.name}"
+    if mode.wrapper == "none":
+        if view.runtime_path is None:
+            return Result(
+                name, "pass", f"no enflame runtime entry, as {where} needs: {mode.summary}"
+            )
+        if view.is_default:
+            detail = (
+                f"enflame runtime {view.runtime_path} is the default runtime although {where} "
+                "runs no wrapper: every container pays for it"
+            )
+            fix = f"enflame-ctk runtime unconfigure --runtime {view.engine} --restart-engine"
+            return Result(name, "warn", detail, fix)
+        detail = (
+            f"an enflame runtime handler is configured ({view.runtime_path}); {where} uses none"
+        )
+        return Result(name, "pass", detail)
+    fix = f"enflame-ctk runtime configure --runtime {view.engine} --restart-engine"
+    if view.runtime_path is None:
+        detail = view.problem or f"no runtime entry runs enflame-container-runtime ({where})"
+        return Result(name, "fail", detail, fix)
+    if view.problem:
+        return Result(name, "fail", view.problem, fix)
+    if view.is_default:
+        detail = (
+            f"enflame runtime {view.runtime_path} is the default runtime, but {where} wants it "
+            "only as the handler of RuntimeClass enflame: every container pays for it"
+        )
+        return Result(name, "warn", detail, "enflame-ctk install --host-root / --mode runtimeclass")
+    detail = f"enflame runtime {view.runtime_path} is the handler of RuntimeClass enflame ({where})"
+    return Result(name, "pass", detail)
 
 
 def _which_engine(node: Node) -> Result:
@@ -63,7 +111,11 @@ def check_engines(node: Node) -> list[Result]:
     results = [_which_engine(node)]
     if results[0].status != "pass":
         return results
+    mode = _recorded_mode(node)
     for view in node.checked_engines:
+        if mode is not None and mode.wrapper != "default":
+            results.append(_engine_for_mode(view, mode))
+            continue
         name, fix = f"engine-{view.engine}", _configure_fix(view.engine)
         if view.runtime_path is None:
             detail = view.problem or "no runtime entry runs enflame-container-runtime"
@@ -84,7 +136,12 @@ def check_engines(node: Node) -> list[Result]:
 
 def check_runtime_binary(node: Node) -> list[Result]:
     """The runtime the engines point at (default /usr/bin/...) exists, runs, has its interpreter."""
-    paths = sorted({v.runtime_path for v in node.engines if v.runtime_path} or {RUNTIME_PATH})
+    configured = {v.runtime_path for v in node.engines if v.runtime_path}
+    mode = _recorded_mode(node)
+    if not configured and mode is not None and mode.wrapper == "none":
+        detail = f"not needed: node mode {mode.name} runs no wrapper and no engine points at one"
+        return [Result("runtime-binary", "pass", detail)]
+    paths = sorted(configured or {RUNTIME_PATH})
     fix = "deploy/install.sh   # or the enflame-container-toolkit DaemonSet"
     problems = []
     for path in paths:
