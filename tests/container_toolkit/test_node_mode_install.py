@@ -159,14 +159,23 @@ def test_engine_versions_come_from_the_binary(tmp_path: os.PathLike[str]) -> Non
     assert real is not None and real >= (1, 6)
 
 
-def test_the_keeper_rewrites_specs_within_a_second_of_a_change_and_never_leaves_a_gap(
+# The keeper's periodic rescan is switched off (an hour), so only its inotify events can explain
+# a rewrite; the bound is then generous for a loaded machine (a correctness check, not a timing).
+EVENT_BOUND = 3.0
+
+
+def test_the_keeper_rewrites_specs_on_a_change_event_and_never_leaves_a_gap(
     make_node: MakeNode, tmp_path: os.PathLike[str]
 ) -> None:
     root = make_node()
     output = os.path.join(str(tmp_path), "cdi")
     spec = os.path.join(output, "enflame.com-gcu.yaml")
     stop = threading.Event()
-    keeper = threading.Thread(target=cdi_keeper.run_until, args=(root, output, stop))
+
+    def keep() -> None:
+        asyncio.run(cdi_keeper.keep(root, output, stop, interval=3600))
+
+    keeper = threading.Thread(target=keep)
     keeper.start()
     seen: list[str] = []
     problems: list[str] = []
@@ -207,19 +216,19 @@ def test_the_keeper_rewrites_specs_within_a_second_of_a_change_and_never_leaves_
         for step, (change, expected) in enumerate(steps):
             change()
             started = time.monotonic()
-            while seen[-1] != expected and time.monotonic() - started < 1.0:
+            while seen[-1] != expected and time.monotonic() - started < EVENT_BOUND:
                 time.sleep(0.005)
             assert seen[-1] == expected, (step, seen)
         gone_on_purpose.set()
         simulate.unload_driver(root)
         started = time.monotonic()
-        while os.path.exists(spec) and time.monotonic() - started < 1.0:
+        while os.path.exists(spec) and time.monotonic() - started < EVENT_BOUND:
             time.sleep(0.005)
         assert not os.path.exists(spec), "driver unloaded: the spec must go"
         seen.clear()
         simulate.load_driver(root)
         started = time.monotonic()
-        while not seen and time.monotonic() - started < 1.0:
+        while not seen and time.monotonic() - started < EVENT_BOUND:
             time.sleep(0.005)
         assert seen == ["0,1,2,3,4,5,6,7,all"]
     finally:

@@ -36,7 +36,7 @@ CHECKED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (
             "tests/test_health.py",  # the health monitor's watches (plugin and DRA driver)
             "tests/container_toolkit/test_node_mode_install.py::"
-            "test_the_keeper_rewrites_specs_within_a_second_of_a_change_and_never_leaves_a_gap",
+            "test_the_keeper_rewrites_specs_on_a_change_event_and_never_leaves_a_gap",
         ),
     ),
     "dra": (

@@ -108,8 +108,10 @@ async def keep(
         while not stop.is_set():
             woke = False
             if watcher is not None:
-                watcher.refresh()
-                woke = bool(await watcher.wait(tick))
+                # A directory watched only now (the driver's, back after a reload) may have
+                # changed before its watch: look once, as for an event.
+                woke = watcher.refresh()
+                woke = bool(await watcher.wait(0 if woke else tick)) or woke
             else:
                 await asyncio.sleep(tick)
             if woke or loop.time() - since >= interval:

@@ -44,8 +44,13 @@ class ChangeWatcher:
         self._inotify.close()
         self._watches.clear()
 
-    def refresh(self) -> None:
-        """Watch every listed directory that exists now (ones that vanished were dropped)."""
+    def refresh(self) -> bool:
+        """Watch every listed directory that exists now (ones that vanished were dropped).
+
+        True when a watch was added: what happened in that directory before it was watched
+        raised no event, so a caller that acts only on events must look at it once now.
+        """
+        added = False
         for directory in self._directories:
             if directory in self._watches or not os.path.isdir(directory):
                 continue
@@ -55,6 +60,9 @@ class ChangeWatcher:
                 )
             except OSError as exc:  # raced with removal; the next refresh tries again
                 log.debug("cannot watch %s: %s", directory, exc)
+                continue
+            added = True
+        return added
 
     def _note(self, event: Any, seen: list[tuple[str, str]]) -> None:
         watch = event.watch
