@@ -120,7 +120,7 @@ COMMON=(--host-root "$HOST_ROOT" --toolkit-dir "$PREFIX")
 
 if [[ $UNINSTALL == 1 ]]; then
     if [[ ! -e $MANIFEST ]]; then
-        echo "$PROG: nothing to uninstall: $MANIFEST does not exist"
+        echo "$PROG: nothing to uninstall: $MANIFEST does not exist" >&2
         exit 0
     fi
     if [[ -n $USE_ENV ]]; then
@@ -198,11 +198,11 @@ else
             trap remove_fresh_env EXIT
             trap 'exit 130' INT
             trap 'exit 143' TERM
-            echo "creating the virtualenv $ENV_HERE"
+            echo "$PROG: creating the virtualenv $ENV_HERE" >&2
             mkdir -p "$(hp "$PREFIX")"
             "$PYTHON" -m venv "$ENV_HERE" || die "cannot create the virtualenv $ENV_HERE"
         fi
-        echo "pip install $SOURCE"
+        echo "$PROG: pip install $SOURCE" >&2
         # shellcheck disable=SC2086 # PIP_ARGS is a list of words on purpose
         "$ENV_HERE/bin/python" -m pip install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE" \
             || die "pip install of $SOURCE failed (see above)"
@@ -241,8 +241,8 @@ fi
 
 FRESH_ENV=0 # recorded in the manifest: from here on --uninstall removes it
 if [[ $DRY_RUN == 0 ]]; then
-    echo "recorded in $MANIFEST; undo with: $0 --uninstall${USE_ENV:+ --use-env $USE_ENV}"
+    echo "$PROG: recorded in $MANIFEST; undo with: $0 --uninstall${USE_ENV:+ --use-env $USE_ENV}" >&2
     if [[ $RESTART == 0 ]]; then
-        echo "restart the engines so they load the runtime, e.g.: systemctl restart docker (or containerd, crio)"
+        echo "$PROG: restart the engines so they load the runtime, e.g.: systemctl restart docker (or containerd, crio)" >&2
     fi
 fi

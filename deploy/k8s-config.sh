@@ -32,7 +32,10 @@ mode=auto
 root="/"
 
 usage() { sed -n '2,24s/^# \{0,1\}//p' "$0"; }
-say() { printf 'k8s-config: %s\n' "$*"; }
+# Output: a dry run's plan (what would change) is the result, on stdout without a prefix;
+# progress, notes, warnings and errors go to stderr as "k8s-config: ..." (as enflame-ctk does).
+say() { printf 'k8s-config: %s\n' "$*" >&2; }
+plan() { printf '%s\n' "$*"; }
 die() { printf 'k8s-config: error: %s\n' "$*" >&2; exit 1; }
 usage_error() { printf 'k8s-config: error: %s\n' "$*" >&2; exit 2; }
 
@@ -85,8 +88,10 @@ fi
 
 # Run a command that acts on the live system; only print it in dry-run mode or under --host-root.
 run_live() {
-    if [ "$dry_run" -eq 1 ] || [ "$live" -eq 0 ]; then
-        say "would run: $*"
+    if [ "$dry_run" -eq 1 ]; then
+        plan "would run: $*"
+    elif [ "$live" -eq 0 ]; then
+        say "would run: $* (not run: $root is not this host's /)"
     else
         say "running: $*"
         "$@"
@@ -117,7 +122,7 @@ configure_swap() {
         return
     fi
     if [ "$dry_run" -eq 1 ]; then
-        say "would comment out in $fstab:"
+        plan "would comment out in $fstab:"
         printf '    %s\n' "$lines"
         return
     fi
@@ -173,7 +178,7 @@ configure_kubelet() {
     local defaults="$root/etc/default/kubelet"
     say "kubelet $major.$minor: DevicePlugins was turned off; turning it on in $defaults"
     if [ "$dry_run" -eq 1 ]; then
-        say "would append --feature-gates=DevicePlugins=true to KUBELET_EXTRA_ARGS in $defaults"
+        plan "would append --feature-gates=DevicePlugins=true to KUBELET_EXTRA_ARGS in $defaults"
         say "(a command-line flag overrides the featureGates of the kubelet config file)"
     else
         mkdir -p "$(dirname "$defaults")"
@@ -334,9 +339,9 @@ configure_runtime() {
     say "runtime: node mode $chosen"
     if [ "$live" -eq 0 ]; then args+=(--host-root "$root"); fi
     if [ "$dry_run" -eq 1 ]; then
-        say "would run: enflame-ctk ${args[*]}$([ "$restart" -eq 1 ] && [ "$live" -eq 1 ] && echo ' --restart-engine')"
+        plan "would run: enflame-ctk ${args[*]}$([ "$restart" -eq 1 ] && [ "$live" -eq 1 ] && echo ' --restart-engine')"
         if [ -n "$ctk" ]; then
-            say "changes enflame-ctk would make:"
+            plan "changes enflame-ctk would make:"
             "$ctk" "${args[@]}" --dry-run || say "enflame-ctk could not show the diff (see its message above)"
         fi
         return

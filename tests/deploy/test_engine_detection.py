@@ -171,7 +171,7 @@ def shell_answer(base: Path, root: str, ctk: str) -> subprocess.CompletedProcess
 
 def detected(result: subprocess.CompletedProcess[str]) -> str | None:
     prefix = "k8s-config: runtime: detected "
-    lines = [x.removeprefix(prefix) for x in result.stdout.splitlines() if x.startswith(prefix)]
+    lines = [x.removeprefix(prefix) for x in result.stderr.splitlines() if x.startswith(prefix)]
     return lines[0] if lines else None
 
 

@@ -66,7 +66,7 @@ def test_dry_run_changes_nothing_and_says_what_it_would_do(tmp_path: Path, node:
     assert (node / "etc" / "fstab").read_text() == FSTAB
     assert "/swap.img none swap sw 0 0" in result.stdout
     # A containerd node gets node mode device-specs: the engine is left alone.
-    assert "node mode device-specs: containerd is left as it is" in result.stdout
+    assert "node mode device-specs: containerd is left as it is" in result.stderr
     assert ctk_calls(tmp_path) == []
     result = run(tmp_path, node, "--dry-run", "--mode", "default-runtime")
     expected = "would run: enflame-ctk runtime configure --runtime containerd --set-as-default"
@@ -85,7 +85,7 @@ def test_prepares_swap_and_the_detected_runtime(tmp_path: Path, node: Path) -> N
     assert fstab[2] == "# /old none swap sw 0 0"
     assert (node / "etc" / "fstab.enflame-k8s-config.bak").read_text() == FSTAB
     assert ctk_calls(tmp_path) == []  # device-specs: the engine needs nothing
-    assert "DevicePlugins is GA" in result.stdout
+    assert "DevicePlugins is GA" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -136,7 +136,7 @@ def test_kubelet_too_old_for_v1beta1_is_refused(tmp_path: Path, node: Path) -> N
 
 def test_device_plugins_gate_is_turned_on_only_when_it_was_off(tmp_path: Path, node: Path) -> None:
     result = run(tmp_path, node, "--skip-swap", "--skip-runtime", kubelet_version="v1.19.8")
-    assert "DevicePlugins is on (the default since 1.10); nothing to change" in result.stdout
+    assert "DevicePlugins is on (the default since 1.10); nothing to change" in result.stderr
     assert not (node / "etc" / "default" / "kubelet").exists()
 
     (node / "var" / "lib" / "kubelet").mkdir(parents=True)
@@ -146,7 +146,7 @@ def test_device_plugins_gate_is_turned_on_only_when_it_was_off(tmp_path: Path, n
     assert result.returncode == 0, result.stderr
     defaults = (node / "etc" / "default" / "kubelet").read_text()
     assert defaults == 'KUBELET_EXTRA_ARGS="--feature-gates=DevicePlugins=true"\n'
-    assert "would run: systemctl restart kubelet" in result.stdout
+    assert "would run: systemctl restart kubelet (not run:" in result.stderr
 
 
 def test_no_engine_found_is_a_clear_error(tmp_path: Path) -> None:
@@ -168,3 +168,19 @@ def test_the_enflame_ctk_calls_are_ones_the_real_cli_accepts(tmp_path: Path, nod
         args = cli.build_parser().parse_args(call.split())
         assert args.runtime == "containerd"
         assert args.set_as_default is True
+
+
+def test_output_plan_on_stdout_and_every_message_on_stderr_with_the_prefix(
+    tmp_path: Path, node: Path
+) -> None:
+    """The rule enflame-ctk follows: a dry run's plan is the result (stdout, no prefix);
+    progress and notes go to stderr, every line prefixed; a real run prints no result."""
+    dry = run(tmp_path, node, "--dry-run", "--mode", "default-runtime")
+    assert dry.returncode == 0, dry.stderr
+    assert "would comment out in" in dry.stdout and "would run: enflame-ctk" in dry.stdout
+    assert not [x for x in dry.stdout.splitlines() if x.startswith("k8s-config:")]
+    for result in (dry, run(tmp_path, node)):
+        lines = result.stderr.splitlines()
+        assert lines and all(x.startswith("k8s-config: ") for x in lines), result.stderr
+    real = run(tmp_path, node)
+    assert real.returncode == 0 and real.stdout == "", real.stdout
