@@ -33,7 +33,7 @@ from enflame_gcu._proto import api_pb2, api_pb2_grpc
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import service
 from enflame_gcu.device_plugin import state as plugin_state
-from enflame_gcu.support import inotify, socket_lock, unix_sockets
+from enflame_gcu.support import aio, inotify, socket_lock, unix_sockets
 
 log = logging.getLogger(__name__)
 
@@ -387,13 +387,4 @@ def _cause(reason: str) -> str:
 
 async def wait_any(watcher: inotify.ChangeWatcher, stopping: asyncio.Event, timeout: float) -> None:
     """Sleep until a plugin-dir event, ``stopping`` or ``timeout``."""
-    tasks = [
-        asyncio.ensure_future(watcher.wait(timeout)),
-        asyncio.ensure_future(stopping.wait()),
-    ]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await aio.first(watcher.wait(timeout), stopping.wait())

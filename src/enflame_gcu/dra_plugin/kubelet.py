@@ -38,7 +38,7 @@ import grpc
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.dra_plugin import driver, node, service
 from enflame_gcu.errors import EnflameError
-from enflame_gcu.support import inotify, socket_lock, unix_sockets
+from enflame_gcu.support import aio, inotify, socket_lock, unix_sockets
 
 log = logging.getLogger(__name__)
 
@@ -264,10 +264,4 @@ class KubeletPlugin:
 
 
 async def _wait_any(watcher: inotify.ChangeWatcher, stop: asyncio.Event, timeout: float) -> None:
-    tasks = [asyncio.ensure_future(watcher.wait(timeout)), asyncio.ensure_future(stop.wait())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await aio.first(watcher.wait(timeout), stop.wait())

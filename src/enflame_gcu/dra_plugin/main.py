@@ -11,13 +11,13 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Coroutine, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from enflame_gcu import __version__, fileio
 from enflame_gcu.dra_plugin import apiserver, driver, kubelet, node, publisher
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.errors import ConfigError
+from enflame_gcu.support import aio
 
 log = logging.getLogger("enflame_gcu.dra_plugin")
 
@@ -72,7 +72,7 @@ async def run(settings: dra_config.DraConfig) -> int:
     try:
         # A part that ends before a stop was asked for (serving the kubelet, publishing) leaves
         # a process that looks alive but serves nothing: stop, and let the DaemonSet restart us.
-        await _first(stop.wait(), asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED))
+        await aio.first(stop.wait(), asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED))
         ended_alone = not stop.is_set()
         if ended_alone:
             log.error("a part of the driver ended without a stop being asked for; stopping")
@@ -94,13 +94,13 @@ async def _publish_while_serving(
     """Publish while this instance serves; a standby instance leaves the slices alone (the one
     serving keeps them current), neither writing nor deleting any."""
     while not stop.is_set():
-        await _first(plugin.serving.wait(), stop.wait())
+        await aio.first(plugin.serving.wait(), stop.wait())
         if stop.is_set():
             return
         leave = asyncio.Event()
 
         async def until_standby(leave: asyncio.Event = leave) -> None:
-            await _first(plugin.standing_by.wait(), stop.wait())
+            await aio.first(plugin.standing_by.wait(), stop.wait())
             leave.set()
 
         watch = asyncio.ensure_future(until_standby())
@@ -111,16 +111,6 @@ async def _publish_while_serving(
             await asyncio.gather(watch, return_exceptions=True)
         if not stop.is_set():
             log.info("standing by: no longer publishing ResourceSlices")
-
-
-async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _cleanup(settings: dra_config.DraConfig, every_node: bool) -> int:

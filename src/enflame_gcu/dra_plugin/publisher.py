@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from enflame_gcu import resourceslices
 from enflame_gcu.dra_plugin import node
+from enflame_gcu.support import aio
 
 log = logging.getLogger(__name__)
 
@@ -294,12 +295,12 @@ class Publisher:
                     log.warning(
                         "publishing ResourceSlices failed: %s; retrying in %.1fs", exc, delay
                     )
-                    await _first(stop.wait(), asyncio.sleep(delay))
+                    await aio.first(stop.wait(), asyncio.sleep(delay))
                     delay = min(delay * 2, 30.0)
                     continue
                 if watcher is None or watcher.done():
                     watcher = asyncio.ensure_future(self._watch())
-                await _first(
+                await aio.first(
                     stop.wait(),
                     self._wake.wait(),
                     self.devices.changed(seen),
@@ -317,13 +318,3 @@ class Publisher:
         for document in existing:
             await self.api.delete_slice(document["metadata"]["name"])
         return len(existing)
-
-
-async def _first(*waits: Any) -> None:
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
