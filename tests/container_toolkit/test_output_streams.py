@@ -9,6 +9,7 @@ process, on a simulated host.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -107,3 +108,27 @@ def test_a_multi_line_note_carries_the_prefix_on_every_line(
     common.note("first\nsecond\n")
     common.note("")
     assert capsys.readouterr().err == f"{PREFIX}first\n{PREFIX}second\n{PREFIX}\n"
+
+
+def test_cdi_watch_reports_each_spec_it_writes_on_stderr_with_the_prefix(
+    make_node: MakeNode, tmp_path: os.PathLike[str]
+) -> None:
+    """A watcher's news is what it writes: shown at info unless --log-level says otherwise
+    (it once called basicConfig after main had, so its lines were silently dropped)."""
+    root = make_node()
+    output = f"{tmp_path}/cdi"
+    process = subprocess.Popen(
+        [*CTK, "cdi", "watch", "--host-root", root, "--output", output],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None
+    lines = [process.stderr.readline() for _ in range(2)]  # the start note, the first write
+    process.terminate()
+    out, rest = process.communicate(timeout=30)
+    assert process.returncode == 0
+    assert out == ""
+    result = subprocess.CompletedProcess(process.args, 0, out, "".join(lines) + rest)
+    said = reports_on_stderr_only(result)
+    assert f"INFO: {output}/enflame.com-gcu.yaml written" in said, said

@@ -190,7 +190,8 @@ def _watch(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
+    if "log_level" not in vars(args):  # not asked for: a watcher reports each spec it writes
+        logging.getLogger().setLevel(logging.INFO)
     output = (
         common.host_file(args.host_root, cdi.DEFAULT_OUTPUT_DIR)
         if args.output is None
