@@ -312,3 +312,32 @@ def test_empty_bind_address_means_every_address(value: str) -> None:
     from enflame_gcu.device_plugin import main
 
     assert main.load_config(["--metrics-bind-address", value], {}).metrics_bind_address == ""
+
+
+def test_json_logs_carry_the_grpc_core_lines_too() -> None:
+    # The C-core writes to fd 2 itself (absl's "I1125 ... chttp2_transport.cc:...] ..."); with
+    # GRPC_VERBOSITY=debug it says plenty at start and when the kubelet goes away.
+    async def main() -> None:
+        env = {"GRPC_VERBOSITY": "debug", "GRPC_TRACE": "http"}
+        async with plugin_process.running_node(args=["--log-format", "json"], env=env) as node:
+            await node.kubelet.allocate_pod("pod1", {"main": 1})
+            await node.kubelet.restart()
+            await eventually(
+                lambda: node.plugin.log_text().count("registered enflame.com/gcu") >= 2,
+                "registered again after the kubelet restart",
+            )
+            text = node.plugin.log_text()
+        lines = [line for line in text.splitlines() if line.strip()]
+        not_json = []
+        for line in lines:
+            try:
+                json.loads(line)
+            except ValueError:
+                not_json.append(line)
+        assert not not_json, f"{len(not_json)} of {len(lines)} lines are not JSON: {not_json[:5]}"
+        core = [json.loads(line) for line in lines if json.loads(line)["logger"] == "grpc.core"]
+        assert core, "the C-core said nothing: the test proves nothing"
+        assert all(entry["level"] in {"debug", "info", "warning", "error"} for entry in core)
+        assert any(".cc:" in entry["msg"] for entry in core)
+
+    asyncio.run(main())
