@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import pathlib
 import re
 import subprocess
@@ -37,3 +38,46 @@ def test_pre_commit_accepts_its_config() -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _scoped_fixtures_running_programs(tree: ast.Module) -> list[str]:
+    """Module- or session-scoped fixtures whose body runs a program (a build worth sharing)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for decorator in node.decorator_list:
+            scoped = isinstance(decorator, ast.Call) and any(
+                k.arg == "scope" and getattr(k.value, "value", None) in ("module", "session")
+                for k in decorator.keywords
+            )
+            if scoped and "subprocess" in ast.unparse(node):
+                found.append(node.name)
+    return found
+
+
+def test_make_unit_runs_on_every_core_and_builds_each_shared_fixture_once() -> None:
+    makefile = (ROOT / "Makefile").read_text("utf-8")
+    unit = re.search(r"^unit:\n\t(.*)$", makefile, re.MULTILINE)
+    assert unit is not None and "scripts/pytest.sh" in unit.group(1)
+    assert "-n auto" in unit.group(1) and "--dist loadgroup" in unit.group(1)
+    # Under --dist loadgroup a module's tests may land on several workers, each building the
+    # module's fixtures again: an expensive one (a subprocess) must keep its module on one.
+    ungrouped = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.parts[-2] in ("kubelet",):  # make e2e runs these, one at a time
+            continue
+        tree = ast.parse(path.read_text("utf-8"))
+        if _scoped_fixtures_running_programs(tree) and "xdist_group" not in ast.unparse(tree):
+            ungrouped.append(str(path.relative_to(ROOT)))
+    assert not ungrouped, f"module-scoped builds split over workers: {ungrouped}"
+
+
+def test_no_tests_collected_fails_under_xdist_too() -> None:
+    result = subprocess.run(
+        ["bash", "scripts/pytest.sh", "-n", "2", "-p", "no:cacheprovider", "-q",
+         "-k", "no_such_test_anywhere", "tests/test_naming.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "collected no tests: that is a failure" in result.stderr

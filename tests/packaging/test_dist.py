@@ -32,7 +32,8 @@ NODE_LIB = "/usr/lib/enflame-gcu/python"
 NODE_DEPENDS = {"python3 (>= 3.10)", "python3-yaml (>= 6.0)", "python3-tomlkit (>= 0.11.7)"}
 PLUGIN_ONLY = ("grpc", "google", "lightkube", "prometheus_client")
 
-pytestmark = pytest.mark.slow
+# One worker builds the module fixture once and runs every test that uses it (-n auto).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dist")]
 
 
 @pytest.fixture(scope="module")

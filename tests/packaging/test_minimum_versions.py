@@ -54,7 +54,8 @@ TESTED_ELSEWHERE = {
 }
 _REQUIREMENT = re.compile(r"^([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9A-Za-z.]*)$")
 
-pytestmark = pytest.mark.slow
+# One worker builds the module fixture once and runs every test that uses it (-n auto).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("minimum-versions")]
 
 
 def _name(name: str) -> str:
