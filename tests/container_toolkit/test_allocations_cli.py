@@ -61,7 +61,9 @@ def test_two_pods_show_on_their_cards_and_leave_when_they_go() -> None:
             await node.kubelet.allocate_pod("pod1", {"main": 2})
             await node.kubelet.allocate_pod("pod2", {"main": 2}, namespace="ml")
             doc = await document(node)
-            assert doc["schemaVersion"] == 1
+            assert (doc["schemaVersion"], doc["kind"]) == (1, "Allocations")
+            assert doc["multiCardPods"] == doc["multi_card_pods"]  # the 0.1 name, kept for now
+            assert doc["cards"][0]["numaNode"] == 0 and doc["summary"]["byLocality"]
             held = {name: who for name, who in owners(doc).items() if who}
             assert held == {
                 "gcu0": ["default/pod1/main"],
@@ -160,7 +162,7 @@ def test_without_the_socket_the_cards_show_and_holders_are_not_available() -> No
             assert "gcu7" in text and text.splitlines()[-1].startswith("holders unknown")
             code, out, _ = await allocations(node, "--json")
             doc = json.loads(out)
-            assert code == 1 and doc["pod_resources"]["available"] is False
+            assert code == 1 and doc["podResources"]["available"] is False
             assert all(card["holders"] is None for card in doc["cards"])
             assert len(doc["cards"]) == 8
 

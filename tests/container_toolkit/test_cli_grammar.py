@@ -49,6 +49,8 @@ def test_one_spelling_per_option_across_commands() -> None:
         (["labels", "--output", "-"], "Labels"),
         (["cdi", "list"], "CDIDeviceList"),
         (["sim", "topologies"], "TopologyList"),
+        (["runtime", "detect"], "RuntimeDetection"),
+        (["allocations", "--pod-resources-socket", "/nonexistent/kubelet.sock"], "Allocations"),
     ],
 )
 def test_reporting_commands_print_json_with_a_schema_version(
@@ -58,8 +60,42 @@ def test_reporting_commands_print_json_with_a_schema_version(
         args = [*args, "--host-root", vendor_node]
     cli.main([*args, "--json"])
     document = json.loads(capsys.readouterr().out)
+    assert list(document)[:2] == ["schemaVersion", "kind"]
     assert document["schemaVersion"] == common.SCHEMA_VERSION
     assert document["kind"] == kind
+    assert not _not_camel(document), _not_camel(document)
+
+
+def _not_camel(value: object, path: str = "") -> list[str]:
+    """Keys that are neither camelCase nor the 0.1 snake_case twin of a camelCase key."""
+    found: list[str] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            twin = common.camel(key)
+            if "_" in key and (twin not in value or value[twin] != item):
+                found.append(f"{path}.{key}")
+            if twin not in common.DATA_MAPS:
+                found += _not_camel(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for item in value:
+            found += _not_camel(item, f"{path}[]")
+    return found
+
+
+def test_json_keys_are_camel_case_with_the_old_spelling_kept_for_one_release() -> None:
+    document = common.json_document(
+        "X", {"numa_node": 1, "cards": [{"root_port": "a"}], "by_locality": {"root_port": 2}}
+    )
+    assert document == {
+        "schemaVersion": 1,
+        "kind": "X",
+        "numaNode": 1,
+        "numa_node": 1,
+        "cards": [{"rootPort": "a", "root_port": "a"}],
+        "byLocality": {"root_port": 2},  # locality names are data, not field names
+        "by_locality": {"root_port": 2},
+    }
+    assert common.json_keys({"numa_node": 1}, legacy=False) == {"numaNode": 1}
 
 
 def test_global_options_are_accepted_after_the_subcommand(vendor_node: str) -> None:

@@ -107,8 +107,8 @@ def test_allocations_metrics_probes_labels_and_dashboard(node: harness.Node) -> 
     }
     assert document["summary"]["by_locality"]["switch"] == 2
     # Kubernetes 1.20: List only; GetAllocatableResources came in 1.21.
-    assert document["pod_resources"]["allocatable"] is None
-    assert "1.21" in document["pod_resources"]["allocatable_note"]
+    assert document["podResources"]["allocatable"] is None
+    assert "1.21" in document["podResources"]["allocatableNote"]
 
     expected = {"gcu0": "pod1", "gcu1": "pod1", "gcu4": "pod2", "gcu5": "pod2"}
     expected = {card: pod + SUFFIX for card, pod in expected.items()}

@@ -7,7 +7,6 @@ The holders come from the kubelet's PodResources API. Its gRPC client is importe
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -15,7 +14,6 @@ from enflame_gcu import devices, health, holders, topology
 from enflame_gcu.container_toolkit.commands import common
 from enflame_gcu.errors import KubeletApiError
 
-SCHEMA_VERSION = 1
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
@@ -69,10 +67,9 @@ def as_dict(
     inventory: devices.Inventory,
     source: dict[str, Any],
 ) -> dict[str, Any]:
-    """The JSON document (schemaVersion 1): cards with holders, multi-card pods, summary."""
+    """The document (snake_case; ``--json`` prints it camelCase): cards, pods, summary."""
     known = source["available"]
     return {
-        "schemaVersion": SCHEMA_VERSION,
         "root": inventory.root,
         "pod_resources": source,
         "cards": [
@@ -193,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     )
     document = as_dict(view, inventory, source)
     if args.json:
-        print(json.dumps(document, indent=2))
+        common.print_json("Allocations", document)
     else:
         print(render_text(view, document))
     if listing is None:

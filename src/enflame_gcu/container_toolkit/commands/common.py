@@ -49,9 +49,44 @@ def warn(message: str) -> None:
     note(f"warning: {message}")
 
 
+# Keys of these maps are data (locality names, label names, resource names), not field names.
+DATA_MAPS = frozenset({"byLocality", "labels", "allocatable"})
+# Release whose --json output drops the snake_case spellings kept beside the camelCase keys.
+LEGACY_KEYS_UNTIL = "0.2.0"
+
+
+def camel(name: str) -> str:
+    """``numa_node`` -> ``numaNode``: every --json key is camelCase, as Kubernetes spells them."""
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def json_keys(value: Any, *, legacy: bool = True) -> Any:
+    """``value`` with every field name camelCase; with ``legacy`` the 0.1 snake_case name of a
+    renamed field follows it with the same value, until :data:`LEGACY_KEYS_UNTIL`."""
+    if isinstance(value, Mapping):
+        result: dict[str, Any] = {}
+        for key, item in value.items():
+            name = camel(key)
+            converted = item if name in DATA_MAPS else json_keys(item, legacy=legacy)
+            result[name] = converted
+            if legacy and name != key:
+                result[key] = converted
+        return result
+    if isinstance(value, list | tuple):
+        return [json_keys(item, legacy=legacy) for item in value]
+    return value
+
+
+def json_document(kind: str, document: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``--json`` document: ``schemaVersion`` and ``kind`` first, camelCase keys."""
+    converted: dict[str, Any] = json_keys(document)
+    return {"schemaVersion": SCHEMA_VERSION, "kind": kind, **converted}
+
+
 def print_json(kind: str, document: Mapping[str, Any]) -> None:
-    """Print a ``--json`` document on stdout: ``schemaVersion`` and ``kind`` come first."""
-    print(json.dumps({"schemaVersion": SCHEMA_VERSION, "kind": kind, **document}, indent=2))
+    """Print a ``--json`` document (:func:`json_document`) on stdout."""
+    print(json.dumps(json_document(kind, document), indent=2))
 
 
 def existing_dir(value: str) -> str:
