@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -287,3 +290,68 @@ def test_generate_writes_the_prepared_edits_for_the_configs_root(
         document = json.load(handle)
     assert document["root"] == vendor_node
     assert document["specs"] == [load_spec(os.path.join(out, "enflame.com-gcu.yaml"))]
+
+
+def test_the_package_ships_the_cdi_schema_unchanged() -> None:
+    if not os.path.isdir(CDI_DIR):
+        pytest.skip(f"schema folder {CDI_DIR} is absent")
+    for name, shipped in cdi_validate.SCHEMA_FILES.items():
+        theirs = os.path.join(CDI_DIR, name)
+        with open(theirs, "rb") as a, open(os.path.join(cdi_validate.DATA_DIR, shipped), "rb") as b:
+            assert b.read() == a.read(), f"{shipped} differs from {theirs}"
+    spec = good_spec()
+    del spec["devices"][0]["containerEdits"]
+    assert cdi_validate.schema_problems(spec, cdi_validate.default_schema_dir()) == [
+        "schema: devices/0: 'containerEdits' is a required property"
+    ]
+
+
+def test_validate_checks_the_schema_outside_a_source_checkout(
+    vendor_node: str, tmp_path: os.PathLike[str]
+) -> None:
+    # The package alone, as a wheel installs it: no ../shared beside it.
+    site = os.path.join(str(tmp_path), "site")
+    shutil.copytree(
+        os.path.dirname(os.path.dirname(cdi_validate.__file__)),
+        os.path.join(site, "enflame_gcu"),
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    out = os.path.join(str(tmp_path), "cdi")
+    generate(vendor_node, out)
+    good = os.path.join(out, "enflame.com-gcu.yaml")
+    bad = os.path.join(str(tmp_path), "bad.json")
+    spec = good_spec()
+    spec["devices"][0]["containerEdits"] = {"deviceNodes": "not a list"}
+    with open(bad, "w", encoding="utf-8") as handle:
+        json.dump(spec, handle)
+
+    def validate(path: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "enflame_gcu.container_toolkit.cli", "cdi", "validate", path],
+            capture_output=True, text=True, check=False, cwd=str(tmp_path),
+            env={**os.environ, "PYTHONPATH": site}, timeout=120,
+        )  # fmt: skip
+
+    result = validate(good)
+    assert result.returncode == 0, result.stderr
+    assert "valid (schema and semantic checks)" in result.stdout
+    result = validate(bad)
+    assert result.returncode == 1
+    assert "schema: devices/0/containerEdits/deviceNodes: 'not a list' is not of type" in (
+        result.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda s: s["devices"][0]["containerEdits"].update(deviceNodes="not a list"),
+        lambda s: s["devices"][0]["containerEdits"].update(mounts=["/x"]),
+        lambda s: s["devices"].append("not a mapping"),
+        lambda s: s.update(containerEdits={"env": "A=1"}),
+    ],
+)
+def test_a_spec_of_the_wrong_shape_is_a_problem_not_a_crash(change: Any) -> None:
+    spec = good_spec()
+    change(spec)
+    assert cdi_validate.validate(spec, None)  # named problems, no exception

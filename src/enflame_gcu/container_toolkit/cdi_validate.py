@@ -16,33 +16,60 @@ _NAME_FIRST = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 _NAME_CHARS = _NAME_FIRST | frozenset("_.:-")
 
 
-def default_schema_dir() -> str | None:
-    """``<project>/../shared/schemas/cdi`` for a source checkout, when it exists."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    project = os.path.normpath(os.path.join(here, "..", "..", ".."))
-    candidate = os.path.join(os.path.dirname(project), "shared", "schemas", "cdi")
-    return candidate if os.path.isfile(os.path.join(candidate, "schema.json")) else None
+# The CDI schema shipped in the package (enflame_gcu/data, Apache-2.0, see cdi-schema.NOTICE):
+# `cdi validate` works from every install, not only in a source checkout.
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+SCHEMA_FILES = {"schema.json": "cdi-schema.json", "defs.json": "cdi-defs.json"}
+
+
+def default_schema_dir() -> str:
+    """The package's own copy of the CDI schema (``cdi-schema.json`` + ``cdi-defs.json``)."""
+    return DATA_DIR
+
+
+def _schema_file(schema_dir: str, name: str) -> str:
+    """``name`` (schema.json, defs.json) in ``schema_dir``: the spec's layout or the package's."""
+    plain = os.path.join(schema_dir, name)
+    return plain if os.path.isfile(plain) else os.path.join(schema_dir, SCHEMA_FILES[name])
+
+
+def load_schema(schema_dir: str) -> dict[str, Any]:
+    """The CDI schema with ``defs.json``'s definitions inlined (one document, local refs only),
+    so any jsonschema release validates it without a reference registry."""
+    with open(_schema_file(schema_dir, "schema.json"), encoding="utf-8") as handle:
+        schema: dict[str, Any] = json.load(handle)
+    with open(_schema_file(schema_dir, "defs.json"), encoding="utf-8") as handle:
+        definitions = json.load(handle).get("definitions", {})
+
+    def local(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {
+                key: item.replace("defs.json#", "#", 1)
+                if key == "$ref" and isinstance(item, str)
+                else local(item)
+                for key, item in value.items()
+            }
+        if isinstance(value, list):
+            return [local(item) for item in value]
+        return value
+
+    inlined: dict[str, Any] = local(schema)
+    inlined["definitions"] = {**local(definitions), **inlined.get("definitions", {})}
+    return inlined
+
+
+def schema_missing_reason() -> str | None:
+    """Why the schema cannot be checked here (jsonschema not installed), or None."""
+    if importlib.util.find_spec("jsonschema") is None:
+        return "jsonschema is not installed (pip install jsonschema; Debian: python3-jsonschema)"
+    return None
 
 
 def schema_problems(spec: dict[str, Any], schema_dir: str) -> list[str]:
-    """Problems found by the CDI JSON schema in ``schema_dir`` (needs jsonschema + referencing)."""
-    # jsonschema and referencing are dev/test dependencies: imported only when a schema is used.
+    """Problems found by the CDI JSON schema in ``schema_dir`` (needs the jsonschema library)."""
+    # jsonschema is optional on a node: imported only when a schema is checked.
     jsonschema = importlib.import_module("jsonschema")
-    referencing = importlib.import_module("referencing")
-    drafts = importlib.import_module("referencing.jsonschema")
-    resources = []
-    for name in sorted(os.listdir(schema_dir)):
-        if name.endswith(".json"):
-            with open(os.path.join(schema_dir, name), encoding="utf-8") as handle:
-                contents = json.load(handle)
-            resource = referencing.Resource.from_contents(
-                contents, default_specification=drafts.DRAFT7
-            )
-            resources.append((name, resource))
-    registry = referencing.Registry().with_resources(resources)
-    with open(os.path.join(schema_dir, "schema.json"), encoding="utf-8") as handle:
-        schema = json.load(handle)
-    validator = jsonschema.Draft7Validator(schema, registry=registry)
+    validator = jsonschema.Draft7Validator(load_schema(schema_dir))
     return [
         f"schema: {'/'.join(str(p) for p in error.absolute_path) or '(top)'}: {error.message}"
         for error in validator.iter_errors(spec)
@@ -66,7 +93,13 @@ def _check_kind(kind: Any, version: str) -> list[str]:
 def _check_edits(container_edits: Any, where: str) -> list[str]:
     if not isinstance(container_edits, dict):
         return [f"{where}: containerEdits must be a mapping"]
-    problems = []
+    problems: list[str] = []
+    for key in ("deviceNodes", "mounts"):
+        items = container_edits.get(key) or []
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            return [f"{where}: {key} must be a list of mappings"]
+    if not isinstance(container_edits.get("env") or [], list):
+        return [f"{where}: env must be a list"]
     for node in container_edits.get("deviceNodes") or []:
         path = node.get("path", "")
         if not str(path).startswith("/"):
@@ -119,12 +152,11 @@ def semantic_problems(spec: dict[str, Any]) -> list[str]:
     return problems
 
 
-def schema_available() -> bool:
-    """True when jsonschema and referencing can be imported (they are dev dependencies)."""
-    return all(importlib.util.find_spec(name) for name in ("jsonschema", "referencing"))
-
-
 def validate(spec: dict[str, Any], schema_dir: str | None) -> list[str]:
     """Every problem found: schema problems (when a schema dir is given) then semantic ones."""
     problems = schema_problems(spec, schema_dir) if schema_dir else []
-    return problems + semantic_problems(spec)
+    try:
+        return problems + semantic_problems(spec)
+    except (AttributeError, TypeError, ValueError) as exc:
+        # A spec of the wrong shape (a string where a mapping belongs) is a problem, not a crash.
+        return [*problems, f"the spec's structure is not CDI's ({exc})"]
