@@ -32,7 +32,9 @@ CONTROL_NODE = "/dev/gcuctl"
 # Readable exactly when the driver is loaded; discovery marks every card unusable without it.
 DRIVER_VERSION_FILE = "/sys/module/enflame/version"
 # Turns health checks off (value ``all``), in the device plugin and the DRA driver alike.
-DISABLE_HEALTHCHECKS_ENV = "DP_DISABLE_HEALTHCHECKS"
+DISABLE_HEALTHCHECKS_ENV = "ENFLAME_DISABLE_HEALTHCHECKS"
+# Its 0.1 name, still read (with a warning) by both plugins until support.env_vars.OLD_NAMES_UNTIL.
+OLD_DISABLE_HEALTHCHECKS_ENV = "DP_DISABLE_HEALTHCHECKS"
 # Options of a mount in the CDI rendering; without "ro" the bind is writable.
 _MOUNT_OPTIONS = ("nosuid", "nodev", "bind")
 

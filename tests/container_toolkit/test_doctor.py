@@ -243,14 +243,20 @@ def test_exit_code_and_json_reflect_the_worst_result(
             "",
         ),
         ("python3\0-m\0enflame_gcu.device_plugin.main\0--pass-device-specs=true", "", ""),
+        ("enflame-device-plugin\0--resources=gcu", "ENFLAME_PASS_DEVICE_SPECS=true", ""),
         ("enflame-device-plugin\0--resources=gcu", "PASS_DEVICE_SPECS=true", ""),
         (
             "enflame-device-plugin\0--config-file\0/etc/enflame-device-plugin/config.yaml",
             "",
             "version: v1\nflags:\n  passDeviceSpecs: true\n",
         ),
+        (
+            "enflame-device-plugin",
+            "ENFLAME_CONFIG_FILE=/etc/enflame-device-plugin/config.yaml",
+            "version: v1\nflags:\n  passDeviceSpecs: true\n",
+        ),
     ],
-    ids=["console-script-via-interpreter", "python-m", "env", "config-file"],
+    ids=["console-script-via-interpreter", "python-m", "env", "env-0.1", "config-file", "env-file"],
 )
 def test_the_plugin_is_recognised_however_it_was_started(
     healthy: str, cmdline: str, environ: str, config: str

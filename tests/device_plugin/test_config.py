@@ -20,9 +20,10 @@ def test_defaults_match_the_product_names() -> None:
     assert got.health_interval == 5.0
 
 
-def test_every_option_has_an_env_var(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("spelling", ["current", "0.1"])
+def test_every_option_has_an_env_var(tmp_path: pathlib.Path, spelling: str) -> None:
     (tmp_path / "c.yaml").write_text("version: v1\n")
-    env = {
+    old_env = {
         "CONFIG_FILE": str(tmp_path / "c.yaml"),
         "DP_RESOURCES": "gcu,vgcu",
         "DP_VGCU_RESOURCE_NAME": "example.com/v",
@@ -45,8 +46,18 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path) -> None:
         "DP_POD_RESOURCES_INTERVAL": "0",
         "DP_FEATURE_FILE": "/nfd/enflame-gcu",
     }
-    assert {o.env for o in config.OPTIONS} == set(env)
-    got = main.load_config([], env)
+    assert {o.old_env for o in config.OPTIONS} == set(old_env)
+    renamed = {o.old_env: o.env for o in config.OPTIONS}
+    assert all(name == "ENFLAME_" + o.field.upper() for o in config.OPTIONS for name in [o.env])
+    env = old_env if spelling == "0.1" else {renamed[k]: v for k, v in old_env.items()}
+    warnings: list[str] = []
+    got = main.load_config([], env, warnings)
+    if spelling == "0.1":  # one warning per old name, naming the new one
+        assert len(warnings) == len(old_env)
+        expected = "DP_HEALTH_INTERVAL is deprecated: use ENFLAME_HEALTH_INTERVAL"
+        assert any(expected in warning for warning in warnings)
+    else:
+        assert warnings == []
     assert got == config.PluginConfig(
         plugin_dir="/p",
         host_root="/host",
@@ -137,3 +148,14 @@ def test_describe_lists_every_setting_once() -> None:
     text = config.PluginConfig().describe()
     assert text.count("=") == len(config.PluginConfig.__dataclass_fields__)
     assert "socket_name='enflame.sock'" in text
+
+
+def test_the_current_name_wins_over_the_old_one() -> None:
+    warnings: list[str] = []
+    env = {"ENFLAME_HEALTH_INTERVAL": "3", "DP_HEALTH_INTERVAL": "9", "PASS_DEVICE_SPECS": "1"}
+    got = main.load_config([], env, warnings)
+    assert got.health_interval == 3.0 and got.pass_device_specs is True
+    assert warnings == [
+        "environment variable PASS_DEVICE_SPECS is deprecated: use ENFLAME_PASS_DEVICE_SPECS "
+        "(the old name stops working in 0.2.0)"
+    ]

@@ -18,6 +18,7 @@ from typing import Any
 
 from enflame_gcu import allocation, edits, naming, node_modes, sharing
 from enflame_gcu.errors import ConfigError
+from enflame_gcu.support import env_vars
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_RESOURCE = "enflame.com/gcu"
@@ -205,10 +206,16 @@ class Option:
     """One setting: its field, env var, parser and help text."""
 
     field: str
-    env: str
+    # The 0.1 name of its environment variable (DP_*, or NVIDIA's unprefixed names), still read.
+    old_env: str
     parse: Callable[[str], Any]
     help: str
     flag: bool = False
+
+    @property
+    def env(self) -> str:
+        """Its environment variable: ``ENFLAME_`` and the flag's name."""
+        return env_vars.for_option(self.field)
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -268,7 +275,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("health_interval", "DP_HEALTH_INTERVAL", _interval, "seconds between health rescans"),
     Option(
         "disable_healthchecks",
-        naming.DISABLE_HEALTHCHECKS_ENV,
+        naming.OLD_DISABLE_HEALTHCHECKS_ENV,
         _healthchecks,
         "'all' reports every card healthy as discovered (env var only)",
     ),
@@ -376,9 +383,16 @@ def _apply_node_mode(values: dict[str, Any]) -> None:
     values.setdefault("device_list_strategy", mode.strategies)
 
 
-def env_layer(environ: Mapping[str, str]) -> dict[str, str]:
-    """The settings given by environment variables."""
-    return {o.field: environ[o.env] for o in OPTIONS if o.env in environ}
+def env_layer(environ: Mapping[str, str], warnings: list[str] | None = None) -> dict[str, str]:
+    """The settings given by environment variables; a warning per old name used."""
+    layer = {}
+    for option in OPTIONS:
+        value, warning = env_vars.lookup(environ, option.env, (option.old_env,))
+        if value is not None:
+            layer[option.field] = value
+        if warning is not None and warnings is not None:
+            warnings.append(warning)
+    return layer
 
 
 def log_level(config: PluginConfig) -> int:

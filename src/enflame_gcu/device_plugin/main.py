@@ -58,13 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_config(argv: Sequence[str] | None, environ: dict[str, str]) -> plugin_config.PluginConfig:
-    """Parse argv over the environment over the config file (if any) over the defaults."""
+def load_config(
+    argv: Sequence[str] | None, environ: dict[str, str], warnings: list[str] | None = None
+) -> plugin_config.PluginConfig:
+    """Parse argv over the environment over the config file (if any) over the defaults;
+    ``warnings`` gets one line per deprecated environment variable used."""
     args = vars(build_parser().parse_args(argv))
     for option in plugin_config.OPTIONS:
         if option.many and args.get(option.field) is not None:
             args[option.field] = ",".join(args[option.field])
-    env = plugin_config.env_layer(environ)
+    env = plugin_config.env_layer(environ, warnings)
     layers: list[Mapping[str, object]] = [args, env]
     path = plugin_config.resolve(layers).config_file
     if path is not None:
@@ -83,8 +86,9 @@ async def _serve(config: plugin_config.PluginConfig, reload: runner.Reload) -> i
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``enflame-device-plugin``."""
+    warnings: list[str] = []
     try:
-        config = load_config(argv, dict(os.environ))
+        config = load_config(argv, dict(os.environ), warnings)
     except ConfigError as exc:
         print(f"enflame-device-plugin: {exc}", file=sys.stderr)
         return 2
@@ -96,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logs.configure(config.log_format)
     apply_log_level(config)
+    for warning in warnings:
+        log.warning("%s", warning)
     log.info("enflame-device-plugin %s starting: %s", __version__, config.describe())
     environ = dict(os.environ)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from enflame_gcu import __version__, naming, resourceslices
 from enflame_gcu.errors import ConfigError
-from enflame_gcu.support import cli_options
+from enflame_gcu.support import cli_options, env_vars
 
 REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 PLUGINS_DIR = "/var/lib/kubelet/plugins"
@@ -38,6 +38,8 @@ class DraConfig:
     kubeconfig: str = ""
     publish: bool = True
     log_level: str = "info"
+    # Warnings for the deprecated environment variable names used (logged at start).
+    deprecated_env: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -124,11 +126,23 @@ def _given(env: str, default: str) -> str:
     return f"[env {env}; default {default}]"
 
 
+def _env(
+    env: Mapping[str, str], deprecated: list[str], option: str, old_name: str, default: str
+) -> str:
+    """The default of ``--option`` from ``ENFLAME_<OPTION>``, else its 0.1 name (noted)."""
+    value, warning = env_vars.lookup(env, env_vars.for_option(option), (old_name,))
+    if warning is not None:
+        deprecated.append(warning)
+    return default if value is None else value
+
+
 def build_parser(
     environ: Mapping[str, str] | None = None, prog: str = PROG, description: str = ""
 ) -> argparse.ArgumentParser:
     """The driver's options; each default comes from its environment variable when set."""
     env = os.environ if environ is None else environ
+    # Deprecated variable names seen; main logs them once logging is set up.
+    deprecated: list[str] = []
     parser = argparse.ArgumentParser(
         prog=prog,
         description=description
@@ -149,31 +163,31 @@ def build_parser(
         "--host-root",
         dest="root",
         metavar="DIR",
-        default=env.get("ENFLAME_DRA_ROOT", "/"),
+        default=_env(env, deprecated, "host-root", "ENFLAME_DRA_ROOT", "/"),
         help="the host's / as seen from here (sysfs, /dev; e.g. /host in a DaemonSet) "
-        + _given("ENFLAME_DRA_ROOT", "/"),
+        + _given("ENFLAME_HOST_ROOT", "/"),
     )
     cli_options.add_deprecated(parser, "--root", "--host-root", "root", prog=PROG)
     parser.add_argument(
         "--registry-dir",
         metavar="DIR",
-        default=env.get("ENFLAME_DRA_REGISTRY_DIR", REGISTRY_DIR),
+        default=_env(env, deprecated, "registry-dir", "ENFLAME_DRA_REGISTRY_DIR", REGISTRY_DIR),
         help="the kubelet's plugin registration directory, where the registration socket "
-        "goes " + _given("ENFLAME_DRA_REGISTRY_DIR", REGISTRY_DIR),
+        "goes " + _given("ENFLAME_REGISTRY_DIR", REGISTRY_DIR),
     )
     parser.add_argument(
         "--plugin-dir",
         metavar="DIR",
-        default=env.get("ENFLAME_DRA_PLUGIN_DIR", ""),
+        default=_env(env, deprecated, "plugin-dir", "ENFLAME_DRA_PLUGIN_DIR", ""),
         help="the driver's own directory: DRA service socket and checkpoint "
-        + _given("ENFLAME_DRA_PLUGIN_DIR", f"{PLUGINS_DIR}/<driver name>"),
+        + _given("ENFLAME_PLUGIN_DIR", f"{PLUGINS_DIR}/<driver name>"),
     )
     parser.add_argument(
         "--cdi-dir",
         metavar="DIR",
-        default=env.get("ENFLAME_DRA_CDI_DIR", CDI_DIR),
+        default=_env(env, deprecated, "cdi-dir", "ENFLAME_DRA_CDI_DIR", CDI_DIR),
         help="where the CDI spec of each prepared claim is written (the container engine "
-        "reads it) " + _given("ENFLAME_DRA_CDI_DIR", CDI_DIR),
+        "reads it) " + _given("ENFLAME_CDI_DIR", CDI_DIR),
     )
     parser.add_argument(
         "--pod-uid",
@@ -186,25 +200,25 @@ def build_parser(
         "--shared-slices",
         metavar="N",
         type=_slices,
-        default=env.get("ENFLAME_DRA_SHARED_SLICES", "0"),
+        default=_env(env, deprecated, "shared-slices", "ENFLAME_DRA_SHARED_SLICES", "0"),
         help="0: cards are exclusive; N (1..64): cards can be time-shared in N slices (needs "
-        "consumable capacity on the cluster) " + _given("ENFLAME_DRA_SHARED_SLICES", "0"),
+        "consumable capacity on the cluster) " + _given("ENFLAME_SHARED_SLICES", "0"),
     )
     parser.add_argument(
         "--unhealthy",
         metavar="{" + ",".join(UNHEALTHY_MODES) + "}",
         type=_choice(UNHEALTHY_MODES),
-        default=env.get("ENFLAME_DRA_UNHEALTHY", "taint"),
+        default=_env(env, deprecated, "unhealthy", "ENFLAME_DRA_UNHEALTHY", "taint"),
         help="taint: unhealthy devices get a NoSchedule taint; omit: they are not published "
-        + _given("ENFLAME_DRA_UNHEALTHY", "taint"),
+        + _given("ENFLAME_UNHEALTHY", "taint"),
     )
     parser.add_argument(
         "--health-interval",
         metavar="SECONDS",
         type=_seconds,
-        default=env.get("ENFLAME_DRA_HEALTH_INTERVAL", "5"),
+        default=_env(env, deprecated, "health-interval", "ENFLAME_DRA_HEALTH_INTERVAL", "5"),
         help="seconds between health rescans (0.05..3600) "
-        + _given("ENFLAME_DRA_HEALTH_INTERVAL", "5"),
+        + _given("ENFLAME_HEALTH_INTERVAL", "5"),
     )
     parser.add_argument(
         "--kubeconfig",
@@ -221,16 +235,20 @@ def build_parser(
         "--log-level",
         metavar="{" + ",".join(LOG_LEVELS) + "}",
         type=_choice(LOG_LEVELS),
-        default=env.get("ENFLAME_DRA_LOG_LEVEL", "info"),
+        default=_env(env, deprecated, "log-level", "ENFLAME_DRA_LOG_LEVEL", "info"),
         help=f"log messages at this level and above: {', '.join(LOG_LEVELS)} "
-        + _given("ENFLAME_DRA_LOG_LEVEL", "info"),
+        + _given("ENFLAME_LOG_LEVEL", "info"),
     )
+    parser.set_defaults(deprecated_env=deprecated)
     return parser
 
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> DraConfig:
     """The settings a parsed command line gives; ConfigError when they are invalid."""
     env = os.environ if environ is None else environ
+    disabled, warning = env_vars.lookup(
+        env, naming.DISABLE_HEALTHCHECKS_ENV, (naming.OLD_DISABLE_HEALTHCHECKS_ENV,)
+    )
     return DraConfig(
         node_name=args.node_name,
         root=args.root,
@@ -241,10 +259,11 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         shared_slices=args.shared_slices,
         unhealthy=args.unhealthy,
         health_interval=args.health_interval,
-        health_disabled=env.get(naming.DISABLE_HEALTHCHECKS_ENV, "") not in ("", "false", "0"),
+        health_disabled=(disabled or "") not in ("", "false", "0"),
         kubeconfig=args.kubeconfig,
         publish=not args.no_publish,
         log_level=args.log_level,
+        deprecated_env=(*getattr(args, "deprecated_env", ()), *([warning] if warning else [])),
     )
 
 

@@ -163,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"enflame-dra-plugin: {exc}", file=sys.stderr)
         return 2
     _setup_logging(settings.log_level)
+    for warning in settings.deprecated_env:
+        log.warning("%s", warning)
     log.info(
         "enflame-dra-plugin %s starting on node %s: root %s, registry %s, service %s, CDI %s, "
         "shared slices %d, unhealthy devices: %s, publish %s",

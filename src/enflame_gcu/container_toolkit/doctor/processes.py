@@ -11,6 +11,7 @@ import yaml
 
 from enflame_gcu import fileio
 from enflame_gcu.container_toolkit.doctor.model import Node
+from enflame_gcu.support import env_vars
 
 KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
 
@@ -122,7 +123,8 @@ def plugin_switch(node: Node, flag: str, env: str, key: str) -> bool | None:
     """A device plugin on/off setting as the running plugin has it: None when none runs.
 
     Same precedence as the plugin: command line (``--x`` / ``--no-x``), environment, the
-    config file's ``flags`` (``--config-file`` or ``CONFIG_FILE``), default off.
+    config file's ``flags`` (``--config-file`` or ``ENFLAME_CONFIG_FILE``), default off.
+    ``env`` is the setting's 0.1 variable name (``PASS_DEVICE_SPECS``).
     """
     seen = False
     for pid, arguments in _plugin_pids(node.root):
@@ -139,9 +141,12 @@ def plugin_switch(node: Node, flag: str, env: str, key: str) -> bool | None:
                 following = arguments[index + 1] if index + 1 < len(arguments) else ""
                 config_file = text if sep else following
         environ = _environ(node.root, pid)
-        if value is None and environ.get(env):
-            value = environ[env].strip().lower() in ("1", "true", "yes", "on")
-        config_file = config_file or environ.get("CONFIG_FILE", "")
+        # The plugin's names first, then their 0.1 spellings it still reads (support.env_vars).
+        given = env_vars.lookup(environ, env_vars.for_option(flag.removeprefix("--")), (env,))[0]
+        if value is None and given:
+            value = given.strip().lower() in ("1", "true", "yes", "on")
+        named = env_vars.lookup(environ, "ENFLAME_CONFIG_FILE", ("CONFIG_FILE",))[0]
+        config_file = config_file or named or ""
         if value is None and config_file:
             setting = _config_flags(node.root, pid, config_file).get(key)
             value = setting if isinstance(setting, bool) else None
