@@ -31,7 +31,7 @@ def test_vendor_card_records_every_fact(vendor_node: str) -> None:
     assert card.dev_path == "/dev/gcu3"
     assert (card.node.major, card.node.minor, card.node.is_char) == (238, 3, True)
     assert card.bdf == "0000:19:00.0"
-    assert card.model == "T20 32GB"
+    assert card.model == "T20-32GB"
     assert card.numa_node == 0
     assert card.root_complex == "pci0000:0c"
     assert card.pci_chain == (
@@ -59,7 +59,7 @@ def test_unknown_device_id_gets_a_generic_name(make_node: MakeNode) -> None:
     root = make_node("gcu0 0000:01:00.0 <- 0000:00:01.0 <- cpu numa=0 device=0xbeef\n", text=True)
     (card,) = devices.discover(root).cards
     assert card.usable
-    assert card.model == "Enflame GCU (device 0xbeef)"
+    assert card.model == "Enflame-GCU-device-0xbeef"
     assert products.product_family(card.model) == "GCU"
 
 

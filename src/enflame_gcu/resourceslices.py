@@ -8,7 +8,7 @@ device (DRA.md §4-5):
 attribute                       type     value
 ==============================  =======  ================================================
 type                            string   ``gcu`` or ``vgcu``
-model / family                  string   product name (``S60 48GB``) and its family (``S``)
+model / family                  string   product name (``S60-48GB``) and its family (``S``)
 productID                       string   PCI device id (``0xc035``)
 index                           int      char-device minor (``/dev/gcu<index>``)
 parentIndex (vGCU only)         int      minor of the card the vGCU belongs to

@@ -29,9 +29,9 @@ def test_info_text_shows_cards_groups_and_tree(vendor_node: str) -> None:
     assert "Cards:          8 usable of 8" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("gcu")]
     assert [row[0] for row in rows] == [f"gcu{i}" for i in range(8)]
-    assert rows[0][:8] == ["gcu0", "/dev/gcu0", "0000:11:00.0", "T20", "32GB", "0", "S0", "P0"]
-    assert [row[6] for row in rows] == ["S0", "S0", "S1", "S2", "S3", "S3", "S4", "S5"]
-    assert [row[7] for row in rows] == ["P0"] * 4 + ["P1"] * 4
+    assert rows[0][:7] == ["gcu0", "/dev/gcu0", "0000:11:00.0", "T20-32GB", "0", "S0", "P0"]
+    assert [row[5] for row in rows] == ["S0", "S0", "S1", "S2", "S3", "S3", "S4", "S5"]
+    assert [row[6] for row in rows] == ["P0"] * 4 + ["P1"] * 4
     tree = out[out.index("\ncpu\n") + 1 :].splitlines()
     assert tree[:8] == [
         "cpu",
@@ -41,7 +41,7 @@ def test_info_text_shows_cards_groups_and_tree(vendor_node: str) -> None:
         "│           ├── 0000:0e:00.0",
         "│           │   └── 0000:0f:00.0  [switch]",
         "│           │       ├── 0000:10:00.0",
-        "│           │       │   └── 0000:11:00.0  gcu0  T20 32GB  numa 0",
+        "│           │       │   └── 0000:11:00.0  gcu0  T20-32GB  numa 0",
     ]
     assert "0000:0f:00.0  [switch]" in out
     assert "0000:97:02.0  [root port]" in out

@@ -90,7 +90,7 @@ def test_cards_carry_the_pod_holding_them_and_lose_it_when_the_pod_goes() -> Non
             assert gcu4 == [
                 {
                     "card": "gcu4",
-                    "model": "T20 32GB",
+                    "model": "T20-32GB",
                     "resource": "enflame.com/gcu",
                     "namespace": "ml",
                     "pod": "pod2",
@@ -286,6 +286,8 @@ def test_feature_file_follows_unplug_and_is_rewritten_only_on_change(
                 first = handle.read()
             assert "enflame.com/gcu.count=8\n" in first
             assert "enflame.com/gcu.present=true\n" in first
+            assert "enflame.com/gcu.sharing-strategy=none\n" in first
+            assert "enflame.com/gcu.replicas=1\n" in first
             inode = os.stat(path).st_ino
             await asyncio.sleep(1.0)  # several rescans that change nothing
             assert os.stat(path).st_ino == inode
@@ -296,9 +298,14 @@ def test_feature_file_follows_unplug_and_is_rewritten_only_on_change(
                 with open(path, encoding="utf-8") as handle:
                     return handle.read()
 
-            await eventually(lambda: "enflame.com/gcu.count=7\n" in count(), "count=7")
+            await eventually(
+                lambda: "enflame.com/gcu.count.healthy=7\n" in count(), "count.healthy=7"
+            )
+            assert "enflame.com/gcu.count=8\n" in count()  # the cards present: no churn
             simulate.replug(node.root, 3)
-            await eventually(lambda: "enflame.com/gcu.count=8\n" in count(), "count=8 again")
+            await eventually(
+                lambda: "enflame.com/gcu.count.healthy=8\n" in count(), "count.healthy=8 again"
+            )
             simulate.set_driver_version(node.root, "1.2.3")
             await eventually(
                 lambda: "enflame.com/gcu.driver.version=1.2.3\n" in count(), "new driver version"

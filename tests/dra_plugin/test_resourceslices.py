@@ -37,7 +37,7 @@ def test_vendor_card_carries_every_attribute(vendor_node: str) -> None:
         "type": "gcu",
         "index": 0,
         "shareable": False,
-        "model": "T20 32GB",
+        "model": "T20-32GB",
         "family": "T",
         "productID": "0x0021",
         "driverVersion": "1.0.20230110",

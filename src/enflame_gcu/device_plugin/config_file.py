@@ -8,7 +8,7 @@ Shape (every key optional except ``version``; see docs/user-guide.md, "Sharing G
     sharing:
       cards: [gcu4, gcu5]       # or "all" (the default): which cards are served as slices
       slicesPerCard: 6
-      slicesByModel: {"S60 48GB": 8}
+      slicesByModel: {S60-48GB: 8}
       slicesByCard: {gcu3: 4}
       policy: packed            # or distributed
       maxSlicesPerContainer: 0  # 0 = no cap

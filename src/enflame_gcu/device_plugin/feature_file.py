@@ -1,15 +1,15 @@
 """``--feature-file``: the node's ``enflame.com/gcu.*`` labels kept current for NFD.
 
 Rewritten (atomically, mode 0644) whenever discovery or health changes what the labels say:
-cards appearing or going, a card turning unhealthy or healthy again (``count``), a new driver
-version. Nothing is written while the text stays the same, so NFD sees no churn.
+cards appearing or going, a card turning unhealthy or healthy again (``count.healthy``), a new
+driver version. Nothing is written while the text stays the same, so NFD sees no churn.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from enflame_gcu import devices, fileio, health
 from enflame_gcu.presentation import labels
@@ -31,10 +31,18 @@ class FeatureFile:
         except (OSError, UnicodeDecodeError):  # missing, not a file or not text: rewritten
             return None
 
-    def update(self, inventory: devices.Inventory, report: health.HealthReport) -> bool:
+    def update(
+        self,
+        inventory: devices.Inventory,
+        report: health.HealthReport,
+        *,
+        slices: Mapping[str, int] | None = None,
+        node_mode: str | None = None,
+    ) -> bool:
         """Write the labels for the node as it is now; True when the file changed."""
         healthy = {card.name for card in report.cards if card.healthy}
-        text = labels.feature_file(labels.for_inventory(inventory, healthy))
+        found = labels.for_inventory(inventory, healthy, slices=slices, node_mode=node_mode)
+        text = labels.feature_file(found)
         if text == self._current():  # also after a restart: the file already says it
             return False
         try:

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from enflame_gcu import allocation, devices, edits, health, sharing, topology, virtual
+from enflame_gcu import allocation, devices, edits, health, products, sharing, topology, virtual
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.errors import EnflameError, InvalidRequestError
 
@@ -244,12 +244,14 @@ def shared_slices(
 def _settings_by_name(
     settings: sharing.SharingSettings, inventory: devices.Inventory
 ) -> sharing.SharingSettings:
-    # slicesByCard may name cards by bus id; slices_for() looks them up by gcuN.
+    # slicesByCard may name cards by bus id; slices_for() looks them up by gcuN. slicesByModel
+    # may spell a model as 0.1 did ("S60 48GB"); cards carry the one spelling (S60-48GB).
     names = {card.bdf: card.name for card in inventory.cards}
     by_card = {names.get(ref, ref): count for ref, count in settings.slices_by_card.items()}
+    by_model = {products.canonical(name): n for name, n in settings.slices_by_model.items()}
     return sharing.SharingSettings(
         settings.slices,
-        dict(settings.slices_by_model),
+        by_model,
         by_card,
         settings.policy,
         settings.max_slices_per_container,
@@ -271,3 +273,11 @@ def build(
             settings = _settings_by_name(config.sharing, inventory)
             kinds[kind] = shared_slices(inventory, placed.shared, settings)
     return kinds, placed
+
+
+def slice_counts(
+    inventory: devices.Inventory, config: plugin_config.PluginConfig, placed: Assignment
+) -> dict[str, int]:
+    """``{card: slices}`` for each card served as shared slices (empty when none is)."""
+    settings = _settings_by_name(config.sharing, inventory)
+    return {card.name: settings.slices_for(card.name, card.model) for card in placed.shared}

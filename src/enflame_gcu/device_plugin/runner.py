@@ -279,7 +279,10 @@ class NodeWatchers:
         if self.exported is not None:
             self.exported.set_node(node.inventory, report)
         if self.feature is not None:
-            self.feature.update(node.inventory, report)
+            slices = resources.slice_counts(node.inventory, node.config, node.assignment)
+            self.feature.update(
+                node.inventory, report, slices=slices, node_mode=node.config.node_mode or None
+            )
 
 
 async def _heartbeat(exported: metrics.Metrics) -> None:

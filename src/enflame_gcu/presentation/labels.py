@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from enflame_gcu import devices, products
 
@@ -24,13 +24,22 @@ def label_value(text: str) -> str:
 
 
 def for_inventory(
-    inventory: devices.Inventory, healthy: Collection[str] | None = None
+    inventory: devices.Inventory,
+    healthy: Collection[str] | None = None,
+    *,
+    slices: Mapping[str, int] | None = None,
+    node_mode: str | None = None,
 ) -> dict[str, str]:
     """The labels for a node; a node without cards gets only ``present=false``.
 
     ``model``, ``family`` and ``memory`` describe the node's cards when they all agree and
-    say ``mixed`` (memory: omitted) when they do not; ``count`` counts usable cards, or the
-    cards named in ``healthy`` when a health monitor gives its current verdicts.
+    say ``mixed`` (memory: omitted) when they do not. ``count`` is the cards present, which
+    stays put while a card is unhealthy or unplugged; ``count.healthy`` the usable ones, or
+    those named in ``healthy`` when a health monitor gives its current verdicts. With
+    ``slices`` (``{card: slices}`` of the shared cards, as the device plugin serves them) come
+    ``sharing-strategy`` (``time-slicing`` or ``none``) and ``replicas`` (slices per shared card,
+    the fewest when they differ; 1 when none is shared), as GPU feature discovery names them;
+    with ``node_mode`` the node's mode (``node-mode``).
     """
     cards = inventory.cards
     if not cards:
@@ -39,7 +48,8 @@ def for_inventory(
     model = next(iter(models)) if len(models) == 1 else None
     result = {
         f"{PREFIX}.present": "true",
-        f"{PREFIX}.count": str(
+        f"{PREFIX}.count": str(len(cards)),
+        f"{PREFIX}.count.healthy": str(
             len(inventory.usable_cards())
             if healthy is None
             else sum(1 for card in cards if card.name in healthy)
@@ -54,6 +64,11 @@ def for_inventory(
         result[f"{PREFIX}.driver.version"] = label_value(inventory.driver_version)
     if inventory.vgcus:
         result[f"{PREFIX}.vgcu.count"] = str(sum(1 for v in inventory.vgcus if v.usable))
+    if slices is not None:
+        result[f"{PREFIX}.sharing-strategy"] = "time-slicing" if slices else "none"
+        result[f"{PREFIX}.replicas"] = str(min(slices.values(), default=1))
+    if node_mode:
+        result[f"{PREFIX}.node-mode"] = label_value(node_mode)
     return result
 
 

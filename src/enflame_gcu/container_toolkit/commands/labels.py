@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from enflame_gcu import devices, fileio
+from enflame_gcu import devices, fileio, node_modes
 from enflame_gcu.container_toolkit.commands import common
 from enflame_gcu.presentation import labels
 
@@ -40,7 +40,14 @@ def run(args: argparse.Namespace) -> int:
     """Discover under --host-root and write (or print) the feature file."""
     # Discovery joins paths lexically: refuse a root where that would read outside it.
     fileio.require_confined(args.host_root, devices.DISCOVERY_PATHS)
-    found = labels.for_inventory(devices.discover(args.host_root))
+    try:
+        record = node_modes.read(args.host_root)
+    except ValueError as exc:
+        common.warn(f"no node-mode label: {exc}")
+        record = None
+    found = labels.for_inventory(
+        devices.discover(args.host_root), node_mode=record.mode if record else None
+    )
     text = labels.feature_file(found)
     if args.output == "-":
         if args.json:
