@@ -181,13 +181,29 @@ else
         echo "would create the virtualenv $ENV_HOST with $PYTHON"
         echo "would pip install $SOURCE ${PIP_ARGS}"
         # The rest of the plan (files, engine config diffs, restarts) comes from enflame-ctk
-        # itself, run from a throwaway environment outside the host root, removed on exit.
+        # itself, run by $PYTHON from this source tree (or the wheel, unpacked into a throwaway
+        # directory outside the host root, removed on exit): no pip, no network. Only when
+        # $PYTHON lacks the dependencies is pip used, and only from what --pip-args names.
         PLAN_ENV=$(mktemp -d "${TMPDIR:-/tmp}/enflame-install-plan.XXXXXX")
         trap 'rm -rf "$PLAN_ENV"' EXIT
-        # shellcheck disable=SC2086 # PIP_ARGS is a list of words on purpose
-        { "$PYTHON" -m venv "$PLAN_ENV" \
-            && "$PLAN_ENV/bin/python" -m pip install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE"; } \
-            >&2 || die "cannot prepare the dry run (pip install into a temporary environment failed)"
+        if [[ -n $WHEEL ]]; then
+            "$PYTHON" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+                "$WHEEL" "$PLAN_ENV/lib" || die "cannot read the wheel $WHEEL"
+        else
+            mkdir "$PLAN_ENV/lib" && cp -r "$SRC_DIR/src/enflame_gcu" "$PLAN_ENV/lib/"
+        fi
+        mkdir "$PLAN_ENV/bin"
+        printf '#!/bin/sh\nPYTHONPATH=%q exec %q -m enflame_gcu.container_toolkit.cli "$@"\n' \
+            "$PLAN_ENV/lib" "$PYTHON" >"$PLAN_ENV/bin/enflame-ctk"
+        chmod +x "$PLAN_ENV/bin/enflame-ctk"
+        if ! lacking=$(PYTHONPATH=$PLAN_ENV/lib "$PYTHON" -c 'import enflame_gcu.container_toolkit.cli' 2>&1); then
+            [[ -n $PIP_ARGS ]] || die "the dry run cannot show the rest of the plan: $PYTHON lacks what enflame-ctk needs (${lacking##*$'\n'}); the real run installs it with pip. For a dry run, pass --pip-args with a wheelhouse (\"--no-index --find-links DIR\") or --use-env DIR"
+            # shellcheck disable=SC2086 # PIP_ARGS is a list of words on purpose
+            { "$PYTHON" -m venv "$PLAN_ENV/venv" \
+                && "$PLAN_ENV/venv/bin/python" -m pip install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE"; } \
+                >&2 || die "cannot prepare the dry run (pip install $PIP_ARGS into a temporary environment failed)"
+            ln -sf "$PLAN_ENV/venv/bin/enflame-ctk" "$PLAN_ENV/bin/enflame-ctk"
+        fi
         PLAN_SITE=$("$PYTHON" -c 'import sys; print("lib/python%d.%d/site-packages" % sys.version_info[:2])')
     fi
     if [[ $DRY_RUN == 0 ]]; then
@@ -241,8 +257,12 @@ fi
 
 FRESH_ENV=0 # recorded in the manifest: from here on --uninstall removes it
 if [[ $DRY_RUN == 0 ]]; then
-    echo "$PROG: recorded in $MANIFEST; undo with: $0 --uninstall${USE_ENV:+ --use-env $USE_ENV}" >&2
-    if [[ $RESTART == 0 ]]; then
-        echo "$PROG: restart the engines so they load the runtime, e.g.: systemctl restart docker (or containerd, crio)" >&2
-    fi
+    # The undo names the same host root, prefix and environment as this run.
+    UNDO=("$0" --uninstall)
+    [[ $HOST_ROOT != / ]] && UNDO+=(--host-root "$HOST_ROOT")
+    [[ $PREFIX != /opt/enflame-gcu ]] && UNDO+=(--prefix "$PREFIX")
+    [[ -n $USE_ENV ]] && UNDO+=(--use-env "$USE_ENV")
+    printf -v undo '%q ' "${UNDO[@]}"
+    echo "$PROG: recorded in $MANIFEST; undo with: ${undo% }" >&2
+    # Which engines need a restart (only those whose config changed) enflame-ctk said above.
 fi

@@ -98,3 +98,13 @@ def test_health_verdicts_override_discovery_and_keep_the_reason(vendor_node: str
     assert (gcu2.healthy, gcu2.reason, gcu2.free) == (False, "/dev/gcu2 is missing", True)
     assert all(c.healthy for c in view.cards if c.card.name != "gcu2")
     assert view.summary() == "0 of 8 cards held; no multi-card pods"
+
+
+def test_the_summary_counts_in_the_right_number(make_node: MakeNode) -> None:
+    one = holders.build(devices.discover(make_node("zixiao-1card")), [held("p", GCU, "gcu0")])
+    assert one.summary() == "1 of 1 card held; no multi-card pods"
+    four = holders.build(
+        devices.discover(make_node("flat-4card")), [held("p", GCU, "gcu0", "gcu1")]
+    )
+    assert four.summary().startswith("2 of 4 cards held; 1 of 1 multi-card pod switch-local")
+    assert [holders.counted(n, "card") for n in (0, 1, 2)] == ["0 cards", "1 card", "2 cards"]

@@ -100,13 +100,18 @@ class NodeView:
         """One line: cards held, multi-card pods and how many are switch-local."""
         held = sum(1 for view in self.cards if not view.free)
         pods = self.multi_card_pods
-        line = f"{held} of {len(self.cards)} cards held"
+        line = f"{held} of {counted(len(self.cards), 'card')} held"
         if not pods:
             return f"{line}; no multi-card pods"
         counts = {k: v for k, v in self.by_locality().items() if v}
         detail = ", ".join(f"{count} {_WORDS[name]}" for name, count in counts.items())
         local = counts.get("switch", 0)
-        return f"{line}; {local} of {len(pods)} multi-card pods switch-local ({detail})"
+        return f"{line}; {local} of {counted(len(pods), 'multi-card pod')} switch-local ({detail})"
+
+
+def counted(number: int, noun: str) -> str:
+    """``1 card``, ``2 cards``: a count and its noun in the right number."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def parent_card(device_id: str, vgcu_parents: Mapping[str, str | None]) -> str | None:

@@ -355,3 +355,34 @@ def test_a_spec_of_the_wrong_shape_is_a_problem_not_a_crash(change: Any) -> None
     spec = good_spec()
     change(spec)
     assert cdi_validate.validate(spec, None)  # named problems, no exception
+
+
+@pytest.mark.usefixtures("no_runtime_config")
+def test_list_warns_when_two_spec_files_define_the_same_device(
+    vendor_node: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What following §3 and the old §11 of the guide both did: /var/run/cdi and /etc/cdi.
+    for directory in ("etc/cdi", "var/run/cdi"):
+        assert generate(vendor_node, os.path.join(vendor_node, directory)) == 0
+    capsys.readouterr()
+    assert cli.main(["cdi", "list", "--host-root", vendor_node]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 18  # every device twice (9 names, 2 files)
+    warnings = [line for line in captured.err.splitlines() if "spec files" in line]
+    assert len(warnings) == 9
+    assert "enflame.com/gcu=0 is defined by 2 spec files" in warnings[0]
+    assert cli.main(["cdi", "list", "--host-root", vendor_node, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert len(document["duplicates"]["enflame.com/gcu=0"]) == 2
+
+
+@pytest.mark.usefixtures("no_runtime_config")
+def test_list_says_nothing_more_with_one_spec_file(
+    vendor_node: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["cdi", "generate", "--host-root", vendor_node]) == 0
+    capsys.readouterr()
+    assert cli.main(["cdi", "list", "--host-root", vendor_node, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["duplicates"] == {}
+    assert "spec files" not in captured.err

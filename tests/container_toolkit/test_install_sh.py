@@ -219,7 +219,7 @@ def test_dry_run_on_a_fresh_node_shows_the_whole_plan_the_real_run_follows(
 ) -> None:
     from tests.container_toolkit.test_dry_run_plans import _done, _plan
 
-    python = shutil.which("python3") or sys.executable
+    python = sys.executable  # has enflame-ctk's dependencies: the dry run needs no pip
     scratch = os.path.join(str(tmp_path), "scratch")
     os.mkdir(scratch)
     before = fx.snapshot(host)
@@ -248,3 +248,60 @@ def test_dry_run_on_a_fresh_node_shows_the_whole_plan_the_real_run_follows(
     made_by_shell = {"/opt/ created", "/opt/enflame-gcu/ created"}
     assert [line for line in plan if line not in made_by_shell] == _done(tuple(done))
     assert run("--uninstall", "--host-root", host).returncode == 0
+
+
+NO_NETWORK = {"PIP_NO_INDEX": "1", "PIP_INDEX_URL": "http://127.0.0.1:9/simple"}
+
+
+def test_dry_run_on_a_fresh_node_needs_no_pip_and_no_network(host: str, tmp_path: object) -> None:
+    scratch = os.path.join(str(tmp_path), "scratch")
+    os.mkdir(scratch)
+    before = fx.snapshot(host)
+    env = {**os.environ, "TMPDIR": scratch, **NO_NETWORK}
+    dry = subprocess.run(
+        ["bash", INSTALL_SH, "--host-root", host, "--python", sys.executable, "--dry-run"],
+        capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "would pip install" in dry.stdout
+    assert "/etc/docker/daemon.json would be modified" in dry.stdout.splitlines()
+    assert fx.diff(before, fx.snapshot(host)) == [] and os.listdir(scratch) == []
+
+
+def test_dry_run_says_what_a_python_without_the_dependencies_lacks(
+    host: str, tmp_path: object
+) -> None:
+    bare = "/usr/bin/python3"  # Debian's: PyYAML and tomlkit (bootstrap), no asyncinotify
+    probe = subprocess.run([bare, "-c", "import asyncinotify"], capture_output=True, check=False)
+    if probe.returncode == 0:
+        pytest.skip(f"{bare} has every dependency here: nothing is lacking")
+    before = fx.snapshot(host)
+    dry = subprocess.run(
+        ["bash", INSTALL_SH, "--host-root", host, "--python", bare, "--dry-run"],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, **NO_NETWORK},
+    )  # fmt: skip
+    assert dry.returncode == 1
+    assert "lacks what enflame-ctk needs" in dry.stderr and "asyncinotify" in dry.stderr
+    assert "--pip-args" in dry.stderr
+    assert fx.diff(before, fx.snapshot(host)) == []
+
+
+def test_restart_advice_and_undo_hint_follow_what_this_run_did(host: str) -> None:
+    # device-specs changes no engine config: nothing to restart, and no advice to.
+    mode = ("--mode", "device-specs", "--runtime", "containerd")
+    specs = run("--host-root", host, "--use-env", DEV_ENV, *mode)
+    assert specs.returncode == 0, specs.stderr
+    assert "systemctl restart" not in specs.stderr and "restart it" not in specs.stderr
+    # The undo names the same host root and environment, so it undoes this install.
+    hint = specs.stderr.split("undo with: ", 1)[1].splitlines()[0]
+    assert hint == f"{INSTALL_SH} --uninstall --host-root {host} --use-env {DEV_ENV}"
+    undo = subprocess.run(
+        ["bash", *hint.split()[0:]], capture_output=True, text=True, timeout=110, check=False
+    )
+    assert undo.returncode == 0, undo.stderr
+    wrapped = run("--host-root", host, "--use-env", DEV_ENV, "--mode", "default-runtime")
+    assert wrapped.returncode == 0, wrapped.stderr
+    advice = [line for line in wrapped.stderr.splitlines() if "restart it so it loads" in line]
+    assert advice and all(line.startswith("enflame-ctk: ") for line in advice)
+    assert any("systemctl restart docker" in line for line in advice)

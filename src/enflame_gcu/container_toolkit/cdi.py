@@ -192,3 +192,15 @@ def list_devices(directories: Iterable[str]) -> list[tuple[str, str]]:
         for device in spec.get("devices") or []:
             result.append((f"{spec.get('kind')}={device.get('name')}", path))
     return result
+
+
+def duplicates(found: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """``{device name: [files]}`` for each name more than one spec file defines.
+
+    An engine resolves such a name from one file only (CDI: the later directory wins, so a
+    copy in /var/run/cdi hides the one in /etc/cdi): the other copy goes stale unnoticed.
+    """
+    files: dict[str, list[str]] = {}
+    for name, path in found:
+        files.setdefault(name, []).append(path)
+    return {name: paths for name, paths in files.items() if len(set(paths)) > 1}

@@ -248,6 +248,14 @@ def _configure_engine(
             if run.dry_run
             else engine_reload.reload_or_warn(change, run.root)
         )
+    elif change.changed:
+        # Only an engine whose config changed needs a restart (device-specs changes none); a
+        # dry run's plan says the same, so the plan and the real run's report match.
+        unit = {"crio": "crio"}.get(name, name)
+        run.lines.append(
+            f"{name}: restart it so it loads the runtime (systemctl restart {unit}), "
+            "or run again with --restart-engine"
+        )
 
 
 def begin(options: InstallOptions) -> InstallRun:

@@ -216,11 +216,13 @@ def _list(args: argparse.Namespace) -> int:
         config = host_runtime_config(root)
         directories = [common.host_file(root, d) for d in config.cdi_spec_dirs]
     found = cdi.list_devices(directories)
+    twice = cdi.duplicates(found)
     if args.json:
         common.print_json(
             "CDIDeviceList",
             {
                 "specDirs": directories,
+                "duplicates": twice,
                 "devices": [{"name": name, "file": path} for name, path in found],
             },
         )
@@ -230,6 +232,12 @@ def _list(args: argparse.Namespace) -> int:
     if not found:
         common.note(f"no CDI devices found in {', '.join(directories)}")
         return common.EXIT_FAILED
+    for name, paths in twice.items():
+        common.warn(
+            f"{name} is defined by {len(paths)} spec files ({', '.join(paths)}): the engine uses "
+            "one of them and the other goes stale; keep one (enflame-ctk cdi generate writes "
+            f"{cdi.DEFAULT_OUTPUT_DIR}, which the toolkit keeps current)"
+        )
     return common.EXIT_OK
 
 

@@ -49,8 +49,8 @@ def warn(message: str) -> None:
     note(f"warning: {message}")
 
 
-# Keys of these maps are data (locality names, label names, resource names), not field names.
-DATA_MAPS = frozenset({"byLocality", "labels", "allocatable"})
+# Keys of these maps are data (locality, label, resource or CDI device names), not field names.
+DATA_MAPS = frozenset({"byLocality", "labels", "allocatable", "duplicates"})
 # Release whose --json output drops the snake_case spellings kept beside the camelCase keys.
 LEGACY_KEYS_UNTIL = "0.2.0"
 

@@ -89,7 +89,8 @@ def _topologies(args: argparse.Namespace) -> int:
         )
         return common.EXIT_OK
     for name, topo in loaded:
-        print(f"{name:16} {len(topo.cards):3} cards  {topo.description}")
+        count = f"{len(topo.cards):3} card" + ("" if len(topo.cards) == 1 else "s")
+        print(f"{name:16} {count:9}  {topo.description}")
     return common.EXIT_OK
 
 
