@@ -97,6 +97,19 @@ app.kubernetes.io/instance: {{ .context.Release.Name }}
      labelled for DRA): a node never serves GCUs both ways. */}}
 {{- define "enflame-gcu.schedulingFor" -}}
 {{- $values := .context.Values -}}
+{{- /* Per-component overrides (devicePlugin, dra, toolkit: nodeSelector, affinity,
+     tolerations; null = the chart-wide value), passed as "component" or found by mode. */}}
+{{- $comp := .component | default (get (dict "device-plugin" $values.devicePlugin "dra" $values.dra) .mode) | default dict -}}
+{{- $values = dict "priorityClassName" $values.priorityClassName "imagePullSecrets" $values.imagePullSecrets "nodeSelector" $values.nodeSelector "affinity" $values.affinity "tolerations" $values.tolerations "nodeSelection" $values.nodeSelection "dra" $values.dra -}}
+{{- range $key := list "nodeSelector" "affinity" "tolerations" }}
+{{- if and (hasKey $comp $key) (not (kindIs "invalid" (get $comp $key))) }}
+{{- $_ := set $values $key (get $comp $key) }}
+{{- end }}
+{{- end }}
+{{- if $comp.hostNetwork }}
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end }}
 {{- $mode := "" -}}
 {{- if eq .mode "device-plugin" -}}
 {{- $mode = dict "key" $values.dra.modeLabel "operator" "NotIn" "values" (list "dra") -}}
@@ -148,4 +161,30 @@ affinity:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end -}}
+
+{{/* --- per-component knobs and API guards (issue 23) --- */}}
+
+{{/* Extra volume mounts of a component's container, indented by the caller; call with the
+     component's values (devicePlugin, dra, toolkit). */}}
+{{- define "enflame-gcu.extraVolumeMounts" -}}
+{{- with .extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Extra volumes of a component's pod, indented by the caller. */}}
+{{- define "enflame-gcu.extraVolumes" -}}
+{{- with .extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Fails the install, naming the value, when the cluster lacks an API group/version the
+     chart is asked to use (helm template: list it in apiVersions, as --api-versions would);
+     call with (dict "context" $ "api" "monitoring.coreos.com/v1" "for" "metrics.serviceMonitor.enabled" "needs" "the Prometheus Operator's CRDs"). */}}
+{{- define "enflame-gcu.requireAPI" -}}
+{{- if not (or (.context.Capabilities.APIVersions.Has .api) (has .api (.context.Values.apiVersions | default list))) -}}
+{{- fail (printf "%s needs the API %s, which this cluster does not serve (%s); with helm template, list it in apiVersions" .for .api .needs) -}}
+{{- end -}}
 {{- end -}}
