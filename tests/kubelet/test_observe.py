@@ -118,15 +118,17 @@ def test_allocations_metrics_probes_labels_and_dashboard(node: harness.Node) -> 
 
     # The feature file follows an unplug within a second.
     with open(features, encoding="utf-8") as handle:
-        assert "enflame.com/gcu.count=8\n" in handle.read()
+        assert "enflame.com/gcu.count.healthy=8\n" in handle.read()
     unplugged = time.monotonic()
     simulate.unplug(node.host_root, 7)
 
     def follows() -> bool:
         with open(features, encoding="utf-8") as handle:
-            return "enflame.com/gcu.count=7\n" in handle.read()
+            text = handle.read()
+        # The cards present stay 8 (no label churn); the healthy count follows.
+        return "enflame.com/gcu.count.healthy=7\n" in text and "enflame.com/gcu.count=8\n" in text
 
-    harness.wait_for("the feature file to say count=7", follows, 10, 0.01)
+    harness.wait_for("the feature file to say count.healthy=7", follows, 10, 0.01)
     delay = time.monotonic() - unplugged
     print(f"feature file followed the unplug after {delay * 1000:.0f} ms")
     assert delay < 1.0, f"the feature file took {delay:.2f} s"
