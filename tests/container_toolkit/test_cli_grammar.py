@@ -175,7 +175,7 @@ def test_labels_with_a_host_root_writes_inside_it_only(vendor_node: str) -> None
     inside = os.path.join(vendor_node, REAL_FEATURE_FILE.lstrip("/"))
     with open(inside, encoding="utf-8") as handle:
         assert "enflame.com/gcu.count=8\n" in handle.read()
-    assert f"enflame-ctk: wrote 6 labels to {inside}" in result.stderr
+    assert f"enflame-ctk: wrote 7 labels to {inside}" in result.stderr
     assert _stat(REAL_FEATURE_FILE) == real
 
 
