@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 
 from enflame_gcu.errors import PathOutsideRootError
 
+# typing stays off the runtime's create path (it imports this module).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
 # As many links as Linux follows in one lookup (MAXSYMLINKS) before ELOOP.
 MAX_SYMLINKS = 40
 # A node's config files are kilobytes; a bigger one is refused, not read into memory.
 MAX_CONFIG_BYTES = 16 << 20
+# The deepest nesting any file of ours needs is under ten levels (a CDI spec's device nodes, a
+# containerd runtime's options); a document nested deeper is refused, before anything walks it.
+MAX_DEPTH = 64
 NULL_DEVICE = os.makedev(1, 3)  # /dev/null on Linux
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
@@ -60,6 +70,62 @@ def read_regular(path: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
     if size > limit:
         raise OSError(errno.EFBIG, f"it is larger than {limit} bytes", path)
     return b"".join(chunks)
+
+
+class NestingError(ValueError):
+    """A document nests arrays or objects deeper than :data:`MAX_DEPTH` (or the parser's stack)."""
+
+
+def check_depth(value: object, source: str, limit: int = MAX_DEPTH) -> None:
+    """Raise NestingError when ``value`` (parsed JSON, YAML or TOML) nests deeper than ``limit``.
+
+    Walked with a stack of its own, so a deep document cannot exhaust Python's.
+    """
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            children = list(item.values())
+        elif isinstance(item, (list, tuple)):
+            children = list(item)
+        else:
+            continue
+        if depth > limit:
+            raise NestingError(f"{source} nests arrays or objects deeper than {limit} levels")
+        pending.extend((child, depth + 1) for child in children)
+
+
+def parse_bounded(parse: Callable[[Any], Any], text: Any, source: str) -> Any:
+    """``parse(text)`` (a JSON, YAML or TOML parser) with the nesting capped at :data:`MAX_DEPTH`.
+
+    A recursive parser fed ``[[[[...`` raises RecursionError (an error no caller expects and
+    that kills a daemon); here it is a NestingError (a ValueError) naming ``source``.
+    """
+    try:
+        value = parse(text)
+    except RecursionError:
+        raise NestingError(
+            f"{source} nests arrays or objects too deeply to parse (limit {MAX_DEPTH})"
+        ) from None
+    check_depth(value, source)
+    return value
+
+
+def parse_json(text: str | bytes, source: str) -> Any:
+    """JSON text as Python values, nesting capped; ValueError (JSONDecodeError, NestingError)."""
+    return parse_bounded(json.loads, text, source)
+
+
+def read_json(path: str, limit: int = MAX_CONFIG_BYTES) -> Any:
+    """The JSON document in the regular file at ``path``: :func:`read_regular` then
+    :func:`parse_json`. OSError for what is not a readable file, ValueError for what is not JSON
+    (or nests too deeply), UnicodeDecodeError (a ValueError) for what is not UTF-8."""
+    return parse_json(read_regular(path, limit), path)
+
+
+def read_text(path: str, limit: int = MAX_CONFIG_BYTES) -> str:
+    """The UTF-8 text of the regular file at ``path`` (:func:`read_regular`, then decoded)."""
+    return read_regular(path, limit).decode("utf-8")
 
 
 def host_path(root: str, path: str) -> str:

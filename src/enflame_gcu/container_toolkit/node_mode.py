@@ -135,8 +135,8 @@ def notify_plugins(root: str, proc: str = "/proc") -> list[int]:
         return []
     for entry in entries:
         try:
-            with open(os.path.join(proc, entry, "cmdline"), "rb") as handle:
-                argv = [w for w in handle.read().decode("utf-8", "replace").split("\0") if w]
+            raw = fileio.read_regular(os.path.join(proc, entry, "cmdline"), 4 << 20)
+            argv = [w for w in raw.decode("utf-8", "replace").split("\0") if w]
         except OSError:
             continue
         flags = _plugin_flags(argv)

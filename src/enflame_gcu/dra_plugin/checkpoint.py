@@ -95,14 +95,13 @@ class Checkpoint:
     def load(self) -> dict[str, PreparedClaim]:
         """Claims by UID; an absent file is an empty record."""
         try:
-            with open(self.path, encoding="utf-8") as handle:
-                text = handle.read()
+            raw = fileio.read_regular(self.path)
         except FileNotFoundError:
             return {}
         except OSError as exc:
             raise ConfigError(f"cannot read the DRA checkpoint {self.path}: {exc}") from exc
         try:
-            data = json.loads(text)
+            data = fileio.parse_json(raw, self.path)
             if data.get("version") != FORMAT_VERSION:
                 raise ValueError(f"format version {data.get('version')!r}, want {FORMAT_VERSION}")
             return {uid: _claim_from_json(uid, entry) for uid, entry in data["claims"].items()}
