@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from enflame_gcu import fileio
+from enflame_gcu.dra_plugin import claims
 from enflame_gcu.errors import ConfigError
 
 FORMAT_VERSION = 1
@@ -69,6 +70,8 @@ def _claim_to_json(claim: PreparedClaim) -> dict[str, Any]:
 
 
 def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
+    if not claims.valid_uid(uid):
+        raise ValueError(f"claim uid {uid!r} is not a UID")
     state = data["state"]
     if state not in (PREPARING, PREPARED):
         raise ValueError(f"unknown state {state!r}")

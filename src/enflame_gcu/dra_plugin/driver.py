@@ -166,6 +166,7 @@ class Driver:
     async def _prepare_one(self, ref: claims.ClaimRef) -> list[PreparedDeviceResult]:
         if not ref.uid or not ref.name or not ref.namespace:
             raise ClaimError(f"claim {ref} lacks a namespace, name or uid")
+        claims.check_ref(ref)
         existing = self._claims.get(ref.uid)
         if existing is not None and existing.state == checkpoint.PREPARED:
             if not os.path.exists(claim_cdi.spec_path(self.cdi_dir, ref.uid)):
@@ -300,6 +301,7 @@ class Driver:
             async with self._serialized():
                 for ref in refs:
                     try:
+                        claims.check_ref(ref)
                         claim_cdi.remove(self.cdi_dir, ref.uid)
                         self._fault("unprepare-after-cdi")
                         claim = self._claims.pop(ref.uid, None)
@@ -307,7 +309,7 @@ class Driver:
                             self.checkpoint.save(self._claims)
                             log.info("unprepared claim %s", ref)
                         results[ref.uid] = ""
-                    except OSError as exc:
+                    except (EnflameError, OSError) as exc:
                         results[ref.uid] = f"cannot unprepare claim {ref}: {exc}"
         except (EnflameError, OSError) as exc:
             log.error("cannot unprepare claims: %s", exc)
