@@ -254,14 +254,18 @@ def atomic_write(
     keeps the old file's permission bits and owner unless ``mode`` / ``owner`` (uid, gid) are
     given. ``durable=False`` skips the two fsyncs: still atomic for every reader, only not
     guaranteed to survive a power loss. ``path`` itself is replaced: callers that must keep a
-    symlink pass its target (see :func:`resolve`).
+    symlink pass its target (see :func:`resolve`). A symlink at ``path`` lends nothing: its
+    target may lie anywhere (outside a host root, a file someone else owns), so the new file
+    gets the defaults (0644, this process's owner) rather than the target's owner and mode.
     """
     directory = os.path.dirname(os.path.abspath(path)) or "."
     if mode is None or owner is None:
         try:
-            info = os.stat(path)
+            info: os.stat_result | None = os.lstat(path)
         except FileNotFoundError:
             info = None
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            info = None  # a link, or something that is not a file: nothing to keep
         if mode is None:
             mode = info.st_mode & 0o7777 if info is not None else 0o644
         if owner is None and info is not None:
