@@ -53,8 +53,10 @@ def refresh(root: str, output_dir: str) -> list[str]:
     """Make ``output_dir`` hold exactly the specs of the GCUs under ``root``; return what changed.
 
     A kind with no usable device has its file removed (an engine then refuses the name with a
-    clear error instead of injecting nodes that are gone).
+    clear error instead of injecting nodes that are gone). PathOutsideRootError when ``root``'s
+    /sys or /dev leads out of it (discovery would read this process's own), as for generate.
     """
+    fileio.require_confined(root, devices.DISCOVERY_PATHS)
     inventory = devices.discover(root)
     try:
         specs = cdi.build_specs(inventory)
