@@ -241,6 +241,46 @@ def _create_temp(directory: str, name: str) -> tuple[int, str]:
     raise FileExistsError(f"could not create a unique temporary file next to {name} in {directory}")
 
 
+# A writer's temp file is this old at most while the write is under way; older is a crash's.
+STALE_TEMP_SECONDS = 60.0
+
+
+def remove_stale_temps(
+    directory: str, prefixes: tuple[str, ...], older_than: float = STALE_TEMP_SECONDS
+) -> list[str]:
+    """Remove the temp files :func:`atomic_write` left in ``directory`` for files whose names
+    start with one of ``prefixes`` (a writer killed between create and rename leaves one), when
+    they are older than ``older_than`` seconds (a write under way keeps its own); the removed
+    paths. Nothing else is touched: only regular files with our temp names.
+    """
+    import time  # noqa: PLC0415 - kept off the runtime's create path
+
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        parts = name.split(".")
+        if not (name.startswith(".") and name.endswith(".tmp") and len(parts) >= 4):
+            continue
+        stem, token = ".".join(parts[1:-2]), parts[-2]
+        if len(token) != 12 or not set(token) <= set("0123456789abcdef"):
+            continue
+        if not stem.startswith(prefixes):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode) and now - info.st_mtime > older_than:
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
 def atomic_write(
     path: str,
     data: bytes,

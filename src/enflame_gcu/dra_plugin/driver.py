@@ -24,6 +24,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from enflame_gcu import claim_specs, fileio
 from enflame_gcu.dra_plugin import checkpoint, claim_cdi, claims, node
 from enflame_gcu.errors import ClaimError, EnflameError
 
@@ -139,6 +140,8 @@ class Driver:
         for uid in sorted(claim_cdi.claim_uids_on_disk(self.cdi_dir) - set(loaded)):
             claim_cdi.remove(self.cdi_dir, uid)
             actions.append(f"removed the CDI spec of claim uid {uid}, which is not on record")
+        for path in fileio.remove_stale_temps(self.cdi_dir, (claim_specs.FILE_PREFIX,)):
+            actions.append(f"removed {path}, left by an interrupted write")
         self._claims = loaded
         self.checkpoint.save(self._claims)
         for action in actions:
