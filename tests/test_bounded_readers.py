@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -179,3 +181,33 @@ def test_damaged_prepared_edits_fall_back_to_discovery(tmp_path: Path) -> None:
     path.write_text(json.dumps({"a": json.loads(_nested(100))}))
     with pytest.raises(prepared_edits.Unavailable, match="deeper than 64"):
         prepared_edits.load(str(path), "/")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "deep"])
+def test_the_plugin_names_a_bad_mode_record_at_start_instead_of_hanging(
+    tmp_path: Path, kind: str
+) -> None:
+    """Before: a FIFO hung the plugin with no log line; '[' * 60000 killed it (RecursionError)."""
+    record = _etc(tmp_path) / "node-mode.json"
+    if kind == "fifo":
+        os.mkfifo(record)
+    else:
+        record.write_text(DEEP_JSON)
+    (tmp_path / "plugins").mkdir()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "enflame_gcu.device_plugin.main",
+            f"--host-root={tmp_path}",
+            "--node-mode=auto",
+            f"--plugin-dir={tmp_path / 'plugins'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "/etc/enflame-gcu/node-mode.json" in result.stderr
+    assert ("FIFO" if kind == "fifo" else "too deeply") in result.stderr
