@@ -10,11 +10,10 @@ runtime's create path imports this module: no typing, no dataclasses at run time
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
-from enflame_gcu import naming
+from enflame_gcu import fileio, naming
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,8 +48,7 @@ def _load(path: str) -> dict[str, Any]:
     if info.st_size > _MAX_SPEC_BYTES:
         raise ClaimSpecError(f"{path} is larger than {_MAX_SPEC_BYTES} bytes")
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+        data = fileio.read_json(path, _MAX_SPEC_BYTES)
     except (OSError, ValueError) as exc:
         raise ClaimSpecError(f"cannot read {path}: {exc}") from exc
     if not isinstance(data, dict) or data.get("kind") != CDI_KIND:

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 
 from enflame_gcu.errors import PathOutsideRootError
 
+# typing stays off the runtime's create path (it imports this module).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
 # As many links as Linux follows in one lookup (MAXSYMLINKS) before ELOOP.
 MAX_SYMLINKS = 40
 # A node's config files are kilobytes; a bigger one is refused, not read into memory.
 MAX_CONFIG_BYTES = 16 << 20
+# The deepest nesting any file of ours needs is under ten levels (a CDI spec's device nodes, a
+# containerd runtime's options); a document nested deeper is refused, before anything walks it.
+MAX_DEPTH = 64
 NULL_DEVICE = os.makedev(1, 3)  # /dev/null on Linux
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
@@ -60,6 +70,62 @@ def read_regular(path: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
     if size > limit:
         raise OSError(errno.EFBIG, f"it is larger than {limit} bytes", path)
     return b"".join(chunks)
+
+
+class NestingError(ValueError):
+    """A document nests arrays or objects deeper than :data:`MAX_DEPTH` (or the parser's stack)."""
+
+
+def check_depth(value: object, source: str, limit: int = MAX_DEPTH) -> None:
+    """Raise NestingError when ``value`` (parsed JSON, YAML or TOML) nests deeper than ``limit``.
+
+    Walked with a stack of its own, so a deep document cannot exhaust Python's.
+    """
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            children = list(item.values())
+        elif isinstance(item, (list, tuple)):
+            children = list(item)
+        else:
+            continue
+        if depth > limit:
+            raise NestingError(f"{source} nests arrays or objects deeper than {limit} levels")
+        pending.extend((child, depth + 1) for child in children)
+
+
+def parse_bounded(parse: Callable[[Any], Any], text: Any, source: str) -> Any:
+    """``parse(text)`` (a JSON, YAML or TOML parser) with the nesting capped at :data:`MAX_DEPTH`.
+
+    A recursive parser fed ``[[[[...`` raises RecursionError (an error no caller expects and
+    that kills a daemon); here it is a NestingError (a ValueError) naming ``source``.
+    """
+    try:
+        value = parse(text)
+    except RecursionError:
+        raise NestingError(
+            f"{source} nests arrays or objects too deeply to parse (limit {MAX_DEPTH})"
+        ) from None
+    check_depth(value, source)
+    return value
+
+
+def parse_json(text: str | bytes, source: str) -> Any:
+    """JSON text as Python values, nesting capped; ValueError (JSONDecodeError, NestingError)."""
+    return parse_bounded(json.loads, text, source)
+
+
+def read_json(path: str, limit: int = MAX_CONFIG_BYTES) -> Any:
+    """The JSON document in the regular file at ``path``: :func:`read_regular` then
+    :func:`parse_json`. OSError for what is not a readable file, ValueError for what is not JSON
+    (or nests too deeply), UnicodeDecodeError (a ValueError) for what is not UTF-8."""
+    return parse_json(read_regular(path, limit), path)
+
+
+def read_text(path: str, limit: int = MAX_CONFIG_BYTES) -> str:
+    """The UTF-8 text of the regular file at ``path`` (:func:`read_regular`, then decoded)."""
+    return read_regular(path, limit).decode("utf-8")
 
 
 def host_path(root: str, path: str) -> str:
@@ -175,6 +241,46 @@ def _create_temp(directory: str, name: str) -> tuple[int, str]:
     raise FileExistsError(f"could not create a unique temporary file next to {name} in {directory}")
 
 
+# A writer's temp file is this old at most while the write is under way; older is a crash's.
+STALE_TEMP_SECONDS = 60.0
+
+
+def remove_stale_temps(
+    directory: str, prefixes: tuple[str, ...], older_than: float = STALE_TEMP_SECONDS
+) -> list[str]:
+    """Remove the temp files :func:`atomic_write` left in ``directory`` for files whose names
+    start with one of ``prefixes`` (a writer killed between create and rename leaves one), when
+    they are older than ``older_than`` seconds (a write under way keeps its own); the removed
+    paths. Nothing else is touched: only regular files with our temp names.
+    """
+    import time  # noqa: PLC0415 - kept off the runtime's create path
+
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        parts = name.split(".")
+        if not (name.startswith(".") and name.endswith(".tmp") and len(parts) >= 4):
+            continue
+        stem, token = ".".join(parts[1:-2]), parts[-2]
+        if len(token) != 12 or not set(token) <= set("0123456789abcdef"):
+            continue
+        if not stem.startswith(prefixes):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode) and now - info.st_mtime > older_than:
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
 def atomic_write(
     path: str,
     data: bytes,
@@ -188,14 +294,18 @@ def atomic_write(
     keeps the old file's permission bits and owner unless ``mode`` / ``owner`` (uid, gid) are
     given. ``durable=False`` skips the two fsyncs: still atomic for every reader, only not
     guaranteed to survive a power loss. ``path`` itself is replaced: callers that must keep a
-    symlink pass its target (see :func:`resolve`).
+    symlink pass its target (see :func:`resolve`). A symlink at ``path`` lends nothing: its
+    target may lie anywhere (outside a host root, a file someone else owns), so the new file
+    gets the defaults (0644, this process's owner) rather than the target's owner and mode.
     """
     directory = os.path.dirname(os.path.abspath(path)) or "."
     if mode is None or owner is None:
         try:
-            info = os.stat(path)
+            info: os.stat_result | None = os.lstat(path)
         except FileNotFoundError:
             info = None
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            info = None  # a link, or something that is not a file: nothing to keep
         if mode is None:
             mode = info.st_mode & 0o7777 if info is not None else 0o644
         if owner is None and info is not None:

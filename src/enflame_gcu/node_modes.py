@@ -188,7 +188,9 @@ class Record:
 def parse(text: str, where: str) -> Record:
     """A :class:`Record` from the file's text; ValueError naming what is wrong."""
     try:
-        document = json.loads(text)
+        document = fileio.parse_json(text, where)
+    except fileio.NestingError as exc:
+        raise ValueError(str(exc)) from exc
     except ValueError as exc:
         raise ValueError(f"{where} is not JSON: {exc}") from exc
     if not isinstance(document, dict) or document.get("version") != FORMAT_VERSION:
@@ -213,12 +215,13 @@ def read(root: str = "/") -> Record | None:
     except EnflameError as exc:
         raise ValueError(str(exc)) from exc
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read(65536)
+        text = fileio.read_text(path, 65536)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise ValueError(f"cannot read {MODE_FILE}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{MODE_FILE} is not UTF-8 text: {exc}") from exc
     return parse(text, MODE_FILE)
 
 
@@ -233,11 +236,10 @@ def read_choice(root: str = "/") -> str | None:
     ValueError naming the file when it holds anything but one known mode.
     """
     try:
-        with open(fileio.resolve(root, CHOICE_FILE), encoding="utf-8") as handle:
-            text = handle.read(4096)
+        text = fileio.read_text(fileio.resolve(root, CHOICE_FILE), 4096)
     except FileNotFoundError:
         return None
-    except (OSError, EnflameError) as exc:
+    except (OSError, EnflameError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read {CHOICE_FILE}: {exc}") from exc
     words = [line.split("#", 1)[0].strip() for line in text.splitlines()]
     chosen = [word for word in words if word]

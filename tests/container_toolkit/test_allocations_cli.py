@@ -180,3 +180,31 @@ def test_only_the_allocations_command_imports_grpc() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_names_from_the_kubelet_are_printed_escaped() -> None:
+    """Issue 22 item 12: PodResources names went to the terminal raw."""
+
+    async def main() -> None:
+        async with plugin_process.running_node(pod_resources=True) as node:
+            forged = "p\ngcu7  fake  healthy\x1b[2J"
+            await node.kubelet.allocate_pod(forged, {"c\x1b]0;title\x07": 1}, namespace="n\u202e")
+            code, text, err = await allocations(node)
+            assert code == 0, err
+            assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
+            assert "n\\u202e/p\\ngcu7  fake  healthy\\x1b[2J/c\\x1b]0;title\\x07" in text
+            assert len(text.splitlines()) == 1 + 8 + 1  # header, 8 cards, summary
+
+    asyncio.run(main())
+
+
+def test_the_default_socket_is_the_one_under_the_host_root() -> None:
+    """Issue 22 item 13: with --host-root the default socket was still the host's own."""
+
+    async def main() -> None:
+        async with plugin_process.running_node() as node:
+            code, _, err = await ctk("allocations", "--host-root", node.root)
+            assert code == 1
+            assert f"{node.root}/var/lib/kubelet/pod-resources/kubelet.sock" in err
+
+    asyncio.run(main())

@@ -128,3 +128,17 @@ def test_static_cpu_manager_is_satisfied_by_node_mode_device_specs(make_node: Ma
     _plugin(root, "--node-mode=runtimeclass")
     (result,) = [r for r in doctor.run(root) if r.name == "cpu-manager"]
     assert result.status == "warn"
+
+
+def test_the_records_strings_are_printed_escaped(make_node: MakeNode, capsys: object) -> None:
+    """Issue 22 item 12: a newline in the record made a fake PASS line; ANSI escapes passed."""
+    root = _node(make_node, None)
+    forged = "x\nPASS  engine-config  all good\x1b[2J\u202e"
+    record = node_modes.Record("device-specs", forged, "1.7", "auto", forged)
+    fx.write(root, node_modes.MODE_FILE, record.to_json())
+    assert forged in _mode_result(root).detail  # the check itself keeps the text as read
+    main(["doctor", "--root", root])
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert "\x1b" not in out and "\u202e" not in out
+    assert not any(line.startswith("PASS  engine-config  all good") for line in out.splitlines())
+    assert "x\\nPASS  engine-config  all good\\x1b[2J\\u202e" in out

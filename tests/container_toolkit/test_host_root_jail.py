@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 
 import pytest
 
-from enflame_gcu.container_toolkit import doctor, installer
+from enflame_gcu.container_toolkit import cdi_keeper, doctor, installer
 from enflame_gcu.container_toolkit.cli import main
+from enflame_gcu.errors import PathOutsideRootError
 from tests.conftest import MakeNode
 from tests.container_toolkit import installer_fixtures as fx
 
@@ -85,3 +88,25 @@ def test_a_root_whose_dev_leads_outside_it_is_refused(
     assert main(argv) != 0
     err = capsys.readouterr().err
     assert "/dev under the host root" in err and "refused" in err
+
+
+def test_cdi_watch_refuses_a_root_whose_dev_leads_outside_it(make_node: MakeNode) -> None:
+    """Issue 22 item 8: ``cdi watch`` skipped the check ``cdi generate`` makes (and then wrote
+    specs of this process's own /dev); before, this ran until the timeout."""
+    root = make_node("vendor-8card")
+    dev = os.path.join(root, "dev")
+    os.rename(dev, os.path.join(root, "dev.real"))
+    os.symlink("/dev", dev)
+    output = os.path.join(root, "var/run/cdi")
+    ctk = [sys.executable, "-m", "enflame_gcu.container_toolkit.cli"]
+    result = subprocess.run(
+        [*ctk, "cdi", "watch", "--host-root", root, "--output", output],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "/dev under the host root" in result.stderr and "refused" in result.stderr
+    assert not os.path.exists(output)
+    with pytest.raises(PathOutsideRootError):
+        cdi_keeper.refresh(root, output)

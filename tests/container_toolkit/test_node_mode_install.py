@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import tomlkit
@@ -316,3 +319,45 @@ def test_cdi_without_a_daemonset_installs_the_watch_service_and_uninstall_remove
     assert any("systemd is not running here" in line for line in outcome.lines)
     installer.uninstall(root)
     assert fx.snapshot(root) == before
+
+
+STARTING_PLUGIN = """\
+import os, signal, sys, time
+time.sleep(float(sys.argv[-1]))  # "imports": SIGHUP still has its default action (terminate)
+signal.signal(signal.SIGHUP, lambda *_: open(os.environ["MARK"], "w").close())
+time.sleep(30)
+"""
+
+
+def test_a_plugin_still_starting_is_waited_for_not_killed(tmp_path: Path) -> None:
+    """Issue 22 item 9: the installer's SIGHUP killed a plugin that had no handler yet."""
+    root = tmp_path / "root"
+    record = root / "etc/enflame-gcu/node-mode.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")
+    script = tmp_path / "enflame-device-plugin"
+    script.write_text(STARTING_PLUGIN)
+    mark = tmp_path / "reloaded"
+    args = [sys.executable, str(script), "--node-mode=auto", f"--host-root={root}"]
+    plugin = subprocess.Popen([*args, "1.0"], env={**os.environ, "MARK": str(mark)})
+    try:
+        time.sleep(0.2)  # started, not yet handling SIGHUP
+        told = node_mode.notify_plugins(str(root))
+        deadline = time.monotonic() + 10
+        while not mark.exists():
+            assert plugin.poll() is None, "the plugin was killed by SIGHUP"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert told == [(plugin.pid, True)]
+        # One that never sets a handler up is left alone, and said so.
+        never = subprocess.Popen([*args, "60"], env={**os.environ, "MARK": str(mark)})
+        try:
+            time.sleep(0.2)
+            found = dict(node_mode.notify_plugins(str(root), wait=0.5))
+            assert found[never.pid] is False and never.poll() is None
+        finally:
+            never.kill()
+            never.wait()
+    finally:
+        plugin.kill()
+        plugin.wait()

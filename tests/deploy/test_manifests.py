@@ -33,6 +33,7 @@ EXPECTED_FILES = {
     "examples/pod-vgcu-example.yaml",
     "examples/pod-shared-gcu-example.yaml",
     "enflame-runtimeclass.yaml",
+    "enflame-device-plugin-networkpolicy.yaml",
     "examples/pod-gcu-runtimeclass-example.yaml",
 }
 PLUGIN_HOST_PATHS = {

@@ -299,6 +299,11 @@ class FakeApiServer:
                 if path != SLICES:
                     return self._status(404, "NotFound", f"no route {path}")
                 document = self._body()
+                if not document["metadata"].get("name") and document["metadata"].get(
+                    "generateName"
+                ):  # as the API server does: the prefix and five random characters
+                    suffix = uuid.uuid4().hex[:5]
+                    document["metadata"]["name"] = document["metadata"]["generateName"] + suffix
                 name = document["metadata"]["name"]
                 with fake.lock:
                     if name in fake.slices:

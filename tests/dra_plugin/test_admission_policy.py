@@ -78,6 +78,22 @@ def test_a_driver_cannot_touch_another_nodes_slices(operation: str, new: Any, ol
     )
 
 
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
+def test_a_driver_publishes_only_the_pool_named_after_its_node(operation: str) -> None:
+    """Issue 22 item 13: the pool name was not restricted, so a driver on node-a could publish
+    its slice into another node's pool (the scheduler then counts it in that pool)."""
+    other_pool = slice_of("node-a")
+    other_pool["spec"]["pool"]["name"] = "node-b"
+    new = None if operation == "DELETE" else other_pool
+    old = None if operation == "CREATE" else other_pool
+    allowed, message = review(operation, new, old)
+    assert not allowed
+    assert (
+        message
+        == "enflame-dra-plugin on node node-a may publish only the pool named after its node"
+    )
+
+
 def test_another_drivers_slices_are_off_limits_even_on_the_own_node() -> None:
     allowed, message = review("CREATE", slice_of("node-a", driver="gpu.example.com"), None)
     assert not allowed and "driver gcu.enflame.com" in message

@@ -168,6 +168,39 @@ def test_a_conflicting_update_is_retried_from_a_fresh_list() -> None:
     asyncio.run(main())
 
 
+def test_a_slice_name_taken_by_another_node_is_named_and_a_free_one_used(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 22 item 5: the create got 409 AlreadyExists for ever."""
+    taken = resourceslices.slice_name(NODE, 0)
+
+    async def main() -> None:
+        async with publishing() as env:
+            squatter = resourceslices.build_slices("other-node", None, [], 1)[0]
+            squatter["metadata"]["name"] = taken
+            with env.fake.lock:
+                env.fake.slices[taken] = env.fake._store(squatter)
+                env.fake.slices[taken]["metadata"]["resourceVersion"] = env.fake._bump()
+            assert await asyncio.wait_for(env.publisher.sync(), 10) is True
+            ours = env.fake.node_slices(NODE)
+            assert len(ours) == 1 and ours[0]["metadata"]["name"].startswith(f"{taken}-")
+            assert len(devices_of(ours)) == 8
+            assert env.fake.slices[taken]["spec"]["nodeName"] == "other-node"  # left alone
+            assert env.publisher.name_conflicts == 1
+            # Later syncs find the slice under its generated name: nothing to write.
+            assert await env.publisher.sync() is False
+            simulate.unplug(env.where.root, 3)
+            env.devices.monitor.rescan()
+            assert await env.publisher.sync() is True
+            again = env.fake.node_slices(NODE)
+            assert [s["metadata"]["name"] for s in again] == [ours[0]["metadata"]["name"]]
+            assert env.publisher.name_conflicts == 1
+
+    with caplog.at_level("WARNING"):
+        asyncio.run(main())
+    assert f"a ResourceSlice named {taken} already exists" in caplog.text
+
+
 def test_a_cluster_without_device_taints_gets_unhealthy_devices_left_out() -> None:
     async def main() -> None:
         async with publishing(drop_fields=("taints",)) as env:

@@ -13,7 +13,7 @@ import pytest
 
 from enflame_gcu.container_toolkit import cdi_validate
 from enflame_gcu.dra_plugin import checkpoint, claim_cdi, claims
-from enflame_gcu.errors import ConfigError
+from enflame_gcu.errors import ClaimError, ConfigError
 from enflame_gcu.simulation import simulate
 from tests.dra_plugin import harness
 from tests.shim import schemas
@@ -400,3 +400,50 @@ def test_a_deleted_registration_socket_is_served_again_and_re_registered() -> No
                 assert answer.claims["uid-a"].error == ""
 
     run(main())
+
+
+def test_identifiers_that_would_lead_out_of_the_cdi_dir_are_refused() -> None:
+    """Issue 22 item 6: a claim UID ``x/../../victim/important`` made Prepare overwrite and
+    Unprepare delete a ``.json`` outside the CDI dir; a request name goes into a CDI name."""
+    evil = ("enflame", "evil", "x/../../victim/important")
+
+    async def main() -> None:
+        with harness.simulated_node() as where:
+            victim = os.path.join(where.work, "victim")
+            os.makedirs(victim)
+            # Where the unchecked path led: <cdi>/<prefix>x/../../victim/important.json
+            target = os.path.join(victim, "important.json")
+            with open(target, "w", encoding="utf-8") as handle:
+                handle.write("{}\n")
+            os.makedirs(os.path.join(where.cdi, "k8s.gcu.enflame.com-claim_x"))
+            source = harness.FakeClaims()
+            two_card_claim(source, evil, 0, 1)
+            source.add(harness.claim_document("enflame", "bad-req", "uid-r", [("A/b", "gcu-2")]))
+            async with harness.running(where, source) as env:
+                await env.kubelet.wait_registered(DRIVER)
+                answer = await env.kubelet.prepare(DRIVER, [evil])
+                assert "is not a UID" in answer.claims[evil[2]].error
+                gone = await env.kubelet.unprepare(DRIVER, [evil])
+                assert "is not a UID" in gone.claims[evil[2]].error
+                bad = await env.kubelet.prepare(DRIVER, [("enflame", "bad-req", "uid-r")])
+                assert "is not a DNS label" in bad.claims["uid-r"].error
+                assert env.driver.prepared == {}
+            with open(target, encoding="utf-8") as handle:
+                assert handle.read() == "{}\n"
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "uid"),
+    [
+        ("Enflame", "c", "uid-a"),
+        ("enflame", "c/..", "uid-a"),
+        ("enflame", "c", ".."),
+        ("enflame", "c", "a" * 129),
+    ],
+)
+def test_claim_references_are_checked_field_by_field(namespace: str, name: str, uid: str) -> None:
+    with pytest.raises(ClaimError, match="refused a claim the kubelet named"):
+        claims.check_ref(claims.ClaimRef(namespace, name, uid))
+    claims.check_ref(claims.ClaimRef("enflame", "c.d-1", "0f8c2f4e-1d2b-4c5a-9e7f-1234567890ab"))

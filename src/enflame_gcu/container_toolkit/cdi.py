@@ -160,7 +160,8 @@ def load_file(path: str) -> dict[str, Any]:
     """Read a CDI spec file (``.json`` or ``.yaml``/``.yml``)."""
     try:
         text = fileio.read_regular(path).decode("utf-8")
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+        parse = json.loads if path.endswith(".json") else yaml.safe_load
+        data = fileio.parse_bounded(parse, text, path)
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise SpecError(f"cannot read CDI spec {path}: {exc}") from exc
     if not isinstance(data, dict):

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 KINDS = ("gcu", "vgcu")
 FORMAT = "yaml"
 RESCAN_SECONDS = 5.0
+# The names of the files written here (spec_paths), for their temp files.
+TEMP_PREFIXES = tuple(f"enflame.com-{kind}.{FORMAT}" for kind in KINDS)
 
 
 def spec_paths(output_dir: str) -> list[str]:
@@ -53,8 +55,15 @@ def refresh(root: str, output_dir: str) -> list[str]:
     """Make ``output_dir`` hold exactly the specs of the GCUs under ``root``; return what changed.
 
     A kind with no usable device has its file removed (an engine then refuses the name with a
-    clear error instead of injecting nodes that are gone).
+    clear error instead of injecting nodes that are gone). PathOutsideRootError when ``root``'s
+    /sys or /dev leads out of it (discovery would read this process's own), as for generate.
     """
+    fileio.require_confined(root, devices.DISCOVERY_PATHS)
+    # A keeper or installer killed mid-write left a temp file: nothing else would remove it.
+    changed = [
+        f"{path} removed (left by an interrupted write)"
+        for path in fileio.remove_stale_temps(output_dir, TEMP_PREFIXES)
+    ]
     inventory = devices.discover(root)
     try:
         specs = cdi.build_specs(inventory)
@@ -65,7 +74,6 @@ def refresh(root: str, output_dir: str) -> list[str]:
         os.path.join(output_dir, f"{named.file_name}.{FORMAT}"): cdi.render(named.spec, FORMAT)
         for named in specs
     }
-    changed = []
     if wanted:
         os.makedirs(output_dir, exist_ok=True)
     for path, text in wanted.items():

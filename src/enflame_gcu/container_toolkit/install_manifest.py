@@ -63,8 +63,7 @@ class InstallRun:
         self.planned_removals: set[str] = set()
         self.existed = False
         try:
-            with open(self.manifest_path, encoding="utf-8") as handle:
-                manifest = json.load(handle)
+            manifest = fileio.read_json(self.manifest_path)
             self.actions = list(manifest["actions"])
             self.existed = True
         except FileNotFoundError:
@@ -90,8 +89,7 @@ class InstallRun:
                 fileio.replace_symlink(target, local)
 
         elif os.path.isfile(local):
-            with open(local, "rb") as handle:
-                data = handle.read()
+            data = fileio.read_regular(local, _BACKUP_LIMIT)
             info = os.stat(local)
 
             def restore() -> None:
@@ -217,6 +215,11 @@ class InstallRun:
                 f"cannot install {path}: {what} is already there and was not installed by "
                 f"enflame-ctk install (no entry in {self.manifest_path}); {hint}"
             )
+
+
+# What install replaces are scripts, configs and the runtime's launcher: kilobytes. A bigger
+# file is not held in memory for the undo; the install stops and says so instead.
+_BACKUP_LIMIT = 256 << 20
 
 
 def _owner(info: os.stat_result) -> tuple[int, int]:

@@ -303,8 +303,15 @@ def _record_mode(run: InstallRun, record: node_modes.Record) -> None:
     run.lines.append(f"{path} {run.verb}written (node mode {record.mode})")
     if not run.dry_run:
         # Plugins in --node-mode=auto that read this very file answer for the new mode at once.
-        for pid in node_mode.notify_plugins(run.root):
-            run.lines.append(f"told the device plugin (pid {pid}) to reload its node mode")
+        for pid, told in node_mode.notify_plugins(run.root):
+            if told:
+                run.lines.append(f"told the device plugin (pid {pid}) to reload its node mode")
+            else:
+                run.lines.append(
+                    f"did not signal the device plugin (pid {pid}): it is still starting (no "
+                    f"reload handler after {node_mode.HANDLER_WAIT_SECONDS:.0f} s) and SIGHUP "
+                    "would kill it; restart it if it does not answer for the new mode"
+                )
 
 
 def _write_cdi_specs(run: InstallRun) -> None:

@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Sequence
 
 from enflame_gcu import fileio, node_modes
@@ -97,6 +98,10 @@ def decide(root: str, asked_mode: str, engine: node_modes.Engine) -> node_modes.
     return node_modes.Record(asked_mode, engine.name, version, chosen_by, reason)
 
 
+# How long a freshly started plugin may take to set up its SIGHUP handler (imports, config).
+HANDLER_WAIT_SECONDS = 10.0
+
+
 def _plugin_flags(argv: Sequence[str]) -> dict[str, str] | None:
     """The ``--flag value`` pairs of an enflame-device-plugin command line; None for others."""
     names = [os.path.basename(word) for word in argv[:2]]
@@ -116,27 +121,54 @@ def _plugin_flags(argv: Sequence[str]) -> dict[str, str] | None:
     return flags
 
 
-def notify_plugins(root: str, proc: str = "/proc") -> list[int]:
-    """SIGHUP every device plugin in ``--node-mode=auto`` that reads the record under ``root``.
+def catches_sighup(proc: str, pid: str) -> bool | None:
+    """Whether process ``pid`` has a SIGHUP handler (``SigCgt`` in its status); None when it
+    is gone. Until it has one, SIGHUP would kill it (the default action)."""
+    try:
+        status = fileio.read_regular(os.path.join(proc, pid, "status"), 1 << 16).decode("latin-1")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGHUP - 1) & 1)
+    return False
+
+
+def _wait_for_handler(proc: str, pid: str, deadline: float) -> bool | None:
+    while True:
+        caught = catches_sighup(proc, pid)
+        if caught is not False or time.monotonic() >= deadline:
+            return caught
+        time.sleep(0.05)
+
+
+def notify_plugins(
+    root: str, proc: str = "/proc", wait: float = HANDLER_WAIT_SECONDS
+) -> list[tuple[int, bool]]:
+    """SIGHUP every device plugin in ``--node-mode=auto`` that reads the record under ``root``;
+    ``(pid, told)`` for each one found.
 
     A plugin qualifies only when the record it would read (through ``/proc/PID/root`` and its
     own ``--host-root``) is the very file just written (same device and inode), so plugins of
     other nodes, tests or host roots on the same machine are never signalled. SIGHUP makes the
     plugin re-resolve its settings without ending its registration (device_plugin.runner).
+    A plugin still starting has no handler yet and would be killed by the signal: it is waited
+    for (``wait`` seconds in all), and left alone (``told`` False) when it never gets one.
     """
     try:
         ours = os.stat(node_modes.local_path(root))
     except OSError:
         return []
-    told = []
+    told: list[tuple[int, bool]] = []
+    deadline = time.monotonic() + wait
     try:
         entries = [e for e in os.listdir(proc) if e.isdigit()]
     except OSError:
         return []
     for entry in entries:
         try:
-            with open(os.path.join(proc, entry, "cmdline"), "rb") as handle:
-                argv = [w for w in handle.read().decode("utf-8", "replace").split("\0") if w]
+            raw = fileio.read_regular(os.path.join(proc, entry, "cmdline"), 4 << 20)
+            argv = [w for w in raw.decode("utf-8", "replace").split("\0") if w]
         except OSError:
             continue
         flags = _plugin_flags(argv)
@@ -149,7 +181,13 @@ def notify_plugins(root: str, proc: str = "/proc") -> list[int]:
         except OSError:
             continue
         if (seen.st_dev, seen.st_ino) == (ours.st_dev, ours.st_ino):
+            caught = _wait_for_handler(proc, entry, deadline)
+            if caught is None:
+                continue  # gone meanwhile
+            if not caught:
+                told.append((int(entry), False))
+                continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry), signal.SIGHUP)
-                told.append(int(entry))
+                told.append((int(entry), True))
     return told

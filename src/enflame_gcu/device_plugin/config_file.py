@@ -183,7 +183,9 @@ def _sharing(data: Mapping[str, Any]) -> dict[str, Any]:
 def parse(text: str) -> dict[str, Any]:
     """The layer a config file's text gives; ConfigError names the bad key's path."""
     try:
-        data = yaml.safe_load(text)
+        data = fileio.parse_bounded(yaml.safe_load, text, "the file")
+    except fileio.NestingError as exc:
+        raise ConfigError(str(exc)) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"not valid YAML: {exc}") from exc
     data = _mapping({} if data is None else data, "top level")

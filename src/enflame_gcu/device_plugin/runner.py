@@ -313,7 +313,11 @@ async def run(
     background: list[Any] = []
     if config.metrics_port:
         exported = metrics.Metrics()
-        http_server.start(exported, config.metrics_port, config.metrics_bind_address)
+        try:
+            http_server.start(exported, config.metrics_port, config.metrics_bind_address)
+        except ConfigError as exc:
+            log.error("%s", exc)  # the port in use: one line that says so, not a traceback
+            return 1
         background = _background(config, exported)
     watchers = NodeWatchers(exported)
     servers = Servers(exported)

@@ -79,8 +79,13 @@ class ApiServer:
         return items, str(listing.resourceVersion or "")
 
     async def create_slice(self, document: dict[str, Any]) -> dict[str, Any]:
-        """Create one slice."""
-        created = await self.client.create(_slice(document))
+        """Create one slice; publisher.NameTaken when another object has its name."""
+        try:
+            created = await self.client.create(_slice(document))
+        except ApiError as exc:
+            if _code(exc) == CONFLICT:
+                raise publisher.NameTaken(str(exc)) from exc
+            raise
         return dict(created.to_dict())
 
     async def replace_slice(self, document: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from enflame_gcu import fileio
+from enflame_gcu.dra_plugin import claims
 from enflame_gcu.errors import ConfigError
 
 FORMAT_VERSION = 1
@@ -69,6 +70,8 @@ def _claim_to_json(claim: PreparedClaim) -> dict[str, Any]:
 
 
 def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
+    if not claims.valid_uid(uid):
+        raise ValueError(f"claim uid {uid!r} is not a UID")
     state = data["state"]
     if state not in (PREPARING, PREPARED):
         raise ValueError(f"unknown state {state!r}")
@@ -95,14 +98,13 @@ class Checkpoint:
     def load(self) -> dict[str, PreparedClaim]:
         """Claims by UID; an absent file is an empty record."""
         try:
-            with open(self.path, encoding="utf-8") as handle:
-                text = handle.read()
+            raw = fileio.read_regular(self.path)
         except FileNotFoundError:
             return {}
         except OSError as exc:
             raise ConfigError(f"cannot read the DRA checkpoint {self.path}: {exc}") from exc
         try:
-            data = json.loads(text)
+            data = fileio.parse_json(raw, self.path)
             if data.get("version") != FORMAT_VERSION:
                 raise ValueError(f"format version {data.get('version')!r}, want {FORMAT_VERSION}")
             return {uid: _claim_from_json(uid, entry) for uid, entry in data["claims"].items()}

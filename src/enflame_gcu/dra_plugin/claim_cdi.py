@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from enflame_gcu import cdispec, claim_specs, devices, edits, fileio, sharing
-from enflame_gcu.dra_plugin import checkpoint
+from enflame_gcu.dra_plugin import checkpoint, claims
+from enflame_gcu.errors import ClaimError
 
 # The spellings live where the runtime reads them back (claim_specs, standard library only).
 CDI_VENDOR = claim_specs.CDI_VENDOR
@@ -35,7 +36,10 @@ def qualified_name(claim_uid: str, request: str) -> str:
 
 
 def spec_path(cdi_dir: str, claim_uid: str) -> str:
-    """Where the claim's spec file lives."""
+    """Where the claim's spec file lives; ClaimError for a UID that is not one (it would
+    lead elsewhere: ``x/../../victim``)."""
+    if not claims.valid_uid(claim_uid):
+        raise ClaimError(f"claim uid {claim_uid!r} is not a UID; no file is named after it")
     return os.path.join(cdi_dir, claim_specs.file_name(claim_uid))
 
 

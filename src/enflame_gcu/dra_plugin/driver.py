@@ -24,6 +24,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from enflame_gcu import claim_specs, fileio
 from enflame_gcu.dra_plugin import checkpoint, claim_cdi, claims, node
 from enflame_gcu.errors import ClaimError, EnflameError
 
@@ -139,6 +140,8 @@ class Driver:
         for uid in sorted(claim_cdi.claim_uids_on_disk(self.cdi_dir) - set(loaded)):
             claim_cdi.remove(self.cdi_dir, uid)
             actions.append(f"removed the CDI spec of claim uid {uid}, which is not on record")
+        for path in fileio.remove_stale_temps(self.cdi_dir, (claim_specs.FILE_PREFIX,)):
+            actions.append(f"removed {path}, left by an interrupted write")
         self._claims = loaded
         self.checkpoint.save(self._claims)
         for action in actions:
@@ -166,6 +169,7 @@ class Driver:
     async def _prepare_one(self, ref: claims.ClaimRef) -> list[PreparedDeviceResult]:
         if not ref.uid or not ref.name or not ref.namespace:
             raise ClaimError(f"claim {ref} lacks a namespace, name or uid")
+        claims.check_ref(ref)
         existing = self._claims.get(ref.uid)
         if existing is not None and existing.state == checkpoint.PREPARED:
             if not os.path.exists(claim_cdi.spec_path(self.cdi_dir, ref.uid)):
@@ -300,6 +304,7 @@ class Driver:
             async with self._serialized():
                 for ref in refs:
                     try:
+                        claims.check_ref(ref)
                         claim_cdi.remove(self.cdi_dir, ref.uid)
                         self._fault("unprepare-after-cdi")
                         claim = self._claims.pop(ref.uid, None)
@@ -307,7 +312,7 @@ class Driver:
                             self.checkpoint.save(self._claims)
                             log.info("unprepared claim %s", ref)
                         results[ref.uid] = ""
-                    except OSError as exc:
+                    except (EnflameError, OSError) as exc:
                         results[ref.uid] = f"cannot unprepare claim {ref}: {exc}"
         except (EnflameError, OSError) as exc:
             log.error("cannot unprepare claims: %s", exc)

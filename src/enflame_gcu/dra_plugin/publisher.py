@@ -56,6 +56,11 @@ class Conflict(Exception):
     """The API server refused an update: the object changed since we read it (409)."""
 
 
+class NameTaken(Exception):
+    """A create was refused: an object of that name exists (409 AlreadyExists). Ours are all
+    listed first, so it belongs to another node or driver."""
+
+
 class SliceApi(Protocol):
     """The ResourceSlice endpoints the publisher uses (scoped to one node and driver)."""
 
@@ -64,7 +69,7 @@ class SliceApi(Protocol):
         ...
 
     async def create_slice(self, document: dict[str, Any]) -> dict[str, Any]:
-        """Create; returns the stored object."""
+        """Create; returns the stored object; NameTaken when the name is in use."""
         ...
 
     async def replace_slice(self, document: dict[str, Any]) -> dict[str, Any]:
@@ -142,6 +147,26 @@ def _generation(resource_slice: Mapping[str, Any]) -> int:
     return int(((resource_slice.get("spec") or {}).get("pool") or {}).get("generation") or 0)
 
 
+def _pair(
+    wanted: Sequence[dict[str, Any]], existing: Sequence[dict[str, Any]]
+) -> tuple[list[tuple[dict[str, Any], dict[str, Any] | None]], list[dict[str, Any]]]:
+    """Each wanted slice with the stored one it replaces (None: create), and the stored ones
+    left over (delete). The same name pairs first; a wanted slice whose name another object
+    took keeps the generated name it was created under, so any unpaired stored slice of ours
+    is reused (renamed to it) before one is created."""
+    by_name = {s["metadata"]["name"]: s for s in existing}
+    pairs: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    for document in wanted:
+        pairs.append((document, by_name.pop(document["metadata"]["name"], None)))
+    spare = sorted(by_name.values(), key=lambda s: str(s["metadata"]["name"]))
+    for index, (document, old) in enumerate(pairs):
+        if old is None and spare:
+            reused = spare.pop(0)
+            document["metadata"]["name"] = reused["metadata"]["name"]
+            pairs[index] = (document, reused)
+    return pairs, spare
+
+
 class Publisher:
     """Publishes one node's pool and keeps it current."""
 
@@ -160,6 +185,7 @@ class Publisher:
         self.generation = 0
         self.writes = 0
         self.conflicts = 0
+        self.name_conflicts = 0
         self.dropped: set[str] = set()
         self._node_uid: str | None = None
         self._wake = asyncio.Event()
@@ -189,41 +215,57 @@ class Publisher:
         raise Conflict(f"gave up after {CONFLICT_RETRIES} conflicting updates")
 
     async def _sync_once(self, existing: Sequence[dict[str, Any]]) -> bool:
-        stored = {s["metadata"]["name"]: s for s in existing}
         generations = {_generation(s) for s in existing}
         base = max([self.generation, *generations])
-        current = self.desired(base)
+        current, unused = _pair(self.desired(base), existing)
         if (
             len(generations) == 1
-            and set(stored) == {s["metadata"]["name"] for s in current}
-            and all(comparable(stored[s["metadata"]["name"]]) == comparable(s) for s in current)
+            and not unused
+            and all(old is not None and comparable(old) == comparable(new) for new, old in current)
         ):
             self.generation = base
             return False
-        wanted = self.desired(base + 1)
+        wanted, unused = _pair(self.desired(base + 1), existing)
         results = []
-        for document in wanted:
-            name = document["metadata"]["name"]
-            if name in stored:
-                version = stored[name]["metadata"].get("resourceVersion")
-                document["metadata"]["resourceVersion"] = version
+        for document, old in wanted:
+            if old is not None:
+                document["metadata"]["resourceVersion"] = old["metadata"].get("resourceVersion")
                 results.append(await self.api.replace_slice(document))
             else:
-                results.append(await self.api.create_slice(document))
-        for name in sorted(set(stored) - {d["metadata"]["name"] for d in wanted}):
-            await self.api.delete_slice(name)
+                results.append(await self._create(document))
+        for old in unused:
+            await self.api.delete_slice(old["metadata"]["name"])
+        wanted_documents = [document for document, _ in wanted]
         self.generation = base + 1
         self.writes += 1
         log.info(
             "published %d device(s) in %d ResourceSlice(s), pool %s generation %d",
-            sum(len(d["spec"].get("devices") or []) for d in wanted),
+            sum(len(d["spec"].get("devices") or []) for d in wanted_documents),
             len(wanted),
             self.node_name,
             self.generation,
         )
-        if self._check_dropped(wanted, results):
+        if self._check_dropped(wanted_documents, results):
             return await self._sync_once(await self._relist())
         return True
+
+    async def _create(self, document: dict[str, Any]) -> dict[str, Any]:
+        """Create under the usual name; when another node's or driver's object has it, under a
+        name the API server makes unique (the slices are found by node and driver, not name)."""
+        try:
+            return await self.api.create_slice(document)
+        except NameTaken:
+            name = document["metadata"].pop("name")
+            document["metadata"]["generateName"] = f"{name}-"
+            self.name_conflicts += 1
+            log.warning(
+                "a ResourceSlice named %s already exists and is not this node's %s slice (another "
+                "node or driver made it): publishing under a generated name %s-<random> instead",
+                name,
+                resourceslices.DRIVER,
+                name,
+            )
+            return await self.api.create_slice(document)
 
     async def _relist(self) -> list[dict[str, Any]]:
         existing, self._resource_version = await self.api.list_slices()

@@ -10,6 +10,7 @@ Nothing is ever written to stdout: CRI-O parses runc's stdout.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 from enflame_gcu import __version__
@@ -68,10 +69,23 @@ def may_request_devices(bundle: str) -> bool:
     Unreadable specs return True so that the create path reports the problem properly.
     """
     try:
-        with open(os.path.join(bundle, "config.json"), "rb") as handle:
-            raw = handle.read()
+        # Not blocking, regular files only: a FIFO must not hang the call (the create path's
+        # reader, fileio.read_regular, then names it).
+        path = os.path.join(bundle, "config.json")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return True
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return True
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
     return any(marker in raw for marker in REQUEST_MARKERS)
 
 

@@ -44,16 +44,15 @@ def load(bundle: str) -> Spec:
     """Read and decode ``<bundle>/config.json`` and check the parts the runtime edits."""
     path = spec_path(bundle)
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
+        raw = fileio.read_regular(path)
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc.strerror or exc}") from exc
     try:
-        data = json.loads(raw)
+        data = fileio.parse_json(raw, path)
+    except fileio.NestingError as exc:
+        raise SpecError(str(exc)) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path} is not valid JSON: {exc}") from exc
-    except RecursionError:
-        raise SpecError(f"{path} nests JSON arrays or objects too deeply to read") from None
     if b"\\u" in raw:  # only \uXXXX escapes can make a lone surrogate: check just then
         _check_unicode(data, path)
     check_shape(data, path)

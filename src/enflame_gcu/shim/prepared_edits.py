@@ -16,7 +16,6 @@ caller then runs discovery, which is always right and words the errors. Standard
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
@@ -67,7 +66,7 @@ def load(path: str, root: str) -> Prepared:
     if not path:
         raise Unavailable("prepared-edits is off in the config")
     try:
-        data = json.loads(fileio.read_regular(path))
+        data = fileio.read_json(path)
     except FileNotFoundError:
         raise Unavailable(f"{path} does not exist") from None
     except (OSError, ValueError) as exc:

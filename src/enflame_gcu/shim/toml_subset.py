@@ -13,6 +13,8 @@ from __future__ import annotations
 from enflame_gcu.errors import ConfigError
 
 _BARE_KEY = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+# fileio.MAX_DEPTH's value (fileio stays off the pass-through path): no real config nests arrays.
+MAX_DEPTH = 64
 _ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
 
 
@@ -90,12 +92,15 @@ def _key(scan: _Scanner) -> str:
     return scan.text[start : scan.pos]
 
 
-def _value(scan: _Scanner, in_array: bool) -> object:
+def _value(scan: _Scanner, in_array: bool, depth: int = 0) -> object:
     char = scan.peek()
     if char in ('"', "'"):
         return _string_literal(scan)
     if char == "[":
-        return _array(scan)
+        if depth >= MAX_DEPTH:
+            # Recursing on would end in RecursionError on every runc call, pass-through too.
+            raise scan.error(f"arrays nested deeper than {MAX_DEPTH} levels")
+        return _array(scan, depth + 1)
     start = scan.pos
     while scan.peek() and scan.peek() not in " \t\r\n#,]":
         scan.pos += 1
@@ -111,7 +116,7 @@ def _value(scan: _Scanner, in_array: bool) -> object:
     raise scan.error(f"expected {what} (string, true/false, integer or array), found {word!r}")
 
 
-def _array(scan: _Scanner) -> list[object]:
+def _array(scan: _Scanner, depth: int) -> list[object]:
     scan.pos += 1  # the opening bracket
     items: list[object] = []
     while True:
@@ -121,7 +126,7 @@ def _array(scan: _Scanner) -> list[object]:
             return items
         if not scan.peek():
             raise scan.error("array is not closed with ']'")
-        items.append(_value(scan, in_array=True))
+        items.append(_value(scan, in_array=True, depth=depth))
         scan.skip_blank(newlines=True)
         if scan.peek() == ",":
             scan.pos += 1

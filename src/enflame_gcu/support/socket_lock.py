@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import os
 import socket
+import stat
 import time
 
 LOCK_SUFFIX = ".lock"
@@ -90,10 +91,19 @@ class SocketLock:
     def holder(self) -> str:
         """Who holds the lock, as its holder wrote it (best effort, one printable line)."""
         try:
-            with open(self.path, "rb") as handle:
-                text = handle.read(_HOLDER_BYTES).decode("utf-8", "replace").strip()
+            # Non-blocking and checked: a FIFO planted at the lock's path must not hang us.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return "unknown"
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return "unknown"
+            raw = os.read(fd, _HOLDER_BYTES)
+        except OSError:
+            return "unknown"
+        finally:
+            os.close(fd)
+        text = raw.decode("utf-8", "replace").strip()
         return _printable(text.splitlines()[0]) if text else "unknown"
 
     def release(self, *, unlink: bool = True) -> None:

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from enflame_gcu import devices, health, holders, topology
+from enflame_gcu import devices, fileio, health, holders, topology
 from enflame_gcu.container_toolkit.commands import common
 from enflame_gcu.errors import KubeletApiError
 
@@ -32,8 +32,8 @@ def register(subparsers: Any) -> None:
     common.add_host_root(parser)
     parser.add_argument(
         "--pod-resources-socket",
-        default=DEFAULT_SOCKET,
-        help=f"the kubelet's PodResources socket (default: {DEFAULT_SOCKET})",
+        default=None,
+        help=f"the kubelet's PodResources socket (default: {DEFAULT_SOCKET} under --host-root)",
     )
     parser.add_argument(
         "--resource",
@@ -140,6 +140,8 @@ def render_text(view: holders.NodeView, document: dict[str, Any]) -> str:
                 _held_by(card, known),
             )
         )
+    # Names come from the kubelet's PodResources (pods name them) and sysfs: escaped.
+    rows = [tuple(common.printable(cell) for cell in row) for row in rows]  # type: ignore[misc]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1]
@@ -149,16 +151,18 @@ def render_text(view: holders.NodeView, document: dict[str, Any]) -> str:
         lines = ["No GCU cards found on this node."]
     for card in view.cards:
         if not card.healthy and card.reason:
-            lines.append(f"  {card.card.name}: {card.reason}")
+            lines.append(common.printable(f"  {card.card.name}: {card.reason}"))
     for holder in view.unplaced:
         lines.append(
-            f"  {holder.device} ({holder.resource}) held by {holder.namespace}/{holder.pod}/"
-            f"{holder.container} is on no card of this node"
+            common.printable(
+                f"  {holder.device} ({holder.resource}) held by {holder.namespace}/{holder.pod}/"
+                f"{holder.container} is on no card of this node"
+            )
         )
     if known:
-        lines.append(view.summary())
+        lines.append(common.printable(view.summary()))
     else:
-        lines.append(f"holders unknown: {document['pod_resources']['error']}")
+        lines.append(common.printable(f"holders unknown: {document['pod_resources']['error']}"))
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -168,10 +172,16 @@ def run(args: argparse.Namespace) -> int:
 
     inventory = devices.discover(args.host_root)
     resources = tuple(args.resource or holders.DEFAULT_RESOURCES)
-    source: dict[str, Any] = {"socket": args.pod_resources_socket, "available": True}
+    # The host's socket, as every other default path: under --host-root (links kept inside).
+    socket = (
+        common.host_file(args.host_root, DEFAULT_SOCKET)
+        if args.pod_resources_socket is None
+        else fileio.confine(args.host_root, args.pod_resources_socket)
+    )
+    source: dict[str, Any] = {"socket": socket, "available": True}
     listing: podresources.Listing | None = None
     try:
-        listing = podresources.list_resources(args.pod_resources_socket)
+        listing = podresources.list_resources(socket)
     except KubeletApiError as exc:
         source.update(available=False, error=str(exc))
     if listing is not None:

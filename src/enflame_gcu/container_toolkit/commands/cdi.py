@@ -188,6 +188,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
+    # As generate does: a root whose /dev or /sys leads out of it is refused before starting.
+    fileio.require_confined(args.host_root, devices.DISCOVERY_PATHS)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -38,6 +38,18 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable escaped (``\\n``, ``\\x1b``,
+    ``\\u202e``): for strings others wrote (a mode record, pod names from the kubelet, sysfs)
+    on a terminal, where a newline would forge a line and an escape sequence would act."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+        for c in text
+    )
+
+
 def note(message: str) -> None:
     """A message for the operator (not the command's result): stderr, our prefix on each line."""
     lines = message.splitlines() or [""]

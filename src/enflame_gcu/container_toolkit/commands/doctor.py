@@ -64,9 +64,12 @@ def doctor_command(args: argparse.Namespace) -> int:
         return EXIT_CODES[worst]
     width = max((len(r.name) for r in results), default=0)
     for result in results:
-        print(f"{result.status.upper():4}  {result.name:{width}}  {result.detail}")
+        # Details quote what the node holds (the mode record's strings, config values): escaped,
+        # so a newline cannot forge a PASS line and an escape sequence cannot reach the terminal.
+        detail = common.printable(result.detail)
+        print(f"{result.status.upper():4}  {result.name:{width}}  {detail}")
         if result.fix and result.status != "pass":
-            print(f"{'':4}  {'':{width}}  fix: {result.fix}")
+            print(f"{'':4}  {'':{width}}  fix: {common.printable(result.fix)}")
     counts = {s: sum(r.status == s for r in results) for s in EXIT_CODES}
     print(f"{counts['pass']} passed, {counts['warn']} warning(s), {counts['fail']} failed")
     return EXIT_CODES[worst]

@@ -7,7 +7,6 @@ Read with the parsers the engine editors use (``engines/``), so doctor sees a co
 from __future__ import annotations
 
 import glob
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,8 +44,8 @@ def _ours(runtimes: Any, path_of: Callable[[Any], Any]) -> tuple[str | None, str
 
 
 def _toml(path: str, root: str) -> dict[str, Any]:
-    with open(storage.target(path, root), encoding="utf-8") as handle:
-        return dict(formats.plain(formats.FORMATS["toml"].parse(handle.read(), path)))
+    text = fileio.read_text(storage.target(path, root))
+    return dict(formats.plain(formats.FORMATS["toml"].parse(text, path)))
 
 
 def _merge(into: dict[str, Any], other: dict[str, Any]) -> None:
@@ -59,8 +58,7 @@ def _merge(into: dict[str, Any], other: dict[str, Any]) -> None:
 
 def _docker_view(root: str) -> EngineView:
     path = storage.target(hosts.default_config_path("docker", root), root)
-    with open(path, encoding="utf-8") as handle:
-        data = json.load(handle)
+    data = fileio.read_json(path)
     name, binary = _ours(data.get("runtimes"), lambda entry: entry.get("path"))
     options = " ".join(str(o) for o in data.get("exec-opts") or [])
     systemd = "cgroupdriver=systemd" in options or None

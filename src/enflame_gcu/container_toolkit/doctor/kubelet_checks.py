@@ -6,7 +6,7 @@ import os
 import socket
 import stat
 
-from enflame_gcu import node_modes
+from enflame_gcu import fileio, node_modes
 from enflame_gcu.container_toolkit.doctor import processes
 from enflame_gcu.container_toolkit.doctor.model import Node, Result, Status
 
@@ -86,8 +86,8 @@ def check_swap(node: Node) -> list[Result]:
     if not os.path.isdir(node.path("/var/lib/kubelet")):
         return []  # no kubelet here: the kubelet check says so, nothing to pass
     try:
-        with open(node.path("/proc/swaps"), encoding="utf-8") as handle:
-            lines = handle.read().splitlines()[1:]
+        text = fileio.read_regular(node.path("/proc/swaps"), 1 << 20).decode("utf-8", "replace")
+        lines = text.splitlines()[1:]
     except OSError as exc:
         return [Result("swap", "warn", f"cannot read /proc/swaps: {exc.strerror}", "swapon --show")]
     active = [line.split()[0] for line in lines if line.strip()]

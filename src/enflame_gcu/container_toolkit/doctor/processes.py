@@ -11,9 +11,16 @@ import yaml
 
 from enflame_gcu import fileio
 from enflame_gcu.container_toolkit.doctor.model import Node
+from enflame_gcu.errors import EnflameError
 from enflame_gcu.support import env_vars
 
 KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
+# A command line or environment longer than this is skipped (the kernel allows 2 MiB).
+_PROC_LIMIT = 4 << 20
+
+
+def _read_proc(root: str, pid: str, name: str) -> bytes:
+    return fileio.read_regular(fileio.resolve(root, f"/proc/{pid}/{name}"), _PROC_LIMIT)
 
 
 def read_processes(root: str) -> tuple[tuple[str, ...], ...]:
@@ -24,8 +31,8 @@ def read_processes(root: str) -> tuple[tuple[str, ...], ...]:
             if not entry.isdigit():
                 continue
             with contextlib.suppress(OSError):
-                with open(fileio.resolve(root, f"/proc/{entry}/cmdline"), "rb") as handle:
-                    words = handle.read().decode("utf-8", "replace").split("\0")
+                raw = _read_proc(root, entry, "cmdline")
+                words = raw.decode("utf-8", "replace").split("\0")
                 if words and words[0]:
                     found.append(tuple(w for w in words if w))
     return tuple(found)
@@ -55,9 +62,8 @@ def kubelet_setting(node: Node, key: str, flag: str) -> Any:
             return value
     config = dict(flags(node, "kubelet")).get("--config", KUBELET_CONFIG)
     try:
-        with open(node.path(config), encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
-    except (OSError, yaml.YAMLError):
+        data = fileio.parse_bounded(yaml.safe_load, fileio.read_text(node.path(config)), config)
+    except (OSError, yaml.YAMLError, ValueError, EnflameError):
         return None
     return data.get(key) if isinstance(data, dict) else None
 
@@ -88,10 +94,8 @@ def _plugin_pids(root: str) -> Iterator[tuple[str, tuple[str, ...]]]:
             if not entry.isdigit():
                 continue
             with contextlib.suppress(OSError):
-                with open(fileio.resolve(root, f"/proc/{entry}/cmdline"), "rb") as handle:
-                    words = tuple(
-                        w for w in handle.read().decode("utf-8", "replace").split("\0") if w
-                    )
+                raw = _read_proc(root, entry, "cmdline")
+                words = tuple(w for w in raw.decode("utf-8", "replace").split("\0") if w)
                 arguments = plugin_arguments(words)
                 if arguments is not None:
                     yield entry, arguments
@@ -99,9 +103,8 @@ def _plugin_pids(root: str) -> Iterator[tuple[str, tuple[str, ...]]]:
 
 def _environ(root: str, pid: str) -> dict[str, str]:
     try:
-        with open(fileio.resolve(root, f"/proc/{pid}/environ"), "rb") as handle:
-            raw = handle.read().decode("utf-8", "replace")
-    except OSError:
+        raw = _read_proc(root, pid, "environ").decode("utf-8", "replace")
+    except (OSError, EnflameError):
         return {}
     return dict(item.partition("=")[::2] for item in raw.split("\0") if "=" in item)
 
@@ -111,9 +114,9 @@ def _config_flags(root: str, pid: str, path: str) -> dict[str, Any]:
     if not path.startswith("/"):
         return {}
     try:
-        with open(fileio.resolve(root, f"/proc/{pid}/root{path}"), encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
-    except (OSError, yaml.YAMLError, ValueError):
+        text = fileio.read_text(fileio.resolve(root, f"/proc/{pid}/root{path}"))
+        data = fileio.parse_bounded(yaml.safe_load, text, path)
+    except (OSError, yaml.YAMLError, ValueError, EnflameError):
         return {}
     found = data.get("flags") if isinstance(data, dict) else None
     return found if isinstance(found, dict) else {}

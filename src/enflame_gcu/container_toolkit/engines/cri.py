@@ -114,8 +114,8 @@ def _flag(words: tuple[str, ...], flag: str) -> str | None:
 
 def _from_config(root: str, path: str) -> Endpoint | None:
     try:
-        config = yaml.safe_load(_read(root, path))
-    except yaml.YAMLError:
+        config = fileio.parse_bounded(yaml.safe_load, _read(root, path), path)
+    except (yaml.YAMLError, ValueError):
         return None
     value = config.get("containerRuntimeEndpoint") if isinstance(config, dict) else None
     if isinstance(value, str) and value:

@@ -11,6 +11,7 @@ import tomlkit
 import tomlkit.exceptions
 from tomlkit import items
 
+from enflame_gcu import fileio
 from enflame_gcu.errors import EngineConfigError
 
 Document = MutableMapping[str, Any]
@@ -49,6 +50,10 @@ def plain(value: Any) -> Any:
     return value
 
 
+def _json_object_pairs(text: str) -> Any:
+    return json.loads(text, object_pairs_hook=dict)
+
+
 class JsonFormat:
     """docker's daemon.json: key order and indentation kept, unknown keys untouched."""
 
@@ -59,7 +64,9 @@ class JsonFormat:
         if not text.strip():
             return {}
         try:
-            value = json.loads(text, object_pairs_hook=dict)
+            value = fileio.parse_bounded(_json_object_pairs, text, path)
+        except fileio.NestingError as exc:
+            raise EngineConfigError(f"cannot edit {path}: {exc}; it was left untouched") from exc
         except json.JSONDecodeError as exc:
             raise EngineConfigError(
                 f"cannot edit {path}: it is not valid JSON (line {exc.lineno}, column "
@@ -104,12 +111,15 @@ class TomlFormat:
     def parse(self, text: str, path: str) -> Document:
         """Parse TOML; errors name the file, line and column."""
         try:
-            return tomlkit.parse(text)
+            document: Document = fileio.parse_bounded(tomlkit.parse, text, path)
+        except fileio.NestingError as exc:
+            raise EngineConfigError(f"cannot edit {path}: {exc}; it was left untouched") from exc
         except tomlkit.exceptions.ParseError as exc:
             raise EngineConfigError(
                 f"cannot edit {path}: it is not valid TOML (line {exc.line}, column {exc.col}: "
                 f"{exc}); fix or move it first, it was left untouched"
             ) from exc
+        return document
 
     def render(self, document: Document, original: str) -> str:
         """tomlkit's rendering: untouched parts come back byte for byte."""

@@ -101,8 +101,7 @@ def signal_or_restart(
 def _docker_pid(host_root: str) -> int | None:
     for pid_file in DOCKER_PID_FILES:
         try:
-            with open(fileio.resolve(host_root, pid_file), encoding="ascii") as handle:
-                return int(handle.read().strip())
-        except (OSError, ValueError):
+            return int(fileio.read_regular(fileio.resolve(host_root, pid_file), 64).strip())
+        except (OSError, ValueError, EnflameError):
             continue
     return None

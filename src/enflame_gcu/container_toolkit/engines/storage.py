@@ -112,8 +112,8 @@ def load_state(config_path: str) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        state = json.loads(text)
-    except json.JSONDecodeError as exc:
+        state = fileio.parse_json(text, path)
+    except ValueError as exc:
         raise EngineConfigError(
             f"cannot read {path} (the record of what configure changed): {exc}; "
             "remove it only if you have undone the changes by hand"
