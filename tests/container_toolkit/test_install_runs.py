@@ -138,7 +138,8 @@ def test_sigterm_undo_removes_only_what_the_pod_added(host: str, toolkit: str) -
 def test_uninstall_restores_a_runtime_entry_that_was_there_before(host: str) -> None:
     # Someone (a vendor install, an operator) configured runtimes.enflame first.
     argv = ["runtime", "configure", "--runtime", "docker", "--host-root", host]
-    assert main([*argv, "--runtime-path", VENDOR, "--set-as-default"]) == 0
+    # --force: the vendor's binary is not in this fake host (a real node has it).
+    assert main([*argv, "--runtime-path", VENDOR, "--set-as-default", "--force"]) == 0
     before = fx.snapshot(host)
 
     installer.install(installer.InstallOptions(host_root=host, set_as_default=True))

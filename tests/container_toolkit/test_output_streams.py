@@ -70,6 +70,7 @@ def test_install_and_uninstall_report_on_stderr_and_dry_runs_plan_on_stdout(host
 
 
 def test_runtime_configure_and_unconfigure_report_on_stderr(host: str) -> None:
+    fx.write(host, "/usr/bin/enflame-container-runtime", "#!/bin/sh\n", 0o755)  # installed
     args = ("--runtime", "containerd", "--host-root", host)
     plan = plan_on_stdout(ctk("runtime", "configure", *args, "--dry-run"))
     assert plan[0] == "--- /etc/containerd/config.toml"

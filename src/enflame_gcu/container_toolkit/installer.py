@@ -29,6 +29,7 @@ from enflame_gcu.container_toolkit import (
     cdi_service,
     engines,
     host_python,
+    install_manifest,
     node_mode,
 )
 from enflame_gcu.container_toolkit.engines import hosts, storage
@@ -299,19 +300,50 @@ def _record_mode(run: InstallRun, record: node_modes.Record) -> None:
             run.lines.append(f"told the device plugin (pid {pid}) to reload its node mode")
 
 
+SET_ASIDE = ".enflame-set-aside"  # no CDI reader loads it (*.yaml and *.json only)
+
+
 def _write_cdi_specs(run: InstallRun) -> None:
-    """Node mode cdi: the node's CDI specs, recorded so uninstall removes them."""
+    """Node mode cdi: the node's CDI specs, recorded so uninstall removes them.
+
+    A spec file at one of our names that we did not write (an operator's own
+    ``enflame.com-vgcu.yaml``) is set aside, never deleted, and put back by uninstall.
+    """
     directory = cdi.DEFAULT_OUTPUT_DIR
     run.make_dirs(directory)
+    owned = []
     for path in cdi_keeper.spec_paths(directory):
+        local = run.local(path)
+        if run.find("file", path) is None and not cdi_keeper.ours(local):
+            _set_aside(run, path)
         run.record({"kind": "file", "path": path})
         run.remember(path)
+        owned.append(run.local(path))
     if run.dry_run:
         run.lines.append(f"{directory}/enflame.com-*.yaml {run.verb}written from the node's GCUs")
         return
     fileio.require_confined(run.root, devices.DISCOVERY_PATHS)
-    changed = cdi_keeper.refresh(run.root, run.local(directory, follow=True))
+    output = run.local(directory, follow=True)
+    owned = [os.path.join(output, os.path.basename(p)) for p in owned]
+    changed = cdi_keeper.refresh(run.root, output, owned)
     run.lines.extend(changed or [f"{directory}/enflame.com-*.yaml: up to date"])
+
+
+def _set_aside(run: InstallRun, path: str) -> None:
+    saved = path + SET_ASIDE
+    if os.path.lexists(run.local(saved)):
+        raise InstallError(
+            f"cannot install node mode cdi: {path} was not written by enflame-ctk and "
+            f"{saved} (where it would be set aside) exists too; move one of them away"
+        )
+    run.record({"kind": "moved", "path": path, "saved": saved})
+    run.lines.append(
+        f"{path}: not written by enflame-ctk; {run.verb}set aside as {saved} "
+        "(put back by uninstall)"
+    )
+    if not run.dry_run:
+        # Undoing this run (or uninstall) removes ours, then the "moved" record puts it back.
+        os.rename(run.local(path), run.local(saved))
 
 
 def _install_cdi_service(run: InstallRun, options: InstallOptions) -> None:
@@ -353,6 +385,7 @@ def _install(options: InstallOptions, run: InstallRun) -> Outcome:
     record = node_mode.decide(run.root, options.mode, engine)
     mode = node_modes.MODES[record.mode]
     run.lines.append(f"node mode {record.mode} ({record.chosen_by}): {record.reason}")
+    _retire_earlier_mode(run, options, mode)
     if mode.wrapper != "none":
         # Like an install without a mode: every engine found (or named) gets the runtime entry.
         outcome = _install_wrapper(options, run, options.engines, mode.wrapper == "default")
@@ -375,6 +408,43 @@ def _install(options: InstallOptions, run: InstallRun) -> Outcome:
             _install_cdi_service(run, options)
     _record_mode(run, record)
     return Outcome(tuple(run.lines), outcome.engines, record.mode)
+
+
+def _retire_earlier_mode(
+    run: InstallRun, options: InstallOptions, mode: node_modes.NodeMode
+) -> None:
+    """Take back what an earlier install (another mode, or none) did that ``mode`` must not keep.
+
+    The wrapper's engine entries go when the new mode wants no wrapper or wants it in another
+    role (default vs handler): they are then written anew. The CDI specs, their service and
+    any file set aside for them go when the new mode is not cdi.
+    """
+    try:
+        earlier = node_modes.read(run.root)
+    except ValueError:
+        earlier = None  # unreadable: treat as unknown, so the wrapper entries are redone
+    engine_steps = [a for a in run.actions if a["kind"] == "engine"]
+    same_wrapper = earlier is not None and node_modes.MODES[earlier.mode].wrapper == mode.wrapper
+    if engine_steps and not same_wrapper:
+        shown = f"node mode {earlier.mode}" if earlier else "an install without a node mode"
+        run.lines.append(
+            f"taking back the runtime entries {shown} wrote "
+            + ("(this mode needs no wrapper)" if mode.wrapper == "none" else "(written anew)")
+        )
+        for action in reversed(engine_steps):
+            install_manifest.retire(run, action, options.restart_engine)
+    if mode.cdi_specs:
+        return
+    cdi_dir = cdi.DEFAULT_OUTPUT_DIR + "/"
+    specs = [
+        a
+        for a in run.actions
+        if a["kind"] == "unit" or (a["kind"] in ("file", "moved") and a["path"].startswith(cdi_dir))
+    ]
+    if specs:
+        run.lines.append(f"taking back the CDI specs node mode cdi wrote (node mode {mode.name})")
+    for action in reversed(specs):
+        install_manifest.retire(run, action, options.restart_engine)
 
 
 def _record_created(run: InstallRun, options: InstallOptions) -> None:
