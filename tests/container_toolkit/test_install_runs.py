@@ -108,7 +108,7 @@ def test_failed_wait_mode_install_keeps_the_earlier_install(host: str) -> None:
     assert fx.diff(before, fx.snapshot(host)) == []
 
 
-@pytest.mark.parametrize("toolkit", ["/usr/local/enflame", "/opt/other"], ids=["same", "other"])
+@pytest.mark.parametrize("toolkit", ["/opt/enflame-gcu", "/opt/other"], ids=["same", "other"])
 def test_sigterm_undo_removes_only_what_the_pod_added(host: str, toolkit: str) -> None:
     # install.sh-style install first: /usr/bin links, docker and containerd pointing at them.
     installer.install(
@@ -116,7 +116,7 @@ def test_sigterm_undo_removes_only_what_the_pod_added(host: str, toolkit: str) -
             host_root=host,
             set_as_default=True,
             bin_dir="/usr/bin",
-            toolkit_dir="/usr/local/enflame",
+            toolkit_dir="/opt/enflame-gcu",
         )
     )
     before = fx.snapshot(host)

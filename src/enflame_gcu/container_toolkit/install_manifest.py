@@ -29,7 +29,11 @@ from enflame_gcu.errors import EnflameError, InstallError
 
 MANIFEST_NAME = "install-manifest.json"
 MANIFEST_VERSION = 1
-DEFAULT_TOOLKIT_DIR = "/usr/local/enflame"
+# One layout (docs/packaging.md, "Where things go"): every install that is not a .deb or .rpm
+# (install.sh, the bundle, the toolkit DaemonSet) under /opt/enflame-gcu; the packages own
+# /usr/lib/enflame-gcu. Until 0.1 the DaemonSet used LEGACY_TOOLKIT_DIR.
+DEFAULT_TOOLKIT_DIR = "/opt/enflame-gcu"
+LEGACY_TOOLKIT_DIR = "/usr/local/enflame"
 
 Action = dict[str, Any]
 

@@ -60,6 +60,7 @@ __all__ = [
 RUNTIME_NAME = "enflame-container-runtime"
 CONFIG_PATH = runtime_config.DEFAULT_PATH
 LOG_DIR = os.path.dirname(runtime_config.DEFAULT_LOG_FILE)
+LOGROTATE_PATH = "/etc/logrotate.d/enflame-container-runtime"
 # Used only if the package was installed without its data file; the runtime's defaults apply.
 FALLBACK_CONFIG = "# enflame-container-runtime config; an empty file means every default.\n"
 
@@ -346,36 +347,64 @@ def _set_aside(run: InstallRun, path: str) -> None:
         os.rename(run.local(path), run.local(saved))
 
 
-def _install_cdi_service(run: InstallRun, options: InstallOptions) -> None:
-    """enflame-cdi-watch.service, recorded so uninstall stops, disables and removes it."""
+def _install_units(run: InstallRun, options: InstallOptions, cdi_watch: bool) -> None:
+    """The toolkit's systemd units (cdi_service), recorded so uninstall stops and removes them.
+
+    The boot units (/dev/char links, prepared edits) on every node install.sh sets up; the CDI
+    keeper in node mode cdi. Only with an enflame-ctk linked on the host for them to run.
+    """
     if not (options.bin_dir and options.ctk):
-        run.lines.append(
-            "the CDI specs are kept current only while something runs `enflame-ctk cdi watch` "
-            "(no enflame-ctk linked on the host for a service: pass --bin-dir and --link-ctk)"
-        )
+        if cdi_watch:
+            run.lines.append(
+                "the CDI specs are kept current only while something runs `enflame-ctk cdi "
+                "watch` (no enflame-ctk linked on the host for a service: pass --bin-dir and "
+                "--link-ctk)"
+            )
         return
     ctk = os.path.join(options.bin_dir, "enflame-ctk")
-    text = cdi_service.render(ctk, cdi.DEFAULT_OUTPUT_DIR)
-    path = cdi_service.UNIT_PATH
-    run.make_dirs(os.path.dirname(path))
-    if _read(run.local(path, follow=True)) != text:
-        run.record({"kind": "unit", "path": path, "unit": cdi_service.UNIT_NAME})
-        run.remember(path)
-        if not run.dry_run:
-            fileio.atomic_write_text(run.local(path), text, 0o644)
-        run.lines.append(f"{path} {run.verb}written ({ctk} cdi watch)")
-    start = f"systemctl daemon-reload && systemctl enable --now {cdi_service.UNIT_NAME}"
-    if run.dry_run:
-        return
+    by = "# Installed by enflame-ctk install (deploy/install.sh); removed by uninstall."
+    units = cdi_service.render_boot(ctk, by)
+    if cdi_watch:
+        units[cdi_service.UNIT_NAME] = cdi_service.render(ctk, cdi.DEFAULT_OUTPUT_DIR)
+    run.make_dirs(cdi_service.UNIT_DIR)
+    for name, text in units.items():
+        path = f"{cdi_service.UNIT_DIR}/{name}"
+        if _read(run.local(path, follow=True)) != text:
+            run.refuse_foreign("unit", path, "remove it (or rename the unit) first")
+            run.record({"kind": "unit", "path": path, "unit": name})
+            run.remember(path)
+            if not run.dry_run:
+                fileio.atomic_write_text(run.local(path), text, 0o644)
+            run.lines.append(f"{path} {run.verb}written")
+    start = f"systemctl daemon-reload && systemctl enable --now {' '.join(units)}"
     if not cdi_service.usable(run.root):
-        run.lines.append(f"systemd is not running here: start the service yourself ({start})")
+        run.lines.append(f"systemd is not running here: start the services yourself ({start})")
+        return
+    if run.dry_run:
+        run.lines.append(f"{', '.join(units)} would be enabled and started")
         return
     problem = cdi_service.systemctl(run.root, "daemon-reload") or cdi_service.systemctl(
-        run.root, "enable", "--now", cdi_service.UNIT_NAME
+        run.root, "enable", "--now", *units
     )
     if problem:
-        raise InstallError(f"cannot start {cdi_service.UNIT_NAME}: {problem}")
-    run.lines.append(f"{cdi_service.UNIT_NAME} enabled and started")
+        raise InstallError(f"cannot start {', '.join(units)}: {problem}")
+    run.lines.append(f"{', '.join(units)} enabled and started")
+
+
+def _write_logrotate(run: InstallRun) -> None:
+    """/etc/logrotate.d/enflame-container-runtime, as the .deb and .rpm ship it."""
+    path = LOGROTATE_PATH
+    run.make_dirs(os.path.dirname(path))
+    if os.path.lexists(run.local(path)):
+        run.lines.append(f"{path}: exists, kept as it is")
+        return
+    text = resources.files(enflame_gcu).joinpath("data/logrotate").read_text("utf-8")
+    digest = storage.sha256(text)
+    run.record({"kind": "file", "path": path, "sha256": digest, "keep_if_edited": True})
+    run.remember(path)
+    if not run.dry_run:
+        fileio.atomic_write_text(run.local(path), text, 0o644)
+    run.lines.append(f"{path} {run.verb}written (weekly rotation of {LOG_DIR}/*.log)")
 
 
 def _install(options: InstallOptions, run: InstallRun) -> Outcome:
@@ -404,8 +433,8 @@ def _install(options: InstallOptions, run: InstallRun) -> Outcome:
         outcome = Outcome((), ())
     if mode.cdi_specs:
         _write_cdi_specs(run)
-        if options.cdi_service:
-            _install_cdi_service(run, options)
+    if options.cdi_service:  # no installer stays running (install.sh): systemd does the rest
+        _install_units(run, options, cdi_watch=mode.cdi_specs)
     _record_mode(run, record)
     return Outcome(tuple(run.lines), outcome.engines, record.mode)
 
@@ -439,7 +468,8 @@ def _retire_earlier_mode(
     specs = [
         a
         for a in run.actions
-        if a["kind"] == "unit" or (a["kind"] in ("file", "moved") and a["path"].startswith(cdi_dir))
+        if (a["kind"] == "unit" and a.get("unit") == cdi_service.UNIT_NAME)
+        or (a["kind"] in ("file", "moved") and a["path"].startswith(cdi_dir))
     ]
     if specs:
         run.lines.append(f"taking back the CDI specs node mode cdi wrote (node mode {mode.name})")
@@ -482,6 +512,7 @@ def _install_wrapper(
             _link(run, os.path.join(options.bin_dir, "enflame-ctk"), options.ctk)
     _write_config(run)
     run.make_dirs(LOG_DIR)
+    _write_logrotate(run)
     _prepare_edits(run)
     names = engine_names if engine_names is not None else tuple(engines.detect(run.root))
     for name in names:

@@ -12,7 +12,7 @@ import os
 import shlex
 
 from enflame_gcu import node_modes
-from enflame_gcu.container_toolkit import cdi, cdi_service, node_mode
+from enflame_gcu.container_toolkit import cdi, cdi_service
 from enflame_gcu.container_toolkit.doctor import processes
 from enflame_gcu.container_toolkit.doctor.model import Node, Result, Status
 from enflame_gcu.errors import EnflameError
@@ -134,12 +134,32 @@ def _cdi_problem(node: Node) -> str | None:
     return None
 
 
+def _engine_now(node: Node, record: node_modes.Record) -> node_modes.Engine:
+    """The node's engine as the installer's ``auto`` would see it now (node_mode.detect's view,
+    from what doctor already read; the version is the record's when the engine is the same)."""
+    kubelet = os.path.isdir(node.path(node_modes.KUBELET_EVIDENCE))
+    found = [view.engine for view in node.engines]
+    if node.cri is not None and node.cri.source == "kubelet" and node.cri.engine in found:
+        name = node.cri.engine
+    elif kubelet and (cri_engines := [e for e in found if e in ("containerd", "crio")]):
+        name = cri_engines[0]
+    else:
+        name = next((e for e in ("docker", "crio", "containerd") if e in found), "")
+    version = None
+    if name == record.engine and record.engine_version.count(".") >= 1:
+        major, minor = record.engine_version.split(".")[:2]
+        version = (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
+    cdi_enabled = next((v.cdi_enabled for v in node.engines if v.engine == name), None)
+    return node_modes.Engine(name, version, cdi_enabled, kubelet)
+
+
 def _drift(node: Node, record: node_modes.Record) -> str | None:
     """Why a mode ``auto`` chose no longer fits the node (None when it still does)."""
     if record.chosen_by != node_modes.AUTO:
         return None  # an operator's choice is theirs: it is checked, not second-guessed
-    engine = node_mode.detect(node.root)
-    chosen, why = node_modes.choose(engine)
+    if record.engine not in ("docker", "containerd", "crio"):
+        return None  # podman (or none): doctor reads no config of it to compare with
+    chosen, why = node_modes.choose(_engine_now(node, record))
     if chosen == record.mode:
         return None
     return (
