@@ -9,6 +9,7 @@ runtime's ``state``/``delete`` through the installed launcher the whole time.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -71,6 +72,19 @@ class RuntimeLoop:
         self.failures: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        # Between runtime calls too: the module the launcher imports, polled every millisecond
+        # (pip replacing the package in place leaves it missing for a moment).
+        package = re.search(r"sys\.path\.insert\(0, '([^']+)'\)", body)
+        assert package, body
+        self.module = os.path.join(host + package[1], "enflame_gcu", "shim", "main.py")
+        self.missing = 0
+        self._poller = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            if not os.path.isfile(self.module):
+                self.missing += 1
+            time.sleep(0.001)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -90,11 +104,13 @@ class RuntimeLoop:
 
     def __enter__(self) -> RuntimeLoop:
         self._thread.start()
+        self._poller.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(60)
+        self._poller.join(60)
 
 
 @pytest.fixture
@@ -131,6 +147,7 @@ def test_killing_an_upgrade_at_any_step_leaves_the_runtime_working(
         time.sleep(0.5)
     assert loop.calls > 20, loop.calls
     assert loop.failures == [], loop.failures[:5]
+    assert loop.missing == 0, f"the runtime's module was missing {loop.missing} times"
     live = os.readlink(venv)
     assert live != first
     assert os.listdir(os.path.join(host, PREFIX.lstrip("/"), "venvs")) == [os.path.basename(live)]

@@ -33,7 +33,9 @@ NODE_LIB = "/usr/lib/enflame-gcu/python"
 NODE_DEPENDS = {"python3 (>= 3.10)", "python3-yaml (>= 6.0)", "python3-tomlkit (>= 0.11.7)"}
 PLUGIN_ONLY = ("grpc", "google", "lightkube", "prometheus_client")
 
-pytestmark = pytest.mark.slow
+# The dist fixture (make dist: wheels, packages, the bundle's downloads) takes minutes on a
+# busy machine; it runs once for the module, inside its first test's time.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")
