@@ -31,7 +31,8 @@ PREFIX/install-manifest.json; --uninstall undoes it (a config.toml you edited is
 non-empty directories such as the log dir).
 
 Options:
-  --prefix DIR       install location (default: /opt/enflame-gcu; the venv is DIR/venv)
+  --prefix DIR       install location (default: /opt/enflame-gcu; the venv is DIR/venv, a link
+                     switched in one step to a new DIR/venvs/<time>.<id> by each install)
   --wheel FILE       pip install this wheel instead of the source tree around this script
   --python PY        interpreter that creates the venv, >= 3.10 (default: python3)
   --pip-args ARGS    extra arguments for pip install (e.g. "--no-index --find-links DIR")

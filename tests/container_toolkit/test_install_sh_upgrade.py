@@ -164,3 +164,22 @@ def test_uninstall_after_upgrades_removes_every_venv(installed: str, wheelhouse:
     )  # fmt: skip
     assert undo.returncode == 0, undo.stderr
     assert not os.path.lexists(os.path.join(host, PREFIX.lstrip("/")))
+
+
+def test_upgrading_an_install_from_before_venvs_swaps_the_directory_in_one_step(
+    installed: str, wheelhouse: str
+) -> None:
+    # The layout install.sh made before venvs/: PREFIX/venv a directory of its own.
+    prefix = os.path.join(installed, PREFIX.lstrip("/"))
+    venv = os.path.join(prefix, "venv")
+    live = os.path.join(prefix, os.readlink(venv))
+    os.unlink(venv)
+    os.rename(live, venv)
+    with RuntimeLoop(installed) as loop:
+        done = _install(installed, wheelhouse)
+        out, err = done.communicate(timeout=300)
+        assert done.returncode == 0, out + err
+        time.sleep(0.5)
+    assert loop.failures == [] and loop.missing == 0, (loop.failures[:5], loop.missing)
+    assert os.path.islink(venv)
+    assert os.listdir(os.path.join(prefix, "venvs")) == [os.path.basename(os.readlink(venv))]
