@@ -31,7 +31,8 @@ PREFIX/install-manifest.json; --uninstall undoes it (a config.toml you edited is
 non-empty directories such as the log dir).
 
 Options:
-  --prefix DIR       install location (default: /opt/enflame-gcu; the venv is DIR/venv)
+  --prefix DIR       install location (default: /opt/enflame-gcu; the venv is DIR/venv, a link
+                     switched in one step to a new DIR/venvs/<time>.<id> by each install)
   --wheel FILE       pip install this wheel instead of the source tree around this script
   --python PY        interpreter that creates the venv, >= 3.10 (default: python3)
   --pip-args ARGS    extra arguments for pip install (e.g. "--no-index --find-links DIR")
@@ -111,6 +112,41 @@ hp() { if [[ $HOST_ROOT == / ]]; then printf '%s' "$1"; else printf '%s%s' "$HOS
 # The inverse, for paths this shell found (paths outside HOST_ROOT are left as they are).
 host_view() { if [[ $HOST_ROOT != / && $1 == "$HOST_ROOT"/* ]]; then printf '%s' "${1#"$HOST_ROOT"}"; else printf '%s' "$1"; fi; }
 
+# Tests only: SIGKILL this script at step NAME (ENFLAME_TEST_KILL_AT, as enflame-ctk's own).
+fault_point() { if [[ ${ENFLAME_TEST_KILL_AT:-} == "$1" ]]; then kill -KILL $$; fi; }
+# Point PREFIX/venv at TARGET (relative to PREFIX) with one rename(2): a runtime starting at
+# any moment finds the old venv or the new one. A venv directory from before venvs/ existed
+# is swapped with the link by renameat2(RENAME_EXCHANGE), also one step, then moved away.
+flip_env() {
+    local link
+    link=$(hp "$PREFIX")/.venv.link.$$
+    rm -f "$link"
+    ln -s "$1" "$link"
+    if [[ -d $ENV_HERE && ! -L $ENV_HERE ]]; then
+        "$PYTHON" -c '
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.renameat2(-100, os.fsencode(sys.argv[1]), -100, os.fsencode(sys.argv[2]), 2) != 0:
+    err = ctypes.get_errno()
+    sys.exit(f"cannot swap {sys.argv[2]} for the new venv: {os.strerror(err)}")
+' "$link" "$ENV_HERE" || { rm -f "$link"; die "the installed venv is unchanged"; }
+        mv -T "$link" "$(hp "$PREFIX")/venvs/.pre-venvs.$$"  # the old directory, removed later
+    else
+        mv -T "$link" "$ENV_HERE"
+    fi
+}
+# Once the install is recorded: every venv but the live one goes (earlier versions, and what
+# an interrupted run left behind).
+prune_envs() {
+    local live entry
+    live=$(readlink "$ENV_HERE" 2>/dev/null) || return 0
+    for entry in "$(hp "$PREFIX")"/venvs/* "$(hp "$PREFIX")"/venvs/.pre-venvs.*; do
+        if [[ -e $entry && venvs/$(basename "$entry") != "$live" ]]; then rm -rf "$entry"; fi
+    done
+    rm -f "$(hp "$PREFIX")"/.venv.link.*
+    return 0
+}
+
 MANIFEST=$(hp "$PREFIX")/install-manifest.json
 HAD_MANIFEST=0
 [[ -e $MANIFEST ]] && HAD_MANIFEST=1
@@ -142,7 +178,7 @@ missing=()
 # PREFIX it made (deepest first, only while empty) go, unless a manifest now records them.
 remove_fresh_env() {
     [[ $FRESH_ENV == 1 && ! -e $MANIFEST ]] || return 0
-    rm -rf "$ENV_HERE"
+    rm -rf "$ENV_HERE" "$(hp "$PREFIX")/venvs" "$(hp "$PREFIX")"/.venv.link.*
     local i
     for ((i = ${#missing[@]} - 1; i >= 0; i--)); do
         rmdir "$(hp "${missing[i]}")" 2>/dev/null || break
@@ -176,7 +212,7 @@ else
         dir=$(dirname "$dir")
     done
     for dir in "${missing[@]+"${missing[@]}"}"; do CREATED+=(--created "dir:$dir"); done
-    CREATED+=(--created "tree:$ENV_HOST")
+    CREATED+=(--created "tree:$PREFIX/venvs" --created "tree:$ENV_HOST")
     if [[ $DRY_RUN == 1 && ! -x $ENV_HERE/bin/enflame-ctk ]]; then
         echo "would create the virtualenv $ENV_HOST with $PYTHON"
         echo "would pip install $SOURCE ${PIP_ARGS}"
@@ -207,21 +243,39 @@ else
         PLAN_SITE=$("$PYTHON" -c 'import sys; print("lib/python%d.%d/site-packages" % sys.version_info[:2])')
     fi
     if [[ $DRY_RUN == 0 ]]; then
-        if [[ ! -x $ENV_HERE/bin/python ]]; then
+        # The runtime launcher runs PREFIX/venv/bin/python on every runc call, so that venv is
+        # never changed in place: each install builds a new one in PREFIX/venvs/, checks that
+        # it imports, and only then points the link PREFIX/venv at it with one rename(2). An
+        # interrupted (even SIGKILLed) install or upgrade leaves the old venv live.
+        VENVS_HERE=$(hp "$PREFIX")/venvs
+        if [[ ! -e $ENV_HERE ]]; then
             # A first install: until a manifest records the venv, a failure (pip, an interrupt,
             # enflame-ctk install refusing) removes what this run created, so a re-run works.
             FRESH_ENV=1
             trap remove_fresh_env EXIT
             trap 'exit 130' INT
             trap 'exit 143' TERM
-            echo "$PROG: creating the virtualenv $ENV_HERE" >&2
             mkdir -p "$(hp "$PREFIX")"
-            "$PYTHON" -m venv "$ENV_HERE" || die "cannot create the virtualenv $ENV_HERE"
         fi
+        mkdir -p "$VENVS_HERE"
+        NEW_ENV=$(mktemp -d "$VENVS_HERE/$(date -u +%Y%m%dT%H%M%S).XXXXXX")
+        chmod 0755 "$NEW_ENV"
+        echo "$PROG: creating the virtualenv $(host_view "$NEW_ENV")" >&2
+        "$PYTHON" -m venv "$NEW_ENV" || die "cannot create the virtualenv $NEW_ENV"
+        fault_point venv-created
         echo "$PROG: pip install $SOURCE" >&2
         # shellcheck disable=SC2086 # PIP_ARGS is a list of words on purpose
-        "$ENV_HERE/bin/python" -m pip install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE" \
-            || die "pip install of $SOURCE failed (see above)"
+        "$NEW_ENV/bin/python" -m pip install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE" \
+            || { rm -rf "$NEW_ENV"; die "pip install of $SOURCE failed (see above); the installed venv is unchanged"; }
+        fault_point pip-installed
+        "$NEW_ENV/bin/python" -I -c 'import enflame_gcu.shim.main, enflame_gcu.container_toolkit.cli' \
+            || { rm -rf "$NEW_ENV"; die "the new virtualenv does not import enflame_gcu; the installed venv is unchanged"; }
+        PREVIOUS_ENV=
+        if [[ -L $ENV_HERE ]]; then
+            PREVIOUS_ENV=$(readlink "$ENV_HERE")
+        fi
+        flip_env "venvs/$(basename "$NEW_ENV")"
+        fault_point venv-switched
     fi
 fi
 
@@ -251,9 +305,13 @@ if ! "$CTK_ENV/bin/enflame-ctk" install "${COMMON[@]}" "${ARGS[@]}" "${CREATED[@
     if [[ $DRY_RUN == 0 && $HAD_MANIFEST == 0 && -e $MANIFEST ]]; then
         echo "$PROG: install failed; undoing what it recorded" >&2
         "$ENV_HERE/bin/enflame-ctk" uninstall "${COMMON[@]}" >&2 || true
+    elif [[ -n ${PREVIOUS_ENV:-} && -d $(hp "$PREFIX")/$PREVIOUS_ENV ]]; then
+        flip_env "$PREVIOUS_ENV" # the earlier install keeps its own venv
+        echo "$PROG: the earlier virtualenv ($PREVIOUS_ENV) is live again" >&2
     fi
     exit 1
 fi
+if [[ $DRY_RUN == 0 && -z $USE_ENV ]]; then prune_envs; fi
 
 FRESH_ENV=0 # recorded in the manifest: from here on --uninstall removes it
 if [[ $DRY_RUN == 0 ]]; then

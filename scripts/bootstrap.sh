@@ -9,6 +9,8 @@ want_debs=(runc busybox-static containerd shellcheck podman)
 # make dist and its tests (tests/packaging): rpmbuild/rpm, the .deb's python3-tomlkit dependency
 # (Debian's 0.11.7 is the declared minimum, exercised there), logrotate to check our file.
 want_debs+=(rpm python3-tomlkit logrotate)
+# The .deb's lintian check; systemd-analyze (systemd) verifies the units the packages ship.
+want_debs+=(lintian systemd)
 missing=()
 # Debian's own python3 needs python3-venv (ensurepip) before `python3 -m venv` works.
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then

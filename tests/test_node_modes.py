@@ -19,7 +19,8 @@ CHOICES = [
     ("docker", (24, 0), None, False, "default-runtime"),
     ("podman", (4, 3), None, False, "cdi"),
     ("crio", (1, 28), None, False, "cdi"),
-    ("containerd", (1, 6), None, False, "default-runtime"),
+    # No kubelet configured yet (a node being built): missing evidence buys no wrapper.
+    ("containerd", (1, 6), None, False, "device-specs"),
     ("containerd", (1, 7), True, False, "cdi"),
     ("", None, None, True, "device-specs"),
 ]

@@ -33,6 +33,8 @@ FORMAT_VERSION = "v1"
 AUTO = "auto"
 # When no installer recorded a mode: the one that works on every CRI engine and adds nothing.
 FALLBACK = "device-specs"
+# What tells the installer a kubelet runs (or will run) here; node_mode.detect looks for it.
+KUBELET_EVIDENCE = "/var/lib/kubelet"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,14 +125,25 @@ def choose(engine: Engine) -> tuple[str, str]:
     A Kubernetes node gets ``device-specs`` on every CRI engine: it is tested here against the
     real containerd 1.6, needs no engine change and keeps working under the static CPU manager.
     docker keeps the vendor's ``default-runtime`` (docker run has no kubelet to pass devices);
-    a host without a kubelet gets ``cdi`` when its engine resolves CDI itself (podman), else
-    ``default-runtime`` (nothing else turns ENFLAME_VISIBLE_DEVICES into cards there).
+    a host without a kubelet gets ``cdi`` when its engine resolves CDI itself (podman), and a
+    containerd with no kubelet configured yet ``device-specs``: missing evidence never buys the
+    wrapper for every container (an explicit ``default-runtime`` does).
     """
     described = engine.describe()
     if engine.name == "docker":
         return "default-runtime", f"{described}: docker runs containers outside the CRI"
     if not engine.kubelet and native_cdi(engine):
         return "cdi", f"{described} resolves CDI names itself and no kubelet runs here"
+    if not engine.kubelet and engine.name in ("containerd", "crio"):
+        # A CRI engine with no kubelet configured yet is most often a node being built (an
+        # image being baked, before `kubeadm join`): no evidence for the wrapper that every
+        # container would then pay for. The mode that installs nothing, and how to revisit it.
+        return FALLBACK, (
+            f"{described} and no kubelet configured yet ({KUBELET_EVIDENCE} is missing): "
+            "the mode that changes nothing; run the install with --mode auto again once the "
+            "kubelet is set up (the toolkit DaemonSet decides then by itself), or choose "
+            "--mode default-runtime for a host that runs containers without Kubernetes"
+        )
     if not engine.kubelet:
         return "default-runtime", f"{described} without a kubelet: only the wrapper selects cards"
     if engine.name in ("containerd", "crio"):

@@ -108,6 +108,7 @@ def _record_count(tmp_path: str) -> int:
     return calls
 
 
+@pytest.mark.timeout(600)  # three enflame-ctk runs per recorded step (now with the logrotate file)
 def test_installer_killed_at_every_recorded_step_converges(tmp_path: os.PathLike[str]) -> None:
     total = _record_count(str(tmp_path))
     assert total >= 10

@@ -16,7 +16,9 @@ from tests.container_toolkit import installer_fixtures as fx
 def _node(make_node: MakeNode, mode: str | None) -> str:
     root = fx.fake_host(make_node(), docker=False)
     if mode is not None:
-        record = node_modes.Record(mode, "containerd", "1.7", "auto", "test")
+        # Explicit: a mode auto chose is also compared with what auto would choose now
+        # (tests/container_toolkit/test_mode_changes.py), and this fake host has no kubelet.
+        record = node_modes.Record(mode, "containerd", "1.7", "explicit", "test")
         fx.write(root, node_modes.MODE_FILE, record.to_json())
     return root
 

@@ -108,7 +108,7 @@ def test_failed_wait_mode_install_keeps_the_earlier_install(host: str) -> None:
     assert fx.diff(before, fx.snapshot(host)) == []
 
 
-@pytest.mark.parametrize("toolkit", ["/usr/local/enflame", "/opt/other"], ids=["same", "other"])
+@pytest.mark.parametrize("toolkit", ["/opt/enflame-gcu", "/opt/other"], ids=["same", "other"])
 def test_sigterm_undo_removes_only_what_the_pod_added(host: str, toolkit: str) -> None:
     # install.sh-style install first: /usr/bin links, docker and containerd pointing at them.
     installer.install(
@@ -116,7 +116,7 @@ def test_sigterm_undo_removes_only_what_the_pod_added(host: str, toolkit: str) -
             host_root=host,
             set_as_default=True,
             bin_dir="/usr/bin",
-            toolkit_dir="/usr/local/enflame",
+            toolkit_dir="/opt/enflame-gcu",
         )
     )
     before = fx.snapshot(host)
@@ -138,7 +138,8 @@ def test_sigterm_undo_removes_only_what_the_pod_added(host: str, toolkit: str) -
 def test_uninstall_restores_a_runtime_entry_that_was_there_before(host: str) -> None:
     # Someone (a vendor install, an operator) configured runtimes.enflame first.
     argv = ["runtime", "configure", "--runtime", "docker", "--host-root", host]
-    assert main([*argv, "--runtime-path", VENDOR, "--set-as-default"]) == 0
+    # --force: the vendor's binary is not in this fake host (a real node has it).
+    assert main([*argv, "--runtime-path", VENDOR, "--set-as-default", "--force"]) == 0
     before = fx.snapshot(host)
 
     installer.install(installer.InstallOptions(host_root=host, set_as_default=True))

@@ -12,11 +12,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
+from enflame_gcu.simulation import simulate, topofile
 from tests.conftest import PROJECT_ROOT
 from tests.container_toolkit import installer_fixtures as fx
+from tests.packaging import node_commands
 
 INSTALL_SH = os.path.join(PROJECT_ROOT, "deploy", "install.sh")
 DEV_ENV = os.path.dirname(os.path.dirname(sys.executable))
@@ -24,7 +27,7 @@ DEV_ENV = os.path.dirname(os.path.dirname(sys.executable))
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", INSTALL_SH, *args], capture_output=True, text=True, timeout=110, check=False
+        ["bash", INSTALL_SH, *args], capture_output=True, text=True, timeout=300, check=False
     )
 
 
@@ -127,6 +130,7 @@ def test_failed_install_rolls_back_and_leaves_malformed_daemon_json_alone(host: 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)  # pip builds the source tree: minutes on a busy machine
 def test_full_install_builds_a_venv_and_uninstall_removes_it(host: str) -> None:
     python = shutil.which("python3") or sys.executable
     before = fx.snapshot(host)
@@ -140,12 +144,19 @@ def test_full_install_builds_a_venv_and_uninstall_removes_it(host: str) -> None:
     launcher = _read(host, "/opt/enflame-gcu/bin/enflame-container-runtime")
     assert launcher.startswith("#!/opt/enflame-gcu/venv/bin/python -IS\n")
     assert "/opt/enflame-gcu/venv/lib/python3." in launcher
+    # Every node command the guides show works from this install (issue 23 item 1).
+    scratch = tempfile.mkdtemp(dir=os.path.dirname(host), prefix="node-commands-")
+    node = os.path.join(scratch, "node")
+    simulate.create(node, topofile.load("flat-4card"))
+    out = os.path.join(scratch, "out")
+    assert node_commands.run_all([f"{venv}/bin/enflame-ctk"], node, out) == []
     result = run("--uninstall", "--host-root", host)
     assert result.returncode == 0, result.stderr
     assert fx.diff(before, fx.snapshot(host)) == []
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)  # three installs, two of them with pip: over 120 s on a busy machine
 def test_a_failed_first_install_leaves_nothing_behind_and_a_rerun_works(tmp_path: object) -> None:
     host = fx.fake_host(os.path.join(str(tmp_path), "host"), docker=False)
     os.makedirs(os.path.join(host, "var/lib/kubelet"))  # a Kubernetes node: auto is device-specs
@@ -214,6 +225,7 @@ def test_an_unknown_or_impossible_mode_is_refused_and_changes_nothing(tmp_path: 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)  # two pip installs
 def test_dry_run_on_a_fresh_node_shows_the_whole_plan_the_real_run_follows(
     host: str, tmp_path: object
 ) -> None:

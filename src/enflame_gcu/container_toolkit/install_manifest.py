@@ -29,7 +29,11 @@ from enflame_gcu.errors import EnflameError, InstallError
 
 MANIFEST_NAME = "install-manifest.json"
 MANIFEST_VERSION = 1
-DEFAULT_TOOLKIT_DIR = "/usr/local/enflame"
+# One layout (docs/packaging.md, "Where things go"): every install that is not a .deb or .rpm
+# (install.sh, the bundle, the toolkit DaemonSet) under /opt/enflame-gcu; the packages own
+# /usr/lib/enflame-gcu. Until 0.1 the DaemonSet used LEGACY_TOOLKIT_DIR.
+DEFAULT_TOOLKIT_DIR = "/opt/enflame-gcu"
+LEGACY_TOOLKIT_DIR = "/usr/local/enflame"
 
 Action = dict[str, Any]
 
@@ -274,11 +278,25 @@ def _undo(run: InstallRun, action: Action, restart_engine: bool) -> None:
         _remove(run, path, os.unlink)
         if not run.dry_run and cdi_service.usable(run.root):
             cdi_service.systemctl(run.root, "daemon-reload")
+    elif kind == "moved":
+        # A file someone else made, set aside so ours could take its name: put it back once
+        # ours is gone (undone before this, being recorded after it).
+        saved = run.local(action["saved"])
+        if not os.path.lexists(saved):
+            return
+        if os.path.lexists(local) and path not in run.planned_removals:
+            run.lines.append(f"kept {action['saved']}: {path} exists again; compare them by hand")
+            return
+        if not run.dry_run:
+            os.rename(saved, local)
+        run.lines.append(f"{path} {run.verb}put back (it was set aside as {action['saved']})")
     elif kind == "tree":
         for leftover in (local + ".new", local + ".old"):
             if not run.dry_run:
                 shutil.rmtree(leftover, ignore_errors=True)
-        if os.path.lexists(local):
+        if os.path.islink(local):  # install.sh's PREFIX/venv: a link into PREFIX/venvs/
+            _remove(run, path, os.unlink)
+        elif os.path.lexists(local):
             _remove(run, path + "/", shutil.rmtree)
     elif kind == "dir":
         if not os.path.isdir(local):
@@ -290,6 +308,22 @@ def _undo(run: InstallRun, action: Action, restart_engine: bool) -> None:
             _remove(run, path + "/", os.rmdir)
     else:
         raise InstallError(f"{run.manifest_path} lists an unknown action kind {kind!r}")
+
+
+def retire(run: InstallRun, action: Action, restart_engine: bool = False) -> None:
+    """Undo one recorded action of an earlier install now, and drop it from the record.
+
+    For a node-mode change: what the earlier mode installed and the new one must not keep.
+    Dropped from the run's baseline too, since it is gone for good: a later failure of this
+    run puts back this run's own changes, not the retired ones.
+    """
+    _undo(run, action, restart_engine)
+    if run.dry_run:
+        run.actions = [a for a in run.actions if a != action]
+        return
+    run.actions = [a for a in run.actions if a != action]
+    run.baseline = [a for a in run.baseline if a != action]
+    run.save()
 
 
 def _remove(run: InstallRun, shown: str, remover: Callable[[str], object]) -> None:

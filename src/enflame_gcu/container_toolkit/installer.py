@@ -29,6 +29,7 @@ from enflame_gcu.container_toolkit import (
     cdi_service,
     engines,
     host_python,
+    install_manifest,
     node_mode,
 )
 from enflame_gcu.container_toolkit.engines import hosts, storage
@@ -59,6 +60,7 @@ __all__ = [
 RUNTIME_NAME = "enflame-container-runtime"
 CONFIG_PATH = runtime_config.DEFAULT_PATH
 LOG_DIR = os.path.dirname(runtime_config.DEFAULT_LOG_FILE)
+LOGROTATE_PATH = "/etc/logrotate.d/enflame-container-runtime"
 # Used only if the package was installed without its data file; the runtime's defaults apply.
 FALLBACK_CONFIG = "# enflame-container-runtime config; an empty file means every default.\n"
 
@@ -314,51 +316,110 @@ def _record_mode(run: InstallRun, record: node_modes.Record) -> None:
                 )
 
 
+SET_ASIDE = ".enflame-set-aside"  # no CDI reader loads it (*.yaml and *.json only)
+
+
 def _write_cdi_specs(run: InstallRun) -> None:
-    """Node mode cdi: the node's CDI specs, recorded so uninstall removes them."""
+    """Node mode cdi: the node's CDI specs, recorded so uninstall removes them.
+
+    A spec file at one of our names that we did not write (an operator's own
+    ``enflame.com-vgcu.yaml``) is set aside, never deleted, and put back by uninstall.
+    """
     directory = cdi.DEFAULT_OUTPUT_DIR
     run.make_dirs(directory)
+    owned = []
     for path in cdi_keeper.spec_paths(directory):
+        local = run.local(path)
+        if run.find("file", path) is None and not cdi_keeper.ours(local):
+            _set_aside(run, path)
         run.record({"kind": "file", "path": path})
         run.remember(path)
+        owned.append(run.local(path))
     if run.dry_run:
         run.lines.append(f"{directory}/enflame.com-*.yaml {run.verb}written from the node's GCUs")
         return
     fileio.require_confined(run.root, devices.DISCOVERY_PATHS)
-    changed = cdi_keeper.refresh(run.root, run.local(directory, follow=True))
+    output = run.local(directory, follow=True)
+    owned = [os.path.join(output, os.path.basename(p)) for p in owned]
+    changed = cdi_keeper.refresh(run.root, output, owned)
     run.lines.extend(changed or [f"{directory}/enflame.com-*.yaml: up to date"])
 
 
-def _install_cdi_service(run: InstallRun, options: InstallOptions) -> None:
-    """enflame-cdi-watch.service, recorded so uninstall stops, disables and removes it."""
-    if not (options.bin_dir and options.ctk):
-        run.lines.append(
-            "the CDI specs are kept current only while something runs `enflame-ctk cdi watch` "
-            "(no enflame-ctk linked on the host for a service: pass --bin-dir and --link-ctk)"
+def _set_aside(run: InstallRun, path: str) -> None:
+    saved = path + SET_ASIDE
+    if os.path.lexists(run.local(saved)):
+        raise InstallError(
+            f"cannot install node mode cdi: {path} was not written by enflame-ctk and "
+            f"{saved} (where it would be set aside) exists too; move one of them away"
         )
+    run.record({"kind": "moved", "path": path, "saved": saved})
+    run.lines.append(
+        f"{path}: not written by enflame-ctk; {run.verb}set aside as {saved} "
+        "(put back by uninstall)"
+    )
+    if not run.dry_run:
+        # Undoing this run (or uninstall) removes ours, then the "moved" record puts it back.
+        os.rename(run.local(path), run.local(saved))
+
+
+def _install_units(run: InstallRun, options: InstallOptions, cdi_watch: bool) -> None:
+    """The toolkit's systemd units (cdi_service), recorded so uninstall stops and removes them.
+
+    The boot units (/dev/char links, prepared edits) on every node install.sh sets up; the CDI
+    keeper in node mode cdi. Only with an enflame-ctk linked on the host for them to run.
+    """
+    if not (options.bin_dir and options.ctk):
+        if cdi_watch:
+            run.lines.append(
+                "the CDI specs are kept current only while something runs `enflame-ctk cdi "
+                "watch` (no enflame-ctk linked on the host for a service: pass --bin-dir and "
+                "--link-ctk)"
+            )
         return
     ctk = os.path.join(options.bin_dir, "enflame-ctk")
-    text = cdi_service.render(ctk, cdi.DEFAULT_OUTPUT_DIR)
-    path = cdi_service.UNIT_PATH
-    run.make_dirs(os.path.dirname(path))
-    if _read(run.local(path, follow=True)) != text:
-        run.record({"kind": "unit", "path": path, "unit": cdi_service.UNIT_NAME})
-        run.remember(path)
-        if not run.dry_run:
-            fileio.atomic_write_text(run.local(path), text, 0o644)
-        run.lines.append(f"{path} {run.verb}written ({ctk} cdi watch)")
-    start = f"systemctl daemon-reload && systemctl enable --now {cdi_service.UNIT_NAME}"
-    if run.dry_run:
-        return
+    by = "# Installed by enflame-ctk install (deploy/install.sh); removed by uninstall."
+    units = cdi_service.render_boot(ctk, by)
+    if cdi_watch:
+        units[cdi_service.UNIT_NAME] = cdi_service.render(ctk, cdi.DEFAULT_OUTPUT_DIR)
+    run.make_dirs(cdi_service.UNIT_DIR)
+    for name, text in units.items():
+        path = f"{cdi_service.UNIT_DIR}/{name}"
+        if _read(run.local(path, follow=True)) != text:
+            run.refuse_foreign("unit", path, "remove it (or rename the unit) first")
+            run.record({"kind": "unit", "path": path, "unit": name})
+            run.remember(path)
+            if not run.dry_run:
+                fileio.atomic_write_text(run.local(path), text, 0o644)
+            run.lines.append(f"{path} {run.verb}written")
+    start = f"systemctl daemon-reload && systemctl enable --now {' '.join(units)}"
     if not cdi_service.usable(run.root):
-        run.lines.append(f"systemd is not running here: start the service yourself ({start})")
+        run.lines.append(f"systemd is not running here: start the services yourself ({start})")
+        return
+    if run.dry_run:
+        run.lines.append(f"{', '.join(units)} would be enabled and started")
         return
     problem = cdi_service.systemctl(run.root, "daemon-reload") or cdi_service.systemctl(
-        run.root, "enable", "--now", cdi_service.UNIT_NAME
+        run.root, "enable", "--now", *units
     )
     if problem:
-        raise InstallError(f"cannot start {cdi_service.UNIT_NAME}: {problem}")
-    run.lines.append(f"{cdi_service.UNIT_NAME} enabled and started")
+        raise InstallError(f"cannot start {', '.join(units)}: {problem}")
+    run.lines.append(f"{', '.join(units)} enabled and started")
+
+
+def _write_logrotate(run: InstallRun) -> None:
+    """/etc/logrotate.d/enflame-container-runtime, as the .deb and .rpm ship it."""
+    path = LOGROTATE_PATH
+    run.make_dirs(os.path.dirname(path))
+    if os.path.lexists(run.local(path)):
+        run.lines.append(f"{path}: exists, kept as it is")
+        return
+    text = resources.files(enflame_gcu).joinpath("data/logrotate").read_text("utf-8")
+    digest = storage.sha256(text)
+    run.record({"kind": "file", "path": path, "sha256": digest, "keep_if_edited": True})
+    run.remember(path)
+    if not run.dry_run:
+        fileio.atomic_write_text(run.local(path), text, 0o644)
+    run.lines.append(f"{path} {run.verb}written (weekly rotation of {LOG_DIR}/*.log)")
 
 
 def _install(options: InstallOptions, run: InstallRun) -> Outcome:
@@ -368,6 +429,7 @@ def _install(options: InstallOptions, run: InstallRun) -> Outcome:
     record = node_mode.decide(run.root, options.mode, engine)
     mode = node_modes.MODES[record.mode]
     run.lines.append(f"node mode {record.mode} ({record.chosen_by}): {record.reason}")
+    _retire_earlier_mode(run, options, mode)
     if mode.wrapper != "none":
         # Like an install without a mode: every engine found (or named) gets the runtime entry.
         outcome = _install_wrapper(options, run, options.engines, mode.wrapper == "default")
@@ -386,10 +448,48 @@ def _install(options: InstallOptions, run: InstallRun) -> Outcome:
         outcome = Outcome((), ())
     if mode.cdi_specs:
         _write_cdi_specs(run)
-        if options.cdi_service:
-            _install_cdi_service(run, options)
+    if options.cdi_service:  # no installer stays running (install.sh): systemd does the rest
+        _install_units(run, options, cdi_watch=mode.cdi_specs)
     _record_mode(run, record)
     return Outcome(tuple(run.lines), outcome.engines, record.mode)
+
+
+def _retire_earlier_mode(
+    run: InstallRun, options: InstallOptions, mode: node_modes.NodeMode
+) -> None:
+    """Take back what an earlier install (another mode, or none) did that ``mode`` must not keep.
+
+    The wrapper's engine entries go when the new mode wants no wrapper or wants it in another
+    role (default vs handler): they are then written anew. The CDI specs, their service and
+    any file set aside for them go when the new mode is not cdi.
+    """
+    try:
+        earlier = node_modes.read(run.root)
+    except ValueError:
+        earlier = None  # unreadable: treat as unknown, so the wrapper entries are redone
+    engine_steps = [a for a in run.actions if a["kind"] == "engine"]
+    same_wrapper = earlier is not None and node_modes.MODES[earlier.mode].wrapper == mode.wrapper
+    if engine_steps and not same_wrapper:
+        shown = f"node mode {earlier.mode}" if earlier else "an install without a node mode"
+        run.lines.append(
+            f"taking back the runtime entries {shown} wrote "
+            + ("(this mode needs no wrapper)" if mode.wrapper == "none" else "(written anew)")
+        )
+        for action in reversed(engine_steps):
+            install_manifest.retire(run, action, options.restart_engine)
+    if mode.cdi_specs:
+        return
+    cdi_dir = cdi.DEFAULT_OUTPUT_DIR + "/"
+    specs = [
+        a
+        for a in run.actions
+        if (a["kind"] == "unit" and a.get("unit") == cdi_service.UNIT_NAME)
+        or (a["kind"] in ("file", "moved") and a["path"].startswith(cdi_dir))
+    ]
+    if specs:
+        run.lines.append(f"taking back the CDI specs node mode cdi wrote (node mode {mode.name})")
+    for action in reversed(specs):
+        install_manifest.retire(run, action, options.restart_engine)
 
 
 def _record_created(run: InstallRun, options: InstallOptions) -> None:
@@ -427,6 +527,7 @@ def _install_wrapper(
             _link(run, os.path.join(options.bin_dir, "enflame-ctk"), options.ctk)
     _write_config(run)
     run.make_dirs(LOG_DIR)
+    _write_logrotate(run)
     _prepare_edits(run)
     names = engine_names if engine_names is not None else tuple(engines.detect(run.root))
     for name in names:

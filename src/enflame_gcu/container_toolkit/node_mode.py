@@ -21,7 +21,7 @@ from enflame_gcu.container_toolkit.doctor import engine_configs
 from enflame_gcu.container_toolkit.engines import cri, hosts
 from enflame_gcu.errors import InstallError
 
-KUBELET_DIR = "/var/lib/kubelet"
+KUBELET_DIR = node_modes.KUBELET_EVIDENCE
 BINARIES = {
     "containerd": ("/usr/bin/containerd", "/usr/local/bin/containerd"),
     "crio": ("/usr/bin/crio", "/usr/local/bin/crio"),

@@ -29,7 +29,9 @@ def test_cli_configure_then_unconfigure(
     tmp_path: os.PathLike[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = os.path.join(str(tmp_path), "daemon.json")
-    argv = ("runtime", "configure", "--runtime", "docker", "--config", path, "--set-as-default")
+    # --force: no runtime binary on this machine (a real --set-as-default refuses that).
+    argv = ("runtime", "configure", "--runtime", "docker", "--config", path, "--set-as-default",
+            "--force")  # fmt: skip
     assert run_cli(*argv, "--dry-run") == 0
     out = capsys.readouterr().out
     assert f"+++ {path}" in out and '+  "default-runtime": "enflame"' in out.replace("    ", "  ")

@@ -166,10 +166,29 @@ def render_text(view: holders.NodeView, document: dict[str, Any]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+NO_GRPC = (
+    "the PodResources API needs grpcio and protobuf, which this install leaves out (the node "
+    "packages, install.sh and the bundle carry only what the runtime needs: {why}); the cards "
+    "are shown without holders. For holders run it in the device plugin's pod: kubectl -n "
+    "kube-system exec ds/enflame-device-plugin-daemonset -- enflame-ctk allocations, or install "
+    "'enflame-gcu[plugin]' into this install's virtualenv"
+)
+
+
+def _listing(socket: str) -> tuple[Any, str | None]:
+    """(the kubelet's listing, None) or (None, why it cannot be had)."""
+    try:
+        from enflame_gcu.kubelet_api import podresources  # noqa: PLC0415 (grpc only here)
+    except ImportError as exc:
+        return None, NO_GRPC.format(why=exc)
+    try:
+        return podresources.list_resources(socket), None
+    except KubeletApiError as exc:
+        return None, str(exc)
+
+
 def run(args: argparse.Namespace) -> int:
     """Discover under --root, ask PodResources, print; exit 1 when PodResources is unavailable."""
-    from enflame_gcu.kubelet_api import podresources  # noqa: PLC0415 (grpc only here)
-
     inventory = devices.discover(args.host_root)
     resources = tuple(args.resource or holders.DEFAULT_RESOURCES)
     # The host's socket, as every other default path: under --host-root (links kept inside).
@@ -179,11 +198,9 @@ def run(args: argparse.Namespace) -> int:
         else fileio.confine(args.host_root, args.pod_resources_socket)
     )
     source: dict[str, Any] = {"socket": socket, "available": True}
-    listing: podresources.Listing | None = None
-    try:
-        listing = podresources.list_resources(socket)
-    except KubeletApiError as exc:
-        source.update(available=False, error=str(exc))
+    listing, error = _listing(socket)
+    if listing is None:
+        source.update(available=False, error=error)
     if listing is not None:
         source.update(
             error=None,

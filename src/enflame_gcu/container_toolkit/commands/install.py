@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from enflame_gcu import node_modes
-from enflame_gcu.container_toolkit import cdi, cdi_keeper, engines, installer
+from enflame_gcu.container_toolkit import cdi, cdi_keeper, engines, install_manifest, installer
 from enflame_gcu.container_toolkit.commands import common
 
 READY_MESSAGE = "install: ready"
@@ -210,10 +210,21 @@ def install_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _has_manifest(args: argparse.Namespace, toolkit_dir: str) -> bool:
+    run = installer.InstallRun(args.host_root, toolkit_dir, True)
+    return os.path.exists(run.manifest_path)
+
+
 def uninstall_command(args: argparse.Namespace) -> int:
     """Handler of ``uninstall``."""
+    toolkit_dir = args.toolkit_dir
+    if toolkit_dir == installer.DEFAULT_TOOLKIT_DIR and not _has_manifest(args, toolkit_dir):
+        legacy = install_manifest.LEGACY_TOOLKIT_DIR
+        if _has_manifest(args, legacy):
+            common.note(f"undoing the install recorded in {legacy} (the toolkit dir until 0.1)")
+            toolkit_dir = legacy
     outcome = installer.uninstall(
-        args.host_root, args.toolkit_dir, restart_engine=args.restart_engine, dry_run=args.dry_run
+        args.host_root, toolkit_dir, restart_engine=args.restart_engine, dry_run=args.dry_run
     )
     _print(outcome, args.dry_run)
     return 0

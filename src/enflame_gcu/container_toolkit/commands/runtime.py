@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+from enflame_gcu import fileio, node_modes
 from enflame_gcu.container_toolkit import engines
 from enflame_gcu.container_toolkit.commands import common
 from enflame_gcu.container_toolkit.engines import base, cri
 from enflame_gcu.container_toolkit.engines import reload as engine_reload
-from enflame_gcu.errors import EngineConfigError
+from enflame_gcu.errors import EnflameError, EngineConfigError
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +64,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     configure.add_argument(
         "--set-as-default", action="store_true", help="make it the engine's default runtime"
     )
+    configure.add_argument(
+        "--force",
+        action="store_true",
+        help="with --set-as-default: set it even when the runtime binary is missing or the "
+        "node's recorded mode wants no wrapper as default (every container start then uses it)",
+    )
     configure.add_argument("--cdi", action="store_true", help="turn CDI on where supported")
     configure.add_argument(
         "--cdi-annotations",
@@ -98,6 +106,11 @@ def configure_command(args: argparse.Namespace) -> int:
     if not args.runtime_path.startswith("/"):
         common.note(f"--runtime-path must be absolute, got {args.runtime_path!r}")
         return common.EXIT_USAGE
+    if args.set_as_default and not args.force and (why := _default_refused(args)):
+        if not args.dry_run:
+            common.note(f"refusing --set-as-default: {why}; nothing was changed (--force to do it)")
+            return common.EXIT_FAILED
+        common.note(f"a real run would refuse --set-as-default: {why} (--force to do it)")
     options = base.RuntimeOptions(
         runtime_name=args.runtime_name,
         runtime_path=args.runtime_path,
@@ -114,6 +127,31 @@ def configure_command(args: argparse.Namespace) -> int:
     except EngineConfigError as exc:
         common.note(str(exc))
         return common.EXIT_FAILED
+
+
+def _default_refused(args: argparse.Namespace) -> str | None:
+    """Why making the runtime the engine's default would break or contradict this node."""
+    try:
+        binary = fileio.resolve(args.host_root, args.runtime_path)
+    except EnflameError as exc:
+        return f"{args.runtime_path}: {exc}"
+    if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        return (
+            f"{args.runtime_path} does not exist on this node (or is not an executable file): "
+            "every container start would fail; install the runtime first (docs/packaging.md)"
+        )
+    try:
+        record = node_modes.read(args.host_root)
+    except ValueError as exc:
+        return f"{exc} (the node's mode cannot be told)"
+    if record is not None and record.mode != "default-runtime":
+        return (
+            f"this node's mode is {record.mode} ({node_modes.MODE_FILE}, "
+            f"chosen {record.chosen_by}), which wants no wrapper as the default runtime; "
+            "change the mode with: enflame-ctk install --mode default-runtime "
+            f"--host-root {args.host_root}"
+        )
+    return None
 
 
 def unconfigure_command(args: argparse.Namespace) -> int:

@@ -9,15 +9,50 @@ plugin's answer is read from its command line (``--node-mode``, ``--pass-device-
 from __future__ import annotations
 
 import os
+import shlex
 
 from enflame_gcu import node_modes
-from enflame_gcu.container_toolkit import cdi
+from enflame_gcu.container_toolkit import cdi, cdi_service
 from enflame_gcu.container_toolkit.doctor import processes
 from enflame_gcu.container_toolkit.doctor.model import Node, Result, Status
 from enflame_gcu.errors import EnflameError
 
 NAME = "node-mode"
-REINSTALL = "enflame-ctk install --host-root / --mode auto   # or: deploy/install.sh --mode auto"
+
+
+def _reinstall(node: Node, mode: str = node_modes.AUTO) -> str:
+    """The install that records ``mode`` (and takes back what another mode installed)."""
+    root = shlex.quote(node.root)
+    return (
+        f"enflame-ctk install --host-root {root} --mode {mode}   "
+        f"# or: deploy/install.sh --host-root {root} --mode {mode}"
+    )
+
+
+def _fixes(node: Node, mode: str) -> str:
+    """Commands that, run in order, make the node match ``mode`` (doctor's fix)."""
+    root = shlex.quote(node.root)
+    ours = [view for view in node.checked_engines if view.runtime_path]
+    steps = []
+    if mode in ("device-specs", "cdi"):
+        steps += [
+            f"enflame-ctk runtime unconfigure --runtime {v.engine} --host-root {root}"
+            for v in ours
+            if v.is_default
+        ]
+    elif mode in ("runtimeclass", "default-runtime"):
+        default = " --set-as-default" if mode == "default-runtime" else ""
+        steps += [
+            f"enflame-ctk runtime configure --runtime {v.engine} --host-root {root}{default}"
+            for v in node.checked_engines
+            if not v.runtime_path or (mode == "default-runtime") != v.is_default
+        ]
+    if mode == "cdi":
+        steps.append(
+            f"enflame-ctk cdi generate --host-root {root} --output {cdi.DEFAULT_OUTPUT_DIR}"
+            f"   # and keep them current: systemctl enable --now {cdi_service.UNIT_NAME}"
+        )
+    return " && ".join(steps) if steps else _reinstall(node, mode)
 
 
 def _from_engines(node: Node) -> str:
@@ -99,12 +134,47 @@ def _cdi_problem(node: Node) -> str | None:
     return None
 
 
+def _engine_now(node: Node, record: node_modes.Record) -> node_modes.Engine:
+    """The node's engine as the installer's ``auto`` would see it now (node_mode.detect's view,
+    from what doctor already read; the version is the record's when the engine is the same)."""
+    kubelet = os.path.isdir(node.path(node_modes.KUBELET_EVIDENCE))
+    found = [view.engine for view in node.engines]
+    if node.cri is not None and node.cri.source == "kubelet" and node.cri.engine in found:
+        name = node.cri.engine
+    elif kubelet and (cri_engines := [e for e in found if e in ("containerd", "crio")]):
+        name = cri_engines[0]
+    else:
+        name = next((e for e in ("docker", "crio", "containerd") if e in found), "")
+    version = None
+    if name == record.engine and record.engine_version.count(".") >= 1:
+        major, minor = record.engine_version.split(".")[:2]
+        version = (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
+    cdi_enabled = next((v.cdi_enabled for v in node.engines if v.engine == name), None)
+    return node_modes.Engine(name, version, cdi_enabled, kubelet)
+
+
+def _drift(node: Node, record: node_modes.Record) -> str | None:
+    """Why a mode ``auto`` chose no longer fits the node (None when it still does)."""
+    if record.chosen_by != node_modes.AUTO:
+        return None  # an operator's choice is theirs: it is checked, not second-guessed
+    if record.engine not in ("docker", "containerd", "crio"):
+        return None  # podman (or none): doctor reads no config of it to compare with
+    chosen, why = node_modes.choose(_engine_now(node, record))
+    if chosen == record.mode:
+        return None
+    return (
+        f"auto chose {record.mode} for {record.engine or 'no engine'} "
+        f"{record.engine_version}".rstrip()
+        + f", but the node has changed: auto would now choose {chosen} ({why})"
+    )
+
+
 def check_node_mode(node: Node) -> list[Result]:
     """Report the node's mode; fail when the node or the device plugin does not match it."""
     try:
         record = node_modes.read(node.root)
     except ValueError as exc:
-        return [Result(NAME, "fail", str(exc), REINSTALL)]
+        return [Result(NAME, "fail", str(exc), _reinstall(node))]
     mode = record.mode if record else _from_engines(node)
     origin = (
         f"recorded by the installer ({record.chosen_by}: {record.reason})"
@@ -136,10 +206,14 @@ def check_node_mode(node: Node) -> list[Result]:
             problems.append(plugin_problem)
         plugin = "the device plugin's settings match"
     status: Status = "fail" if problems else "pass"
+    fix = _fixes(node, mode) if problems else ""
     if not problems and record is None:
-        status = "warn"
+        status, fix = "warn", _reinstall(node)
+    drift = _drift(node, record) if record is not None and not problems else None
+    if drift:
+        status, fix = "warn", _reinstall(node)
+        problems.append(drift)
     detail = f"node mode {mode}, {origin}; " + ("; ".join(problems) if problems else plugin)
-    fix = REINSTALL if problems or record is None else ""
     if plugin_problem:
         fix = (
             "run the plugin with --node-mode=auto (as the chart and manifests do); restart its pod"
