@@ -55,7 +55,7 @@ def test_every_dashboard_query_resolves_against_a_running_plugin() -> None:
             while True:
                 with urllib.request.urlopen(url, timeout=5) as answer:
                     text: str = answer.read().decode()
-                ready = 'pod="pod2"' in text and "enflame_gcu_card_unhealthy{" in text
+                ready = 'pod_name="pod2"' in text and "enflame_gcu_card_unhealthy{" in text
                 if ready or loop.time() > deadline:
                     return text
                 await asyncio.sleep(0.2)

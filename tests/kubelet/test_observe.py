@@ -41,11 +41,11 @@ def scrape(port: int) -> str:
 def metric_holders(text: str) -> dict[str, str]:
     """``{card: pod}`` of every held card in enflame_gcu_card_allocated."""
     return {
-        sample.labels["card"]: sample.labels["pod"]
+        sample.labels["card"]: sample.labels["pod_name"]
         for family in text_string_to_metric_families(text)
         if family.name == "enflame_gcu_card_allocated"
         for sample in family.samples
-        if sample.labels["pod"]
+        if sample.labels["pod_name"]
     }
 
 

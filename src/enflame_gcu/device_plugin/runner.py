@@ -35,8 +35,11 @@ from enflame_gcu.device_plugin import (
     metrics,
     resources,
     service,
+    telemetry,
+    telemetry_metrics,
 )
 from enflame_gcu.device_plugin import state as plugin_state
+from enflame_gcu.efml import library as efml_library
 from enflame_gcu.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -288,6 +291,23 @@ async def _heartbeat(exported: metrics.Metrics) -> None:
         await asyncio.sleep(1.0)
 
 
+def _telemetry(
+    config: plugin_config.PluginConfig, exported: metrics.Metrics
+) -> telemetry.TelemetryCollector | None:
+    """Card telemetry on the metrics port: a collector thread and the families it feeds."""
+    if not config.telemetry_interval:
+        return None
+    collector = telemetry.TelemetryCollector(
+        config.host_root, config.telemetry_interval, config.telemetry_timeout, config.efml_library
+    )
+    exported.registry.register(
+        telemetry_metrics.TelemetryMetrics(collector, exported.cards.current)
+    )
+    efml_library.ignore_user_signals()  # before the library loads, as gcu-exporter does
+    collector.start()
+    return collector
+
+
 def _background(config: plugin_config.PluginConfig, exported: metrics.Metrics) -> list[Any]:
     """The heartbeat behind /healthz and the PodResources reader behind the per-card labels."""
     tasks = [asyncio.ensure_future(_heartbeat(exported))]
@@ -308,10 +328,12 @@ async def run(
     """Serve until SIGTERM/SIGINT (exit status 0); 1 when init fails and that is fatal."""
     exported: metrics.Metrics | None = None
     background: list[Any] = []
+    collector: telemetry.TelemetryCollector | None = None
     if config.metrics_port:
         exported = metrics.Metrics()
         http_server.start(exported, config.metrics_port, config.metrics_bind_address)
         background = _background(config, exported)
+        collector = _telemetry(config, exported)
     watchers = NodeWatchers(exported)
     servers = Servers(exported)
     frozen = False
@@ -361,6 +383,8 @@ async def run(
             log.info("SIGHUP: rediscovering; running registrations and streams are kept")
     finally:
         await servers.close()
+        if collector is not None:
+            await asyncio.to_thread(collector.stop)
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
