@@ -16,7 +16,7 @@ from tests.deploy.helpers import DEPLOY
 DASHBOARD = os.path.join(DEPLOY, "grafana", "enflame-gcu-dashboard.json")
 # Labels Prometheus adds to every series of a target (the monitors relabel the pod's node).
 TARGET_LABELS = {"node", "instance", "job"}
-_METRIC = re.compile(r"\b((?:enflame_gcu|process)_[a-z0-9_]+)(\{[^}]*\})?")
+_METRIC = re.compile(r"\b((?:enflame_v?gcu|process)_[a-z0-9_]+)(\{[^}]*\})?")
 _MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
 _GROUPING = re.compile(r"\b(?:by|on|without|group_left|group_right)\s*\(([^)]*)\)")
 

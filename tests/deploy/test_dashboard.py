@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 
-from enflame_gcu.simulation import simulate
-from enflame_gcu.simulation.testing import plugin_process
-from tests.deploy import dashboard
+from tests.deploy import dashboard, telemetry_scene
 from tests.device_plugin.test_metrics import free_port
 
 
@@ -44,21 +42,10 @@ def test_every_dashboard_query_resolves_against_a_running_plugin() -> None:
     port = free_port()
 
     async def main() -> str:
-        args = [f"--metrics-port={port}", "--pod-resources-interval=0.2", "--health-interval=0.5"]
-        async with plugin_process.running_node(args=args, pod_resources=True) as node:
-            await node.kubelet.allocate_pod("pod1", {"main": 2})
-            await node.kubelet.allocate_pod("pod2", {"main": 2}, namespace="ml")
-            simulate.unplug(node.root, 7)
+        async with telemetry_scene.scene(port):
             url = f"http://127.0.0.1:{port}/metrics"
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 10
-            while True:
-                with urllib.request.urlopen(url, timeout=5) as answer:
-                    text: str = answer.read().decode()
-                ready = 'pod_name="pod2"' in text and "enflame_gcu_card_unhealthy{" in text
-                if ready or loop.time() > deadline:
-                    return text
-                await asyncio.sleep(0.2)
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                return str(answer.read().decode())
 
     text = asyncio.run(main())
     seen = dashboard.scraped_labels(text)
