@@ -195,3 +195,22 @@ def test_init_passes_no_driver_as_a_c_bool(node: str) -> None:
     lib = library.Library.load(node)
     lib.init(no_driver=True)
     assert lib.device_count() == 2
+
+
+def test_several_hung_cards_cost_one_timeout_not_one_each(make_node: MakeNode) -> None:
+    root = make_node("vendor-8card")
+    efmlsim.install(root)
+    lib = library.Library.load(root)
+    lib.init()
+    for index in (1, 3, 5, 7):
+        efmlsim.set_values(root, f"card{index}", {"hang": "1"})
+    calls = bounded.BoundedCalls(timeout=0.5)
+    work = [(str(i), lambda i=i: reading.read_card(lib, i), f"card {i}") for i in range(8)]
+    started = time.monotonic()
+    outcomes = calls.run_many(work)
+    assert time.monotonic() - started < 1.5  # four hung cards, one deadline
+    hung = [i for i, o in enumerate(outcomes) if isinstance(o, EfmlTimeout)]
+    read = [o.index for o in outcomes if isinstance(o, reading.CardReading)]
+    assert (hung, read) == ([1, 3, 5, 7], [0, 2, 4, 6])
+    for index in (1, 3, 5, 7):
+        efmlsim.set_values(root, f"card{index}", {"hang": None})

@@ -123,15 +123,22 @@ class TelemetryCollector:
         except EfmlError as exc:
             return Snapshot(up=False, reason=str(exc), seconds=time.monotonic() - started)
         cards, failures = [], []
-        for index in range(min(count, MAX_DEVICE_COUNT)):
-            try:
-                work = functools.partial(reading.read_card, lib, index)
-                card = self.calls.run(str(index), work, f"card {index}")
-            except EfmlError as exc:
-                failures.append(CardFailure(index, self._bdfs.get(index, ""), exc.name, str(exc)))
-                continue
-            self._bdfs[index] = card.identity.bdf
-            cards.append(card)
+        indexes = range(min(count, MAX_DEVICE_COUNT))
+        calls = [
+            (str(i), functools.partial(reading.read_card, lib, i), f"card {i}") for i in indexes
+        ]
+        for index, outcome in zip(indexes, self.calls.run_many(calls), strict=True):
+            if isinstance(outcome, EfmlError):
+                failures.append(
+                    CardFailure(index, self._bdfs.get(index, ""), outcome.name, str(outcome))
+                )
+            elif isinstance(outcome, BaseException):
+                failures.append(
+                    CardFailure(index, self._bdfs.get(index, ""), "error", repr(outcome))
+                )
+            else:
+                self._bdfs[index] = outcome.identity.bdf
+                cards.append(outcome)
         self._report(failures)
         return Snapshot(
             up=True,

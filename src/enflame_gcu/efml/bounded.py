@@ -4,7 +4,8 @@ A C call cannot be interrupted: a card whose call never returns keeps its thread
 (a card index, or "node" for node-wide calls) has one daemon worker; a call that misses its
 deadline raises :class:`~enflame_gcu.errors.EfmlTimeout`, and while that worker is still stuck
 every later call for the same key fails at once with the same error instead of queueing. The
-other keys' workers go on. At most one thread per key, ever.
+other keys' workers go on. At most one thread per key, ever; :meth:`BoundedCalls.run_many`
+starts every card at once under one deadline, so several hung cards cost one timeout.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 from enflame_gcu.efml import types
@@ -71,23 +72,54 @@ class BoundedCalls:
 
     def run(self, key: str, work: Callable[[], T], what: str = "libefml call") -> T:
         """The result of ``work()``; its exception re-raised; EfmlTimeout if it overruns."""
-        worker = self._worker(key)
-        since = worker.busy_since
-        if since is not None:
-            raise EfmlTimeout(
-                what, types.TIMEOUT, "timeout",
-                f"{key} is still blocked in an earlier call ({time.monotonic() - since:.0f} s)",
-            )  # fmt: skip
-        job: _Job[T] = _Job(work)
-        worker.busy_since = time.monotonic()
-        worker.jobs.put(job)  # type: ignore[arg-type]
-        if not job.done.wait(self.timeout):
-            raise EfmlTimeout(
-                what, types.TIMEOUT, "timeout", f"{key} did not answer within {self.timeout:g} s"
-            )
-        if job.error is not None:
-            raise job.error
-        return job.result  # type: ignore[return-value]
+        [outcome] = self.run_many([(key, work, what)])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def run_many(
+        self, calls: Sequence[tuple[str, Callable[[], T], str]]
+    ) -> list[T | BaseException]:
+        """Start every call on its key's worker at once and wait for all with one deadline, so
+        N hung cards cost one timeout, not N; each entry is a result or the exception."""
+        started: list[_Job[T] | EfmlTimeout] = []
+        for key, work, what in calls:
+            worker = self._worker(key)
+            since = worker.busy_since
+            if since is not None:
+                started.append(
+                    EfmlTimeout(
+                        what,
+                        types.TIMEOUT,
+                        "timeout",
+                        f"{key} is still blocked in an earlier call "
+                        f"({time.monotonic() - since:.0f} s)",
+                    )
+                )
+                continue
+            job: _Job[T] = _Job(work)
+            worker.busy_since = time.monotonic()
+            worker.jobs.put(job)  # type: ignore[arg-type]
+            started.append(job)
+        deadline = time.monotonic() + self.timeout
+        outcomes: list[T | BaseException] = []
+        for (key, _, what), job_or_error in zip(calls, started, strict=True):
+            if isinstance(job_or_error, EfmlTimeout):
+                outcomes.append(job_or_error)
+            elif not job_or_error.done.wait(max(0.0, deadline - time.monotonic())):
+                outcomes.append(
+                    EfmlTimeout(
+                        what,
+                        types.TIMEOUT,
+                        "timeout",
+                        f"{key} did not answer within {self.timeout:g} s",
+                    )
+                )
+            elif job_or_error.error is not None:
+                outcomes.append(job_or_error.error)
+            else:
+                outcomes.append(job_or_error.result)  # type: ignore[arg-type]
+        return outcomes
 
     def threads(self) -> int:
         """Workers started so far (one per key)."""
