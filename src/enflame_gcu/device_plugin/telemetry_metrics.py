@@ -227,6 +227,9 @@ class TelemetryMetrics(Collector):
         self.collector = collector
         self.view = view
         self.host = host or hostname()
+        # The families of the last (pass, view) pair: both are replaced whole, never changed, so
+        # scrapes between two passes reuse them instead of rebuilding every series.
+        self._cached: tuple[object, object, bool, list[GaugeMetricFamily]] | None = None
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         """No fixed description: the families depend on the cards."""
@@ -236,6 +239,17 @@ class TelemetryMetrics(Collector):
         """The families for one scrape (never calls libefml)."""
         snap = self.collector.snapshot
         node, known = self.view()
+        cached = self._cached
+        if cached is not None and cached[0] is snap and cached[1] is node and cached[2] == known:
+            yield from cached[3]
+            return
+        families = list(self._build(snap, node, known))
+        self._cached = (snap, node, known, families)
+        yield from families
+
+    def _build(
+        self, snap: telemetry.Snapshot, node: holders.NodeView | None, known: bool
+    ) -> Iterator[GaugeMetricFamily]:
         by_bdf = {c.card.bdf: c for c in node.cards} if node is not None else {}
         out = _Families()
         host = [self.host]
