@@ -238,6 +238,9 @@ def _reloaded(
             "SIGHUP: new metrics, PodResources or log format settings take effect only after "
             "a restart"
         )
+    telemetry_settings = ("telemetry_interval", "telemetry_timeout", "efml_library")
+    if any(getattr(new, name) != getattr(config, name) for name in telemetry_settings):
+        log.warning("SIGHUP: new card telemetry settings take effect only after a restart")
     return new
 
 

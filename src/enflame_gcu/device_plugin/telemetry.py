@@ -121,7 +121,8 @@ class TelemetryCollector:
             count = self.calls.run("node", lib.device_count, "EfmlGetDevCount")
             driver = self.calls.run("node", lib.driver_version, "EfmlGetDriverVer")
         except EfmlError as exc:
-            return Snapshot(up=False, reason=str(exc), seconds=time.monotonic() - started)
+            return self._off(f"libefml does not answer ({exc})", started)
+        self._said = None
         cards, failures = [], []
         indexes = range(min(count, MAX_DEVICE_COUNT))
         calls = [
