@@ -23,6 +23,16 @@ def test_dashboard_is_importable_grafana_json() -> None:
     assert names == ["datasource", "node"]
 
 
+def test_telemetry_queries_are_told_apart_from_allocation_ones() -> None:
+    queries = dashboard.queries()
+    telemetry = [q for q in queries if dashboard.is_telemetry(q)]
+    assert any("enflame_gcu_temperatures" in q for q in telemetry)
+    assert any("enflame_vgcu_usage" in q for q in telemetry)
+    assert not any("enflame_gcu_card_allocated" in q for q in telemetry)
+    assert not any("enflame_gcu_cards{" in q for q in telemetry)
+    assert len(telemetry) == 17 and len(queries) - len(telemetry) == 15
+
+
 def test_the_checker_catches_unknown_metrics_and_labels() -> None:
     seen = {"enflame_gcu_cards": {"health"}}
     assert dashboard.problems(['sum by (health) (enflame_gcu_cards{node=~"$node"})'], seen) == []
