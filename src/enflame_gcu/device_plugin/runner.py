@@ -35,11 +35,8 @@ from enflame_gcu.device_plugin import (
     metrics,
     resources,
     service,
-    telemetry,
-    telemetry_metrics,
 )
 from enflame_gcu.device_plugin import state as plugin_state
-from enflame_gcu.efml import library as efml_library
 from enflame_gcu.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -294,12 +291,15 @@ async def _heartbeat(exported: metrics.Metrics) -> None:
         await asyncio.sleep(1.0)
 
 
-def _telemetry(
-    config: plugin_config.PluginConfig, exported: metrics.Metrics
-) -> telemetry.TelemetryCollector | None:
-    """Card telemetry on the metrics port: a collector thread and the families it feeds."""
+def _telemetry(config: plugin_config.PluginConfig, exported: metrics.Metrics) -> Any:
+    """Card telemetry on the metrics port: a collector thread and the families it feeds; its
+    modules (ctypes, libefml's binding) are imported only here, so a plugin without the metrics
+    port starts as fast as before."""
     if not config.telemetry_interval:
         return None
+    from enflame_gcu.device_plugin import telemetry, telemetry_metrics  # noqa: PLC0415
+    from enflame_gcu.efml import library as efml_library  # noqa: PLC0415
+
     collector = telemetry.TelemetryCollector(
         config.host_root, config.telemetry_interval, config.telemetry_timeout, config.efml_library
     )
@@ -331,7 +331,7 @@ async def run(
     """Serve until SIGTERM/SIGINT (exit status 0); 1 when init fails and that is fatal."""
     exported: metrics.Metrics | None = None
     background: list[Any] = []
-    collector: telemetry.TelemetryCollector | None = None
+    collector: Any = None  # telemetry.TelemetryCollector, imported only when used
     if config.metrics_port:
         exported = metrics.Metrics()
         http_server.start(exported, config.metrics_port, config.metrics_bind_address)
