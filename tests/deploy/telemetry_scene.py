@@ -41,7 +41,11 @@ async def scene(port: int, *extra: str) -> AsyncIterator[plugin_process.RunningN
     async with plugin_process.running_node(
         TOPOLOGY, args=args, pod_resources=True, efml=True
     ) as node:
-        await node.kubelet.wait_for(lambda k: len(k.free(VGCU)) == 2, 10, "the vGCUs listed")
+        await node.kubelet.wait_for(
+            lambda k: len(k.free(VGCU)) == 2 and len(k.free("enflame.com/gcu")) == 4,
+            30,
+            "the cards and vGCUs listed",
+        )
         await node.kubelet.allocate_pod("pod1", {"main": 2})
         await node.kubelet.allocate_pod("pod2", {"main": 1}, namespace="ml")
         await node.kubelet.allocate_pod("vpod", {"main": 1}, resource=VGCU, namespace="ml")
@@ -53,7 +57,7 @@ async def scene(port: int, *extra: str) -> AsyncIterator[plugin_process.RunningN
         simulate.unplug(node.root, 2)
         url = f"http://127.0.0.1:{port}/metrics"
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 15
+        deadline = loop.time() + 60
         while True:
             with urllib.request.urlopen(url, timeout=5) as answer:
                 text = answer.read().decode()
