@@ -11,6 +11,8 @@ want_debs=(runc busybox-static containerd shellcheck podman)
 want_debs+=(rpm python3-tomlkit logrotate)
 # The .deb's lintian check; systemd-analyze (systemd) verifies the units the packages ship.
 want_debs+=(lintian systemd)
+# Card telemetry tests: gcc builds the simulated libefml; a real Prometheus scrapes the plugin.
+want_debs+=(gcc prometheus)
 missing=()
 # Debian's own python3 needs python3-venv (ensurepip) before `python3 -m venv` works.
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
@@ -28,6 +30,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+    # Debian starts the packaged Prometheus as a service; the tests run their own on loopback.
+    if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+        systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
 fi
 
 venv=${VENV:-.venv}

@@ -68,3 +68,20 @@ class PathOutsideRootError(EnflameError):
 
 class KubeletApiError(EnflameError):
     """A kubelet API (PodResources) cannot be reached, is not offered, or answered an error."""
+
+
+class EfmlError(EnflameError):
+    """A libefml call failed: the function, its return code and the code's name."""
+
+    def __init__(self, function: str, code: int, name: str, detail: str = "") -> None:
+        self.function, self.code, self.name = function, code, name
+        text = f"{function}: {name} ({code})"
+        super().__init__(f"{text}: {detail}" if detail else text)
+
+
+class EfmlTimeout(EfmlError):
+    """A libefml call did not return in time (a hung card or library)."""
+
+
+class EfmlNotSupported(EfmlError):
+    """The call returned NOT_SUPPORTED, or this libefml does not export the function at all."""

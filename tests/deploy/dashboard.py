@@ -16,7 +16,12 @@ from tests.deploy.helpers import DEPLOY
 DASHBOARD = os.path.join(DEPLOY, "grafana", "enflame-gcu-dashboard.json")
 # Labels Prometheus adds to every series of a target (the monitors relabel the pod's node).
 TARGET_LABELS = {"node", "instance", "job"}
-_METRIC = re.compile(r"\b((?:enflame_gcu|process)_[a-z0-9_]+)(\{[^}]*\})?")
+_METRIC = re.compile(r"\b((?:enflame_v?gcu|process)_[a-z0-9_]+)(\{[^}]*\})?")
+# The card telemetry families (libefml): only a plugin with a libefml has them.
+_TELEMETRY = re.compile(
+    r"\benflame_(?:vgcu_|gcu_(?:usage|sip_usage|memory_|power_|temperature|ecc_|pcie_|virt_mode"
+    r"|clock|health|info|count|exporter_up|telemetry_|cluster_usage|pg_usage))"
+)
 _MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
 _GROUPING = re.compile(r"\b(?:by|on|without|group_left|group_right)\s*\(([^)]*)\)")
 
@@ -37,6 +42,11 @@ def queries(document: Mapping[str, Any] | None = None) -> list[str]:
         if isinstance(query, dict):
             found.append(query["query"])
     return found
+
+
+def is_telemetry(expr: str) -> bool:
+    """Whether the query reads card telemetry (a plugin without libefml has none of it)."""
+    return bool(_TELEMETRY.search(expr))
 
 
 def scraped_labels(text: str) -> dict[str, set[str]]:

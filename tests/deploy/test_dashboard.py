@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 
-from enflame_gcu.simulation import simulate
-from enflame_gcu.simulation.testing import plugin_process
-from tests.deploy import dashboard
+from tests.deploy import dashboard, telemetry_scene
 from tests.device_plugin.test_metrics import free_port
 
 
@@ -23,6 +21,16 @@ def test_dashboard_is_importable_grafana_json() -> None:
         assert panel["description"]
     names = [v["name"] for v in document["templating"]["list"]]
     assert names == ["datasource", "node"]
+
+
+def test_telemetry_queries_are_told_apart_from_allocation_ones() -> None:
+    queries = dashboard.queries()
+    telemetry = [q for q in queries if dashboard.is_telemetry(q)]
+    assert any("enflame_gcu_temperatures" in q for q in telemetry)
+    assert any("enflame_vgcu_usage" in q for q in telemetry)
+    assert not any("enflame_gcu_card_allocated" in q for q in telemetry)
+    assert not any("enflame_gcu_cards{" in q for q in telemetry)
+    assert len(telemetry) == 17 and len(queries) - len(telemetry) == 15
 
 
 def test_the_checker_catches_unknown_metrics_and_labels() -> None:
@@ -44,21 +52,10 @@ def test_every_dashboard_query_resolves_against_a_running_plugin() -> None:
     port = free_port()
 
     async def main() -> str:
-        args = [f"--metrics-port={port}", "--pod-resources-interval=0.2", "--health-interval=0.5"]
-        async with plugin_process.running_node(args=args, pod_resources=True) as node:
-            await node.kubelet.allocate_pod("pod1", {"main": 2})
-            await node.kubelet.allocate_pod("pod2", {"main": 2}, namespace="ml")
-            simulate.unplug(node.root, 7)
+        async with telemetry_scene.scene(port):
             url = f"http://127.0.0.1:{port}/metrics"
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 10
-            while True:
-                with urllib.request.urlopen(url, timeout=5) as answer:
-                    text: str = answer.read().decode()
-                ready = 'pod="pod2"' in text and "enflame_gcu_card_unhealthy{" in text
-                if ready or loop.time() > deadline:
-                    return text
-                await asyncio.sleep(0.2)
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                return str(answer.read().decode())
 
     text = asyncio.run(main())
     seen = dashboard.scraped_labels(text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 
 import pytest
 
@@ -45,6 +46,9 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path, spelling: str) -> N
         "DP_POD_RESOURCES_SOCKET": "/pr/kubelet.sock",
         "DP_POD_RESOURCES_INTERVAL": "0",
         "DP_FEATURE_FILE": "/nfd/enflame-gcu",
+        "DP_TELEMETRY_INTERVAL": "30",
+        "DP_TELEMETRY_TIMEOUT": "2",
+        "DP_EFML_LIBRARY": "/opt/efml/libefml.so",
     }
     assert {o.old_env for o in config.OPTIONS} == set(old_env)
     renamed = {o.old_env: o.env for o in config.OPTIONS}
@@ -81,6 +85,9 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path, spelling: str) -> N
         pod_resources_socket="/pr/kubelet.sock",
         pod_resources_interval=0.0,
         feature_file="/nfd/enflame-gcu",
+        telemetry_interval=30.0,
+        telemetry_timeout=2.0,
+        efml_library="/opt/efml/libefml.so",
     )
 
 
@@ -159,3 +166,17 @@ def test_the_current_name_wins_over_the_old_one() -> None:
         "environment variable PASS_DEVICE_SPECS is deprecated: use ENFLAME_PASS_DEVICE_SPECS "
         "(the old name stops working in 0.2.0)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--telemetry-interval", "0.01", "outside 0.1..3600 seconds (0 turns card telemetry off)"),
+        ("--telemetry-interval", "often", "not a number of seconds"),
+        ("--telemetry-timeout", "0", "outside 0.05..60 seconds"),
+        ("--efml-library", "libefml.so", "not an absolute path"),
+    ],
+)
+def test_telemetry_settings_are_checked(flag: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        main.load_config([flag, value], {})

@@ -19,6 +19,7 @@ def test_demo_runs_the_manual_scenario_and_heals() -> None:
     assert "called Allocate(gcu0, gcu1)" in out
     assert "called Allocate(gcu4, gcu5)" in out
     assert "env     ENFLAME_VISIBLE_DEVICES=0,1" in out
+    assert "gcu0 held by default/pod1: usage 87.5, 71 °C, 30 GiB used, PCIe x16" in out
     assert "re-registered in" in out
     assert "gcu3    Unhealthy" in out
     assert "gcu3 Healthy again" in out

@@ -35,7 +35,7 @@ def holders_of(samples: Samples) -> dict[str, set[str]]:
     result: dict[str, set[str]] = {}
     for labels, _ in series(samples, "enflame_gcu_card_healthy").items():
         got = dict(labels)
-        who = "/".join(got[k] for k in ("namespace", "pod", "container"))
+        who = "/".join(got[k] for k in ("pod_namespace", "pod_name", "container_name"))
         result.setdefault(got["card"], set())
         if who != "//":
             result[got["card"]].add(who)
@@ -92,12 +92,12 @@ def test_cards_carry_the_pod_holding_them_and_lose_it_when_the_pod_goes() -> Non
                     "card": "gcu4",
                     "model": "T20-32GB",
                     "resource": "enflame.com/gcu",
-                    "namespace": "ml",
-                    "pod": "pod2",
-                    "container": "main",
+                    "pod_namespace": "ml",
+                    "pod_name": "pod2",
+                    "container_name": "main",
                 }
             ]
-            free = {dict(k)["card"]: v for k, v in allocated.items() if not dict(k)["pod"]}
+            free = {dict(k)["card"]: v for k, v in allocated.items() if not dict(k)["pod_name"]}
             assert free == {"gcu2": 0, "gcu3": 0, "gcu6": 0, "gcu7": 0}
             assert samples[("enflame_gcu_cards_allocated", ())] == 4
             assert samples[("enflame_gcu_pod_resources_up", ())] == 1
@@ -140,7 +140,7 @@ def test_an_unhealthy_card_has_a_reason_and_keeps_its_holder() -> None:
             assert "gone" in (reason() or "")
             samples = scrape(port)
             gcu1 = {
-                dict(k)["pod"]: v
+                dict(k)["pod_name"]: v
                 for k, v in series(samples, "enflame_gcu_card_healthy").items()
                 if dict(k)["card"] == "gcu1"
             }

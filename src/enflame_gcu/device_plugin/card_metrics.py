@@ -14,7 +14,9 @@ from prometheus_client.registry import Collector
 
 from enflame_gcu import holders
 
-POD_LABELS = ("namespace", "pod", "container")
+# gcu-exporter's names for the holder: the Prometheus Operator's target labels (namespace, pod,
+# container) never overwrite them (docs/metrics.md, "Pod attribution").
+POD_LABELS = ("pod_namespace", "pod_name", "container_name")
 
 
 def _numa(view: holders.CardView) -> str:
@@ -38,6 +40,10 @@ class CardCollector(Collector):
         """Publish a new view; ``known`` is False while PodResources cannot be read."""
         self._view, self._known = view, known
 
+    def current(self) -> tuple[holders.NodeView | None, bool]:
+        """The latest view and whether its holders are known (read by the telemetry families)."""
+        return self._view, self._known
+
     def describe(self) -> Iterator[GaugeMetricFamily]:
         """No fixed description: the families depend on the view."""
         return iter(())
@@ -49,7 +55,8 @@ class CardCollector(Collector):
             return
         healthy = GaugeMetricFamily(
             "enflame_gcu_card_healthy",
-            "1 when the card is healthy; labelled with the pod/namespace/container holding it",
+            "1 when the card is healthy; labelled with the pod_namespace, pod_name, container_name "
+            "holding it",
             labels=["card", "model", "numa_node", *POD_LABELS],
         )
         unhealthy = GaugeMetricFamily(

@@ -60,6 +60,11 @@ class PluginConfig:
     pod_resources_socket: str = POD_RESOURCES_SOCKET
     pod_resources_interval: float = 5.0
     feature_file: str | None = None
+    # Card telemetry through libefml (on the metrics port): seconds between collection passes
+    # (0 = off), the deadline of one card's pass, and a libefml path tried before the usual ones.
+    telemetry_interval: float = 10.0
+    telemetry_timeout: float = 5.0
+    efml_library: str | None = None
     sharing: sharing.SharingSettings = field(default_factory=sharing.SharingSettings)
     # Cards to share as slices (``gcuN`` or PCI bus ids); None = every card.
     shared_cards: tuple[str, ...] | None = None
@@ -192,6 +197,26 @@ def _poll(text: str) -> float:
     value = float(text)
     if value != 0 and not 0.1 <= value <= 3600:
         raise ValueError(f"{text} is outside 0.1..3600 seconds (0 = never ask)")
+    return value
+
+
+def _telemetry(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of seconds") from None
+    if value != 0 and not 0.1 <= value <= 3600:
+        raise ValueError(f"{text} is outside 0.1..3600 seconds (0 turns card telemetry off)")
+    return value
+
+
+def _deadline(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of seconds") from None
+    if not 0.05 <= value <= 60:
+        raise ValueError(f"{text} is outside 0.05..60 seconds")
     return value
 
 
@@ -330,6 +355,24 @@ OPTIONS: tuple[Option, ...] = (
         "DP_FEATURE_FILE",
         _path,
         "NFD feature file kept current with the node's enflame.com/gcu.* labels; unset = none",
+    ),
+    Option(
+        "telemetry_interval",
+        "DP_TELEMETRY_INTERVAL",
+        _telemetry,
+        "seconds between card telemetry passes through libefml (metrics port); 0 = off",
+    ),
+    Option(
+        "telemetry_timeout",
+        "DP_TELEMETRY_TIMEOUT",
+        _deadline,
+        "seconds one card's libefml calls may take before the card is left out as hung",
+    ),
+    Option(
+        "efml_library",
+        "DP_EFML_LIBRARY",
+        _path,
+        "libefml to load before the usual names and directories (host root first); unset = search",
     ),
 )
 

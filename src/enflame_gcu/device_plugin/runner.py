@@ -235,6 +235,9 @@ def _reloaded(
             "SIGHUP: new metrics, PodResources or log format settings take effect only after "
             "a restart"
         )
+    telemetry_settings = ("telemetry_interval", "telemetry_timeout", "efml_library")
+    if any(getattr(new, name) != getattr(config, name) for name in telemetry_settings):
+        log.warning("SIGHUP: new card telemetry settings take effect only after a restart")
     return new
 
 
@@ -291,6 +294,26 @@ async def _heartbeat(exported: metrics.Metrics) -> None:
         await asyncio.sleep(1.0)
 
 
+def _telemetry(config: plugin_config.PluginConfig, exported: metrics.Metrics) -> Any:
+    """Card telemetry on the metrics port: a collector thread and the families it feeds; its
+    modules (ctypes, libefml's binding) are imported only here, so a plugin without the metrics
+    port starts as fast as before."""
+    if not config.telemetry_interval:
+        return None
+    from enflame_gcu.device_plugin import telemetry, telemetry_metrics  # noqa: PLC0415
+    from enflame_gcu.efml import library as efml_library  # noqa: PLC0415
+
+    collector = telemetry.TelemetryCollector(
+        config.host_root, config.telemetry_interval, config.telemetry_timeout, config.efml_library
+    )
+    exported.registry.register(
+        telemetry_metrics.TelemetryMetrics(collector, exported.cards.current)
+    )
+    efml_library.ignore_user_signals()  # before the library loads, as gcu-exporter does
+    collector.start()
+    return collector
+
+
 def _background(config: plugin_config.PluginConfig, exported: metrics.Metrics) -> list[Any]:
     """The heartbeat behind /healthz and the PodResources reader behind the per-card labels."""
     tasks = [asyncio.ensure_future(_heartbeat(exported))]
@@ -311,6 +334,7 @@ async def run(
     """Serve until SIGTERM/SIGINT (exit status 0); 1 when init fails and that is fatal."""
     exported: metrics.Metrics | None = None
     background: list[Any] = []
+    collector: Any = None  # telemetry.TelemetryCollector, imported only when used
     if config.metrics_port:
         exported = metrics.Metrics()
         try:
@@ -319,6 +343,7 @@ async def run(
             log.error("%s", exc)  # the port in use: one line that says so, not a traceback
             return 1
         background = _background(config, exported)
+        collector = _telemetry(config, exported)
     watchers = NodeWatchers(exported)
     servers = Servers(exported)
     frozen = False
@@ -368,6 +393,8 @@ async def run(
             log.info("SIGHUP: rediscovering; running registrations and streams are kept")
     finally:
         await servers.close()
+        if collector is not None:
+            await asyncio.to_thread(collector.stop)
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)

@@ -6,15 +6,19 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from enflame_gcu import devices
 from enflame_gcu.presentation import report
-from enflame_gcu.simulation import simulate
+from enflame_gcu.simulation import efmlsim, simulate
 from enflame_gcu.simulation.testing import containers, kubelet_stub, plugin_process
 
 RESOURCE = "enflame.com/gcu"
@@ -142,17 +146,66 @@ def run_container_step(ctx: DemoContext) -> list[str] | None:
     return lines
 
 
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def telemetry(port: int, card: str) -> dict[str, Any]:
+    """The card's telemetry samples from /metrics: ``{metric: (value, labels)}``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {
+        sample.name: (sample.value, sample.labels)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.labels.get("card") == card and sample.name.startswith("enflame_gcu_")
+    }
+
+
+async def show_telemetry(ctx: DemoContext, port: int) -> None:
+    """Set readings in the simulated libefml and read them back from /metrics."""
+    efmlsim.set_values(
+        ctx.root, "card0", {"usage": "87.5", "asic_temp": "71", "mem_used_mib": "30720"}
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        found = await asyncio.to_thread(telemetry, port, "gcu0")
+        usage = found.get("enflame_gcu_usage", (None, {}))
+        if usage[0] == 87.5 and usage[1].get("pod_name") == "pod1":
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gcu0's telemetry never showed up: {found}")
+        await asyncio.sleep(0.2)
+    used = found["enflame_gcu_memory_used_bytes"][0] / (1 << 30)
+    say("   card telemetry on /metrics, read through the (simulated) libefml:")
+    say(
+        f"   gcu0 held by {usage[1]['pod_namespace']}/{usage[1]['pod_name']}: usage "
+        f"{usage[0]:g}, {found['enflame_gcu_temperatures'][0]:g} °C, {used:g} GiB used, "
+        f"PCIe x{found['enflame_gcu_pcie_link_width'][0]:g}"
+    )
+
+
 async def story(work: str, root: str, plugins: str) -> int:
     """The demo itself; returns the exit status."""
     step(1, "A simulated node: the vendor manual's 8-card machine")
     say(indent(report.render_text(devices.discover(root))))
 
-    async with kubelet_stub.KubeletStub(plugins) as kubelet:
-        plugin = plugin_process.PluginProcess(plugins, root, ["--pass-device-specs"])
+    port = free_port()
+    pod_resources = os.path.join(work, "pr", "kubelet.sock")
+    telemetry_args = [f"--metrics-port={port}", "--metrics-bind-address=127.0.0.1",
+                      "--pod-resources-socket", pod_resources,
+                      "--pod-resources-interval=0.2", "--telemetry-interval=0.2"]  # fmt: skip
+    async with kubelet_stub.KubeletStub(plugins, pod_resources_socket=pod_resources) as kubelet:
+        plugin = plugin_process.PluginProcess(
+            plugins, root, ["--pass-device-specs", *telemetry_args]
+        )
         ctx = DemoContext(root, plugins, kubelet, plugin, {})
         step(2, "Start enflame-device-plugin as its own process; the stub kubelet waits")
         say(f"   $ enflame-device-plugin --pass-device-specs --plugin-dir {plugins} \\")
-        say(f"       --host-root {root}")
+        say(f"       --host-root {root} --metrics-port {port} (and a fast telemetry interval)")
         try:
             ms = await timed(kubelet, plugin.start, lambda k: k.capacity() == 8, "registration")
             [registration] = kubelet.registrations
@@ -171,6 +224,7 @@ async def story(work: str, root: str, plugins: str) -> int:
             say("   pod1 got the pair under one PCIe switch; pod2 the next such pair,")
             say("   decided from each request alone (no remembered state to go stale).")
             say(indent(device_table(kubelet)))
+            await show_telemetry(ctx, port)
 
             step(5, "Restart the kubelet: every socket in the plugin dir is deleted")
             ms = await timed(
@@ -233,6 +287,7 @@ def main() -> int:
     say("Enflame GCU device plugin: the whole job on a simulated node")
     work, root, plugins = plugin_process.make_node("vendor-8card")
     try:
+        efmlsim.install(root)
         status = asyncio.run(story(work, root, plugins))
     finally:
         shutil.rmtree(work, ignore_errors=True)

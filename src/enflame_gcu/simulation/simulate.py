@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from enflame_gcu import devices, fileio, naming
 from enflame_gcu.errors import SimulationError
-from enflame_gcu.simulation import topofile
+from enflame_gcu.simulation import efmlsim, topofile
 from enflame_gcu.simulation.topofile import SimCard, SimTopology
 
 BRIDGE_VENDOR = 0x10B5  # PLX/Broadcom: the usual PCIe switch vendor
@@ -150,6 +150,8 @@ def create(root: str, topo: SimTopology, char_devices: bool | None = None) -> Si
     )
     for card in topo.cards:
         _plug(root, topo, card, state)
+    # The simulated libefml's readings (the library itself is built only on request).
+    efmlsim.write_defaults(root, topo)
     _save(root, topo, state)
     return state
 

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from enflame_gcu.simulation import simulate, topofile
+from enflame_gcu.simulation import efmlsim, simulate, topofile
 from enflame_gcu.simulation.testing import kubelet_stub
 
 
@@ -137,13 +137,17 @@ async def running_node(
     timeout: float = 15.0,
     pod_resources: bool = False,
     allocatable_api: bool = True,
+    efml: bool = False,
 ) -> AsyncIterator[RunningNode]:
     """Simulated node + stub kubelet + plugin process; everything is torn down on exit.
 
     With ``pod_resources`` the stub also serves PodResources (``allocatable_api=False``: as a
-    1.20 kubelet) and the plugin is pointed at it with ``--pod-resources-socket``.
+    1.20 kubelet) and the plugin is pointed at it with ``--pod-resources-socket``. With
+    ``efml`` the simulated libefml is built into the node (``<root>/usr/lib/libefml.so``).
     """
     work, root, plugins = make_node(topology_name)
+    if efml:
+        efmlsim.install(root)
     socket = os.path.join(work, "pr", "kubelet.sock") if pod_resources else None
     if socket is not None:
         args = [*args, "--pod-resources-socket", socket]

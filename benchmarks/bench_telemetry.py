@@ -1,0 +1,114 @@
+"""What card telemetry costs: one collection pass per card and per node (8 and 64 cards), one
+scrape with telemetry on versus off, the plugin's RSS and idle CPU with telemetry on; JSON out.
+
+Collection runs in-process against the simulated libefml (its calls read a small values file,
+so a real libefml's ioctls cost differently; the binding's and the worker threads' share is the
+same). Scrapes and RSS use the real plugin process on the simulated 8-card node behind the stub
+kubelet with four held cards, as the integration tests do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+from bench_observe import cpu_seconds, free_port
+from bench_plugin import measure, rss_mb, summary  # benchmarks/ is the script's directory
+
+from enflame_gcu.device_plugin import telemetry
+from enflame_gcu.simulation import efmlsim, simulate, topofile
+from enflame_gcu.simulation.testing import plugin_process
+
+PASSES = 50
+SCRAPES = 200
+IDLE_SECONDS = 20.0
+
+
+def collection(topology: str) -> dict[str, Any]:
+    """Milliseconds per pass and per card over ``PASSES`` passes on a simulated node."""
+    root = tempfile.mkdtemp(prefix="bench-telemetry-")
+    topo = topofile.load(topology)
+    simulate.create(root, topo)
+    efmlsim.install(root)
+    collector = telemetry.TelemetryCollector(root, interval=1, timeout=5)
+    first = collector.collect_once()
+    assert first.up and len(first.cards) == len(topo.cards), first
+    samples = []
+    for _ in range(PASSES):
+        started = time.perf_counter()
+        snap = collector.collect_once()
+        samples.append((time.perf_counter() - started) * 1000)
+    assert len(snap.cards) == len(topo.cards)
+    collector.stop()
+    cards = len(topo.cards)
+    return {
+        "cards": cards,
+        "pass": summary(samples),
+        "per_card_ms_p50": round(statistics.median(samples) / cards, 3),
+        "worker_threads": collector.calls.threads(),
+    }
+
+
+def scrape(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        return len(answer.read())
+
+
+async def plugin(telemetry_on: bool) -> dict[str, Any]:
+    """Scrape latency and size, RSS, idle CPU of the plugin with telemetry on or off."""
+    port = free_port()
+    interval = "10" if telemetry_on else "0"
+    args = [f"--metrics-port={port}", f"--telemetry-interval={interval}"]
+    async with plugin_process.running_node(
+        args=args, pod_resources=True, efml=telemetry_on
+    ) as node:
+        pid = node.plugin.process.pid  # type: ignore[union-attr]
+        await node.kubelet.allocate_pod("pod1", {"main": 2})
+        await node.kubelet.allocate_pod("pod2", {"main": 2})
+        await asyncio.sleep(3.0)
+        result: dict[str, Any] = {"rss_mb_settled": rss_mb(pid)}
+        before = cpu_seconds(pid)
+        await asyncio.sleep(IDLE_SECONDS)
+        result["idle_cpu_ms_per_s"] = round((cpu_seconds(pid) - before) / IDLE_SECONDS * 1000, 2)
+        sizes = []
+
+        async def one(_: int) -> None:
+            sizes.append(await asyncio.to_thread(scrape, port))
+
+        result["scrape"] = summary(await measure(SCRAPES, one))
+        result["scrape_bytes"] = sizes[-1]
+        result["rss_mb_after_scrapes"] = rss_mb(pid)
+    return result
+
+
+async def main() -> dict[str, Any]:
+    per_node = {name: collection(name) for name in ("vendor-8card", "2socket-64card")}
+    off = await plugin(False)
+    on = await plugin(True)
+    return {
+        "benchmark": "telemetry",
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "collection": per_node,
+        "plugin_telemetry_off": off,
+        "plugin_telemetry_on": on,
+        "added": {
+            "rss_mb": round(on["rss_mb_after_scrapes"] - off["rss_mb_after_scrapes"], 1),
+            "scrape_p50_ms": round(on["scrape"]["p50_ms"] - off["scrape"]["p50_ms"], 3),
+            "scrape_bytes": on["scrape_bytes"] - off["scrape_bytes"],
+            "idle_cpu_ms_per_s": round(on["idle_cpu_ms_per_s"] - off["idle_cpu_ms_per_s"], 2),
+        },
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main()), indent=2))
