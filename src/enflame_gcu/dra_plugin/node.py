@@ -3,12 +3,19 @@
 Both the kubelet's health stream and the ResourceSlice publisher follow this one object: the
 health monitor feeds it, :meth:`NodeDevices.changed` wakes every waiter, and a driver version
 change (an upgrade) re-discovers the node (SPEC §6.4).
+
+Hot-plug: the monitor reports device nodes that the last discovery did not make usable (a card
+plugged in, bound or repaired after start); the node is then discovered again and the new
+cards and vGCUs join the inventory at the next rescan, so they are published within the
+health interval. A card the driver already knew and that is gone now stays in the inventory:
+its health turns it unhealthy (tainted or left out, as configured) until it comes back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -53,6 +60,7 @@ class NodeDevices:
         self._since: dict[str, int] = {}
         self._last: dict[str, bool] = {}
         self._changed = asyncio.Event()
+        self.monitor.expect(_usable_nodes(self.inventory))
         self._stamp()
 
     @property
@@ -112,12 +120,42 @@ class NodeDevices:
                 self._last[name] = ok
 
     def apply(self, update: health.HealthUpdate) -> None:
-        """Take a health update (re-discovering the node after a driver change)."""
+        """Take a health update (re-discovering the node after a driver change or when
+        device nodes appeared)."""
         if update.rediscover:
             self.inventory = devices.discover(self.root)
             self.monitor.reset(self.inventory.cards, self.inventory.driver_version)
+            self.monitor.expect(_usable_nodes(self.inventory))
             log.info("re-discovered %d card(s) after a driver change", len(self.inventory.cards))
+        elif (
+            update.appeared
+            and not self._take_arrivals(update.appeared)
+            and not update.report_changed
+        ):
+            return  # the nodes are not usable yet: looked at again at the next rescan
         self.notify()
+
+    def _take_arrivals(self, appeared: tuple[str, ...]) -> bool:
+        """Merge a fresh discovery into the inventory; True when it changed."""
+        fresh = devices.discover(self.root)
+        cards = {card.name: card for card in self.inventory.cards}
+        vgcus = {vgcu.name: vgcu for vgcu in self.inventory.vgcus}
+        cards.update({card.name: card for card in fresh.cards if card.usable})
+        vgcus.update({vgcu.name: vgcu for vgcu in fresh.vgcus if vgcu.usable})
+        merged = dataclasses.replace(
+            fresh,
+            cards=tuple(sorted(cards.values(), key=lambda card: (card.minor, card.bdf))),
+            vgcus=tuple(sorted(vgcus.values(), key=lambda vgcu: vgcu.minor)),
+        )
+        if merged.cards == self.inventory.cards and merged.vgcus == self.inventory.vgcus:
+            log.debug("device node(s) %s present but not usable yet", ", ".join(appeared))
+            return False
+        new = sorted(_usable_nodes(merged) - _usable_nodes(self.inventory))
+        self.inventory = merged
+        self.monitor.reset(merged.cards, self.monitor.baseline)
+        self.monitor.expect(_usable_nodes(merged))
+        log.info("new device(s) on the node: %s", ", ".join(new) or "none usable")
+        return True
 
     def notify(self) -> None:
         """Wake everyone waiting for a change."""
@@ -136,3 +174,8 @@ class NodeDevices:
     async def run(self) -> None:
         """Watch health until cancelled."""
         await self.monitor.run(self.apply)
+
+
+def _usable_nodes(inventory: devices.Inventory) -> frozenset[str]:
+    usable = {card.name for card in inventory.cards if card.usable}
+    return frozenset(usable | {vgcu.name for vgcu in inventory.vgcus if vgcu.usable})
