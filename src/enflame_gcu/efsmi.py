@@ -239,9 +239,16 @@ class Efsmi:
             )
         return new[0]
 
-    def destroy_instance(self, index: int, instance_id: str) -> bool:
-        """Destroy an instance; False when the card has no such instance (already gone)."""
-        if all(i.instance_id != instance_id for i in self.instances(index)):
+    def destroy_instance(self, index: int, instance_id: str, uuid: str | None = None) -> bool:
+        """Destroy an instance; False when the card has no such instance (already gone).
+
+        With ``uuid``, an instance whose id was reused by a newer instance counts as gone: the
+        newer one is someone else's.
+        """
+        if all(
+            i.instance_id != instance_id or (uuid is not None and i.uuid != uuid)
+            for i in self.instances(index)
+        ):
             return False
         self._run("-i", str(index), "--drs", "--destroy-instance", instance_id)
         return True

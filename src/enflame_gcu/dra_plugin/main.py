@@ -33,12 +33,7 @@ def _setup_logging(level: str) -> None:
 async def run(settings: dra_config.DraConfig) -> int:
     """Run until SIGTERM/SIGINT; 0 on a clean stop, 1 when the driver cannot start or a part
     of it (serving the kubelet, publishing) ends or fails on its own."""
-    devices = node.NodeDevices(
-        settings.root,
-        settings.publish_options(),
-        health_interval=settings.health_interval,
-        health_disabled=settings.health_disabled,
-    )
+    devices = node.for_settings(settings)
     for problem in devices.inventory.problems:
         log.warning("%s", problem)
     client = apiserver.connect(settings.kubeconfig)
@@ -165,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(settings.log_level)
     log.info(
         "enflame-dra-plugin %s starting on node %s: root %s, registry %s, service %s, CDI %s, "
-        "shared slices %d, unhealthy devices: %s, publish %s",
+        "shared slices %d, DRS %s, unhealthy devices: %s, publish %s",
         __version__,
         settings.node_name,
         settings.root,
@@ -173,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.endpoint,
         settings.cdi_dir,
         settings.shared_slices,
+        settings.drs or "off",
         settings.unhealthy,
         settings.publish,
     )

@@ -109,6 +109,12 @@ def _normal_capacity(capacity: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _normal_counters(counters: Mapping[str, Any]) -> dict[str, float]:
+    return {
+        name: quantity_value((entry or {}).get("value", "")) for name, entry in counters.items()
+    }
+
+
 def comparable(resource_slice: Mapping[str, Any]) -> dict[str, Any]:
     """What must be equal for a stored slice to count as ours unchanged.
 
@@ -131,6 +137,17 @@ def comparable(resource_slice: Mapping[str, Any]) -> dict[str, Any]:
             ]
         device_list.append(device)
     spec["devices"] = device_list
+    if "sharedCounters" in spec:
+        spec["sharedCounters"] = [
+            {**entry, "counters": _normal_counters(entry.get("counters") or {})}
+            for entry in spec["sharedCounters"]
+        ]
+    for device in device_list:
+        if "consumesCounters" in device:
+            device["consumesCounters"] = [
+                {**entry, "counters": _normal_counters(entry.get("counters") or {})}
+                for entry in device["consumesCounters"]
+            ]
     owners = [
         {key: owner.get(key) for key in ("kind", "name", "uid")}
         for owner in metadata.get("ownerReferences") or []
@@ -173,6 +190,7 @@ class Publisher:
             self.devices.published(),
             generation,
             self.devices.options,
+            counter_sets=self.devices.counter_sets(),
         )
 
     async def sync(self) -> bool:
