@@ -29,11 +29,12 @@ import dataclasses
 import fcntl
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from enflame_gcu import efsmi, resourceslices
-from enflame_gcu.dra_plugin import checkpoint, claim_cdi, claims, node
+from enflame_gcu.dra_plugin import checkpoint, claim_cdi, claims, node, observability
 from enflame_gcu.errors import ClaimError, EfsmiError, EnflameError
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,10 @@ class Driver:
         cdi_dir: str,
         state_dir: str,
         fault: Callable[[str], None] | None = None,
+        metrics: observability.DriverMetrics | None = None,
     ) -> None:
         self.node_name = node_name
+        self.metrics = metrics
         self.devices = devices
         self.source = source
         self.cdi_dir = cdi_dir
@@ -210,15 +213,32 @@ class Driver:
         try:
             async with self._serialized():
                 for ref in refs:
+                    started = time.perf_counter()
+                    failure: BaseException | None = None
                     try:
                         results[ref.uid] = await self._prepare_one(ref)
                     except (EnflameError, OSError) as exc:
                         log.warning("prepare of claim %s failed: %s", ref, exc)
                         results[ref.uid] = str(exc)
+                        failure = exc
+                    self._observe("prepare", started, failure)
         except (EnflameError, OSError) as exc:  # the record cannot be read or locked
             log.error("cannot prepare claims: %s", exc)
+            self._observe("prepare", time.perf_counter(), exc)
             return {ref.uid: f"cannot prepare claim {ref}: {exc}" for ref in refs}
         return results
+
+    def _observe(self, operation: str, started: float, failure: BaseException | None) -> None:
+        if self.metrics is None:
+            return
+        self.metrics.observe_call(operation, time.perf_counter() - started, failure)
+        held: dict[str, int] = {}
+        for claim in self._claims.values():
+            for device in claim.devices:
+                if device.drs_instance:
+                    held[device.node_name] = held.get(device.node_name, 0) + 1
+        prepared = sum(c.state == checkpoint.PREPARED for c in self._claims.values())
+        self.metrics.observe_claims(held, prepared)
 
     async def _prepare_one(self, ref: claims.ClaimRef) -> list[PreparedDeviceResult]:
         if not ref.uid or not ref.name or not ref.namespace:
@@ -424,6 +444,8 @@ class Driver:
         try:
             async with self._serialized():
                 for ref in refs:
+                    started = time.perf_counter()
+                    failure: BaseException | None = None
                     try:
                         claim_cdi.remove(self.cdi_dir, ref.uid)
                         self._fault("unprepare-after-cdi")
@@ -439,8 +461,11 @@ class Driver:
                         results[ref.uid] = ""
                     except (EnflameError, OSError) as exc:
                         results[ref.uid] = f"cannot unprepare claim {ref}: {exc}"
+                        failure = exc
+                    self._observe("unprepare", started, failure)
         except (EnflameError, OSError) as exc:
             log.error("cannot unprepare claims: %s", exc)
+            self._observe("unprepare", time.perf_counter(), exc)
             return {ref.uid: f"cannot unprepare claim {ref}: {exc}" for ref in refs}
         return results
 

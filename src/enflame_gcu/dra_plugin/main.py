@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from enflame_gcu import __version__, fileio
-from enflame_gcu.dra_plugin import apiserver, driver, kubelet, node, publisher
+from enflame_gcu.dra_plugin import apiserver, driver, kubelet, node, observability, publisher
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.support import aio
@@ -38,6 +38,8 @@ async def run(settings: dra_config.DraConfig) -> int:
         log.warning("%s", problem)
     client = apiserver.connect(settings.kubeconfig)
     api = apiserver.ApiServer(client, settings.node_name, settings.driver_name)
+    exported = observability.DriverMetrics()
+    exported.publishing = settings.publish
     prepare = driver.Driver(
         node_name=settings.node_name,
         devices=devices,
@@ -46,6 +48,7 @@ async def run(settings: dra_config.DraConfig) -> int:
         state_dir=settings.data_dir,
         # Test-only SIGKILL points (ENFLAME_TEST_KILL_AT=dra-<point>); a dict lookup otherwise.
         fault=lambda point: fileio.fault_point(f"dra-{point}"),
+        metrics=exported,
     )
     try:
         prepare.recover()
@@ -58,10 +61,20 @@ async def run(settings: dra_config.DraConfig) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     plugin = kubelet.KubeletPlugin(settings, prepare, devices)
+    exported.registered = plugin.registered.is_set
+    http = None
+    if settings.http_address:
+        try:
+            http = observability.start(exported, settings.http_address)
+        except (OSError, ValueError) as exc:
+            log.error("cannot serve --http-address %s: %s", settings.http_address, exc)
+            await client.close()
+            return 1
     tasks = [asyncio.ensure_future(plugin.serve_until(stop))]
     health = asyncio.ensure_future(devices.run())
+    beat = asyncio.ensure_future(exported.heartbeat())
     if settings.publish:
-        publish = publisher.Publisher(api, devices, settings.node_name)
+        publish = publisher.Publisher(api, devices, settings.node_name, metrics=exported)
         tasks.append(asyncio.ensure_future(_publish_while_serving(plugin, publish, stop)))
     ended_alone = False
     try:
@@ -74,7 +87,12 @@ async def run(settings: dra_config.DraConfig) -> int:
     finally:
         stop.set()
         health.cancel()
+        beat.cancel()
         results = await asyncio.gather(*tasks, health, return_exceptions=True)
+        await asyncio.gather(beat, return_exceptions=True)
+        if http is not None:
+            http.shutdown()
+            http.server_close()
         await client.close()
     failures = [r for r in results if isinstance(r, Exception)]
     for failure in failures:

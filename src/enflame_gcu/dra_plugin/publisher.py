@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from enflame_gcu import resourceslices
-from enflame_gcu.dra_plugin import node
+from enflame_gcu.dra_plugin import node, observability
 from enflame_gcu.support import aio
 
 log = logging.getLogger(__name__)
@@ -169,8 +169,10 @@ class Publisher:
         node_name: str,
         *,
         resync_interval: float = RESYNC_INTERVAL,
+        metrics: observability.DriverMetrics | None = None,
     ) -> None:
         self.api = api
+        self.metrics = metrics
         self.devices = devices
         self.node_name = node_name
         self.resync_interval = resync_interval
@@ -200,7 +202,11 @@ class Publisher:
         for _ in range(CONFLICT_RETRIES):
             existing, self._resource_version = await self.api.list_slices()
             try:
-                return await self._sync_once(existing)
+                wrote = await self._sync_once(existing)
+                if self.metrics is not None:
+                    self.metrics.observe_published(self.generation)
+                    self.metrics.observe_devices(self.devices.published())
+                return wrote
             except Conflict as exc:
                 self.conflicts += 1
                 log.info("a ResourceSlice changed while we updated it (%s); listing again", exc)
