@@ -42,8 +42,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=None,
         help="extended resource to show, repeatable (default: "
-        + ", ".join(holders.DEFAULT_RESOURCES)
-        + ")",
+        + ", ".join((*holders.DEFAULT_RESOURCES, holders.DRA_RESOURCE))
+        + "; DRA claims show under the driver's name)",
     )
     parser.add_argument("--json", action="store_true", help="stable JSON (schemaVersion 1)")
     parser.set_defaults(handler=run)
@@ -61,6 +61,7 @@ def _holder(holder: holders.Holder) -> dict[str, str]:
         "container": holder.container,
         "resource": holder.resource,
         "device": holder.device,
+        **({"claim": holder.claim} if holder.claim else {}),  # DRA: the claim, by namespace/name
     }
 
 
@@ -119,6 +120,9 @@ def _held_by(card: holders.CardView, known: bool) -> str:
     parts = []
     for holder in card.holders:
         who = f"{holder.namespace}/{holder.pod}/{holder.container}"
+        if holder.claim:  # DRA: the device and the claim it came through
+            parts.append(f"{who} ({holder.device}, claim {holder.claim})")
+            continue
         parts.append(who if holder.device == card.card.name else f"{who} ({holder.device})")
     return ", ".join(parts)
 
@@ -170,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     from enflame_gcu.kubelet_api import podresources  # noqa: PLC0415 (grpc only here)
 
     inventory = devices.discover(args.host_root)
-    resources = tuple(args.resource or holders.DEFAULT_RESOURCES)
+    resources = tuple(args.resource or (*holders.DEFAULT_RESOURCES, holders.DRA_RESOURCE))
     source: dict[str, Any] = {"socket": args.pod_resources_socket, "available": True}
     listing: podresources.Listing | None = None
     try:
