@@ -26,14 +26,14 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_dra import rss_mb, summary  # noqa: E402
-from enflame_gcu import efsmi, resourceslices  # noqa: E402
-from enflame_gcu.dra_plugin import apiserver, node, publisher  # noqa: E402
-from enflame_gcu.simulation import efsmi_sim, simulate  # noqa: E402
-from enflame_gcu.simulation.testing.dra_kubelet_stub import DraKubeletStub  # noqa: E402
-from tests.dra_plugin import harness  # noqa: E402
-from tests.dra_plugin.fake_apiserver import FakeApiServer  # noqa: E402
-from tests.dra_plugin.test_process import command  # noqa: E402
+from benchmarks.bench_dra import rss_mb, summary
+from enflame_gcu import efsmi, resourceslices
+from enflame_gcu.dra_plugin import apiserver, node, publisher
+from enflame_gcu.simulation import efsmi_sim, simulate
+from enflame_gcu.simulation.testing.dra_kubelet_stub import DraKubeletStub
+from tests.dra_plugin import harness
+from tests.dra_plugin.fake_apiserver import FakeApiServer
+from tests.dra_plugin.test_process import command
 
 DRIVER = resourceslices.DRIVER
 CYCLES = 20
@@ -65,9 +65,7 @@ async def drs_cycles() -> dict[str, Any]:
             )
             try:
                 await stub.wait_registered(DRIVER, timeout=120)
-                results["start_to_registered_ms"] = round(
-                    (time.perf_counter() - started) * 1000, 1
-                )
+                results["start_to_registered_ms"] = round((time.perf_counter() - started) * 1000, 1)
                 prepare, again, unprepare = [], [], []
                 for ref in refs:
                     t0 = time.perf_counter()
