@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu import resourceslices
-from enflame_gcu.dra_plugin import claim_cdi, node
+from enflame_gcu import efsmi, resourceslices
+from enflame_gcu.dra_plugin import claim_cdi, claims, node
 from enflame_gcu.simulation import efsmi_sim
 from tests.dra_plugin import allocator, harness
 from tests.dra_plugin import slices_helpers as helpers
@@ -190,3 +190,37 @@ def test_a_card_efsmi_cannot_partition_stays_a_whole_card() -> None:
         names = [d["name"] for d in devices.published()]
         assert "gcu-2" in names and not any(n.startswith("gcu-2-") for n in names)
         assert devices.counter_sets() == []
+
+
+def test_start_up_destroys_orphans_only_on_the_cards_it_partitions() -> None:
+    with drs_node("gcu1") as (where, settings):
+        smi = efsmi.Efsmi(settings.efsmi, timeout=30)
+        for index in (1, 5):
+            smi.set_drs(index, True)
+            smi.create_instance(index, "0")
+        prepare, _ = harness.make_driver(where, harness.FakeClaims(), settings)
+        assert [i["index"] for i in instances(where)] == [5]  # card 5 is not ours to judge
+        assert prepare.recover() == []  # a second start finds nothing left to do
+        assert prepare.lost == {}
+
+
+def test_a_prepared_claim_whose_instance_vanished_is_refused_not_recreated() -> None:
+    async def main() -> None:
+        with drs_node("gcu4") as (where, settings):
+            source = harness.FakeClaims()
+            claim = ("ns", "part", "uid-part")
+            source.add(harness.claim_document(*claim, [("part", "gcu-4-1g-8gb-0")]))
+            prepare, _ = harness.make_driver(where, source, settings)
+            ref = claims.ClaimRef(*claim)
+            assert isinstance((await prepare.prepare([ref]))[claim[2]], list)
+            (made,) = instances(where)
+            efsmi.Efsmi(settings.efsmi, timeout=30).destroy_instance(4, made["id"])
+            again, _ = harness.make_driver(where, source, settings)  # a restart
+            assert "is gone" in again.lost[claim[2]]
+            answer = (await again.prepare([ref]))[claim[2]]
+            assert isinstance(answer, str) and "not re-created" in answer
+            assert instances(where) == []
+            assert (await again.unprepare([ref])) == {claim[2]: ""}
+            assert again.prepared == {} and again.lost == {}
+
+    asyncio.run(main())

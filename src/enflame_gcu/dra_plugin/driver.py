@@ -130,7 +130,9 @@ class Driver:
         checkpoint is damaged: the driver does not guess which cards are in use.
         """
         with self._locked_blocking():
-            return self._recover()
+            actions = self._recover()
+        self._observe_claims()
+        return actions
 
     def _recover(self) -> list[str]:
         actions = []
@@ -197,7 +199,7 @@ class Driver:
                 )
         self.lost = {}
         for key, claim in sorted(recorded.items(), key=lambda item: item[1].uid):
-            if key not in seen:
+            if key not in seen and key[0] in indexes:  # a card not partitioned now: unknown
                 self.lost[claim.uid] = (
                     f"its DRS instance {key[2]} on {key[0]} is gone (destroyed outside the "
                     "driver, or the card was reset); it is not re-created: delete the pod"
@@ -232,6 +234,11 @@ class Driver:
         if self.metrics is None:
             return
         self.metrics.observe_call(operation, time.perf_counter() - started, failure)
+        self._observe_claims()
+
+    def _observe_claims(self) -> None:
+        if self.metrics is None:
+            return
         held: dict[str, int] = {}
         for claim in self._claims.values():
             for device in claim.devices:
