@@ -9,7 +9,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from enflame_gcu.simulation import simulate, topofile
@@ -137,6 +137,7 @@ async def running_node(
     timeout: float = 15.0,
     pod_resources: bool = False,
     allocatable_api: bool = True,
+    setup: Callable[[str], Sequence[str]] | None = None,
 ) -> AsyncIterator[RunningNode]:
     """Simulated node + stub kubelet + plugin process; everything is torn down on exit.
 
@@ -144,6 +145,8 @@ async def running_node(
     1.20 kubelet) and the plugin is pointed at it with ``--pod-resources-socket``.
     """
     work, root, plugins = make_node(topology_name)
+    if setup is not None:  # e.g. install the simulated efsmi; its result: more arguments
+        args = [*args, *setup(root)]
     socket = os.path.join(work, "pr", "kubelet.sock") if pod_resources else None
     if socket is not None:
         args = [*args, "--pod-resources-socket", socket]
