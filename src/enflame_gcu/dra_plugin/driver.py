@@ -269,7 +269,10 @@ class Driver:
         except (EnflameError, OSError):
             # A failure (not a crash) undoes the first steps at once.
             claim_cdi.remove(self.cdi_dir, ref.uid)
-            await self._destroy_instances(self._claims[ref.uid])
+            try:
+                await self._destroy_instances(self._claims[ref.uid])
+            except EfsmiError as exc:  # left for the orphan check at the next start
+                log.warning("cannot destroy the DRS instance of claim %s yet: %s", ref, exc)
             del self._claims[ref.uid]
             self.checkpoint.save(self._claims)
             raise
