@@ -12,7 +12,8 @@ EnflameError
 ├── EngineConfigError       a container engine config cannot be read, edited or written
 ├── InstallError            installing or uninstalling the toolkit on a host failed
 ├── PathOutsideRootError    a path under a host root would lead out of it (symlink or ..)
-└── KubeletApiError         a kubelet API (PodResources) cannot be reached or is not offered
+├── KubeletApiError         a kubelet API (PodResources) cannot be reached or is not offered
+└── EfsmiError              running Enflame's efsmi failed (reason: missing, timeout, ...)
 """
 
 from __future__ import annotations
@@ -85,3 +86,12 @@ class EfmlTimeout(EfmlError):
 
 class EfmlNotSupported(EfmlError):
     """The call returned NOT_SUPPORTED, or this libefml does not export the function at all."""
+
+
+class EfsmiError(EnflameError):
+    """Running ``efsmi`` failed; ``reason`` names how (missing, timeout, failed, unparseable,
+    not-found), for metrics and for callers that treat some of them differently."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from enflame_gcu import devices, fileio, naming
+from enflame_gcu import devices, fileio, naming, sysfs
 from enflame_gcu.support import inotify
 
 log = logging.getLogger(__name__)
@@ -97,12 +97,29 @@ def check(root: str, cards: Sequence[devices.Card], *, disabled: bool = False) -
     return HealthReport(tuple(result), version)
 
 
+def present_nodes(root: str) -> frozenset[str]:
+    """Names of the GCU and vGCU nodes in ``/dev`` now (``gcuN``, ``vgcuN``): one listdir."""
+    try:
+        entries = os.listdir(fileio.host_path(root, "/dev"))
+    except OSError:
+        return frozenset()
+    found = (sysfs.node_name(entry) for entry in entries)
+    return frozenset(f"{kind}{minor}" for kind, minor in (f for f in found if f is not None))
+
+
 @dataclass(frozen=True, slots=True)
 class HealthUpdate:
-    """A changed report; ``rediscover`` says the driver version changed since discovery."""
+    """A changed report; ``rediscover`` says the driver version changed since discovery.
+
+    ``appeared`` names device nodes present now that the last discovery did not make usable
+    (a card plugged in or bound after start); only set when the consumer asked for arrivals
+    with :meth:`HealthMonitor.expect`. ``report_changed`` is False when only that is new.
+    """
 
     report: HealthReport
     rediscover: bool = False
+    appeared: tuple[str, ...] = ()
+    report_changed: bool = True
 
 
 class HealthMonitor:
@@ -123,11 +140,23 @@ class HealthMonitor:
         self._cards = tuple(cards)
         self._baseline = driver_version
         self._report = check(root, self._cards, disabled=disabled)
+        self._expected: frozenset[str] | None = None
+
+    def expect(self, names: frozenset[str]) -> None:
+        """Watch for arrivals: device nodes outside ``names`` (the usable ones discovery
+        found) are reported in :attr:`HealthUpdate.appeared` at every rescan until a new
+        discovery makes them usable and the consumer calls this again."""
+        self._expected = names
 
     @property
     def report(self) -> HealthReport:
         """The latest report."""
         return self._report
+
+    @property
+    def baseline(self) -> str | None:
+        """The driver version the current discovery was made with."""
+        return self._baseline
 
     def reset(self, cards: Sequence[devices.Card], driver_version: str | None) -> HealthReport:
         """Start over with a new discovery (after a driver change or SIGHUP)."""
@@ -149,7 +178,11 @@ class HealthMonitor:
         if rediscover:
             log.info("driver version changed: %s -> %s", self._baseline or "none", version)
             self._baseline = version  # report the change once; reset() follows
-        if report == self._report and not rediscover:
+        appeared: tuple[str, ...] = ()
+        if self._expected is not None:
+            appeared = tuple(sorted(present_nodes(self.root) - self._expected))
+        report_changed = report != self._report
+        if not report_changed and not rediscover and not appeared:
             return None
         for name, reason in report.reasons().items():
             if self._report.healthy().get(name, True):
@@ -158,7 +191,7 @@ class HealthMonitor:
             if ok and not self._report.healthy().get(name, False):
                 log.info("%s is healthy", name)
         self._report = report
-        return HealthUpdate(report, rediscover)
+        return HealthUpdate(report, rediscover, appeared, report_changed)
 
     def _step(self, notify: Callable[[HealthUpdate], None]) -> None:
         update = self.rescan()

@@ -15,12 +15,14 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from enflame_gcu import devices, topology, virtual
+from enflame_gcu import devices, resourceslices, topology, virtual
 
 DEFAULT_RESOURCES = ("enflame.com/gcu", "enflame.com/vgcu", "enflame.com/shared-gcu")
 LOCALITIES = ("single", "switch", "root_port", "numa", "spread")
 _CARD = re.compile(r"^gcu\d+$")
 _SLICE = re.compile(r"^(gcu\d+)-slice\d+$")
+_DRA_DEVICE = re.compile(r"^(v?gcu-\d+|gcu-\d+-\d+g-\d+gb-\d+)$")
+DRA_RESOURCE = resourceslices.DRIVER  # how DRA claims of our driver show up among holdings
 _WORDS = {
     "switch": "same switch",
     "root_port": "same root port",
@@ -38,6 +40,7 @@ class Holding:
     container: str
     resource: str
     device_ids: tuple[str, ...]
+    claim: str = ""  # a DRA claim (``namespace/name``); the resource is then the driver
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,7 @@ class Holder:
     container: str
     resource: str
     device: str
+    claim: str = ""
 
     @property
     def pod_key(self) -> tuple[str, str]:
@@ -122,6 +126,8 @@ def parent_card(device_id: str, vgcu_parents: Mapping[str, str | None]) -> str |
     match = _SLICE.match(device_id)
     if match:
         return match.group(1)
+    if _DRA_DEVICE.match(device_id):  # a DRA device: gcu-3, gcu-3-1g-8gb-0, vgcu-5
+        return parent_card(resourceslices.node_device(device_id), vgcu_parents)
     return vgcu_parents.get(device_id)
 
 
@@ -147,7 +153,7 @@ def flatten(holdings: Iterable[Holding], resources: Iterable[str]) -> list[Holde
     """One :class:`Holder` per device of ``resources`` (other resources are ignored)."""
     wanted = set(resources)
     return [
-        Holder(h.namespace, h.pod, h.container, h.resource, device)
+        Holder(h.namespace, h.pod, h.container, h.resource, device, h.claim)
         for h in holdings
         if h.resource in wanted
         for device in h.device_ids

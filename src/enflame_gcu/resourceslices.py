@@ -67,6 +67,8 @@ _SEMVER = re.compile(
     r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
 )
 _DEVICE_NAME = re.compile(r"^(v?gcu)-(\d+)$")
+_PARTITION_NAME = re.compile(r"^gcu-(\d+)-(\d+)g-(\d+)gb-(\d+)$")
+MAX_COUNTER_SETS = 8  # per slice
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +92,30 @@ def device_name(kind: str, minor: int) -> str:
     return f"{kind}-{minor}"
 
 
+def partition_name(minor: int, profile: str, number: int) -> str:
+    """DNS-label name of a DRS partition device: ``(3, "1g.8gb", 0)`` -> ``gcu-3-1g-8gb-0``."""
+    return f"gcu-{minor}-{profile.replace('.', '-')}-{number}"
+
+
+def parse_partition(name: str) -> tuple[int, str] | None:
+    """``(card minor, profile)`` of a DRS partition device name, or None for other names."""
+    match = _PARTITION_NAME.match(name)
+    if not match:
+        return None
+    return int(match.group(1)), f"{int(match.group(2))}g.{int(match.group(3))}gb"
+
+
 def node_device(name: str) -> str:
-    """The node's name for a published device: ``gcu-3`` -> ``gcu3`` (ValueError otherwise)."""
+    """The node's name for a published device: ``gcu-3`` -> ``gcu3``; a DRS partition is on its
+    card (``gcu-3-1g-8gb-0`` -> ``gcu3``); ValueError otherwise."""
+    partition = parse_partition(name)
+    if partition is not None:
+        return f"gcu{partition[0]}"
     match = _DEVICE_NAME.match(name)
     if not match:
-        raise ValueError(f"{name!r} is not a {DRIVER} device name (want gcu-N or vgcu-N)")
+        raise ValueError(
+            f"{name!r} is not a {DRIVER} device name (want gcu-N, vgcu-N or gcu-N-<profile>-K)"
+        )
     return f"{match.group(1)}{int(match.group(2))}"
 
 
@@ -245,17 +266,27 @@ def build_slices(
     device_list: Sequence[dict[str, Any]],
     generation: int,
     options: PublishOptions = PublishOptions(),
+    *,
+    counter_sets: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """The node's pool as ResourceSlice objects: pool = node name, devices split by the limit.
 
     A node without devices still gets one empty slice, so the scheduler knows the pool is
     complete (and empty). ``node_uid`` adds an owner reference to the Node, so the slices go
-    away with it.
+    away with it. ``counter_sets`` (DRS cards) go first, in slices of their own (the API
+    allows no devices beside them), eight sets to a slice.
     """
     size = max(1, min(options.devices_per_slice, MAX_DEVICES))
-    chunks = [list(device_list[i : i + size]) for i in range(0, len(device_list), size)] or [[]]
+    chunks: list[tuple[str, list[dict[str, Any]]]] = [
+        ("sharedCounters", list(counter_sets[i : i + MAX_COUNTER_SETS]))
+        for i in range(0, len(counter_sets), MAX_COUNTER_SETS)
+    ]
+    chunks += [
+        ("devices", list(device_list[i : i + size])) for i in range(0, len(device_list), size)
+    ]
+    chunks = chunks or [("devices", [])]
     result = []
-    for index, chunk in enumerate(chunks):
+    for index, (field, chunk) in enumerate(chunks):
         metadata: dict[str, Any] = {"name": slice_name(node, index)}
         if node_uid:
             metadata["ownerReferences"] = [
@@ -267,7 +298,7 @@ def build_slices(
             "pool": {"name": node, "generation": generation, "resourceSliceCount": len(chunks)},
         }
         if chunk:
-            spec["devices"] = chunk
+            spec[field] = chunk
         result.append(
             {"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": metadata, "spec": spec}
         )
@@ -359,4 +390,27 @@ def check_pool(slices: Sequence[Mapping[str, Any]]) -> list[str]:
     names = [d["name"] for s in slices for d in s["spec"].get("devices") or []]
     if len(set(names)) != len(names):
         problems.append("a device name appears twice in the pool")
+    sets = [c["name"] for s in slices for c in s["spec"].get("sharedCounters") or []]
+    if len(set(sets)) != len(sets):
+        problems.append("a counter set name appears twice in the pool")
+    counters = {
+        c["name"]: set(c.get("counters") or {})
+        for s in slices
+        for c in s["spec"].get("sharedCounters") or []
+    }
+    for item in slices:
+        if len(item["spec"].get("sharedCounters") or []) > MAX_COUNTER_SETS:
+            where = item["metadata"]["name"]
+            problems.append(f"{where}: more than {MAX_COUNTER_SETS} counter sets")
+        for device in item["spec"].get("devices") or []:
+            consumed = device.get("consumesCounters") or []
+            if len(consumed) > 2:
+                problems.append(f"{device['name']}: consumes from more than 2 counter sets")
+            for entry in consumed:
+                known = counters.get(entry.get("counterSet"))
+                if known is None or not set(entry.get("counters") or {}) <= known:
+                    problems.append(
+                        f"{device['name']}: consumes from counter set "
+                        f"{entry.get('counterSet')!r}, which the pool does not define so"
+                    )
     return problems

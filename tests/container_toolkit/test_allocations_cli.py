@@ -208,3 +208,43 @@ def test_the_default_socket_is_the_one_under_the_host_root() -> None:
             assert f"{node.root}/var/lib/kubelet/pod-resources/kubelet.sock" in err
 
     asyncio.run(main())
+
+
+def test_dra_claims_show_beside_device_plugin_holders() -> None:
+    async def main() -> None:
+        async with plugin_process.running_node(pod_resources=True) as node:
+            await node.kubelet.allocate_pod("plugin-pod", {"main": 1})
+            node.kubelet.add_dra_claim(
+                "dra-pod",
+                "train",
+                ("ml", "part"),
+                [("gcu.enflame.com", "gcu-3-1g-8gb-0"), ("other.example.com", "nic-0")],
+                namespace="ml",
+            )
+            node.kubelet.add_dra_claim(
+                "dra-pod", "train", ("ml", "whole"), [("gcu.enflame.com", "gcu-6")], "ml"
+            )
+            doc = await document(node)
+            by_card = {card["name"]: card["holders"] for card in doc["cards"]}
+            plugin_held = [h for held in by_card.values() for h in held if "claim" not in h]
+            assert [(h["pod"], h["resource"]) for h in plugin_held] == [
+                ("plugin-pod", "enflame.com/gcu")
+            ]
+            assert by_card["gcu3"] == [
+                {
+                    "namespace": "ml",
+                    "pod": "dra-pod",
+                    "container": "train",
+                    "resource": "gcu.enflame.com",
+                    "device": "gcu-3-1g-8gb-0",
+                    "claim": "ml/part",
+                }
+            ]
+            assert [h["claim"] for h in by_card["gcu6"]] == ["ml/whole"]
+            assert doc["unplaced"] == []  # another driver's devices are not ours to show
+            code, text, _ = await allocations(node)
+            assert code == 0
+            (row,) = [line for line in text.splitlines() if line.startswith("gcu3 ")]
+            assert row.endswith("ml/dra-pod/train (gcu-3-1g-8gb-0, claim ml/part)")
+
+    asyncio.run(main())

@@ -5,7 +5,10 @@ test cannot pass on an expression it silently ignored): CEL selectors that are `
 ``device.driver == "..."`` and ``device.attributes["<domain>"].<name> == <literal>``; requests
 ``exactly`` or ``firstAvailable`` (alternatives tried in order, as the scheduler ranks them),
 ``ExactCount``; ``matchAttribute`` constraints (also on ``<request>/<alternative>``); and
-``capacity.requests`` against a device's capacity. Devices are plain dicts from our slices.
+``capacity.requests`` against a device's capacity; request selectors and the capacity term
+``device.capacity["<domain>"].<name>.compareTo(quantity("<q>")) >= 0``; and partitionable
+devices: a device that ``consumesCounters`` is chosen only while its counter sets have room
+(``counters`` maps set -> counter -> what is left). Devices are plain dicts from our slices.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from typing import Any
 
 _DRIVER = re.compile(r'^device\.driver\s*==\s*"([^"]+)"$')
 _ATTRIBUTE = re.compile(r'^device\.attributes\["([^"]+)"\]\.(\w+)\s*==\s*(.+)$')
+_CAPACITY = re.compile(
+    r'^device\.capacity\["([^"]+)"\]\.(\w+)\.compareTo\(quantity\("([^"]+)"\)\)\s*>=\s*0$'
+)
 DRIVER = "gcu.enflame.com"
 
 
@@ -56,6 +62,14 @@ def selects(expression: str, device: Mapping[str, Any]) -> bool:
         if match := _DRIVER.match(term):
             if match.group(1) != DRIVER:
                 return False
+        elif match := _CAPACITY.match(term):
+            if match.group(1) != DRIVER:
+                raise Unsupported(f"{term}: capacity of another domain")
+            entry = (device.get("capacity") or {}).get(match.group(2))
+            if entry is None:
+                raise Unsupported(f"{term}: a missing capacity is a CEL runtime error")
+            if _quantity(entry["value"]) < _quantity(match.group(3)):
+                return False
         elif match := _ATTRIBUTE.match(term):
             found = attribute(device, f"{match.group(1)}/{match.group(2)}")
             if found is None:
@@ -93,9 +107,8 @@ def _candidates(
 ) -> list[Mapping[str, Any]]:
     if request.get("allocationMode", "ExactCount") != "ExactCount":
         raise Unsupported(f"allocationMode {request['allocationMode']}")
-    if request.get("selectors"):
-        raise Unsupported("request selectors")
     expressions = _class_filter(classes, request["deviceClassName"])
+    expressions += [s["cel"]["expression"] for s in request.get("selectors") or []]
     wanted = (request.get("capacity") or {}).get("requests") or {}
     return [
         device
@@ -129,10 +142,49 @@ def _constraints_hold(
     return True
 
 
+def consumption(devices: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """What ``devices`` consume from each counter set: ``{set: {counter: amount}}``."""
+    total: dict[str, dict[str, int]] = {}
+    for device in devices:
+        for entry in device.get("consumesCounters") or []:
+            counters = total.setdefault(entry["counterSet"], {})
+            for name, value in entry["counters"].items():
+                counters[name] = counters.get(name, 0) + _quantity(value["value"])
+    return total
+
+
+def counters_left(
+    counter_sets: Iterable[Mapping[str, Any]], held: Iterable[Mapping[str, Any]]
+) -> dict[str, dict[str, int]]:
+    """The pool's counter sets minus what the ``held`` devices consume."""
+    left = {
+        entry["name"]: {n: _quantity(v["value"]) for n, v in entry["counters"].items()}
+        for entry in counter_sets
+    }
+    for name, used in consumption(held).items():
+        for counter, amount in used.items():
+            left[name][counter] -= amount
+    return left
+
+
+def _fits_counters(
+    chosen: Iterable[Mapping[str, Any]], counters: Mapping[str, Mapping[str, int]] | None
+) -> bool:
+    if counters is None:
+        return True
+    for name, used in consumption(chosen).items():
+        if name not in counters:
+            return False
+        if any(amount > counters[name].get(c, 0) for c, amount in used.items()):
+            return False
+    return True
+
+
 def allocate(
     claim_spec: Mapping[str, Any],
     classes: Mapping[str, Any],
     free: Sequence[Mapping[str, Any]],
+    counters: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, list[str]] | None:
     """A satisfying allocation ``{request or request/alternative: device names}``, or None.
 
@@ -144,18 +196,19 @@ def allocate(
     constraints = devices_spec.get("constraints") or []
     options = [_alternatives(request) for request in requests]
     for choice in itertools.product(*options):
-        result = _search(list(choice), classes, free, constraints, {})
+        result = _search(list(choice), classes, free, constraints, {}, counters)
         if result is not None:
             return {key: [d["name"] for d in picked] for key, picked in result.items()}
     return None
 
 
-def _search(
+def _search(  # noqa: PLR0917 - the recursion's state, passed down as it is
     pending: list[tuple[str, Mapping[str, Any]]],
     classes: Mapping[str, Any],
     free: Sequence[Mapping[str, Any]],
     constraints: Sequence[Mapping[str, Any]],
     chosen: dict[str, Sequence[Mapping[str, Any]]],
+    counters: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, Sequence[Mapping[str, Any]]] | None:
     if not pending:
         return dict(chosen) if _constraints_hold(constraints, chosen) else None
@@ -164,8 +217,9 @@ def _search(
     candidates = [d for d in _candidates(request, classes, free) if d["name"] not in used]
     for combination in itertools.combinations(candidates, int(request.get("count", 1))):
         chosen[key] = combination
-        if _constraints_hold(constraints, chosen):
-            found = _search(rest, classes, free, constraints, chosen)
+        everything = [d for picked in chosen.values() for d in picked]
+        if _constraints_hold(constraints, chosen) and _fits_counters(everything, counters):
+            found = _search(rest, classes, free, constraints, chosen, counters)
             if found is not None:
                 return found
         del chosen[key]

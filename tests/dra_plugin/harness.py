@@ -127,9 +127,7 @@ def make_driver(
 ) -> tuple[driver.Driver, node.NodeDevices]:
     """A driver on the node, recovered from its checkpoint as at a start."""
     settings = settings or where.settings()
-    devices = node.NodeDevices(
-        settings.root, settings.publish_options(), health_interval=settings.health_interval
-    )
+    devices = node.for_settings(settings)
     prepare = driver.Driver(
         node_name=settings.node_name,
         devices=devices,

@@ -63,7 +63,12 @@ def _fixture_path(name: str) -> str:
 @pytest.mark.parametrize("version", helpers.VERSIONS)
 def test_device_classes_are_schema_valid(version: str) -> None:
     classes = helpers.device_classes()
-    assert sorted(classes) == ["gcu.enflame.com", "shared.gcu.enflame.com", "vgcu.gcu.enflame.com"]
+    assert sorted(classes) == [
+        "drs.gcu.enflame.com",
+        "gcu.enflame.com",
+        "shared.gcu.enflame.com",
+        "vgcu.gcu.enflame.com",
+    ]
     for document in classes.values():
         helpers.validate(document, version)
 
@@ -87,7 +92,20 @@ def test_examples_are_schema_valid_and_use_our_classes(name: str, version: str) 
 
 
 def test_the_examples_are_the_ones_the_issue_asks_for() -> None:
-    assert sorted([SWITCH, PREFER, ROOT_PORT, "one-vgcu", "one-shared-slice"]) == EXAMPLE_NAMES
+    assert (
+        sorted(
+            [
+                SWITCH,
+                PREFER,
+                ROOT_PORT,
+                "one-vgcu",
+                "one-shared-slice",
+                "one-drs-1g8gb",
+                "one-drs-16gb",
+            ]
+        )
+        == EXAMPLE_NAMES
+    )
 
 
 @pytest.mark.parametrize(

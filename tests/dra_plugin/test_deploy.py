@@ -160,3 +160,20 @@ def test_real_helm_lint_accepts_the_seamless_upgrade_variant(tmp_path: Any) -> N
     lint = _real_helm_lint(chart_dir)
     assert lint["errors"] is None
     assert [m for m in lint["messages"] if m["severity"] >= 2] == []
+
+
+def test_the_daemonset_probes_the_driver_on_its_http_address() -> None:
+    (container,) = documents()["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    args = dra_config.parse([*container["args"], "--node-name", "n"], environ={}).http_address
+    assert args == ":8082"
+    assert container["ports"] == [{"name": "http", "containerPort": 8082}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    chart = read(TEMPLATES, "daemonset-dra-plugin.yaml")
+    for line in (
+        "- --http-address=:{{ $dra.httpPort }}",
+        "path: /healthz",
+        "path: /readyz",
+        "- --drs={{ . }}",
+    ):
+        assert line in chart

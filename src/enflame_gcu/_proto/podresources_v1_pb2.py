@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(enflame_gcu/_proto/podresources_v1.proto\x12\x02v1\"\x1d\n\x1b\x41llocatableResourcesRequest\"V\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x02 \x03(\x03\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"Z\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\x32\xb9\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(enflame_gcu/_proto/podresources_v1.proto\x12\x02v1\"\x1d\n\x1b\x41llocatableResourcesRequest\"V\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x02 \x03(\x03\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"\x8a\x01\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\x12.\n\x11\x64ynamic_resources\x18\x05 \x03(\x0b\x32\x13.v1.DynamicResource\"j\n\x0f\x44ynamicResource\x12\x12\n\nclaim_name\x18\x02 \x01(\t\x12\x17\n\x0f\x63laim_namespace\x18\x03 \x01(\t\x12*\n\x0f\x63laim_resources\x18\x04 \x03(\x0b\x32\x11.v1.ClaimResource\"p\n\rClaimResource\x12\"\n\x0b\x63\x64i_devices\x18\x01 \x03(\x0b\x32\r.v1.CDIDevice\x12\x13\n\x0b\x64river_name\x18\x02 \x01(\t\x12\x11\n\tpool_name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x04 \x01(\t\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\x32\xb9\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,14 +41,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTPODRESOURCESRESPONSE']._serialized_end=261
   _globals['_PODRESOURCES']._serialized_start=263
   _globals['_PODRESOURCES']._serialized_end=354
-  _globals['_CONTAINERRESOURCES']._serialized_start=356
-  _globals['_CONTAINERRESOURCES']._serialized_end=446
-  _globals['_CONTAINERDEVICES']._serialized_start=448
-  _globals['_CONTAINERDEVICES']._serialized_end=545
-  _globals['_TOPOLOGYINFO']._serialized_start=547
-  _globals['_TOPOLOGYINFO']._serialized_end=590
-  _globals['_NUMANODE']._serialized_start=592
-  _globals['_NUMANODE']._serialized_end=614
-  _globals['_PODRESOURCESLISTER']._serialized_start=617
-  _globals['_PODRESOURCESLISTER']._serialized_end=802
+  _globals['_CONTAINERRESOURCES']._serialized_start=357
+  _globals['_CONTAINERRESOURCES']._serialized_end=495
+  _globals['_DYNAMICRESOURCE']._serialized_start=497
+  _globals['_DYNAMICRESOURCE']._serialized_end=603
+  _globals['_CLAIMRESOURCE']._serialized_start=605
+  _globals['_CLAIMRESOURCE']._serialized_end=717
+  _globals['_CDIDEVICE']._serialized_start=719
+  _globals['_CDIDEVICE']._serialized_end=744
+  _globals['_CONTAINERDEVICES']._serialized_start=746
+  _globals['_CONTAINERDEVICES']._serialized_end=843
+  _globals['_TOPOLOGYINFO']._serialized_start=845
+  _globals['_TOPOLOGYINFO']._serialized_end=888
+  _globals['_NUMANODE']._serialized_start=890
+  _globals['_NUMANODE']._serialized_end=912
+  _globals['_PODRESOURCESLISTER']._serialized_start=915
+  _globals['_PODRESOURCESLISTER']._serialized_end=1100
 # @@protoc_insertion_point(module_scope)

@@ -4,6 +4,9 @@ isort:skip_file
 Kubelet PodResources API, version v1 (SPEC §3): which pod and container hold which devices.
 List exists from Kubernetes 1.20; GetAllocatableResources from 1.21 (older kubelets answer
 UNIMPLEMENTED). Only the fields the toolkit reads are declared; proto3 skips the others.
+dynamic_resources (DRA claims per container) is filled by kubelets with the
+KubeletPodResourcesDynamicResources gate (alpha 1.27, on by default from 1.34); older ones
+leave it empty.
 """
 
 from collections import abc as _abc
@@ -130,25 +133,105 @@ class ContainerResources(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     DEVICES_FIELD_NUMBER: _builtins.int
     CPU_IDS_FIELD_NUMBER: _builtins.int
+    DYNAMIC_RESOURCES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerDevices]: ...
     @_builtins.property
     def cpu_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def dynamic_resources(self) -> _containers.RepeatedCompositeFieldContainer[Global___DynamicResource]: ...
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         devices: _abc.Iterable[Global___ContainerDevices] | None = ...,
         cpu_ids: _abc.Iterable[_builtins.int] | None = ...,
+        dynamic_resources: _abc.Iterable[Global___DynamicResource] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_ids", b"cpu_ids", "devices", b"devices", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_ids", b"cpu_ids", "devices", b"devices", "dynamic_resources", b"dynamic_resources", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ContainerResources: _TypeAlias = ContainerResources  # noqa: Y015
+
+@_typing.final
+class DynamicResource(_message.Message):
+    """One DRA claim a container uses (field 1, class_name, was dropped upstream)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLAIM_NAME_FIELD_NUMBER: _builtins.int
+    CLAIM_NAMESPACE_FIELD_NUMBER: _builtins.int
+    CLAIM_RESOURCES_FIELD_NUMBER: _builtins.int
+    claim_name: _builtins.str
+    claim_namespace: _builtins.str
+    @_builtins.property
+    def claim_resources(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClaimResource]: ...
+    def __init__(
+        self,
+        *,
+        claim_name: _builtins.str = ...,
+        claim_namespace: _builtins.str = ...,
+        claim_resources: _abc.Iterable[Global___ClaimResource] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_name", b"claim_name", "claim_namespace", b"claim_namespace", "claim_resources", b"claim_resources"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DynamicResource: _TypeAlias = DynamicResource  # noqa: Y015
+
+@_typing.final
+class ClaimResource(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CDI_DEVICES_FIELD_NUMBER: _builtins.int
+    DRIVER_NAME_FIELD_NUMBER: _builtins.int
+    POOL_NAME_FIELD_NUMBER: _builtins.int
+    DEVICE_NAME_FIELD_NUMBER: _builtins.int
+    driver_name: _builtins.str
+    pool_name: _builtins.str
+    device_name: _builtins.str
+    @_builtins.property
+    def cdi_devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___CDIDevice]: ...
+    def __init__(
+        self,
+        *,
+        cdi_devices: _abc.Iterable[Global___CDIDevice] | None = ...,
+        driver_name: _builtins.str = ...,
+        pool_name: _builtins.str = ...,
+        device_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cdi_devices", b"cdi_devices", "device_name", b"device_name", "driver_name", b"driver_name", "pool_name", b"pool_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClaimResource: _TypeAlias = ClaimResource  # noqa: Y015
+
+@_typing.final
+class CDIDevice(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CDIDevice: _TypeAlias = CDIDevice  # noqa: Y015
 
 @_typing.final
 class ContainerDevices(_message.Message):

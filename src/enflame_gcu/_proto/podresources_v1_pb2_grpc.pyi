@@ -4,6 +4,9 @@ isort:skip_file
 Kubelet PodResources API, version v1 (SPEC §3): which pod and container hold which devices.
 List exists from Kubernetes 1.20; GetAllocatableResources from 1.21 (older kubelets answer
 UNIMPLEMENTED). Only the fields the toolkit reads are declared; proto3 skips the others.
+dynamic_resources (DRA claims per container) is filled by kubelets with the
+KubeletPodResourcesDynamicResources gate (alpha 1.27, on by default from 1.34); older ones
+leave it empty.
 """
 
 from collections import abc as _abc

@@ -27,9 +27,13 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # The resources one process can serve, each on its own socket (kinds as --resources names them).
-GCU, VGCU, SHARED_GCU = "gcu", "vgcu", "shared-gcu"
-RESOURCE_KINDS = (GCU, VGCU, SHARED_GCU)
-KIND_SOCKETS = {VGCU: "enflame-vgcu.sock", SHARED_GCU: "enflame-shared-gcu.sock"}
+GCU, VGCU, SHARED_GCU, DRS_GCU = "gcu", "vgcu", "shared-gcu", "drs-gcu"
+RESOURCE_KINDS = (GCU, VGCU, SHARED_GCU, DRS_GCU)
+KIND_SOCKETS = {
+    VGCU: "enflame-vgcu.sock",
+    SHARED_GCU: "enflame-shared-gcu.sock",
+    DRS_GCU: "enflame-drs-gcu.sock",
+}
 # Settings only the config file can give (not flags): filled by the file layer.
 FILE_ONLY = ("sharing", "shared_cards")
 
@@ -45,6 +49,9 @@ class PluginConfig:
     resource_name: str = DEFAULT_RESOURCE
     vgcu_resource_name: str = "enflame.com/vgcu"
     shared_resource_name: str = "enflame.com/shared-gcu"
+    drs_resource_name: str = "enflame.com/drs-gcu"
+    efsmi: str = "efsmi"
+    drs_release_grace: float = 30.0
     socket_name: str = SOCKET_NAME
     pass_device_specs: bool = False
     device_list_strategy: tuple[str, ...] = ("envvar",)
@@ -84,6 +91,7 @@ class PluginConfig:
             GCU: self.resource_name,
             VGCU: self.vgcu_resource_name,
             SHARED_GCU: self.shared_resource_name,
+            DRS_GCU: self.drs_resource_name,
         }
         return {kind: names[kind] for kind in self.resources}
 
@@ -226,6 +234,13 @@ def _path(text: str) -> str:
     return text
 
 
+def _program(text: str) -> str:
+    # A name looked up on PATH, or an absolute path: never relative to the working directory.
+    if text.startswith("/") or (text and "/" not in text):
+        return text
+    raise ValueError(f"{text!r} is neither a program name nor an absolute path")
+
+
 @dataclass(frozen=True, slots=True)
 class Option:
     """One setting: its field, env var, parser and help text."""
@@ -275,6 +290,20 @@ OPTIONS: tuple[Option, ...] = (
         "DP_SHARED_RESOURCE_NAME",
         _resource,
         "extended resource for time-shared slices",
+    ),
+    Option(
+        "drs_resource_name",
+        "DP_DRS_RESOURCE_NAME",
+        _resource,
+        "extended resource for DRS slices (hard partitions made at Allocate)",
+    ),
+    Option("efsmi", "DP_EFSMI", _program, "the efsmi program, a name on PATH or a path (drs-gcu)"),
+    Option(
+        "drs_release_grace",
+        "DP_DRS_RELEASE_GRACE",
+        _interval,
+        "seconds a new DRS instance waits for the kubelet to list its container before an "
+        "instance no container holds is destroyed",
     ),
     Option(
         "pass_device_specs",

@@ -7,6 +7,8 @@ Rule (each card is in exactly one resource):
   does not serve vGCUs, because a second plugin process may be handing out its vGCUs;
 - otherwise, when ``shared-gcu`` is served and ``sharing.cards`` names the card (or is ``all``),
   the card is advertised as slices (``enflame.com/shared-gcu``);
+- otherwise, when ``drs-gcu`` is served, the card is cut into DRS partitions per container
+  (``enflame.com/drs-gcu``, gcushare's name): its compute slices are the devices;
 - every other card is a whole card (``enflame.com/gcu``).
 
 Each kind lists its devices with the card whose health they follow, chooses preferred sets, and
@@ -16,13 +18,18 @@ builds what Allocate gives a container through the one edits model (:mod:`enflam
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from enflame_gcu import allocation, devices, edits, health, products, sharing, topology, virtual
 from enflame_gcu.device_plugin import config as plugin_config
-from enflame_gcu.errors import EnflameError, InvalidRequestError
+from enflame_gcu.device_plugin import drs_instances
+from enflame_gcu.errors import EfsmiError, EnflameError, InvalidRequestError
+
+log = logging.getLogger(__name__)
+efsmi_errors = (EfsmiError, OSError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +165,34 @@ class SharedSlices:
         return _granted(self.inventory, given.cards, config, given.env())
 
 
+DRS_ENV = "TOPS_VISIBLE_DEVICES"  # gcushare's: the container's instance, DRS-<uuid>
+
+
+@dataclass(frozen=True, slots=True)
+class DrsSlices:
+    """DRS compute slices ``gcuN-sliceK``; a container's slices must be on one card and match
+    a profile's size: Allocate creates that instance (see :mod:`.drs_instances`)."""
+
+    inventory: devices.Inventory
+    instances: drs_instances.DrsInstances
+    catalog: tuple[Advertised, ...]
+    policy: allocation.AllocationPolicy
+
+    def grant(self, ids: Sequence[str], config: plugin_config.PluginConfig) -> Grant:
+        """The card, ``TOPS_VISIBLE_DEVICES=DRS-<uuid>`` of the instance made for the IDs."""
+        cards = sorted({sharing.parse_slice_id(i)[0] for i in ids})
+        if len(cards) != 1:
+            raise InvalidRequestError(
+                f"DRS slices {', '.join(ids)} are on {len(cards)} cards; one partition lives "
+                "on one card"
+            )
+        try:
+            held = self.instances.acquire(cards[0], ids)
+        except efsmi_errors as exc:
+            raise EnflameError(f"cannot create the DRS instance on {cards[0]}: {exc}") from exc
+        return _granted(self.inventory, cards, config, {DRS_ENV: f"DRS-{held.uuid}"})
+
+
 @dataclass(frozen=True, slots=True)
 class Assignment:
     """Which card went where, plus notes for the log (e.g. unknown cards in sharing.cards)."""
@@ -166,6 +201,7 @@ class Assignment:
     shared: tuple[devices.Card, ...]
     vgcu_mode: tuple[devices.Card, ...]
     notes: tuple[str, ...] = ()
+    drs: tuple[devices.Card, ...] = ()
 
 
 def assign(inventory: devices.Inventory, config: plugin_config.PluginConfig) -> Assignment:
@@ -190,7 +226,9 @@ def assign(inventory: devices.Inventory, config: plugin_config.PluginConfig) -> 
     whole: list[devices.Card] = []
     shared: list[devices.Card] = []
     vgcu_mode: list[devices.Card] = []
+    drs_cards: list[devices.Card] = []
     serving_shared = plugin_config.SHARED_GCU in config.resources
+    serving_drs = plugin_config.DRS_GCU in config.resources
     for card in inventory.cards:
         if card.minor in partitioned:
             vgcu_mode.append(card)
@@ -198,9 +236,11 @@ def assign(inventory: devices.Inventory, config: plugin_config.PluginConfig) -> 
                 notes.append(f"{card.name} is in vGCU mode; it is served as vGCUs, not as slices")
         elif serving_shared and (wanted is None or card.name in wanted):
             shared.append(card)
+        elif serving_drs:
+            drs_cards.append(card)
         else:
             whole.append(card)
-    return Assignment(tuple(whole), tuple(shared), tuple(vgcu_mode), tuple(notes))
+    return Assignment(tuple(whole), tuple(shared), tuple(vgcu_mode), tuple(notes), tuple(drs_cards))
 
 
 def whole_cards(
@@ -258,10 +298,32 @@ def _settings_by_name(
     )
 
 
+def drs_slices(
+    inventory: devices.Inventory,
+    cards: Sequence[devices.Card],
+    instances: drs_instances.DrsInstances,
+) -> DrsSlices:
+    """The DRS slices of ``cards`` that efsmi can partition (the others are left out, logged)."""
+    problems = instances.learn((c.name, c.bdf) for c in cards if c.name not in instances.layouts)
+    for name, problem in sorted(problems.items()):
+        log.warning("%s is not served as DRS slices: %s", name, problem)
+    usable = [c for c in cards if c.name in instances.layouts]
+    slices_of = {c.name: instances.layouts[c.name].slices for c in usable}
+    catalog = tuple(
+        Advertised(sharing.slice_id(card.name, index), card.name, card.numa_node)
+        for card in usable
+        for index in range(slices_of[card.name])
+    )
+    return DrsSlices(inventory, instances, catalog, sharing.PackedPolicy(slices_of))
+
+
 def build(
-    inventory: devices.Inventory, config: plugin_config.PluginConfig
+    inventory: devices.Inventory,
+    config: plugin_config.PluginConfig,
+    instances: drs_instances.DrsInstances | None = None,
 ) -> tuple[dict[str, DeviceKind], Assignment]:
-    """Every served kind (``{gcu|vgcu|shared-gcu: kind}``) for a discovery, and the assignment."""
+    """Every served kind (``{gcu|vgcu|shared-gcu|drs-gcu: kind}``) for a discovery, and the
+    assignment; ``instances`` is required when drs-gcu is served."""
     placed = assign(inventory, config)
     kinds: dict[str, DeviceKind] = {}
     for kind in config.resources:
@@ -269,6 +331,10 @@ def build(
             kinds[kind] = whole_cards(inventory, placed.whole, config.allocation_policy)
         elif kind == plugin_config.VGCU:
             kinds[kind] = vgcus(inventory)
+        elif kind == plugin_config.DRS_GCU:
+            if instances is None:
+                raise EnflameError("drs-gcu is served but no efsmi was configured")
+            kinds[kind] = drs_slices(inventory, placed.drs, instances)
         else:
             settings = _settings_by_name(config.sharing, inventory)
             kinds[kind] = shared_slices(inventory, placed.shared, settings)

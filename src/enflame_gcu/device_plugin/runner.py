@@ -25,9 +25,10 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from enflame_gcu import devices, health
+from enflame_gcu import devices, efsmi, health
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import (
+    drs_instances,
     feature_file,
     holdings_feed,
     http_server,
@@ -37,7 +38,8 @@ from enflame_gcu.device_plugin import (
     service,
 )
 from enflame_gcu.device_plugin import state as plugin_state
-from enflame_gcu.errors import ConfigError
+from enflame_gcu.errors import ConfigError, EfsmiError, EnflameError, KubeletApiError
+from enflame_gcu.kubelet_api import podresources
 
 log = logging.getLogger(__name__)
 Reload = Callable[[], plugin_config.PluginConfig]
@@ -70,9 +72,11 @@ class NodeResources:
         config: plugin_config.PluginConfig,
         listener: HealthListener | None = None,
         adopt: Mapping[str, plugin_state.PluginState] | None = None,
+        instances: drs_instances.DrsInstances | None = None,
     ) -> None:
         self.config = config
         self._listener = listener
+        self._instances = instances
         inventory = devices.discover(config.host_root)
         self.monitor = health.HealthMonitor(
             config.host_root,
@@ -81,7 +85,7 @@ class NodeResources:
             interval=config.health_interval,
             disabled=config.disable_healthchecks,
         )
-        kinds, self.assignment = resources.build(inventory, config)
+        kinds, self.assignment = resources.build(inventory, config, instances)
         report = self.monitor.report
         self.states: dict[str, plugin_state.PluginState] = {}
         for key, kind in kinds.items():
@@ -115,7 +119,7 @@ class NodeResources:
         if update.rediscover:
             inventory = devices.discover(self.config.host_root)
             report = self.monitor.reset(inventory.cards, inventory.driver_version)
-            kinds, self.assignment = resources.build(inventory, self.config)
+            kinds, self.assignment = resources.build(inventory, self.config, self._instances)
             log.info("rediscovered after driver change: %s", _describe(inventory))
             for key, kind in kinds.items():
                 self.states[key].replace(
@@ -326,6 +330,34 @@ def _background(config: plugin_config.PluginConfig, exported: metrics.Metrics) -
     return tasks
 
 
+async def _release_drs(
+    instances: drs_instances.DrsInstances, config: plugin_config.PluginConfig
+) -> None:
+    """Destroy DRS instances whose slices no container holds (PodResources, every few s)."""
+    client = podresources.Client(config.pod_resources_socket)
+    trouble = ""
+    interval = config.pod_resources_interval or 5.0
+    try:
+        while True:
+            try:
+                listing = await client.list_resources()
+                held = {
+                    device
+                    for holding in listing.holdings
+                    if holding.resource == config.drs_resource_name
+                    for device in holding.device_ids
+                }
+                await asyncio.to_thread(instances.release_unheld, held)
+                trouble = ""
+            except (KubeletApiError, EfsmiError) as exc:
+                if str(exc) != trouble:
+                    log.warning("DRS instances are kept until this works again: %s", exc)
+                    trouble = str(exc)
+            await asyncio.sleep(interval)
+    finally:
+        await client.close()
+
+
 async def run(
     config: plugin_config.PluginConfig,
     signals: kubelet.Signals,
@@ -347,13 +379,25 @@ async def run(
     watchers = NodeWatchers(exported)
     servers = Servers(exported)
     frozen = False
+    instances: drs_instances.DrsInstances | None = None
+    if plugin_config.DRS_GCU in config.resources:
+        instances = drs_instances.DrsInstances(
+            config.plugin_dir, efsmi.Efsmi(config.efsmi), config.drs_release_grace
+        )
+        background.append(asyncio.ensure_future(_release_drs(instances, config)))
     try:
         while True:
             listener = None if exported is None else _health_listener(exported)
             if exported is not None:
                 exported.retain(config.resource_names().values())
             watchers.configure(config)
-            node = NodeResources(config, listener, servers.states(config))
+            node = NodeResources(config, listener, servers.states(config), instances)
+            if instances is not None and not frozen:
+                try:
+                    instances.reconcile()  # orphans of a previous run, before serving
+                except (EnflameError, OSError) as exc:
+                    log.error("cannot check the DRS instances at start: %s", exc)
+                    return 1
             watchers.observe(node)
             log.info("discovered under %s: %s", config.host_root, _describe(node.inventory))
             log.info("%s", _describe_assignment(node.assignment, config))

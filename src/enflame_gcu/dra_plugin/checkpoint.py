@@ -3,7 +3,9 @@
 One JSON file in the plugin's data directory (``/var/lib/kubelet/plugins/<driver>``, which
 survives a reboot, unlike ``/var/run/cdi``), replaced atomically with fsync on every change.
 A claim is written as ``preparing`` before its CDI spec exists and as ``prepared`` after, so a
-crash between the two leaves a ``preparing`` entry that the next start rolls back.
+crash between the two leaves a ``preparing`` entry that the next start rolls back. A DRS
+partition's instance is recorded (id and UUID) as soon as efsmi created it, before the spec is
+written: the next start destroys what a rolled-back claim or nobody on record holds.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class PreparedDevice:
     node_name: str
     share_id: str | None = None
     slices: int | None = None
+    drs_profile: str | None = None  # a DRS partition of the card: its profile
+    drs_instance: str | None = None  # the efsmi instance id, once created
+    drs_uuid: str | None = None  # and its UUID (TOPS_VISIBLE_DEVICES=DRS-<uuid>)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,9 @@ def _claim_to_json(claim: PreparedClaim) -> dict[str, Any]:
                 "nodeName": d.node_name,
                 **({"shareID": d.share_id} if d.share_id else {}),
                 **({"slices": d.slices} if d.slices is not None else {}),
+                **({"drsProfile": d.drs_profile} if d.drs_profile else {}),
+                **({"drsInstance": d.drs_instance} if d.drs_instance else {}),
+                **({"drsUUID": d.drs_uuid} if d.drs_uuid else {}),
             }
             for d in claim.devices
         ],
@@ -82,6 +90,9 @@ def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
             node_name=str(d["nodeName"]),
             share_id=str(d["shareID"]) if d.get("shareID") else None,
             slices=int(d["slices"]) if d.get("slices") is not None else None,
+            drs_profile=str(d["drsProfile"]) if d.get("drsProfile") else None,
+            drs_instance=str(d["drsInstance"]) if d.get("drsInstance") else None,
+            drs_uuid=str(d["drsUUID"]) if d.get("drsUUID") else None,
         )
         for d in data["devices"]
     )

@@ -17,12 +17,13 @@ from typing import Any
 
 from enflame_gcu import cdispec, claim_specs, devices, edits, fileio, sharing
 from enflame_gcu.dra_plugin import checkpoint, claims
-from enflame_gcu.errors import ClaimError
+from enflame_gcu.errors import ClaimError, SpecError
 
 # The spellings live where the runtime reads them back (claim_specs, standard library only).
 CDI_VENDOR = claim_specs.CDI_VENDOR
 CDI_CLASS = claim_specs.CDI_CLASS
 CDI_KIND = claim_specs.CDI_KIND
+DRS_ENV = "TOPS_VISIBLE_DEVICES"  # how a container names its DRS instance (gcushare's name)
 
 
 def device_name(claim_uid: str, request: str) -> str:
@@ -65,6 +66,16 @@ def _share_env(
     return sharing.SliceGrant(cards, held).env()
 
 
+def _drs_env(devices_list: Sequence[checkpoint.PreparedDevice]) -> dict[str, str]:
+    partitions = [d for d in devices_list if d.drs_profile is not None]
+    if not partitions:
+        return {}
+    missing = [d.device for d in partitions if not d.drs_uuid]
+    if missing:
+        raise SpecError(f"DRS partition(s) {', '.join(missing)} have no instance yet")
+    return {DRS_ENV: ",".join(f"DRS-{d.drs_uuid}" for d in partitions)}
+
+
 def build_spec(
     inventory: devices.Inventory,
     claim: checkpoint.PreparedClaim,
@@ -74,7 +85,8 @@ def build_spec(
     entries = []
     for request, names in requests_of(claim.devices).items():
         own = [d for d in claim.devices if d.request.partition("/")[0] == request]
-        request_edits = edits.for_devices(inventory, names, env=_share_env(own, slices_of))
+        env = {**_share_env(own, slices_of), **_drs_env(own)}
+        request_edits = edits.for_devices(inventory, list(dict.fromkeys(names)), env=env)
         entries.append(
             {"name": device_name(claim.uid, request), "containerEdits": request_edits.to_cdi()}
         )

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from enflame_gcu import __version__, naming, resourceslices
+from enflame_gcu import __version__, devices, naming, products, resourceslices
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.support import cli_options, env_vars
 
@@ -18,6 +19,7 @@ MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
 UNHEALTHY_MODES = ("taint", "omit")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 PROG = "enflame-dra-plugin"
+_DRS_ITEM = re.compile(r"^(all|gcu\d+|[A-Za-z][A-Za-z0-9 ]{0,31})$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,10 @@ class DraConfig:
     log_level: str = "info"
     # Warnings for the deprecated environment variable names used (logged at start).
     deprecated_env: tuple[str, ...] = ()
+    drs: str = ""  # "", "all", or comma-separated cards (gcu3) and models/families (S60, S)
+    efsmi: str = "efsmi"
+    efsmi_timeout: float = 10.0
+    http_address: str = ""  # host:port of /healthz, /readyz and /metrics; "" = off
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -57,6 +63,11 @@ class DraConfig:
             raise ConfigError(
                 f"--unhealthy must be one of {', '.join(UNHEALTHY_MODES)}, got {self.unhealthy!r}"
             )
+        for item in self.drs_items():
+            if not _DRS_ITEM.match(item):
+                raise ConfigError(
+                    f"--drs: {item!r} is not 'all', a card (gcu3) or a model or family (S60, S)"
+                )
         for path in (self.registration_socket, self.endpoint):
             if len(path.encode()) > MAX_SOCKET_PATH:
                 raise ConfigError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes")
@@ -87,6 +98,20 @@ class DraConfig:
         return os.path.join(
             self.data_dir, f"dra{self._instance(MAX_SOCKET_PATH - len(fixed) - 1)}.sock"
         )
+
+    def drs_items(self) -> list[str]:
+        """The ``--drs`` selection, one item each."""
+        return [item.strip() for item in self.drs.split(",") if item.strip()]
+
+    def drs_selects(self, card: devices.Card) -> bool:
+        """The card is to be partitioned with DRS (by name, model, family, or ``all``)."""
+        model = card.model.lower()
+        for item in (i.lower() for i in self.drs_items()):
+            if item in ("all", card.name) or model == item or model.split()[0] == item:
+                return True
+            if item == products.product_family(card.model).lower():
+                return True
+        return False
 
     def publish_options(self) -> resourceslices.PublishOptions:
         """How devices are published."""
@@ -232,6 +257,27 @@ def build_parser(
         help="serve the kubelet only, do not publish ResourceSlices (testing)",
     )
     parser.add_argument(
+        "--drs",
+        metavar="CARDS",
+        default=env.get("ENFLAME_DRA_DRS", ""),
+        help="publish these cards as DRS partitions (partitionable devices; needs efsmi and "
+        "Kubernetes >= 1.36): 'all', or a comma-separated list of cards (gcu3), models (S60) "
+        "or families (S) " + _given("ENFLAME_DRA_DRS", "none"),
+    )
+    parser.add_argument(
+        "--efsmi",
+        metavar="PATH",
+        default=env.get("ENFLAME_DRA_EFSMI", "efsmi"),
+        help="the efsmi program (DRS only) " + _given("ENFLAME_DRA_EFSMI", "efsmi on PATH"),
+    )
+    parser.add_argument(
+        "--http-address",
+        metavar="HOST:PORT",
+        default=env.get("ENFLAME_DRA_HTTP_ADDRESS", ""),
+        help="serve /healthz, /readyz and /metrics here; empty: off "
+        + _given("ENFLAME_DRA_HTTP_ADDRESS", "off"),
+    )
+    parser.add_argument(
         "--log-level",
         metavar="{" + ",".join(LOG_LEVELS) + "}",
         type=_choice(LOG_LEVELS),
@@ -264,6 +310,9 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         publish=not args.no_publish,
         log_level=args.log_level,
         deprecated_env=(*getattr(args, "deprecated_env", ()), *([warning] if warning else [])),
+        drs=args.drs,
+        efsmi=args.efsmi,
+        http_address=args.http_address,
     )
 
 

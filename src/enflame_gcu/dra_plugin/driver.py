@@ -8,6 +8,13 @@ the specs of claims still prepared are written again from the checkpoint. Both c
 idempotent; Unprepare needs nothing but the checkpoint, so it works while the API server is
 away and after the claim is gone.
 
+A DRS partition adds a step in the middle: efsmi creates the instance and its id and UUID are
+recorded in the checkpoint before the spec (which names ``DRS-<uuid>``) is written.
+Unprepare destroys it. At start, the instances on DRS cards are reconciled with the record:
+those of rolled-back claims and those nobody on record holds are destroyed; a prepared claim
+whose instance is gone is reported and refused, never re-created silently (its pod would get
+another partition's memory state under the same claim).
+
 Two instances may run side by side during a rolling update with surge (their sockets carry the
 pod UID): every call, and the recovery at start, holds an exclusive ``flock`` on
 ``serialize.lock`` in the state directory and reads the checkpoint afresh, so the instances
@@ -18,15 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from enflame_gcu import claim_specs, fileio
-from enflame_gcu.dra_plugin import checkpoint, claim_cdi, claims, node
-from enflame_gcu.errors import ClaimError, EnflameError
+from enflame_gcu import claim_specs, efsmi, fileio, resourceslices
+from enflame_gcu.dra_plugin import checkpoint, claim_cdi, claims, node, observability
+from enflame_gcu.errors import ClaimError, EfsmiError, EnflameError
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.json"
@@ -61,8 +70,10 @@ class Driver:
         cdi_dir: str,
         state_dir: str,
         fault: Callable[[str], None] | None = None,
+        metrics: observability.DriverMetrics | None = None,
     ) -> None:
         self.node_name = node_name
+        self.metrics = metrics
         self.devices = devices
         self.source = source
         self.cdi_dir = cdi_dir
@@ -71,6 +82,7 @@ class Driver:
         self._fault = fault or (lambda point: None)
         self._lock = asyncio.Lock()
         self._claims: dict[str, checkpoint.PreparedClaim] = {}
+        self.lost: dict[str, str] = {}  # claim uid -> why its DRS instance is gone
 
     @property
     def prepared(self) -> Mapping[str, checkpoint.PreparedClaim]:
@@ -118,7 +130,9 @@ class Driver:
         checkpoint is damaged: the driver does not guess which cards are in use.
         """
         with self._locked_blocking():
-            return self._recover()
+            actions = self._recover()
+        self._observe_claims()
+        return actions
 
     def _recover(self) -> list[str]:
         actions = []
@@ -128,6 +142,7 @@ class Driver:
                 claim_cdi.remove(self.cdi_dir, uid)
                 del loaded[uid]
                 actions.append(f"rolled back the unfinished prepare of claim {self._name(claim)}")
+        actions.extend(self._reconcile_instances(loaded))
         for uid, claim in sorted(loaded.items()):
             if os.path.exists(claim_cdi.spec_path(self.cdi_dir, uid)):
                 continue
@@ -148,6 +163,52 @@ class Driver:
             log.info("%s", action)
         return actions
 
+    def _reconcile_instances(self, kept: Mapping[str, checkpoint.PreparedClaim]) -> list[str]:
+        """Destroy DRS instances nobody on record holds; note prepared claims that lost theirs."""
+        tool = self.devices.tool
+        indexes = {name: layout.index for name, layout in self.devices.layouts.items()}
+        recorded: dict[tuple[str, str, str | None], checkpoint.PreparedClaim] = {
+            (d.node_name, d.drs_instance, d.drs_uuid): claim
+            for claim in kept.values()
+            for d in claim.devices
+            if d.drs_instance
+        }
+        if tool is None or not (indexes or recorded):
+            return []
+        try:
+            existing = tool.instances()
+        except EfsmiError as exc:
+            return [f"cannot list DRS instances to reconcile them ({exc}); orphans are kept"]
+        actions = []
+        by_index = {index: name for name, index in indexes.items()}
+        seen: set[tuple[str, str, str | None]] = set()
+        for instance in existing:
+            card = by_index.get(instance.index)
+            if card is None:
+                continue  # not a card this driver partitions: not ours to judge
+            key: tuple[str, str, str | None] = (card, instance.instance_id, instance.uuid)
+            if key in recorded:
+                seen.add(key)
+                continue
+            try:
+                tool.destroy_instance(instance.index, instance.instance_id, instance.uuid)
+            except EfsmiError as exc:
+                actions.append(f"cannot destroy orphan DRS instance {instance.uuid}: {exc}")
+            else:
+                actions.append(
+                    f"destroyed DRS instance {instance.uuid} ({instance.profile} on {card}), "
+                    "which no prepared claim holds"
+                )
+        self.lost = {}
+        for key, claim in sorted(recorded.items(), key=lambda item: item[1].uid):
+            if key not in seen and key[0] in indexes:  # a card not partitioned now: unknown
+                self.lost[claim.uid] = (
+                    f"its DRS instance {key[2]} on {key[0]} is gone (destroyed outside the "
+                    "driver, or the card was reset); it is not re-created: delete the pod"
+                )
+                actions.append(f"claim {self._name(claim)}: {self.lost[claim.uid]}")
+        return actions
+
     # --- Prepare ------------------------------------------------------------------------
 
     async def prepare(self, refs: Sequence[claims.ClaimRef]) -> dict[str, Outcome]:
@@ -156,15 +217,37 @@ class Driver:
         try:
             async with self._serialized():
                 for ref in refs:
+                    started = time.perf_counter()
+                    failure: BaseException | None = None
                     try:
                         results[ref.uid] = await self._prepare_one(ref)
                     except (EnflameError, OSError) as exc:
                         log.warning("prepare of claim %s failed: %s", ref, exc)
                         results[ref.uid] = str(exc)
+                        failure = exc
+                    self._observe("prepare", started, failure)
         except (EnflameError, OSError) as exc:  # the record cannot be read or locked
             log.error("cannot prepare claims: %s", exc)
+            self._observe("prepare", time.perf_counter(), exc)
             return {ref.uid: f"cannot prepare claim {ref}: {exc}" for ref in refs}
         return results
+
+    def _observe(self, operation: str, started: float, failure: BaseException | None) -> None:
+        if self.metrics is None:
+            return
+        self.metrics.observe_call(operation, time.perf_counter() - started, failure)
+        self._observe_claims()
+
+    def _observe_claims(self) -> None:
+        if self.metrics is None:
+            return
+        held: dict[str, int] = {}
+        for claim in self._claims.values():
+            for device in claim.devices:
+                if device.drs_instance:
+                    held[device.node_name] = held.get(device.node_name, 0) + 1
+        prepared = sum(c.state == checkpoint.PREPARED for c in self._claims.values())
+        self.metrics.observe_claims(held, prepared)
 
     async def _prepare_one(self, ref: claims.ClaimRef) -> list[PreparedDeviceResult]:
         if not ref.uid or not ref.name or not ref.namespace:
@@ -172,6 +255,8 @@ class Driver:
         claims.check_ref(ref)
         existing = self._claims.get(ref.uid)
         if existing is not None and existing.state == checkpoint.PREPARED:
+            if ref.uid in self.lost:
+                raise ClaimError(f"claim {ref}: {self.lost[ref.uid]}")
             if not os.path.exists(claim_cdi.spec_path(self.cdi_dir, ref.uid)):
                 self._write_spec(existing)
             return self._results(existing)
@@ -181,11 +266,16 @@ class Driver:
         self.checkpoint.save(self._claims)
         try:
             self._fault("after-checkpoint")
+            claim = await self._create_instances(claim)
             self._write_spec(claim)
             self._fault("after-cdi")
         except (EnflameError, OSError):
-            # A failure (not a crash) undoes the first step at once.
+            # A failure (not a crash) undoes the first steps at once.
             claim_cdi.remove(self.cdi_dir, ref.uid)
+            try:
+                await self._destroy_instances(self._claims[ref.uid])
+            except EfsmiError as exc:  # left for the orphan check at the next start
+                log.warning("cannot destroy the DRS instance of claim %s yet: %s", ref, exc)
             del self._claims[ref.uid]
             self.checkpoint.save(self._claims)
             raise
@@ -198,6 +288,66 @@ class Driver:
             ", ".join(f"{d.device} ({d.request})" for d in claim.devices),
         )
         return self._results(self._claims[ref.uid])
+
+    def _efsmi(self) -> efsmi.Efsmi:
+        if self.devices.tool is None:
+            raise ClaimError("this driver was started without DRS (--drs): no efsmi to use")
+        return self.devices.tool
+
+    def _index(self, card: str) -> int:
+        layout = self.devices.layouts.get(card)
+        if layout is None:
+            raise ClaimError(f"{card} is not partitioned with DRS on this node")
+        return layout.index
+
+    async def _create_instances(self, claim: checkpoint.PreparedClaim) -> checkpoint.PreparedClaim:
+        """Create each DRS partition's instance, recording it before going on."""
+        for number, device in enumerate(claim.devices):
+            if device.drs_profile is None or device.drs_instance:
+                continue
+            layout = self.devices.layouts.get(device.node_name)
+            profile = layout.profile(device.drs_profile) if layout else None
+            if layout is None or profile is None:
+                raise ClaimError(
+                    f"claim {self._name(claim)}: {device.node_name} offers no DRS profile "
+                    f"{device.drs_profile}"
+                )
+            instance = await asyncio.to_thread(
+                self._efsmi().create_instance, layout.index, profile.profile_id
+            )
+            self._fault("drs-after-create")
+            updated = dataclasses.replace(
+                device, drs_instance=instance.instance_id, drs_uuid=instance.uuid
+            )
+            claim = dataclasses.replace(
+                claim,
+                devices=(*claim.devices[:number], updated, *claim.devices[number + 1 :]),
+            )
+            self._claims[claim.uid] = claim
+            self.checkpoint.save(self._claims)
+            self._fault("drs-after-record")
+            log.info(
+                "created DRS instance %s (%s on %s) for claim %s",
+                instance.uuid,
+                device.drs_profile,
+                device.node_name,
+                self._name(claim),
+            )
+        return claim
+
+    async def _destroy_instances(self, claim: checkpoint.PreparedClaim) -> None:
+        """Destroy the claim's DRS instances (those already gone are fine)."""
+        for device in claim.devices:
+            if not device.drs_instance:
+                continue
+            try:
+                index = self._index(device.node_name)
+            except ClaimError:
+                continue  # the card is no longer partitioned here: its instances went with it
+            await asyncio.to_thread(
+                self._efsmi().destroy_instance, index, device.drs_instance, device.drs_uuid
+            )
+            log.info("destroyed DRS instance %s of claim %s", device.drs_uuid, self._name(claim))
 
     def _resolve(
         self, ref: claims.ClaimRef, allocated: Sequence[claims.AllocatedDevice]
@@ -229,6 +379,7 @@ class Driver:
             shared = item.share_id is not None and slices is not None and total is not None
             if shared and slices is not None and total is not None and slices >= total:
                 shared = False  # all slices: the card whole
+            partition = resourceslices.parse_partition(item.device)
             prepared.append(
                 checkpoint.PreparedDevice(
                     request=item.request,
@@ -236,6 +387,7 @@ class Driver:
                     node_name=node_name,
                     share_id=item.share_id if shared else None,
                     slices=slices if shared else None,
+                    drs_profile=partition[1] if partition else None,
                 )
             )
         self._refuse_double_use(ref, prepared, slices_of)
@@ -263,6 +415,8 @@ class Driver:
                 for held in other.devices:
                     if held.node_name != device.node_name:
                         continue
+                    if held.drs_profile and device.drs_profile and held.device != device.device:
+                        continue  # two partitions of a card: efsmi refuses what does not fit
                     if held.slices is None or device.slices is None:
                         raise ClaimError(
                             f"claim {ref}: {device.device} is already prepared for claim "
@@ -303,19 +457,29 @@ class Driver:
         try:
             async with self._serialized():
                 for ref in refs:
+                    started = time.perf_counter()
+                    failure: BaseException | None = None
                     try:
                         claims.check_ref(ref)
                         claim_cdi.remove(self.cdi_dir, ref.uid)
                         self._fault("unprepare-after-cdi")
+                        held = self._claims.get(ref.uid)
+                        if held is not None:
+                            await self._destroy_instances(held)
+                            self._fault("unprepare-after-destroy")
                         claim = self._claims.pop(ref.uid, None)
+                        self.lost.pop(ref.uid, None)
                         if claim is not None:
                             self.checkpoint.save(self._claims)
                             log.info("unprepared claim %s", ref)
                         results[ref.uid] = ""
                     except (EnflameError, OSError) as exc:
                         results[ref.uid] = f"cannot unprepare claim {ref}: {exc}"
+                        failure = exc
+                    self._observe("unprepare", started, failure)
         except (EnflameError, OSError) as exc:
             log.error("cannot unprepare claims: %s", exc)
+            self._observe("unprepare", time.perf_counter(), exc)
             return {ref.uid: f"cannot unprepare claim {ref}: {exc}" for ref in refs}
         return results
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from enflame_gcu import __version__, fileio
-from enflame_gcu.dra_plugin import apiserver, driver, kubelet, node, publisher
+from enflame_gcu.dra_plugin import apiserver, driver, kubelet, node, observability, publisher
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.support import aio
@@ -33,16 +33,13 @@ def _setup_logging(level: str) -> None:
 async def run(settings: dra_config.DraConfig) -> int:
     """Run until SIGTERM/SIGINT; 0 on a clean stop, 1 when the driver cannot start or a part
     of it (serving the kubelet, publishing) ends or fails on its own."""
-    devices = node.NodeDevices(
-        settings.root,
-        settings.publish_options(),
-        health_interval=settings.health_interval,
-        health_disabled=settings.health_disabled,
-    )
+    devices = node.for_settings(settings)
     for problem in devices.inventory.problems:
         log.warning("%s", problem)
     client = apiserver.connect(settings.kubeconfig)
     api = apiserver.ApiServer(client, settings.node_name, settings.driver_name)
+    exported = observability.DriverMetrics()
+    exported.publishing = settings.publish
     prepare = driver.Driver(
         node_name=settings.node_name,
         devices=devices,
@@ -51,6 +48,7 @@ async def run(settings: dra_config.DraConfig) -> int:
         state_dir=settings.data_dir,
         # Test-only SIGKILL points (ENFLAME_TEST_KILL_AT=dra-<point>); a dict lookup otherwise.
         fault=lambda point: fileio.fault_point(f"dra-{point}"),
+        metrics=exported,
     )
     try:
         prepare.recover()
@@ -63,10 +61,20 @@ async def run(settings: dra_config.DraConfig) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     plugin = kubelet.KubeletPlugin(settings, prepare, devices)
+    exported.registered = plugin.registered.is_set
+    http = None
+    if settings.http_address:
+        try:
+            http = observability.start(exported, settings.http_address)
+        except (OSError, ValueError) as exc:
+            log.error("cannot serve --http-address %s: %s", settings.http_address, exc)
+            await client.close()
+            return 1
     tasks = [asyncio.ensure_future(plugin.serve_until(stop))]
     health = asyncio.ensure_future(devices.run())
+    beat = asyncio.ensure_future(exported.heartbeat())
     if settings.publish:
-        publish = publisher.Publisher(api, devices, settings.node_name)
+        publish = publisher.Publisher(api, devices, settings.node_name, metrics=exported)
         tasks.append(asyncio.ensure_future(_publish_while_serving(plugin, publish, stop)))
     ended_alone = False
     try:
@@ -79,7 +87,12 @@ async def run(settings: dra_config.DraConfig) -> int:
     finally:
         stop.set()
         health.cancel()
+        beat.cancel()
         results = await asyncio.gather(*tasks, health, return_exceptions=True)
+        await asyncio.gather(beat, return_exceptions=True)
+        if http is not None:
+            http.shutdown()
+            http.server_close()
         await client.close()
     failures = [r for r in results if isinstance(r, Exception)]
     for failure in failures:
@@ -167,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("%s", warning)
     log.info(
         "enflame-dra-plugin %s starting on node %s: root %s, registry %s, service %s, CDI %s, "
-        "shared slices %d, unhealthy devices: %s, publish %s",
+        "shared slices %d, DRS %s, unhealthy devices: %s, publish %s",
         __version__,
         settings.node_name,
         settings.root,
@@ -175,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.endpoint,
         settings.cdi_dir,
         settings.shared_slices,
+        settings.drs or "off",
         settings.unhealthy,
         settings.publish,
     )

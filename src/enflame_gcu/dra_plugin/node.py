@@ -3,17 +3,28 @@
 Both the kubelet's health stream and the ResourceSlice publisher follow this one object: the
 health monitor feeds it, :meth:`NodeDevices.changed` wakes every waiter, and a driver version
 change (an upgrade) re-discovers the node (SPEC §6.4).
+
+Hot-plug: the monitor reports device nodes that the last discovery did not make usable (a card
+plugged in, bound or repaired after start); the node is then discovered again and the new
+cards and vGCUs join the inventory at the next rescan, so they are published within the
+health interval. A card the driver already knew and that is gone now stays in the inventory:
+its health turns it unhealthy (tainted or left out, as configured) until it comes back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from enflame_gcu import devices, health, resourceslices
+from enflame_gcu import devices, drs, efsmi, health, resourceslices
+from enflame_gcu.dra_plugin import config as dra_config
+from enflame_gcu.errors import EfsmiError
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +49,17 @@ class NodeDevices:
         *,
         health_interval: float = health.DEFAULT_INTERVAL,
         health_disabled: bool = False,
+        drs_selected: Callable[[devices.Card], bool] | None = None,
+        tool: efsmi.Efsmi | None = None,
     ) -> None:
         self.root = root
         self.options = options
         self.inventory = devices.discover(root)
+        self.tool = tool
+        self._drs_selected = drs_selected
+        self.layouts: dict[str, drs.Layout] = {}
+        self.drs_problems: dict[str, str] = {}
+        self._load_layouts(self.inventory.cards)
         self.monitor = health.HealthMonitor(
             root,
             self.inventory.cards,
@@ -53,6 +71,7 @@ class NodeDevices:
         self._since: dict[str, int] = {}
         self._last: dict[str, bool] = {}
         self._changed = asyncio.Event()
+        self.monitor.expect(_usable_nodes(self.inventory))
         self._stamp()
 
     @property
@@ -64,9 +83,61 @@ class NodeDevices:
         """``{gcuN: healthy}``."""
         return self.report.healthy()
 
-    def published(self) -> list[dict[str, object]]:
-        """The devices to publish now (see :func:`resourceslices.node_devices`)."""
-        return resourceslices.node_devices(self.inventory, self.healthy(), self.options)
+    def _load_layouts(self, cards: Iterable[devices.Card]) -> None:
+        """Ask efsmi for the DRS profiles of the selected cards (turning DRS on where it is
+        off); a card efsmi cannot partition stays a whole card, and says why in the log."""
+        if self._drs_selected is None or self.tool is None:
+            return
+        partitioned = {v.parent_minor for v in self.inventory.vgcus}
+        wanted = [
+            card
+            for card in cards
+            if card.usable and card.minor not in partitioned and self._drs_selected(card)
+        ]
+        if not wanted:
+            return
+        try:
+            listed = {card.bus_id: card for card in self.tool.cards()}
+        except EfsmiError as exc:
+            for card in wanted:
+                self.drs_problems[card.name] = str(exc)
+            log.warning("DRS unavailable, cards stay whole: %s", exc)
+            return
+        for card in wanted:
+            try:
+                found = listed.get(card.bdf)
+                if found is None:
+                    raise EfsmiError("not-found", f"efsmi does not list {card.bdf}")
+                if not found.drs_on:
+                    self.tool.set_drs(found.index, True)
+                    log.info("turned DRS on for %s (efsmi index %d)", card.name, found.index)
+                layout = drs.Layout.from_profiles(found.index, self.tool.profiles(found.index))
+                if not layout.profiles:
+                    raise EfsmiError("not-found", "efsmi lists no DRS profile for it")
+            except EfsmiError as exc:
+                self.drs_problems[card.name] = str(exc)
+                log.warning("%s stays a whole card: %s", card.name, exc)
+                continue
+            self.layouts[card.name] = layout
+            self.drs_problems.pop(card.name, None)
+            log.info(
+                "%s offers DRS partitions: %s",
+                card.name,
+                ", ".join(f"{p.name} x{p.count}" for p in layout.profiles),
+            )
+
+    def _published(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        if self.layouts:
+            return drs.node_devices(self.inventory, self.healthy(), self.options, self.layouts)
+        return resourceslices.node_devices(self.inventory, self.healthy(), self.options), []
+
+    def published(self) -> list[dict[str, Any]]:
+        """The devices to publish now (see :func:`resourceslices.node_devices`, :mod:`drs`)."""
+        return self._published()[0]
+
+    def counter_sets(self) -> list[dict[str, Any]]:
+        """The counter sets of the DRS cards published now."""
+        return self._published()[1]
 
     def published_names(self) -> dict[str, str]:
         """``{published device name: node device name}`` of what is on offer now."""
@@ -112,12 +183,44 @@ class NodeDevices:
                 self._last[name] = ok
 
     def apply(self, update: health.HealthUpdate) -> None:
-        """Take a health update (re-discovering the node after a driver change)."""
+        """Take a health update (re-discovering the node after a driver change or when
+        device nodes appeared)."""
         if update.rediscover:
             self.inventory = devices.discover(self.root)
             self.monitor.reset(self.inventory.cards, self.inventory.driver_version)
+            self.monitor.expect(_usable_nodes(self.inventory))
             log.info("re-discovered %d card(s) after a driver change", len(self.inventory.cards))
+        elif (
+            update.appeared
+            and not self._take_arrivals(update.appeared)
+            and not update.report_changed
+        ):
+            return  # the nodes are not usable yet: looked at again at the next rescan
         self.notify()
+
+    def _take_arrivals(self, appeared: tuple[str, ...]) -> bool:
+        """Merge a fresh discovery into the inventory; True when it changed."""
+        fresh = devices.discover(self.root)
+        cards = {card.name: card for card in self.inventory.cards}
+        vgcus = {vgcu.name: vgcu for vgcu in self.inventory.vgcus}
+        cards.update({card.name: card for card in fresh.cards if card.usable})
+        vgcus.update({vgcu.name: vgcu for vgcu in fresh.vgcus if vgcu.usable})
+        merged = dataclasses.replace(
+            fresh,
+            cards=tuple(sorted(cards.values(), key=lambda card: (card.minor, card.bdf))),
+            vgcus=tuple(sorted(vgcus.values(), key=lambda vgcu: vgcu.minor)),
+        )
+        if merged.cards == self.inventory.cards and merged.vgcus == self.inventory.vgcus:
+            log.debug("device node(s) %s present but not usable yet", ", ".join(appeared))
+            return False
+        new = sorted(_usable_nodes(merged) - _usable_nodes(self.inventory))
+        arrived = [card for card in merged.cards if card.name not in self.layouts]
+        self.inventory = merged
+        self._load_layouts(arrived)
+        self.monitor.reset(merged.cards, self.monitor.baseline)
+        self.monitor.expect(_usable_nodes(merged))
+        log.info("new device(s) on the node: %s", ", ".join(new) or "none usable")
+        return True
 
     def notify(self) -> None:
         """Wake everyone waiting for a change."""
@@ -136,3 +239,21 @@ class NodeDevices:
     async def run(self) -> None:
         """Watch health until cancelled."""
         await self.monitor.run(self.apply)
+
+
+def _usable_nodes(inventory: devices.Inventory) -> frozenset[str]:
+    usable = {card.name for card in inventory.cards if card.usable}
+    return frozenset(usable | {vgcu.name for vgcu in inventory.vgcus if vgcu.usable})
+
+
+def for_settings(settings: dra_config.DraConfig) -> NodeDevices:
+    """The node as the driver's settings describe it (DRS only when ``--drs`` selects cards)."""
+    drs_on = bool(settings.drs_items())
+    return NodeDevices(
+        settings.root,
+        settings.publish_options(),
+        health_interval=settings.health_interval,
+        health_disabled=settings.health_disabled,
+        drs_selected=settings.drs_selects if drs_on else None,
+        tool=efsmi.Efsmi(settings.efsmi, timeout=settings.efsmi_timeout) if drs_on else None,
+    )

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from enflame_gcu import resourceslices
-from enflame_gcu.dra_plugin import node
+from enflame_gcu.dra_plugin import node, observability
 from enflame_gcu.support import aio
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,12 @@ def _normal_capacity(capacity: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _normal_counters(counters: Mapping[str, Any]) -> dict[str, float]:
+    return {
+        name: quantity_value((entry or {}).get("value", "")) for name, entry in counters.items()
+    }
+
+
 def comparable(resource_slice: Mapping[str, Any]) -> dict[str, Any]:
     """What must be equal for a stored slice to count as ours unchanged.
 
@@ -136,6 +142,17 @@ def comparable(resource_slice: Mapping[str, Any]) -> dict[str, Any]:
             ]
         device_list.append(device)
     spec["devices"] = device_list
+    if "sharedCounters" in spec:
+        spec["sharedCounters"] = [
+            {**entry, "counters": _normal_counters(entry.get("counters") or {})}
+            for entry in spec["sharedCounters"]
+        ]
+    for device in device_list:
+        if "consumesCounters" in device:
+            device["consumesCounters"] = [
+                {**entry, "counters": _normal_counters(entry.get("counters") or {})}
+                for entry in device["consumesCounters"]
+            ]
     owners = [
         {key: owner.get(key) for key in ("kind", "name", "uid")}
         for owner in metadata.get("ownerReferences") or []
@@ -177,8 +194,10 @@ class Publisher:
         node_name: str,
         *,
         resync_interval: float = RESYNC_INTERVAL,
+        metrics: observability.DriverMetrics | None = None,
     ) -> None:
         self.api = api
+        self.metrics = metrics
         self.devices = devices
         self.node_name = node_name
         self.resync_interval = resync_interval
@@ -199,6 +218,7 @@ class Publisher:
             self.devices.published(),
             generation,
             self.devices.options,
+            counter_sets=self.devices.counter_sets(),
         )
 
     async def sync(self) -> bool:
@@ -208,7 +228,11 @@ class Publisher:
         for _ in range(CONFLICT_RETRIES):
             existing, self._resource_version = await self.api.list_slices()
             try:
-                return await self._sync_once(existing)
+                wrote = await self._sync_once(existing)
+                if self.metrics is not None:
+                    self.metrics.observe_published(self.generation)
+                    self.metrics.observe_devices(self.devices.published())
+                return wrote
             except Conflict as exc:
                 self.conflicts += 1
                 log.info("a ResourceSlice changed while we updated it (%s); listing again", exc)

@@ -33,14 +33,28 @@ class Listing:
 
 
 def holdings_of(response: Any) -> tuple[holders.Holding, ...]:
-    """A ``ListPodResourcesResponse`` flattened to one entry per container and resource."""
-    return tuple(
+    """A ``ListPodResourcesResponse`` flattened to one entry per container and resource, then
+    one per container, DRA claim and driver (``dynamic_resources``, newer kubelets)."""
+    plugin = tuple(
         holders.Holding(pod.namespace, pod.name, container.name, devices.resource_name, ids)
         for pod in response.pod_resources
         for container in pod.containers
         for devices in container.devices
         for ids in [tuple(devices.device_ids)]
     )
+    claims: list[holders.Holding] = []
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for dynamic in container.dynamic_resources:
+                by_driver: dict[str, list[str]] = {}
+                for item in dynamic.claim_resources:
+                    by_driver.setdefault(item.driver_name, []).append(item.device_name)
+                claim = f"{dynamic.claim_namespace}/{dynamic.claim_name}"
+                claims.extend(
+                    holders.Holding(pod.namespace, pod.name, container.name, driver, (*ids,), claim)
+                    for driver, ids in by_driver.items()
+                )
+    return plugin + tuple(claims)
 
 
 def allocatable_of(response: Any) -> dict[str, tuple[str, ...]]:

@@ -40,8 +40,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=None,
         help="extended resource to show, repeatable (default: "
-        + ", ".join(holders.DEFAULT_RESOURCES)
-        + ")",
+        + ", ".join((*holders.DEFAULT_RESOURCES, holders.DRA_RESOURCE))
+        + "; DRA claims show under the driver's name)",
     )
     parser.add_argument("--json", action="store_true", help="stable JSON (schemaVersion 1)")
     parser.set_defaults(handler=run)
@@ -59,6 +59,7 @@ def _holder(holder: holders.Holder) -> dict[str, str]:
         "container": holder.container,
         "resource": holder.resource,
         "device": holder.device,
+        **({"claim": holder.claim} if holder.claim else {}),  # DRA: the claim, by namespace/name
     }
 
 
@@ -116,6 +117,9 @@ def _held_by(card: holders.CardView, known: bool) -> str:
     parts = []
     for holder in card.holders:
         who = f"{holder.namespace}/{holder.pod}/{holder.container}"
+        if holder.claim:  # DRA: the device and the claim it came through
+            parts.append(f"{who} ({holder.device}, claim {holder.claim})")
+            continue
         parts.append(who if holder.device == card.card.name else f"{who} ({holder.device})")
     return ", ".join(parts)
 
@@ -190,7 +194,7 @@ def _listing(socket: str) -> tuple[Any, str | None]:
 def run(args: argparse.Namespace) -> int:
     """Discover under --root, ask PodResources, print; exit 1 when PodResources is unavailable."""
     inventory = devices.discover(args.host_root)
-    resources = tuple(args.resource or holders.DEFAULT_RESOURCES)
+    resources = tuple(args.resource or (*holders.DEFAULT_RESOURCES, holders.DRA_RESOURCE))
     # The host's socket, as every other default path: under --host-root (links kept inside).
     socket = (
         common.host_file(args.host_root, DEFAULT_SOCKET)

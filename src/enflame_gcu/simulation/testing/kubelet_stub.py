@@ -155,6 +155,10 @@ class KubeletStub:
         self.plugins: dict[str, PluginConnection] = {}
         self._connections: list[PluginConnection] = []
         self.pods: dict[str, dict[str, ContainerAllocation]] = {}
+        # DRA claims by (namespace, pod) and container: PodResources dynamic_resources.
+        self.dra_claims: dict[
+            tuple[str, str], dict[str, list[tuple[tuple[str, str], list[tuple[str, str]]]]]
+        ] = {}
         self._pod_resource: dict[str, str] = {}
         self._server: Any = None
         self._changed = asyncio.Event()
@@ -395,6 +399,20 @@ class KubeletStub:
         self._pod_namespace.pop(name, None)
         self._notify()
 
+    def add_dra_claim(
+        self,
+        pod: str,
+        container: str,
+        claim: tuple[str, str],
+        devices: list[tuple[str, str]],
+        namespace: str = "default",
+    ) -> None:
+        """A pod's container uses a DRA claim (``(namespace, name)``) holding ``(driver,
+        device)`` pairs: what a newer kubelet lists in ``dynamic_resources``."""
+        self.dra_claims.setdefault((namespace, pod), {}).setdefault(container, []).append(
+            (claim, devices)
+        )
+
     def pod_resources(self) -> Any:
         """The PodResources ``List`` answer for the admitted pods."""
         answer = podresources_v1_pb2.ListPodResourcesResponse()
@@ -409,4 +427,16 @@ class KubeletStub:
                         resource_name=self._pod_resource[pod],
                         device_ids=list(allocation.device_ids),
                     )
+        for (namespace, pod), uses in self.dra_claims.items():
+            entry = answer.pod_resources.add(name=pod, namespace=namespace)
+            for container, claims in uses.items():
+                held = entry.containers.add(name=container)
+                for (claim_namespace, claim_name), devices in claims:
+                    dynamic = held.dynamic_resources.add(
+                        claim_name=claim_name, claim_namespace=claim_namespace
+                    )
+                    for driver, device in devices:
+                        dynamic.claim_resources.add(
+                            driver_name=driver, pool_name="node", device_name=device
+                        )
         return answer

@@ -9,7 +9,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from enflame_gcu.simulation import efmlsim, simulate, topofile
@@ -138,6 +138,7 @@ async def running_node(
     pod_resources: bool = False,
     allocatable_api: bool = True,
     efml: bool = False,
+    setup: Callable[[str], Sequence[str]] | None = None,
 ) -> AsyncIterator[RunningNode]:
     """Simulated node + stub kubelet + plugin process; everything is torn down on exit.
 
@@ -148,6 +149,8 @@ async def running_node(
     work, root, plugins = make_node(topology_name)
     if efml:
         efmlsim.install(root)
+    if setup is not None:  # e.g. install the simulated efsmi; its result: more arguments
+        args = [*args, *setup(root)]
     socket = os.path.join(work, "pr", "kubelet.sock") if pod_resources else None
     if socket is not None:
         args = [*args, "--pod-resources-socket", socket]

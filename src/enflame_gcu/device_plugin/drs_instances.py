@@ -1,0 +1,204 @@
+"""DRS instances of ``enflame.com/drs-gcu``: created at Allocate, destroyed when no container
+holds their slices any more, orphans destroyed at start (gcushare's resource, our lifecycle).
+
+The kubelet gives a container N slice IDs of one card (``gcuN-sliceK``); Allocate creates an
+instance of the card's profile with N compute slices through :mod:`enflame_gcu.efsmi` and
+records ``{uuid: card, ids}`` in ``<plugin dir>/enflame-drs-instances.json`` (atomic, durable)
+before it answers. The device plugin API never says when a container is gone, so the
+PodResources API is read every few seconds: an instance whose IDs no container holds, and
+that is older than :data:`GRACE` (the kubelet records an allocation only after Allocate
+returns), is destroyed. The same IDs allocated again (a kubelet retry) get the same instance;
+IDs of a recorded instance given to a new container mean the old holder is gone: its instance
+is destroyed first. At start, instances on the DRS cards that the record does not know are
+destroyed (gcushare refuses to start instead).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from enflame_gcu import drs, efsmi, fileio
+from enflame_gcu.errors import AllocationError, ConfigError, EfsmiError
+
+log = logging.getLogger(__name__)
+RECORD_FILE = "enflame-drs-instances.json"
+GRACE = 30.0  # seconds an instance may wait for the kubelet to list its container
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One recorded instance: its card, efsmi index, id, UUID, the slice IDs, when made."""
+
+    card: str
+    index: int
+    instance_id: str
+    uuid: str
+    ids: tuple[str, ...]
+    created: float
+
+
+class DrsInstances:
+    """The record and the efsmi calls; thread-safe (Allocate may run beside the poller)."""
+
+    def __init__(self, plugin_dir: str, tool: efsmi.Efsmi, grace: float = GRACE) -> None:
+        self.path = os.path.join(plugin_dir, RECORD_FILE)
+        self.tool = tool
+        self.grace = grace
+        self.layouts: dict[str, drs.Layout] = {}
+        self._lock = threading.Lock()
+
+    # --- the record ------------------------------------------------------------------------
+
+    def load(self) -> list[Held]:
+        """The recorded instances; a damaged record is an error, never reset silently."""
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"the DRS record {self.path} cannot be read: {exc}") from exc
+        try:
+            return [
+                Held(
+                    str(e["card"]),
+                    int(e["index"]),
+                    str(e["id"]),
+                    str(e["uuid"]),
+                    tuple(str(i) for i in e["ids"]),
+                    float(e["created"]),
+                )
+                for e in data["instances"]
+            ]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"the DRS record {self.path} is damaged ({exc})") from exc
+
+    def _save(self, held: Sequence[Held]) -> None:
+        document = {
+            "version": 1,
+            "instances": [
+                {
+                    "card": h.card,
+                    "index": h.index,
+                    "id": h.instance_id,
+                    "uuid": h.uuid,
+                    "ids": list(h.ids),
+                    "created": h.created,
+                }
+                for h in held
+            ],
+        }
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fileio.atomic_write_text(self.path, json.dumps(document, indent=1) + "\n", mode=0o600)
+
+    # --- cards -----------------------------------------------------------------------------
+
+    def learn(self, cards: Iterable[tuple[str, str]]) -> dict[str, str]:
+        """Ask efsmi for the layout of each ``(card name, bus id)`` (turning DRS on where it
+        is off); returns ``{card: problem}`` for the cards that cannot be partitioned."""
+        problems: dict[str, str] = {}
+        wanted = list(cards)
+        if not wanted:
+            return problems
+        try:
+            listed = {card.bus_id: card for card in self.tool.cards()}
+        except EfsmiError as exc:
+            return {name: str(exc) for name, _ in wanted}
+        for name, bus_id in wanted:
+            found = listed.get(bus_id)
+            try:
+                if found is None:
+                    raise EfsmiError("not-found", f"efsmi does not list {bus_id}")
+                if not found.drs_on:
+                    self.tool.set_drs(found.index, True)
+                layout = drs.Layout.from_profiles(found.index, self.tool.profiles(found.index))
+            except EfsmiError as exc:
+                problems[name] = str(exc)
+                continue
+            self.layouts[name] = layout
+        return problems
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def acquire(self, card: str, ids: Sequence[str]) -> Held:
+        """The instance for a container's slice IDs on ``card``: recorded, or created now."""
+        wanted = tuple(sorted(ids))
+        with self._lock:
+            held = self.load()
+            for entry in held:
+                if entry.ids == wanted:
+                    return entry  # the kubelet asking again for the same container
+            layout = self.layouts.get(card)
+            if layout is None:
+                raise AllocationError(f"{card} is not partitioned with DRS on this node")
+            profile = next((p for p in layout.profiles if p.slices == len(wanted)), None)
+            if profile is None:
+                offered = ", ".join(f"{p.name} ({p.slices})" for p in layout.profiles)
+                raise AllocationError(
+                    f"{card} has no DRS profile of {len(wanted)} slice(s); it offers {offered}"
+                )
+            stale = [e for e in held if set(e.ids) & set(wanted)]
+            for entry in stale:  # their slices were given to a new container: the old is gone
+                self._destroy(entry)
+            held = [e for e in held if e not in stale]
+            self._save(held)
+            made = self.tool.create_instance(layout.index, profile.profile_id)
+            entry = Held(card, layout.index, made.instance_id, made.uuid, wanted, time.time())
+            self._save([*held, entry])
+            log.info("created DRS instance %s (%s on %s)", made.uuid, profile.name, card)
+            return entry
+
+    def _destroy(self, entry: Held) -> None:
+        self.tool.destroy_instance(entry.index, entry.instance_id, entry.uuid)
+        log.info("destroyed DRS instance %s on %s", entry.uuid, entry.card)
+
+    def release_unheld(self, held_ids: set[str], now: float | None = None) -> list[str]:
+        """Destroy instances none of whose IDs a container holds (past the grace period)."""
+        now = time.time() if now is None else now
+        released = []
+        with self._lock:
+            kept = []
+            for entry in self.load():
+                if set(entry.ids) & held_ids or now - entry.created < self.grace:
+                    kept.append(entry)
+                    continue
+                try:
+                    self._destroy(entry)
+                except EfsmiError as exc:
+                    log.warning("cannot destroy DRS instance %s yet: %s", entry.uuid, exc)
+                    kept.append(entry)
+                    continue
+                released.append(entry.uuid)
+            if released:
+                self._save(kept)
+        return released
+
+    def reconcile(self) -> list[str]:
+        """At start: destroy instances on our DRS cards that the record does not know, and
+        forget recorded ones that no longer exist. Returns what was done."""
+        actions = []
+        by_index: Mapping[int, str] = {lay.index: name for name, lay in self.layouts.items()}
+        with self._lock:
+            held = self.load()
+            known = {(e.index, e.instance_id, e.uuid) for e in held}
+            existing = self.tool.instances()
+            for instance in existing:
+                card = by_index.get(instance.index)
+                if card is None or (instance.index, instance.instance_id, instance.uuid) in known:
+                    continue
+                self.tool.destroy_instance(instance.index, instance.instance_id, instance.uuid)
+                actions.append(f"destroyed orphan DRS instance {instance.uuid} on {card}")
+            alive = {(i.index, i.instance_id, i.uuid) for i in existing}
+            kept = [e for e in held if (e.index, e.instance_id, e.uuid) in alive]
+            if len(kept) != len(held):
+                actions.append(f"forgot {len(held) - len(kept)} recorded instance(s) now gone")
+                self._save(kept)
+        for action in actions:
+            log.info("%s", action)
+        return actions

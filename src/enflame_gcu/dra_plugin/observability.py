@@ -1,0 +1,218 @@
+"""What operators see of the DRA driver: Prometheus metrics and the ``/healthz``, ``/readyz``
+probes, served on ``--http-address`` from a daemon thread (a scrape never waits for the loop).
+
+=========================================  =========  ========================================
+metric                                     type       labels
+=========================================  =========  ========================================
+enflame_dra_claims_prepared                gauge      (claims on record as prepared)
+enflame_dra_prepare_seconds                histogram  (one NodePrepareResources claim)
+enflame_dra_unprepare_seconds              histogram  (one NodeUnprepareResources claim)
+enflame_dra_errors_total                   counter    operation, reason
+enflame_dra_devices_published              gauge      type (gcu, vgcu, drs), state
+enflame_dra_drs_instances                  gauge      card (instances on record)
+enflame_dra_slices_published_generation    gauge      (the pool generation last written)
+=========================================  =========  ========================================
+
+``/healthz`` is 200 while the event loop answers (a heartbeat younger than
+:data:`STALL_SECONDS`); ``/readyz`` is 200 once the kubelet registered the driver and, when
+publishing, the slices are published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+from wsgiref import simple_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+from enflame_gcu import resourceslices
+from enflame_gcu.errors import ClaimError, ConfigError, EfsmiError, InvalidRequestError
+
+log = logging.getLogger(__name__)
+STALL_SECONDS = 30.0
+HEARTBEAT = 2.0
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def reason_of(exc: BaseException) -> str:
+    """A short, bounded label for why a call failed."""
+    if isinstance(exc, EfsmiError):
+        return f"efsmi-{exc.reason}"
+    if isinstance(exc, ClaimError):
+        return "claim"
+    if isinstance(exc, InvalidRequestError):
+        return "device"
+    if isinstance(exc, ConfigError):
+        return "checkpoint"
+    if isinstance(exc, OSError):
+        return "io"
+    return "other"
+
+
+class DriverMetrics:
+    """The driver's metrics in a registry of their own, and the state the probes read."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.claims = Gauge(
+            "enflame_dra_claims_prepared", "Claims prepared on this node", registry=self.registry
+        )
+        self.prepare_seconds = Histogram(
+            "enflame_dra_prepare_seconds",
+            "Time to prepare one claim",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.unprepare_seconds = Histogram(
+            "enflame_dra_unprepare_seconds",
+            "Time to unprepare one claim",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "enflame_dra_errors",
+            "Failed prepares and unprepares, by reason",
+            ["operation", "reason"],
+            registry=self.registry,
+        )
+        self.devices = Gauge(
+            "enflame_dra_devices_published",
+            "Devices in this node's ResourceSlices",
+            ["type", "state"],
+            registry=self.registry,
+        )
+        self.instances = Gauge(
+            "enflame_dra_drs_instances",
+            "DRS instances held by prepared claims",
+            ["card"],
+            registry=self.registry,
+        )
+        self.generation = Gauge(
+            "enflame_dra_slices_published_generation",
+            "Pool generation of the ResourceSlices last written or found current",
+            registry=self.registry,
+        )
+        self.registered: Callable[[], bool] = lambda: False
+        self.published = False
+        self.publishing = True
+        self._beat = time.monotonic()
+
+    def observe_call(self, operation: str, seconds: float, error: BaseException | None) -> None:
+        """One claim prepared or unprepared (``error`` when it failed)."""
+        histogram = self.prepare_seconds if operation == "prepare" else self.unprepare_seconds
+        histogram.observe(seconds)
+        if error is not None:
+            self.errors.labels(operation, reason_of(error)).inc()
+
+    def observe_failure(self, operation: str, reason: str) -> None:
+        """A failure that has no exception object (an error text from the driver)."""
+        self.errors.labels(operation, reason).inc()
+
+    def observe_claims(self, held: Mapping[str, int], claims: int) -> None:
+        """Claims on record and the DRS instances they hold, by card."""
+        self.claims.set(claims)
+        self.instances.clear()
+        for card, count in held.items():
+            self.instances.labels(card).set(count)
+
+    def observe_devices(self, published: Iterable[Mapping[str, Any]]) -> None:
+        """The devices of the slices, by type and state (tainted = unhealthy)."""
+        counts: dict[tuple[str, str], int] = {}
+        for device in published:
+            kind = str(((device.get("attributes") or {}).get("type") or {}).get("string", ""))
+            tainted = any(
+                t.get("key") == resourceslices.UNHEALTHY_TAINT for t in device.get("taints") or []
+            )
+            key = (kind, "unhealthy" if tainted else "healthy")
+            counts[key] = counts.get(key, 0) + 1
+        self.devices.clear()
+        for (kind, state), count in counts.items():
+            self.devices.labels(kind, state).set(count)
+
+    def observe_published(self, generation: int) -> None:
+        """The slices are current at ``generation``."""
+        self.published = True
+        self.generation.set(generation)
+
+    def live(self) -> tuple[bool, str]:
+        """The event loop beat recently."""
+        age = time.monotonic() - self._beat
+        if age > STALL_SECONDS:
+            return False, f"the event loop has not answered for {age:.0f}s"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        """Registered with the kubelet and (when publishing) slices published."""
+        if not self.registered():
+            return False, "not registered with the kubelet yet"
+        if self.publishing and not self.published:
+            return False, "ResourceSlices not published yet"
+        return True, "ok"
+
+    async def heartbeat(self) -> None:
+        """Beat until cancelled (what ``/healthz`` checks)."""
+        while True:
+            self._beat = time.monotonic()
+            await asyncio.sleep(HEARTBEAT)
+
+
+class _Server(socketserver.ThreadingMixIn, simple_server.WSGIServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Quiet(simple_server.WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes every few seconds would drown the driver's own log."""
+
+
+def app(exported: DriverMetrics) -> Callable[..., Iterable[bytes]]:
+    """WSGI: the probes by path, ``/metrics`` the exposition, anything else 404."""
+    scrape = make_wsgi_app(exported.registry)
+    probes = {"/healthz": exported.live, "/readyz": exported.ready}
+
+    def serve(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            result: Iterable[bytes] = scrape(environ, start_response)
+            return result
+        probe = probes.get(path)
+        if probe is None:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"not found: /metrics, /healthz, /readyz\n"]
+        ok, reason = probe()
+        start_response(
+            "200 OK" if ok else "503 Service Unavailable",
+            [("Content-Type", "text/plain; charset=utf-8")],
+        )
+        return [f"{reason}\n".encode()]
+
+    return serve
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``, ``:port`` = every address) as a pair; ValueError if not."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - ":port" means every address
+
+
+def start(exported: DriverMetrics, address: str) -> _Server:
+    """Serve in a daemon thread; the server (``server.server_address`` has the real port)."""
+    host, port = parse_address(address)
+    server_class = _Server6 if ":" in host else _Server
+    server: _Server = simple_server.make_server(host, port, app(exported), server_class, _Quiet)
+    threading.Thread(target=server.serve_forever, name="dra-http", daemon=True).start()
+    log.info("serving /metrics, /healthz and /readyz on %s", address)
+    return server
