@@ -12,7 +12,8 @@ EnflameError
 ├── EngineConfigError       a container engine config cannot be read, edited or written
 ├── InstallError            installing or uninstalling the toolkit on a host failed
 ├── PathOutsideRootError    a path under a host root would lead out of it (symlink or ..)
-└── KubeletApiError         a kubelet API (PodResources) cannot be reached or is not offered
+├── KubeletApiError         a kubelet API (PodResources) cannot be reached or is not offered
+└── NodeStateError          a node-state annotation is malformed or of an unknown version
 """
 
 from __future__ import annotations
@@ -68,3 +69,7 @@ class PathOutsideRootError(EnflameError):
 
 class KubeletApiError(EnflameError):
     """A kubelet API (PodResources) cannot be reached, is not offered, or answered an error."""
+
+
+class NodeStateError(EnflameError):
+    """A node-state annotation (``enflame.com/gcu-node-state``) is malformed or unknown."""
