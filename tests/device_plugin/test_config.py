@@ -44,6 +44,9 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path) -> None:
         "DP_POD_RESOURCES_SOCKET": "/pr/kubelet.sock",
         "DP_POD_RESOURCES_INTERVAL": "0",
         "DP_FEATURE_FILE": "/nfd/enflame-gcu",
+        "DP_NODE_STATE": "false",
+        "NODE_NAME": "node-1",
+        "DP_KUBECONFIG": "/kc",
     }
     assert {o.env for o in config.OPTIONS} == set(env)
     got = main.load_config([], env)
@@ -70,6 +73,8 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path) -> None:
         pod_resources_socket="/pr/kubelet.sock",
         pod_resources_interval=0.0,
         feature_file="/nfd/enflame-gcu",
+        node_name="node-1",
+        kubeconfig="/kc",
     )
 
 

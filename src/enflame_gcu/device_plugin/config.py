@@ -59,6 +59,10 @@ class PluginConfig:
     pod_resources_socket: str = POD_RESOURCES_SOCKET
     pod_resources_interval: float = 5.0
     feature_file: str | None = None
+    # The node-state annotation for the scheduler extender (node_annotation); needs node_name.
+    node_state: bool = False
+    node_name: str = ""
+    kubeconfig: str = ""
     sharing: sharing.SharingSettings = field(default_factory=sharing.SharingSettings)
     # Cards to share as slices (``gcuN`` or PCI bus ids); None = every card.
     shared_cards: tuple[str, ...] | None = None
@@ -194,6 +198,13 @@ def _poll(text: str) -> float:
     return value
 
 
+def _node_name(text: str) -> str:
+    value = text.strip()
+    if len(value) > 253 or not all(c.isalnum() or c in "-." for c in value):
+        raise ValueError(f"{text!r} is not a node name")
+    return value
+
+
 def _path(text: str) -> str:
     if not text.startswith("/"):
         raise ValueError(f"{text!r} is not an absolute path")
@@ -324,6 +335,26 @@ OPTIONS: tuple[Option, ...] = (
         _path,
         "NFD feature file kept current with the node's enflame.com/gcu.* labels; unset = none",
     ),
+    Option(
+        "node_state",
+        "DP_NODE_STATE",
+        _bool,
+        "keep this node's enflame.com/gcu-node-state annotation current for the scheduler "
+        "extender (needs --node-name and a PodResources interval above 0)",
+        flag=True,
+    ),
+    Option(
+        "node_name",
+        "NODE_NAME",
+        _node_name,
+        "this node's name (the downward API's spec.nodeName), for --node-state",
+    ),
+    Option(
+        "kubeconfig",
+        "DP_KUBECONFIG",
+        _path,
+        "kubeconfig for --node-state; unset = the pod's service account",
+    ),
 )
 
 
@@ -350,6 +381,10 @@ def resolve(layers: Sequence[Mapping[str, Any]]) -> PluginConfig:
                 break
     if values.get("node_mode"):
         _apply_node_mode(values)
+    if values.get("node_state") and not values.get("node_name"):
+        raise ConfigError("invalid node-state: it needs node-name (env NODE_NAME, downward API)")
+    if values.get("node_state") and values.get("pod_resources_interval") == 0:
+        raise ConfigError("invalid node-state: it needs pod-resources-interval above 0")
     return PluginConfig(**values)
 
 
