@@ -59,13 +59,19 @@ def _topology(places: tuple[topology.Placement, ...]) -> topology.Topology:
     return topology.Topology.from_placements(places)
 
 
-def whole_cards(state: node_state.NodeState, pending: Sequence[int], size: int) -> Fit:
+def whole_cards(state: node_state.NodeState, pending: tuple[int, ...], size: int) -> Fit:
     """Score ``size`` whole cards on a node after ``pending`` bound pods take theirs."""
-    return _whole(state.placements, state.free, tuple(pending), size)
+    if state.shape < 0:  # more layouts than the intern table holds: no cache
+        return _score(state.placements, state.free, pending, size)
+    return _whole(state.shape, state.free, pending, size)
 
 
 @functools.lru_cache(maxsize=65536)
-def _whole(
+def _whole(shape: int, free: frozenset[str], pending: tuple[int, ...], size: int) -> Fit:
+    return _score(node_state.shape(shape), free, pending, size)
+
+
+def _score(
     places: tuple[topology.Placement, ...],
     free: frozenset[str],
     pending: tuple[int, ...],

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from enflame_gcu import devices, holders, topology
@@ -43,6 +44,30 @@ MAX_CARDS = 256
 MAX_PODS = 4096
 MAX_KEY = 253
 _CARD = re.compile(r"^gcu(\d{1,6})$")
+# Equal card layouts share one small number, so a reader's caches hash an int, not 8 places.
+MAX_SHAPES = 4096
+_shapes: dict[tuple[topology.Placement, ...], int] = {}
+_shape_list: list[tuple[topology.Placement, ...]] = []
+_shape_lock = threading.Lock()
+
+
+def shape_id(places: tuple[topology.Placement, ...]) -> int:
+    """A small number naming a card layout (-1 once ``MAX_SHAPES`` layouts are known)."""
+    found = _shapes.get(places)
+    if found is not None:
+        return found
+    with _shape_lock:
+        if places not in _shapes:
+            if len(_shape_list) >= MAX_SHAPES:
+                return -1
+            _shapes[places] = len(_shape_list)
+            _shape_list.append(places)
+        return _shapes[places]
+
+
+def shape(number: int) -> tuple[topology.Placement, ...]:
+    """The card layout :func:`shape_id` named ``number``."""
+    return _shape_list[number]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,16 +104,17 @@ class NodeState:
     cards: tuple[CardState, ...] = ()
     shared: tuple[SharedCard, ...] = ()
     pods: frozenset[str] = frozenset()
+    # Derived once (a reader scores every node on every scheduling call): the names of the
+    # free whole cards, and every whole card's place in minor order (hashable: a cache key).
+    free: frozenset[str] = field(init=False, compare=False, repr=False)
+    placements: tuple[topology.Placement, ...] = field(init=False, compare=False, repr=False)
+    shape: int = field(init=False, compare=False, repr=False)
 
-    @property
-    def free(self) -> frozenset[str]:
-        """Names of the free whole cards."""
-        return frozenset(card.name for card in self.cards if card.free)
-
-    @property
-    def placements(self) -> tuple[topology.Placement, ...]:
-        """Every whole card's place, in minor order (hashable: a cache key)."""
-        return tuple(card.placement for card in self.cards)
+    def __post_init__(self) -> None:
+        places = tuple(c.placement for c in self.cards)
+        object.__setattr__(self, "free", frozenset(c.name for c in self.cards if c.free))
+        object.__setattr__(self, "shape", shape_id(places))
+        object.__setattr__(self, "placements", shape(self.shape) if self.shape >= 0 else places)
 
     def to_json(self) -> str:
         """The annotation's text."""

@@ -183,9 +183,11 @@ class ClusterCache:
                 problem = state or "no node state known (no annotation, or node not seen yet)"
                 result[name] = NodeView(None, problem, (), ())
                 continue
+            if name not in pending:
+                result[name] = NodeView(state, "", (), ())
+                continue
             waiting = sorted(
-                (p for p in pending.get(name, []) if p.key not in state.pods),
-                key=lambda p: p.since,
+                (p for p in pending[name] if p.key not in state.pods), key=lambda p: p.since
             )
             result[name] = NodeView(
                 state,

@@ -12,6 +12,7 @@ a 500 would only make the scheduler log an error per pod.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import socket
@@ -171,6 +172,10 @@ class ExtenderServer(http_server.HTTPServer):
             self.shutdown_request(request)
             return
         request.settimeout(self.idle_timeout)
+        # Headers and body go out in two writes: without this, Nagle's algorithm holds the
+        # body until the client's delayed ACK (40 ms on Linux) on every kept-alive call.
+        with contextlib.suppress(OSError):
+            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._pool.submit(self._work, request, client_address)
 
     def _work(self, request: Any, client_address: Any) -> None:
