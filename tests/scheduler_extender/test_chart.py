@@ -25,7 +25,7 @@ def kind(docs: list[dict[str, Any]], wanted: str) -> dict[str, Any]:
 
 def container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
     (found,) = [c for c in pod_spec["containers"] if c["name"] == name]
-    return found
+    return dict(found)
 
 
 def test_off_by_default_and_the_plugin_keeps_no_credentials(tmp_path: Any) -> None:
