@@ -417,6 +417,9 @@ async def add_nodes(client: Any, count: int) -> list[str]:
             }
         }
         await client.patch(NodeStatus, name, status, patch_type=_merge())
+        # The API server's TaintNodesByCondition admission taints a new Node not-ready; with no
+        # kubelet and no controller manager nothing would lift it.
+        await client.patch(Node, name, {"spec": {"taints": []}}, patch_type=_merge())
 
     for start in range(0, count, 20):
         await asyncio.gather(*(one(name) for name in names[start : start + 20]))
@@ -525,19 +528,24 @@ def start_scheduler(plane: Any) -> None:
 def wait_ready(port: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
         with contextlib.suppress(OSError):
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             connection.request("GET", "/readyz")
             if connection.getresponse().status == 200:
+                connection.close()
                 return
+        connection.close()
         time.sleep(0.2)
     raise RuntimeError(f"the extender on port {port} did not become ready")
 
 
 def stats(port: int) -> dict[str, Any]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    connection.request("GET", "/stats")
-    return dict(json.loads(connection.getresponse().read()))
+    try:
+        connection.request("GET", "/stats")
+        return dict(json.loads(connection.getresponse().read()))
+    finally:
+        connection.close()
 
 
 def serve_states(nodes: int, directory: str, port: int) -> None:

@@ -6,6 +6,7 @@ import dataclasses
 import http.client
 import json
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -284,4 +285,19 @@ def test_keep_alive_probes_and_stats(extender: Extender, fresh: node_state.NodeS
     assert stats["cache"]["nodes_with_state"] == 1
     connection.request("POST", "/bind", b"{}")
     assert connection.getresponse().status == 404
+    connection.close()
+
+
+def test_closing_ends_kept_alive_connections_at_once(fresh: node_state.NodeState) -> None:
+    cache = extender_cache.ClusterCache()
+    http_server = server.ExtenderServer(("127.0.0.1", 0), decisions.Decisions(cache), workers=2)
+    http_server.start()
+    connection = http.client.HTTPConnection("127.0.0.1", http_server.port, timeout=10)
+    connection.request("GET", "/healthz")
+    assert connection.getresponse().read() == b"ok\n"  # the connection stays open, idle
+    started = time.monotonic()
+    http_server.shutdown()
+    http_server.server_close()
+    assert time.monotonic() - started < 5  # not the 30 s idle timeout
+    assert connection.sock is not None and connection.sock.recv(1) == b""
     connection.close()

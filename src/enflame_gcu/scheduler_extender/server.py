@@ -155,6 +155,8 @@ class ExtenderServer(http_server.HTTPServer):
         self._ready = ready
         self._pool = futures.ThreadPoolExecutor(workers, thread_name_prefix="extender")
         self._slots = threading.BoundedSemaphore(workers * 4)
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
         super().__init__(address, _Handler)
 
     def ready(self) -> tuple[bool, str]:
@@ -176,6 +178,8 @@ class ExtenderServer(http_server.HTTPServer):
         # body until the client's delayed ACK (40 ms on Linux) on every kept-alive call.
         with contextlib.suppress(OSError):
             request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._open_lock:
+            self._open.add(request)
         self._pool.submit(self._work, request, client_address)
 
     def _work(self, request: Any, client_address: Any) -> None:
@@ -186,13 +190,20 @@ class ExtenderServer(http_server.HTTPServer):
         except Exception:
             log.exception("connection from %s failed", client_address)
         finally:
+            with self._open_lock:
+                self._open.discard(request)
             self.shutdown_request(request)
             self._slots.release()
 
     def server_close(self) -> None:
-        """Stop listening and let the workers finish."""
+        """Stop listening and end every connection: a worker waiting on a kept-alive one would
+        otherwise hold the process for the idle timeout after SIGTERM."""
         super().server_close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._open_lock:
+            for request in self._open:
+                with contextlib.suppress(OSError):
+                    request.shutdown(socket.SHUT_RDWR)
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def start(self) -> threading.Thread:
         """Serve in a daemon thread; the thread."""
