@@ -20,7 +20,7 @@ own filter/prioritize latency. A separate section times prioritize for 200 nodes
 HTTP with no cluster at all.
 
     .venv/bin/python benchmarks/bench_cluster.py [--nodes 200] [--loads 0.6,0.8,0.9]
-        [--lifetime 40] [--duration 60] [--seed 25] [--modes without,with]
+        [--lifetime 90] [--duration 75] [--seed 25] [--modes without,with]
 """
 
 from __future__ import annotations
@@ -627,8 +627,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--loads", default="0.6,0.8,0.9")
-    parser.add_argument("--lifetime", type=float, default=40.0)
-    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--lifetime", type=float, default=90.0)
+    parser.add_argument("--duration", type=float, default=75.0)
     parser.add_argument("--seed", type=int, default=25)
     parser.add_argument("--modes", default="without,with")
     parser.add_argument("--http-calls", type=int, default=2000)
