@@ -94,9 +94,11 @@ def cluster() -> Iterator[cluster_module.Cluster]:
         ledger.save()
         plane = ControlPlane(cluster_dir, os.path.join(work, "cp"), on_start=ledger.started)
         plane.start()
-        for name, topology, subnet, node_ip in NODES:
+        ready_plane = plane
+
+        def add_node(name: str, topology: str, subnet: str, node_ip: str) -> ClusterNode:
             node = ClusterNode(
-                plane,
+                ready_plane,
                 ledger,
                 binaries,
                 os.path.join(work, name),
@@ -109,7 +111,11 @@ def cluster() -> Iterator[cluster_module.Cluster]:
             os.makedirs(node.work)
             nodes.append(node)
             node.up(archives)
-        yield cluster_module.Cluster(plane, nodes, work)
+            return node
+
+        for name, topology, subnet, node_ip in NODES:
+            add_node(name, topology, subnet, node_ip)
+        yield cluster_module.Cluster(plane, nodes, work, add_node)
     finally:
         for node in reversed(nodes):
             node.stop()
