@@ -26,9 +26,10 @@ from tests.cluster.nodes import Binaries, ClusterNode
 from tests.kubelet import host
 
 HOW = "run `make e2e-cluster` (scripts/e2e-cluster.sh builds everything and sets the variables)"
+# name, simulated board, pod subnet, node IP (on lo of the tier's private network namespace)
 NODES = (
-    ("gcu-node-1", "vendor-8card", "10.88.1.0/24"),
-    ("gcu-node-2", "flat-4card", "10.88.2.0/24"),
+    ("gcu-node-1", "vendor-8card", "10.88.1.0/24", "10.99.0.1"),
+    ("gcu-node-2", "flat-4card", "10.88.2.0/24", "10.99.0.2"),
 )
 
 
@@ -93,21 +94,28 @@ def cluster() -> Iterator[cluster_module.Cluster]:
         ledger.save()
         plane = ControlPlane(cluster_dir, os.path.join(work, "cp"), on_start=ledger.started)
         plane.start()
-        for name, topology, subnet in NODES:
+        ready_plane = plane
+
+        def add_node(name: str, topology: str, subnet: str, node_ip: str) -> ClusterNode:
             node = ClusterNode(
-                plane,
+                ready_plane,
                 ledger,
                 binaries,
                 os.path.join(work, name),
                 name,
                 topology=topology,
                 subnet=subnet,
+                node_ip=node_ip,
                 cgroup_root=f"/{ledger.cgroup_name}/{name}",
             )
             os.makedirs(node.work)
             nodes.append(node)
             node.up(archives)
-        yield cluster_module.Cluster(plane, nodes, work)
+            return node
+
+        for name, topology, subnet, node_ip in NODES:
+            add_node(name, topology, subnet, node_ip)
+        yield cluster_module.Cluster(plane, nodes, work, add_node)
     finally:
         for node in reversed(nodes):
             node.stop()

@@ -284,6 +284,8 @@ class ControlPlane:
                     f"--root-ca-file={certs.ca}",
                     f"--service-cluster-ip-range={SERVICE_CIDR}",
                     "--use-service-account-credentials=false",
+                    # Its default, /usr/libexec/kubernetes/..., would be created on the host.
+                    f"--flex-volume-plugin-dir={os.path.join(self.work, 'flexvolume')}",
                     "--leader-elect=false",
                     # Loopback nodes with no cloud: do not wait long before acting on a
                     # NotReady node, and do not evict during a short test.

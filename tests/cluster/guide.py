@@ -55,6 +55,12 @@ RUN = {
         "test_device_plugin.py::test_scenario_4_example_pod_runs_and_logs_show_its_card",
     "kubectl -n enflame logs pod-gcu-example":
         "test_device_plugin.py::test_scenario_4_example_pod_runs_and_logs_show_its_card",
+    "kubectl apply -f deploy/yaml/enflame-vdevice-plugin.yaml":
+        "test_vgcu.py::test_scenario_8_vgcu_example_runs_on_the_vgcu_node",
+    "kubectl apply -f deploy/yaml/examples/pod-vgcu-example.yaml":
+        "test_vgcu.py::test_scenario_8_vgcu_example_runs_on_the_vgcu_node",
+    "kubectl -n enflame logs pod-vgcu-example":
+        "test_vgcu.py::test_scenario_8_vgcu_example_runs_on_the_vgcu_node",
 }  # fmt: skip
 
 # Each line the tier does not run -> why.
@@ -70,13 +76,7 @@ NOT_RUN = {
         "tier runs the same exec with the card its log names",
     "kubectl apply -f deploy/yaml/enflame-device-plugin-compat-with-cpumanager.yaml":
         "needs kubelets with cpuManagerPolicy static; the kubelet tier covers it",
-    "kubectl apply -f deploy/yaml/enflame-vdevice-plugin.yaml":
-        "scenario 8 (vGCU) is not written yet",
-    "kubectl apply -f deploy/yaml/examples/pod-vgcu-example.yaml":
-        "scenario 8 (vGCU) is not written yet",
-    "kubectl -n enflame logs pod-vgcu-example":
-        "scenario 8 (vGCU) is not written yet",
-    "kubectl apply -f deploy/yaml/examples/pod-shared-gcu-example.yaml":
+                "kubectl apply -f deploy/yaml/examples/pod-shared-gcu-example.yaml":
         "scenario 8 (shared GCUs) is not written yet",
     "kubectl -n enflame logs pod-shared-gcu-example":
         "scenario 8 (shared GCUs) is not written yet",

@@ -6,9 +6,11 @@ kubelet enter it (``nsenter --mount``), so the shims, runc and every container o
 the same private view:
 
 - ``/var/lib/kubelet`` (the kubelet's fixed device-plugin dir and its default root, which the
-  DaemonSets' hostPaths name), ``/var/log/pods``, ``/var/log/containers``, ``/run/containerd``,
-  ``/var/lib/cni``, ``/etc/enflame-gcu``, ``/etc/kubernetes`` and ``/etc/containerd``: the node's
-  own dirs, bound over empty mount points the ledger creates on the host and removes after;
+  DaemonSets' hostPaths name), ``/var/log/pods``, ``/var/log/containers``, ``/var/lib/cni``,
+  ``/etc/enflame-gcu``, ``/etc/kubernetes`` and ``/etc/containerd``: the node's own dirs, bound
+  over empty mount points the ledger creates on the host (when missing) and removes after;
+- ``/run``: a tmpfs of the node's own, holding ``/run/containerd`` (a private dir bound there,
+  so the socket is reachable from outside) and everything containerd keeps there;
 - ``/run/enflame-e2e-sim``: the node's simulated GCU tree (fake sysfs + /dev with real char
   devices); the tier's manifests point the plugin's ``/sys`` and ``/dev`` hostPaths here, the one
   change made to the guide's manifests (a real node has its cards at /sys and /dev);
@@ -39,18 +41,20 @@ from tests.kubelet import harness
 from tests.kubelet.host import Ledger
 
 SIM_MOUNT = "/run/enflame-e2e-sim"
+NODE_SOCKET = "/run/containerd/containerd.sock"
 # Host paths each node sees privately (bound over mount points the ledger creates if missing).
 PRIVATE_PATHS = (
     "/var/lib/kubelet",
     "/var/log/pods",
     "/var/log/containers",
-    "/run/containerd",
     "/var/lib/cni",
     "/etc/enflame-gcu",
     "/etc/kubernetes",
     "/etc/containerd",
-    SIM_MOUNT,
 )
+# Made inside the node's own tmpfs at /run (the machine's /run is shared with other jobs, whose
+# containerd tests create and remove /run/containerd).
+RUN_PATHS = ("/run/containerd",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,7 @@ class ClusterNode:
         topology: str,
         subnet: str,
         cgroup_root: str,
+        node_ip: str,
     ) -> None:
         self.plane = plane
         self.ledger = ledger
@@ -112,12 +117,15 @@ class ClusterNode:
         self.topology = topology
         self.subnet = subnet
         self.cgroup_root = cgroup_root
+        self.node_ip = node_ip
         self.sim_root = os.path.join(work, "sim")
         self.holder: subprocess.Popen[bytes] | None = None
         self.containerd: subprocess.Popen[bytes] | None = None
         self.kubelet: subprocess.Popen[bytes] | None = None
         self.ctd_dir = os.path.join(work, "ctd")
-        self.socket = os.path.join(self.ctd_dir, "c.sock")
+        # containerd listens where a stock node's does (its own /run/containerd), so the
+        # toolkit finds it as on any node; from outside the node it is the private dir's.
+        self.socket = os.path.join(self.private("/run/containerd"), "containerd.sock")
         self.kubelet_port = free_port()
         self.healthz_port = free_port()
 
@@ -126,6 +134,20 @@ class ClusterNode:
     def private(self, path: str) -> str:
         """Where this node's private copy of host ``path`` lives."""
         return os.path.join(self.work, "private", path.strip("/").replace("/", "_"))
+
+    @property
+    def daemon_cgroup(self) -> str:
+        """The cgroup containerd and the kubelet run in (their shims inherit it, so the ledger
+        finds every one of them by cgroup, whatever socket they name)."""
+        return f"{self.cgroup_root}-daemons"
+
+    def _join_daemon_cgroup(self) -> None:
+        from tests.kubelet import host
+
+        for hierarchy in host.cgroup_hierarchies():
+            procs = os.path.join(hierarchy, self.daemon_cgroup.strip("/"), "cgroup.procs")
+            with contextlib.suppress(OSError), open(procs, "w", encoding="utf-8") as handle:
+                handle.write(str(os.getpid()))
 
     def _nsenter(self) -> list[str]:
         if self.holder is None:
@@ -149,14 +171,24 @@ class ClusterNode:
         return sorted(os.listdir(os.path.join(self.sim_root, "dev")))
 
     def enter(self) -> None:
-        """Create the mount points (ledger first), start the holder, bind the private dirs."""
+        """Create the mount points (ledger first), start the holder, bind the private dirs;
+        give the tier's network namespace this node's address (on ``lo``: the kubelet 1.20
+        refuses a 127.0.0.0/8 node IP, and the API server reaches kubelets by InternalIP)."""
+        shown = subprocess.run(["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True,
+                               text=True, check=True).stdout  # fmt: skip
+        if f" {self.node_ip}/" not in shown:
+            subprocess.run(["ip", "addr", "add", f"{self.node_ip}/32", "dev", "lo"], check=True)
         lines = ["set -e"]
         for path in PRIVATE_PATHS:
             self.ledger.will_create_dir(path)
             os.makedirs(path, exist_ok=True)
             os.makedirs(self.private(path), exist_ok=True)
             lines.append(f"mount --bind '{self.private(path)}' '{path}'")
-        lines.append(f"mount --bind '{self.sim_root}' '{SIM_MOUNT}'")
+        lines.append("mount -t tmpfs -o mode=0755,size=64m enflame-node-run /run")
+        for path in RUN_PATHS:
+            os.makedirs(self.private(path), exist_ok=True)
+            lines.append(f"mkdir -p '{path}' && mount --bind '{self.private(path)}' '{path}'")
+        lines.append(f"mkdir -p '{SIM_MOUNT}' && mount --bind '{self.sim_root}' '{SIM_MOUNT}'")
         for name in self._device_files():
             path = f"/dev/{name}"
             if not os.path.lexists(path):
@@ -196,9 +228,12 @@ class ClusterNode:
 
     def _containerd_config(self) -> str:
         base = harness.containerd_base_config(self.ctd_dir, os.path.join(self.ctd_dir, "runc"))
-        return base.replace(
-            f'bin_dir = "{self.ctd_dir}/cni/bin"', f'bin_dir = "{self.binaries.cni_dir}"'
-        ).replace("# private containerd of the real-kubelet test tier", f"# {self.name}")
+        return (
+            base.replace(f'address = "{self.ctd_dir}/c.sock"', f'address = "{NODE_SOCKET}"')
+            .replace(f'address = "{self.ctd_dir}/c.sock.ttrpc"', f'address = "{NODE_SOCKET}.ttrpc"')
+            .replace(f'bin_dir = "{self.ctd_dir}/cni/bin"', f'bin_dir = "{self.binaries.cni_dir}"')
+            .replace("# private containerd of the real-kubelet test tier", f"# {self.name}")
+        )
 
     def start_containerd(self) -> None:
         """Write its config (under the node's private /etc/containerd) and CNI config; start."""
@@ -226,8 +261,7 @@ class ClusterNode:
         }
         with open(os.path.join(self.ctd_dir, "cni", "conf", "10-e2e.conflist"), "w") as handle:
             json.dump(cni, handle)
-        self.ledger.containerd_sockets.append(self.socket)
-        self.ledger.save()
+        make_cgroup(self.daemon_cgroup)
         command = [self.binaries.containerd, "--config", "/etc/containerd/config.toml"]
         with open(os.path.join(self.work, "containerd.log"), "ab") as log:
             self.containerd = subprocess.Popen(
@@ -236,6 +270,7 @@ class ClusterNode:
                 stderr=log,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=self._join_daemon_cgroup,  # noqa: PLW1509 (no threads started yet)
             )
         self.ledger.started(self.containerd.pid, command[0])
 
@@ -287,7 +322,7 @@ class ClusterNode:
         config: dict[str, Any] = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": "127.0.0.1",
+            "address": self.node_ip,
             "port": self.kubelet_port,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
@@ -310,18 +345,24 @@ class ClusterNode:
             "volumePluginDir": "/var/lib/kubelet/volume-plugins",
             **(extra or {}),
         }  # fmt: skip
-        path = os.path.join(self.work, "kubelet", "config.yaml")
-        with open(path, "w", encoding="utf-8") as handle:
+        # Where kubeadm puts them: the toolkit and doctor read the kubelet's config and flags there.
+        kubelet_dir = self.private("/var/lib/kubelet")
+        with open(os.path.join(kubelet_dir, "config.yaml"), "w", encoding="utf-8") as handle:
             json.dump(config, handle, indent=1)
+        runtime_flags = [
+            "--container-runtime=remote",
+            f"--container-runtime-endpoint=unix://{NODE_SOCKET}",
+        ]
+        with open(os.path.join(kubelet_dir, "kubeadm-flags.env"), "w", encoding="utf-8") as handle:
+            handle.write(f'KUBELET_KUBEADM_ARGS="{" ".join(runtime_flags)}"\n')
         command = [
             self.binaries.kubelet,
-            f"--config={path}",
+            "--config=/var/lib/kubelet/config.yaml",
             f"--kubeconfig={kubeconfig}",
             "--root-dir=/var/lib/kubelet",
-            "--container-runtime=remote",
-            f"--container-runtime-endpoint=unix://{self.socket}",
+            *runtime_flags,
             f"--hostname-override={self.name}",
-            "--node-ip=127.0.0.1",
+            f"--node-ip={self.node_ip}",
             "--v=2",
         ]
         with open(os.path.join(self.work, "kubelet.log"), "ab") as log:
@@ -331,6 +372,7 @@ class ClusterNode:
                 stderr=log,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=self._join_daemon_cgroup,  # noqa: PLW1509 (no threads started yet)
             )
         self.ledger.started(self.kubelet.pid, command[0])
 

@@ -5,6 +5,11 @@ The tests of this module build on each other in file order (one cluster per sess
 
 from __future__ import annotations
 
+import os
+import re
+import time
+from typing import Any
+
 import pytest
 
 from tests.cluster.cluster import PLUGIN_SELECTOR, RESOURCE, Cluster, cards_in, wait_for
@@ -51,6 +56,40 @@ def test_scenario_1_nodes_labelled_as_the_guide_says(cluster: Cluster) -> None:
         assert labels.get("enflame.com/gcu.present") == "true"
 
 
+def test_scenario_3_can_fail_a_wrong_host_path_leaves_the_nodes_without_cards(
+    cluster: Cluster,
+) -> None:
+    """The same manifest with the kubelet's plugin dir misspelt: the plugin finds no kubelet,
+    its pods never become Ready and no Node shows a card (what scenario 3 would then report)."""
+
+    def misspell(documents: list[dict[str, Any]]) -> None:
+        for document in documents:
+            for volume in document["spec"]["template"]["spec"]["volumes"]:
+                if volume["name"] == "device-plugin":
+                    volume["hostPath"]["path"] = "/var/lib/kubelet/device-plugin"
+                    volume["hostPath"]["type"] = "DirectoryOrCreate"
+
+    cluster.apply_manifest(PLUGIN, edit=misspell)
+    wait_for(
+        "both misconfigured plugin pods to run",
+        lambda: (
+            sum(
+                1
+                for p in cluster.pods("kube-system", PLUGIN_SELECTOR)
+                if p["status"].get("phase") == "Running"
+            )
+            == 2
+        ),
+        180,
+    )
+    time.sleep(20)  # four readiness periods
+    assert cluster.ready_pods("kube-system", PLUGIN_SELECTOR) == []
+    assert {node: cluster.gcus(node) for node in NODES} == {node: (0, 0) for node in NODES}
+    cluster.kubectl("delete", "-f", os.path.join(cluster.work, os.path.basename(PLUGIN)),
+                    "--wait=true")  # fmt: skip
+    wait_for("the plugin pods to go", lambda: not cluster.pods("kube-system", PLUGIN_SELECTOR), 120)
+
+
 def test_scenario_3_plugin_pods_ready_and_nodes_show_their_cards(cluster: Cluster) -> None:
     """The DaemonSet's pods become Ready through their real probes; each Node's capacity and
     allocatable show its cards; `kubectl describe node ... | grep enflame.com/gcu` shows them."""
@@ -78,7 +117,9 @@ def test_scenario_3_plugin_pods_ready_and_nodes_show_their_cards(cluster: Cluste
         wait_for(f"{node} to show {count} GCUs", shows, 60, detail=seen)
         described = cluster.shell(f"kubectl describe node {node} | grep enflame.com/gcu")
         # capacity and allocatable, each "enflame.com/gcu:  N"; then the allocated line.
-        assert described.count(f"{RESOURCE}:  {count}") >= 2, described
+        assert len(re.findall(rf"^\s*{re.escape(RESOURCE)}:\s+{count}$", described, re.M)) == 2, (
+            described
+        )
 
 
 def test_scenario_4_example_pod_runs_and_logs_show_its_card(
