@@ -310,7 +310,10 @@ class Run:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         await asyncio.sleep(3)
-        pending_end = sum(n not in self.bound for n in self.created)
+        waiting = [n for n in self.created if n not in self.bound]
+        pending_end = len(waiting)
+        most_free = max(len(s.free()) for s in self.standins.values())
+        pending_sizes = {str(size): sum(self.sizes[n] == size for n in waiting) for size in SIZES}
         sampler.cancel()
         watcher.cancel()
         for task in list(tasks):
@@ -321,6 +324,10 @@ class Run:
             "pods_created": len(self.created),
             "pods_bound": len(self.bound),
             "pending_at_end": pending_end,
+            # By size, and whether some node had that many free cards then (else the cards
+            # were too scattered: fragmentation, not the scheduler's queue).
+            "pending_at_end_by_size": pending_sizes,
+            "most_free_cards_on_a_node_at_end": most_free,
             "pending_mean": round(statistics.fmean(self.pending_samples), 1)
             if self.pending_samples
             else 0,

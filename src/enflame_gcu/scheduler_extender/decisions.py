@@ -86,8 +86,11 @@ class Decisions:
         scores = self.scores(args)
         if scores and args.pod.uid:
             best = max(scores.values())
-            if best > node_fit.NO_OPINION:
-                self.cache.guess(args.pod, next(n for n, s in scores.items() if s == best))
+            top = [name for name, score in scores.items() if score == best]
+            # Only a node ranked first alone is a safe guess: among tied nodes the scheduler's
+            # other plugins choose, and a wrong guess makes a node look fuller than it is.
+            if best > node_fit.NO_OPINION and len(top) == 1:
+                self.cache.guess(args.pod, top[0])
         return protocol.priority_list(scores)
 
     def scores(self, args: protocol.ExtenderArgs) -> dict[str, int]:
