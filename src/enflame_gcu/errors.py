@@ -13,7 +13,8 @@ EnflameError
 ├── InstallError            installing or uninstalling the toolkit on a host failed
 ├── PathOutsideRootError    a path under a host root would lead out of it (symlink or ..)
 ├── KubeletApiError         a kubelet API (PodResources) cannot be reached or is not offered
-└── EfsmiError              running Enflame's efsmi failed (reason: missing, timeout, ...)
+├── EfsmiError              running Enflame's efsmi failed (reason: missing, timeout, ...)
+└── NodeStateError          a node-state annotation is malformed or of an unknown version
 """
 
 from __future__ import annotations
@@ -95,3 +96,7 @@ class EfsmiError(EnflameError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class NodeStateError(EnflameError):
+    """A node-state annotation (``enflame.com/gcu-node-state``) is malformed or unknown."""

@@ -84,6 +84,13 @@ class Topology:
         self._place = {name: placement(card) for name, card in self._cards.items()}
 
     @classmethod
+    def from_placements(cls, places: Iterable[Placement]) -> Topology:
+        """Topology of cards known only by their group keys (a node-state annotation)."""
+        topo = cls(())
+        topo._place = {place.name: place for place in places}
+        return topo
+
+    @classmethod
     def from_inventory(cls, inventory: devices.Inventory) -> Topology:
         """Topology of every discovered card (usable or not: health changes, topology doesn't)."""
         return cls(inventory.cards)

@@ -52,6 +52,9 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path, spelling: str) -> N
         "DP_TELEMETRY_INTERVAL": "30",
         "DP_TELEMETRY_TIMEOUT": "2",
         "DP_EFML_LIBRARY": "/opt/efml/libefml.so",
+        "DP_NODE_STATE": "false",
+        "NODE_NAME": "node-1",
+        "DP_KUBECONFIG": "/kc",
     }
     assert {o.old_env for o in config.OPTIONS} == set(old_env)
     renamed = {o.old_env: o.env for o in config.OPTIONS}
@@ -94,6 +97,8 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path, spelling: str) -> N
         telemetry_interval=30.0,
         telemetry_timeout=2.0,
         efml_library="/opt/efml/libefml.so",
+        node_name="node-1",
+        kubeconfig="/kc",
     )
 
 

@@ -70,7 +70,7 @@ def test_the_wheel_leaves_out_test_helpers_and_demo_and_splits_extras(dist: str)
     assert base == ["PyYAML", "asyncinotify", "tomlkit"]  # only what runs on a node
     plugin = [r for r in requires if 'extra == "plugin"' in r]
     assert any(r.startswith("grpcio>=") for r in plugin)
-    assert sorted(metadata.get_all("Provides-Extra") or []) == ["dev", "dra", "plugin"]
+    assert sorted(metadata.get_all("Provides-Extra") or []) == ["dev", "dra", "extender", "plugin"]
 
 
 def test_the_sdist_has_everything(dist: str) -> None:

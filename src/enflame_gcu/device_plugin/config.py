@@ -72,6 +72,10 @@ class PluginConfig:
     telemetry_interval: float = 10.0
     telemetry_timeout: float = 5.0
     efml_library: str | None = None
+    # The node-state annotation for the scheduler extender (node_annotation); needs node_name.
+    node_state: bool = False
+    node_name: str = ""
+    kubeconfig: str = ""
     sharing: sharing.SharingSettings = field(default_factory=sharing.SharingSettings)
     # Cards to share as slices (``gcuN`` or PCI bus ids); None = every card.
     shared_cards: tuple[str, ...] | None = None
@@ -225,6 +229,13 @@ def _deadline(text: str) -> float:
         raise ValueError(f"{text!r} is not a number of seconds") from None
     if not 0.05 <= value <= 60:
         raise ValueError(f"{text} is outside 0.05..60 seconds")
+    return value
+
+
+def _node_name(text: str) -> str:
+    value = text.strip()
+    if len(value) > 253 or not all(c.isalnum() or c in "-." for c in value):
+        raise ValueError(f"{text!r} is not a node name")
     return value
 
 
@@ -403,6 +414,26 @@ OPTIONS: tuple[Option, ...] = (
         _path,
         "libefml to load before the usual names and directories (host root first); unset = search",
     ),
+    Option(
+        "node_state",
+        "DP_NODE_STATE",
+        _bool,
+        "keep this node's enflame.com/gcu-node-state annotation current for the scheduler "
+        "extender (needs --node-name and a PodResources interval above 0)",
+        flag=True,
+    ),
+    Option(
+        "node_name",
+        "NODE_NAME",
+        _node_name,
+        "this node's name (the downward API's spec.nodeName), for --node-state",
+    ),
+    Option(
+        "kubeconfig",
+        "DP_KUBECONFIG",
+        _path,
+        "kubeconfig for --node-state; unset = the pod's service account",
+    ),
 )
 
 
@@ -429,6 +460,10 @@ def resolve(layers: Sequence[Mapping[str, Any]]) -> PluginConfig:
                 break
     if values.get("node_mode"):
         _apply_node_mode(values)
+    if values.get("node_state") and not values.get("node_name"):
+        raise ConfigError("invalid node-state: it needs node-name (env NODE_NAME, downward API)")
+    if values.get("node_state") and values.get("pod_resources_interval") == 0:
+        raise ConfigError("invalid node-state: it needs pod-resources-interval above 0")
     return PluginConfig(**values)
 
 

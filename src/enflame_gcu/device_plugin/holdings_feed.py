@@ -1,4 +1,5 @@
-"""Reads the kubelet's PodResources API every few seconds and tells the metrics who holds what.
+"""Reads the kubelet's PodResources API every few seconds and tells the metrics (and the node
+annotation, with ``--node-state``) who holds what.
 
 A kubelet without the socket (or one that does not answer) is one WARNING, then DEBUG repeats,
 then one INFO when it works again; the plugin keeps serving throughout and the per-card metrics
@@ -11,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Sequence
 
+from enflame_gcu import holders
 from enflame_gcu.device_plugin import metrics
 from enflame_gcu.errors import KubeletApiError
 from enflame_gcu.kubelet_api import podresources
@@ -20,11 +23,20 @@ log = logging.getLogger(__name__)
 AFTER_ALLOCATE = 1.0  # the kubelet records an allocation after Allocate returns
 
 
-class HoldingsFeed:
-    """The PodResources poller feeding :class:`~.metrics.Metrics`."""
+Sink = Callable[[Sequence[holders.Holding] | None], None]
 
-    def __init__(self, exported: metrics.Metrics, socket_path: str, interval: float) -> None:
-        self.exported = exported
+
+class HoldingsFeed:
+    """The PodResources poller feeding :class:`~.metrics.Metrics` and further ``sinks``."""
+
+    def __init__(
+        self,
+        exported: metrics.Metrics | None,
+        socket_path: str,
+        interval: float,
+        sinks: Sequence[Sink] = (),
+    ) -> None:
+        self.sinks = ([exported.set_holdings] if exported is not None else []) + list(sinks)
         self.interval = interval
         self.client = podresources.Client(socket_path)
         self._soon = asyncio.Event()
@@ -44,12 +56,16 @@ class HoldingsFeed:
                 self._trouble = str(exc)
             else:
                 log.debug("still failing: %s", exc)
-            self.exported.set_holdings(None)
+            self._tell(None)
             return
         if self._trouble is not None:
             log.info("the kubelet's PodResources API answers again")
             self._trouble = None
-        self.exported.set_holdings(listing.holdings)
+        self._tell(listing.holdings)
+
+    def _tell(self, holdings: Sequence[holders.Holding] | None) -> None:
+        for sink in self.sinks:
+            sink(holdings)
 
     async def run(self) -> None:
         """Read now, then every ``interval`` seconds (sooner after an Allocate), until cancelled."""

@@ -34,6 +34,7 @@ from enflame_gcu.device_plugin import (
     http_server,
     kubelet,
     metrics,
+    node_annotation,
     resources,
     service,
 )
@@ -265,10 +266,15 @@ async def _until_signal(signals: kubelet.Signals, servers: Servers) -> str:
 
 
 class NodeWatchers:
-    """What follows the node as a whole: card metrics and the NFD feature file."""
+    """What follows the node as a whole: card metrics, the NFD feature file, the node state."""
 
-    def __init__(self, exported: metrics.Metrics | None) -> None:
+    def __init__(
+        self,
+        exported: metrics.Metrics | None,
+        annotator: node_annotation.NodeAnnotator | None = None,
+    ) -> None:
         self.exported = exported
+        self.annotator = annotator
         self.feature: feature_file.FeatureFile | None = None
 
     def configure(self, config: plugin_config.PluginConfig) -> None:
@@ -290,6 +296,8 @@ class NodeWatchers:
             self.feature.update(
                 node.inventory, report, slices=slices, node_mode=node.config.node_mode or None
             )
+        if self.annotator is not None:
+            self.annotator.set_node(node.inventory, report, node.assignment, node.config)
 
 
 async def _heartbeat(exported: metrics.Metrics) -> None:
@@ -318,15 +326,24 @@ def _telemetry(config: plugin_config.PluginConfig, exported: metrics.Metrics) ->
     return collector
 
 
-def _background(config: plugin_config.PluginConfig, exported: metrics.Metrics) -> list[Any]:
-    """The heartbeat behind /healthz and the PodResources reader behind the per-card labels."""
-    tasks = [asyncio.ensure_future(_heartbeat(exported))]
-    if config.pod_resources_interval > 0:
+def _background(
+    config: plugin_config.PluginConfig,
+    exported: metrics.Metrics | None,
+    annotator: node_annotation.NodeAnnotator | None,
+) -> list[Any]:
+    """The heartbeat behind /healthz, the PodResources reader behind the per-card labels and
+    the node state, and the node state's writer."""
+    tasks = [] if exported is None else [asyncio.ensure_future(_heartbeat(exported))]
+    sinks = [] if annotator is None else [annotator.set_holdings]
+    if config.pod_resources_interval > 0 and (exported is not None or sinks):
         feed = holdings_feed.HoldingsFeed(
-            exported, config.pod_resources_socket, config.pod_resources_interval
+            exported, config.pod_resources_socket, config.pod_resources_interval, sinks
         )
-        exported.after_allocate = feed.poke
+        if exported is not None:
+            exported.after_allocate = feed.poke
         tasks.append(asyncio.ensure_future(feed.run()))
+    if annotator is not None:
+        tasks.append(asyncio.ensure_future(annotator.run()))
     return tasks
 
 
@@ -374,9 +391,14 @@ async def run(
         except ConfigError as exc:
             log.error("%s", exc)  # the port in use: one line that says so, not a traceback
             return 1
-        background = _background(config, exported)
         collector = _telemetry(config, exported)
-    watchers = NodeWatchers(exported)
+    api = annotator = None
+    if config.node_state:
+        api = node_annotation.LightkubeNodeApi(config.kubeconfig)
+        annotator = node_annotation.NodeAnnotator(api, config.node_name)
+        log.info("keeping node %s's %s annotation current", config.node_name, "node-state")
+    background = _background(config, exported, annotator)
+    watchers = NodeWatchers(exported, annotator)
     servers = Servers(exported)
     frozen = False
     instances: drs_instances.DrsInstances | None = None
@@ -442,3 +464,5 @@ async def run(
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        if api is not None:
+            await api.close()

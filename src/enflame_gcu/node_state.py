@@ -1,0 +1,275 @@
+"""The node-state annotation: which cards of a node are free, where they sit, and free slices.
+
+Written by the device plugin on its own Node (only when it changes), read by the scheduler
+extender. One JSON object, compact, keys sorted so that equal states give equal text::
+
+    {"version": 1,
+     "cards":  [{"name": "gcu0", "minor": 0, "switch": "...", "port": "...", "numa": "numa0",
+                 "free": true}, ...],
+     "shared": [{"name": "gcu3", "minor": 3, "slices": 6, "free": 4}, ...],
+     "pods":   ["namespace/name", ...]}
+
+``cards`` lists every whole card the plugin serves (free or not: group sizes need them all);
+``free`` is healthy and held by no container. ``switch``, ``port`` and ``numa`` are the card's
+group keys (:class:`topology.Placement`), equal keys meaning the same group. ``shared`` lists the
+cards served as ``enflame.com/shared-gcu`` slices with their slice count and free slices (0
+while the card is unhealthy). ``pods`` are the pods the kubelet reports holding any of the
+node's devices, so a reader can tell which bound pods the state already counts.
+
+Beside it the plugin writes the vendor's gcushare annotation ``enflame.com/gcu-shared-capacity``
+(card minor -> free slices, e.g. ``{"3": 4}``) when the node shares cards.
+
+A reader refuses anything else with :class:`NodeStateError` naming what is wrong: an unknown
+``version`` (a newer plugin than the extender) is refused, never guessed at.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from enflame_gcu import devices, holders, topology
+from enflame_gcu.errors import NodeStateError
+
+ANNOTATION = "enflame.com/gcu-node-state"
+SHARED_CAPACITY_ANNOTATION = "enflame.com/gcu-shared-capacity"
+VERSION = 1
+# Bounds a reader holds any annotation to: a node has a few dozen cards, not thousands.
+MAX_TEXT = 256 * 1024
+MAX_CARDS = 256
+MAX_PODS = 4096
+MAX_KEY = 253
+_CARD = re.compile(r"^gcu(\d{1,6})$")
+# Equal card layouts share one small number, so a reader's caches hash an int, not 8 places.
+MAX_SHAPES = 4096
+_shapes: dict[tuple[topology.Placement, ...], int] = {}
+_shape_list: list[tuple[topology.Placement, ...]] = []
+_shape_lock = threading.Lock()
+
+
+def shape_id(places: tuple[topology.Placement, ...]) -> int:
+    """A small number naming a card layout (-1 once ``MAX_SHAPES`` layouts are known)."""
+    found = _shapes.get(places)
+    if found is not None:
+        return found
+    with _shape_lock:
+        if places not in _shapes:
+            if len(_shape_list) >= MAX_SHAPES:
+                return -1
+            _shapes[places] = len(_shape_list)
+            _shape_list.append(places)
+        return _shapes[places]
+
+
+def shape(number: int) -> tuple[topology.Placement, ...]:
+    """The card layout :func:`shape_id` named ``number``."""
+    return _shape_list[number]
+
+
+@dataclass(frozen=True, slots=True)
+class CardState:
+    """One whole card: its group keys and whether it is free."""
+
+    name: str
+    minor: int
+    switch: str
+    port: str
+    numa: str
+    free: bool
+
+    @property
+    def placement(self) -> topology.Placement:
+        """The card's place, as the allocation policy sees it."""
+        return topology.Placement(self.name, self.minor, self.numa, self.port, self.switch)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedCard:
+    """One card served as slices: how many it has and how many are free."""
+
+    name: str
+    minor: int
+    slices: int
+    free: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """What one node's annotation says."""
+
+    cards: tuple[CardState, ...] = ()
+    shared: tuple[SharedCard, ...] = ()
+    pods: frozenset[str] = frozenset()
+    # Derived once (a reader scores every node on every scheduling call): the names of the
+    # free whole cards, and every whole card's place in minor order (hashable: a cache key).
+    free: frozenset[str] = field(init=False, compare=False, repr=False)
+    placements: tuple[topology.Placement, ...] = field(init=False, compare=False, repr=False)
+    shape: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        places = tuple(c.placement for c in self.cards)
+        object.__setattr__(self, "free", frozenset(c.name for c in self.cards if c.free))
+        object.__setattr__(self, "shape", shape_id(places))
+        object.__setattr__(self, "placements", shape(self.shape) if self.shape >= 0 else places)
+
+    def to_json(self) -> str:
+        """The annotation's text."""
+        document = {
+            "version": VERSION,
+            "cards": [
+                {
+                    "name": c.name,
+                    "minor": c.minor,
+                    "switch": c.switch,
+                    "port": c.port,
+                    "numa": c.numa,
+                    "free": c.free,
+                }
+                for c in self.cards
+            ],
+            "shared": [
+                {"name": s.name, "minor": s.minor, "slices": s.slices, "free": s.free}
+                for s in self.shared
+            ],
+            "pods": sorted(self.pods),
+        }
+        return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+    def shared_capacity(self) -> str | None:
+        """The gcushare annotation's text (minor -> free slices), None without shared cards."""
+        if not self.shared:
+            return None
+        return json.dumps({str(s.minor): s.free for s in self.shared}, sort_keys=True)
+
+
+def build(
+    inventory: devices.Inventory,
+    holdings: Iterable[holders.Holding],
+    *,
+    whole: Sequence[str],
+    shared: Mapping[str, int],
+    health: Mapping[str, tuple[bool, str]] | None = None,
+    resources: Iterable[str] = holders.DEFAULT_RESOURCES,
+) -> NodeState:
+    """The state of a node: ``whole`` names the cards served whole, ``shared`` maps the cards
+    served as slices to their slice counts; ``health`` as for :func:`holders.build`."""
+    view = holders.build(inventory, holdings, resources=resources, health=health)
+    by_name = {card_view.card.name: card_view for card_view in view.cards}
+    cards = []
+    for name in sorted(whole, key=_minor):
+        card_view = by_name.get(name)
+        if card_view is None:
+            continue
+        place = topology.placement(card_view.card)
+        free = card_view.healthy and card_view.free
+        cards.append(
+            CardState(name, place.minor, place.switch, place.port, place.numa, free)
+        )  # fmt: skip
+    sliced = []
+    for name in sorted(shared, key=_minor):
+        card_view = by_name.get(name)
+        if card_view is None:
+            continue
+        held = len({h.device for h in card_view.holders})
+        left = max(0, shared[name] - held) if card_view.healthy else 0
+        sliced.append(SharedCard(name, card_view.card.minor, shared[name], left))
+    pods = frozenset(f"{h.namespace}/{h.pod}" for v in view.cards for h in v.holders)
+    pods |= {f"{h.namespace}/{h.pod}" for h in view.unplaced}
+    return NodeState(tuple(cards), tuple(sliced), pods)
+
+
+def _minor(name: str) -> tuple[int, str]:
+    match = _CARD.match(name)
+    return (int(match.group(1)) if match else 1 << 30, name)
+
+
+def parse(text: str) -> NodeState:
+    """Read an annotation's text; NodeStateError says what is wrong with it."""
+    if len(text) > MAX_TEXT:
+        raise NodeStateError(f"node state is {len(text)} bytes, more than {MAX_TEXT}")
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise NodeStateError(f"node state is not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise NodeStateError(f"node state is a JSON {type(document).__name__}, not an object")
+    version = document.get("version")
+    if version != VERSION:
+        raise NodeStateError(
+            f"node state version {version!r} is not known to this reader (knows {VERSION}); "
+            "is the device plugin newer than the extender?"
+        )
+    cards = _list(document, "cards", MAX_CARDS)
+    shared = _list(document, "shared", MAX_CARDS)
+    pods = _list(document, "pods", MAX_PODS)
+    state = NodeState(
+        tuple(_card(item, i) for i, item in enumerate(cards)),
+        tuple(_shared(item, i) for i, item in enumerate(shared)),
+        frozenset(_text(item, f"pods[{i}]") for i, item in enumerate(pods)),
+    )
+    for what, names in (("cards", [c.name for c in state.cards]),
+                        ("shared", [s.name for s in state.shared])):  # fmt: skip
+        if len(set(names)) != len(names):
+            raise NodeStateError(f"node state lists a card twice in {what}: {sorted(names)}")
+    return state
+
+
+def _list(document: Mapping[str, Any], key: str, limit: int) -> list[Any]:
+    value = document.get(key, [])
+    if not isinstance(value, list):
+        raise NodeStateError(f"node state {key!r} is a {type(value).__name__}, not a list")
+    if len(value) > limit:
+        raise NodeStateError(f"node state {key!r} has {len(value)} entries, more than {limit}")
+    return value
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_KEY:
+        raise NodeStateError(f"node state {where} is {value!r:.80}, not a short non-empty string")
+    return value
+
+
+def _count(value: Any, where: str, top: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+        raise NodeStateError(f"node state {where} is {value!r:.80}, not an integer 0..{top}")
+    return value
+
+
+def _object(item: Any, where: str, keys: set[str]) -> Mapping[str, Any]:
+    if not isinstance(item, dict):
+        raise NodeStateError(f"node state {where} is a {type(item).__name__}, not an object")
+    missing = keys - set(item)
+    if missing:
+        raise NodeStateError(f"node state {where} lacks {', '.join(sorted(missing))}")
+    return item
+
+
+def _card(item: Any, index: int) -> CardState:
+    where = f"cards[{index}]"
+    card = _object(item, where, {"name", "minor", "switch", "port", "numa", "free"})
+    name = _text(card["name"], f"{where}.name")
+    if not _CARD.match(name):
+        raise NodeStateError(f"node state {where}.name is {name!r:.80}, not gcuN")
+    if not isinstance(card["free"], bool):
+        raise NodeStateError(f"node state {where}.free is {card['free']!r:.80}, not true/false")
+    return CardState(
+        name,
+        _count(card["minor"], f"{where}.minor", 1 << 20),
+        _text(card["switch"], f"{where}.switch"),
+        _text(card["port"], f"{where}.port"),
+        _text(card["numa"], f"{where}.numa"),
+        card["free"],
+    )
+
+
+def _shared(item: Any, index: int) -> SharedCard:
+    where = f"shared[{index}]"
+    card = _object(item, where, {"name", "minor", "slices", "free"})
+    slices = _count(card["slices"], f"{where}.slices", 64)
+    free = _count(card["free"], f"{where}.free", slices)
+    name = _text(card["name"], f"{where}.name")
+    return SharedCard(name, _count(card["minor"], f"{where}.minor", 1 << 20), slices, free)

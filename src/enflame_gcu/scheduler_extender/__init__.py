@@ -1,0 +1,1 @@
+"""``enflame-scheduler-extender``: kube-scheduler extender preferring nodes with local GCU sets."""

@@ -1,0 +1,129 @@
+"""Filter and prioritize: read the call, ask :mod:`enflame_gcu.node_fit` per node, answer.
+
+Nothing here raises to the HTTP layer. A call that cannot be read is one WARNING line and a
+neutral answer: prioritize gives no scores (the scheduler adds nothing), filter passes every
+node it can name (and, when it cannot name any, answers ``Error``, which an ``ignorable``
+extender's scheduler skips). A node whose state is unknown or unreadable scores
+``node_fit.NO_OPINION`` and is never filtered out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from enflame_gcu import node_fit, node_state
+from enflame_gcu.errors import NodeStateError
+from enflame_gcu.scheduler_extender import cache as extender_cache
+from enflame_gcu.scheduler_extender import protocol
+
+log = logging.getLogger(__name__)
+
+
+class Decisions:
+    """The extender's two verbs over one cache."""
+
+    def __init__(self, cache: extender_cache.ClusterCache) -> None:
+        self.cache = cache
+
+    def _read(self, body: bytes) -> protocol.ExtenderArgs:
+        return protocol.parse_args(body, self.cache.resource, self.cache.shared)
+
+    def _views(self, args: protocol.ExtenderArgs) -> dict[str, extender_cache.NodeView]:
+        views = self.cache.views(args.node_names, exclude=args.pod.uid)
+        if args.nodes is None:
+            return views
+        # Whole Node objects were sent: their annotations are newer than the cache's.
+        for name in args.node_names:
+            text = args.annotations(name).get(node_state.ANNOTATION)
+            if not isinstance(text, str):
+                continue
+            try:
+                state = node_state.parse(text)
+            except NodeStateError as exc:
+                views[name] = extender_cache.NodeView(None, str(exc), (), ())
+                continue
+            old = views[name]
+            views[name] = extender_cache.NodeView(
+                state, "", old.pending_cards, old.pending_slices
+            )  # fmt: skip
+        return views
+
+    def filter(self, body: bytes) -> bytes:
+        """``ExtenderArgs`` -> ``ExtenderFilterResult``: shared-slice pods lose the nodes where
+        no card has the slices a container asks for; whole-card pods lose nothing."""
+        try:
+            args = self._read(body)
+        except protocol.ProtocolError as exc:
+            unfiltered = _unfiltered(body)
+            if unfiltered is None:
+                log.warning("filter: %s; no node to pass, answering an Error", exc)
+                return json.dumps({"Error": f"enflame-scheduler-extender: {exc}"}).encode()
+            log.warning("filter: %s; passing all %d node(s) unfiltered", exc, unfiltered[1])
+            return json.dumps(unfiltered[0], separators=(",", ":")).encode()
+        failed: dict[str, str] = {}
+        if args.pod.slices:
+            for name, view in self._views(args).items():
+                if view.state is None:
+                    continue
+                fit = node_fit.shared_slices(view.state, view.pending_slices, args.pod.slices)
+                if not fit.fits:
+                    failed[name] = f"enflame.com/shared-gcu: {fit.reason}"
+        passed = [name for name in args.node_names if name not in failed]
+        if failed:
+            log.debug("filter %s: %d passed, dropped %s", args.pod.key, len(passed), failed)
+        return protocol.filter_result(args, passed, failed)
+
+    def prioritize(self, body: bytes) -> bytes:
+        """``ExtenderArgs`` -> ``HostPriorityList`` (0..10 per node, see node_fit)."""
+        try:
+            args = self._read(body)
+        except protocol.ProtocolError as exc:
+            log.warning("prioritize: %s; answering no scores (neutral)", exc)
+            return b"[]"
+        scores = self.scores(args)
+        if scores and args.pod.uid:
+            best = max(scores.values())
+            top = [name for name, score in scores.items() if score == best]
+            # Only a node ranked first alone is a safe guess: among tied nodes the scheduler's
+            # other plugins choose, and a wrong guess makes a node look fuller than it is.
+            if best > node_fit.NO_OPINION and len(top) == 1:
+                self.cache.guess(args.pod, top[0])
+        return protocol.priority_list(scores)
+
+    def scores(self, args: protocol.ExtenderArgs) -> dict[str, int]:
+        """Each candidate's score for the call's pod."""
+        pod = args.pod
+        result = {}
+        for name, view in self._views(args).items():
+            if view.state is None:
+                result[name] = node_fit.NO_OPINION
+            elif pod.cards:
+                result[name] = node_fit.whole_cards(view.state, view.pending_cards, pod.cards).score
+            elif pod.slices:
+                fit = node_fit.shared_slices(view.state, view.pending_slices, pod.slices)
+                result[name] = fit.score
+            else:
+                result[name] = node_fit.NO_OPINION
+        return {name: result[name] for name in args.node_names if name in result}
+
+
+def _unfiltered(body: bytes) -> tuple[dict[str, Any], int] | None:
+    """Every candidate of an otherwise unreadable call, in the form it came (names or Node
+    objects) with their count; None when there is none to name."""
+    try:
+        document: Any = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    names = protocol.get_key(document, "NodeNames")
+    if isinstance(names, list) and all(isinstance(n, str) for n in names):
+        return {"NodeNames": names, "FailedNodes": {}, "Error": ""}, len(names)
+    nodes = protocol.get_key(document, "Nodes")
+    items = protocol.get_key(nodes, "items") if isinstance(nodes, Mapping) else None
+    if isinstance(items, list):
+        return {"Nodes": {"items": items}, "FailedNodes": {}, "Error": ""}, len(items)
+    return None

@@ -1,0 +1,111 @@
+"""Keeps the cache current from the API server: a list, then a watch, of Nodes and bound Pods.
+
+One task per kind. A watch that ends with an error (the API server restarted, a resource version
+expired with 410) is logged once and followed by a fresh list after a short pause, so the cache
+is never built on a gap of missed events. Objects cross into the cache as plain dicts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from lightkube import AsyncClient, KubeConfig, operators
+from lightkube.core.client import FieldSelector
+from lightkube.resources.core_v1 import Node, Pod
+
+from enflame_gcu.errors import ConfigError
+from enflame_gcu.scheduler_extender import cache as extender_cache
+
+log = logging.getLogger(__name__)
+RETRY_SECONDS = 2.0
+BOUND: FieldSelector = {"spec.nodeName": operators.not_equal("")}
+
+
+def connect(kubeconfig: str = "") -> AsyncClient:
+    """A client from a kubeconfig file, else from the pod's service account."""
+    try:
+        config = (
+            KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account()
+        )
+    except Exception as exc:  # lightkube raises several kinds for a bad or missing config
+        where = kubeconfig or "the in-cluster service account"
+        raise ConfigError(f"cannot configure the API client from {where}: {exc}") from exc
+    return AsyncClient(config=config, field_manager="enflame-scheduler-extender")
+
+
+def _annotations(node: Any) -> dict[str, str]:
+    meta = node.metadata
+    return dict(meta.annotations or {}) if meta is not None else {}
+
+
+def _name(obj: Any) -> str:
+    return str(obj.metadata.name) if obj.metadata is not None else ""
+
+
+class Watcher:
+    """The two follow loops and whether both have listed once."""
+
+    def __init__(self, client: AsyncClient, cache: extender_cache.ClusterCache) -> None:
+        self.client = client
+        self.cache = cache
+        self.synced = {"nodes": asyncio.Event(), "pods": asyncio.Event()}
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready when both kinds have been listed at least once."""
+        missing = [kind for kind, done in self.synced.items() if not done.is_set()]
+        return (False, f"not listed yet: {', '.join(missing)}") if missing else (True, "ok")
+
+    async def run(self) -> None:
+        """Follow nodes and pods until cancelled."""
+        await asyncio.gather(self._follow("nodes"), self._follow("pods"))
+
+    async def _follow(self, kind: str) -> None:
+        trouble = ""
+        while True:
+            try:
+                version = await (self._list_nodes() if kind == "nodes" else self._list_pods())
+                self.synced[kind].set()
+                if trouble:
+                    log.info("watching %s again", kind)
+                    trouble = ""
+                await self._watch(kind, version)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any API or network failure: relist after a pause
+                if str(exc) != trouble:
+                    log.warning("watching %s failed (%s); listing again in %.0f s", kind, exc,
+                                RETRY_SECONDS)  # fmt: skip
+                    trouble = str(exc)
+                await asyncio.sleep(RETRY_SECONDS)
+
+    async def _list_nodes(self) -> str:
+        listing = self.client.list(Node)
+        nodes = {_name(node): _annotations(node) async for node in listing}
+        self.cache.replace_nodes(nodes)
+        return str(listing.resourceVersion or "")
+
+    async def _list_pods(self) -> str:
+        listing = self.client.list(Pod, namespace="*", fields=BOUND)
+        pods = [pod.to_dict() async for pod in listing]
+        self.cache.replace_pods(pods)
+        return str(listing.resourceVersion or "")
+
+    async def _watch(self, kind: str, version: str) -> None:
+        if kind == "nodes":
+            async for event, node in self.client.watch(Node, resource_version=version or None):
+                if event == "DELETED":
+                    self.cache.delete_node(_name(node))
+                else:
+                    self.cache.set_node(_name(node), _annotations(node))
+        else:
+            events = self.client.watch(
+                Pod, namespace="*", fields=BOUND, resource_version=version or None
+            )
+            async for event, pod in events:
+                if event == "DELETED":
+                    uid = pod.metadata.uid if pod.metadata is not None else None
+                    self.cache.delete_pod(str(uid or ""))
+                else:
+                    self.cache.set_pod(pod.to_dict())

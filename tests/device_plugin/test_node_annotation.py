@@ -1,0 +1,121 @@
+"""The plugin's node-state annotation: written when it changes, never while holders are unknown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+
+from enflame_gcu import devices, health, holders, node_state
+from enflame_gcu.device_plugin import config as plugin_config
+from enflame_gcu.device_plugin import node_annotation, resources
+from enflame_gcu.errors import ConfigError
+
+
+class RecordingApi:
+    """A NodeApi that keeps every patch; ``fail`` makes the next patches raise."""
+
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, dict[str, str | None]]] = []
+        self.fail = 0
+
+    async def patch_annotations(self, node: str, annotations: node_annotation.Annotations) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise OSError("connection refused")
+        self.patches.append((node, dict(annotations)))
+
+
+def held(pod: str, *ids: str, resource: str = "enflame.com/gcu") -> holders.Holding:
+    return holders.Holding("ml", pod, "main", resource, ids)
+
+
+def setup(
+    root: str, config: plugin_config.PluginConfig
+) -> tuple[RecordingApi, node_annotation.NodeAnnotator]:
+    inventory = devices.discover(root)
+    api = RecordingApi()
+    annotator = node_annotation.NodeAnnotator(api, "node-a", retry=0.05)
+    _, assignment = resources.build(inventory, config)
+    monitor = health.HealthMonitor(
+        config.host_root, inventory.cards, driver_version=inventory.driver_version
+    )
+    annotator.set_node(inventory, monitor.report, assignment, config)
+    return api, annotator
+
+
+def test_written_once_per_change_and_not_before_holders_are_known(vendor_node: str) -> None:
+    config = plugin_config.PluginConfig(host_root=vendor_node)
+    api, annotator = setup(vendor_node, config)
+
+    async def scenario() -> None:
+        assert await annotator.write_once()
+        assert api.patches == []  # holders unknown: nothing written
+        annotator.set_holdings([held("train", "gcu0", "gcu1")])
+        await annotator.write_once()
+        await annotator.write_once()  # same state: no second write
+        annotator.set_holdings(None)  # PodResources failing: keep what was written
+        await annotator.write_once()
+        annotator.set_holdings([])
+        await annotator.write_once()
+
+    asyncio.run(scenario())
+    assert [node for node, _ in api.patches] == ["node-a", "node-a"]
+    first = node_state.parse(api.patches[0][1][node_state.ANNOTATION] or "")
+    assert "gcu0" not in first.free and first.pods == {"ml/train"}
+    assert api.patches[0][1][node_state.SHARED_CAPACITY_ANNOTATION] is None
+    assert len(node_state.parse(api.patches[1][1][node_state.ANNOTATION] or "").free) == 8
+
+
+def test_shared_cards_write_the_gcushare_capacity(vendor_node: str) -> None:
+    config = plugin_config.PluginConfig(
+        host_root=vendor_node, resources=("gcu", "shared-gcu"), shared_cards=("gcu7",)
+    )
+    api, annotator = setup(vendor_node, config)
+    annotator.set_holdings([held("s", "gcu7-slice0", resource="enflame.com/shared-gcu")])
+    asyncio.run(annotator.write_once())
+    written = api.patches[0][1]
+    assert json.loads(written[node_state.SHARED_CAPACITY_ANNOTATION] or "") == {"7": 5}
+    assert [c.name for c in node_state.parse(written[node_state.ANNOTATION] or "").cards] == [
+        f"gcu{i}" for i in range(7)
+    ]
+
+
+def test_a_failed_write_is_retried_and_logged_once(
+    vendor_node: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    config = plugin_config.PluginConfig(host_root=vendor_node)
+    api, annotator = setup(vendor_node, config)
+    api.fail = 3
+    annotator.set_holdings([])
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(annotator.run())
+        for _ in range(200):
+            if api.patches:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert len(api.patches) == 1
+    warnings = [r for r in caplog.records if "cannot annotate node node-a" in r.getMessage()]
+    assert len(warnings) == 1
+    assert any("annotated again" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("layer", "says"),
+    [
+        ({"node_state": "true"}, "needs node-name"),
+        ({"node_state": "true", "node_name": "n1", "pod_resources_interval": "0"}, "above 0"),
+        ({"node_name": "bad name!"}, "not a node name"),
+    ],
+)
+def test_node_state_settings_are_checked(layer: dict[str, str], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        plugin_config.resolve([layer])

@@ -1,0 +1,97 @@
+"""The chart's extender.* values: the same objects as deploy/extender, and the plugin's
+node-state wiring."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_validate import utils as kv
+
+from tests.deploy import helm_render
+from tests.scheduler_extender.test_deploy import one
+
+
+def rendered(tmp_path: Any, **extender: Any) -> dict[str, list[dict[str, Any]]]:
+    out = helm_render.render(str(tmp_path), {"extender": {"enabled": True, **extender}})
+    return {name: [doc for doc in docs if doc] for name, docs in out.items()}
+
+
+def kind(docs: list[dict[str, Any]], wanted: str) -> dict[str, Any]:
+    (found,) = [doc for doc in docs if doc["kind"] == wanted]
+    return found
+
+
+def container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in pod_spec["containers"] if c["name"] == name]
+    return dict(found)
+
+
+def test_off_by_default_and_the_plugin_keeps_no_credentials(tmp_path: Any) -> None:
+    out = helm_render.render(str(tmp_path), {})
+    assert not [d for d in out["extender.yaml"] if d]
+    assert not [d for d in out["rbac-node-state.yaml"] if d]
+    spec = out["daemonset-device-plugin.yaml"][0]["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert "--node-state" not in spec["containers"][0]["args"]
+
+
+def test_separate_scheduler_matches_the_static_manifest(tmp_path: Any) -> None:
+    docs = rendered(tmp_path)["extender.yaml"]
+    config = yaml.safe_load(kind(docs, "ConfigMap")["data"]["config.yaml"])
+    static = yaml.safe_load(one("enflame-gcu-scheduler.yaml", "ConfigMap")["data"]["config.yaml"])
+    assert config["extenders"] == static["extenders"]
+    assert config["profiles"] == static["profiles"]
+    spec = kind(docs, "Deployment")["spec"]["template"]["spec"]
+    static_spec = one("enflame-gcu-scheduler.yaml", "Deployment")["spec"]["template"]["spec"]
+    for name in ("kube-scheduler", "enflame-scheduler-extender"):
+        ours, theirs = container(spec, name), container(static_spec, name)
+        assert ours.get("command") == theirs.get("command")
+        assert set(theirs.get("args", [])) <= set(ours.get("args", []))
+    for doc in docs:
+        kv.validate(doc, kv.latest_version(), strict=True)
+
+
+@pytest.mark.parametrize("version", ["kubescheduler.config.k8s.io/v1"])
+def test_the_configuration_follows_the_api_version_asked_for(tmp_path: Any, version: str) -> None:
+    docs = rendered(tmp_path, configApiVersion=version)["extender.yaml"]
+    assert yaml.safe_load(kind(docs, "ConfigMap")["data"]["config.yaml"])["apiVersion"] == version
+
+
+def test_daemonset_mode_beside_the_clusters_scheduler(tmp_path: Any) -> None:
+    docs = rendered(tmp_path, mode="daemonset")["extender.yaml"]
+    assert [d["kind"] for d in docs] == [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+    ]
+    spec = kind(docs, "DaemonSet")["spec"]["template"]["spec"]
+    static = one("enflame-scheduler-extender.yaml", "DaemonSet")["spec"]["template"]["spec"]
+    for key in ("hostNetwork", "affinity", "tolerations", "securityContext"):
+        assert spec[key] == static[key], key
+    assert (
+        kind(docs, "ClusterRole")["rules"]
+        == one("enflame-scheduler-extender.yaml", "ClusterRole")["rules"]
+    )
+
+
+def test_the_plugin_writes_its_node_state(tmp_path: Any) -> None:
+    out = rendered(tmp_path, admissionPolicy=True)
+    spec = out["daemonset-device-plugin.yaml"][0]["spec"]["template"]["spec"]
+    plugin = spec["containers"][0]
+    assert "--node-state" in plugin["args"]
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in (
+        plugin["env"]
+    )
+    assert spec["automountServiceAccountToken"] is True
+    assert any(m["mountPath"] == "/var/lib/kubelet/pod-resources" for m in plugin["volumeMounts"])
+    docs = out["rbac-node-state.yaml"]
+    assert spec["serviceAccountName"] == kind(docs, "ServiceAccount")["metadata"]["name"]
+    policy = kind(docs, "ValidatingAdmissionPolicy")["spec"]
+    static = one("node-state-policy.yaml", "ValidatingAdmissionPolicy")["spec"]
+    assert policy["variables"] == static["variables"]
+    assert policy["validations"] == static["validations"]
+    for doc in docs:
+        kv.validate(doc, kv.latest_version(), strict=True)

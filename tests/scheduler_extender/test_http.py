@@ -1,0 +1,309 @@
+"""The extender over real HTTP on loopback: protocol round trips, pending pods, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from enflame_gcu import devices, node_state
+from enflame_gcu.scheduler_extender import cache as extender_cache
+from enflame_gcu.scheduler_extender import decisions, protocol, server
+
+WHOLE = [f"gcu{i}" for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> node_state.NodeState:
+    from enflame_gcu.simulation import simulate, topofile
+
+    root = str(tmp_path_factory.mktemp("vendor"))
+    simulate.create(root, topofile.load("vendor-8card"))
+    return node_state.build(devices.discover(root), [], whole=WHOLE, shared={})
+
+
+def busy(state: node_state.NodeState, *minors: int) -> str:
+    cards = tuple(dataclasses.replace(c, free=c.minor not in minors) for c in state.cards)
+    return dataclasses.replace(state, cards=cards).to_json()
+
+
+Extender = tuple[extender_cache.ClusterCache, server.ExtenderServer]
+
+
+@pytest.fixture
+def extender() -> Iterator[Extender]:
+    cache = extender_cache.ClusterCache()
+    http_server = server.ExtenderServer(("127.0.0.1", 0), decisions.Decisions(cache), workers=2)
+    http_server.start()
+    yield cache, http_server
+    http_server.shutdown()
+    http_server.server_close()
+
+
+def post(port: int, verb: str, body: bytes | dict[str, Any]) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("POST", f"/{verb}", data, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        raw = response.read()
+        return response.status, json.loads(raw) if response.status == 200 else raw
+    finally:
+        connection.close()
+
+
+def pod(name: str, cards: int = 0, slices: tuple[int, ...] = ()) -> dict[str, Any]:
+    containers = []
+    if cards:
+        containers.append({"name": "c", "resources": {"limits": {"enflame.com/gcu": str(cards)}}})
+    for index, count in enumerate(slices):
+        containers.append(
+            {"name": f"s{index}", "resources": {"limits": {"enflame.com/shared-gcu": count}}}
+        )
+    return {
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
+        "spec": {"containers": containers},
+    }
+
+
+def args(p: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {"Pod": p, "NodeNames": list(names)}
+
+
+def scores(answer: list[dict[str, Any]]) -> dict[str, int]:
+    return {entry["Host"]: entry["Score"] for entry in answer}
+
+
+def test_prioritize_prefers_the_node_with_a_free_pair(
+    extender: Extender, fresh: node_state.NodeState
+) -> None:
+    cache, http_server = extender
+    cache.set_node("pair", {node_state.ANNOTATION: busy(fresh, 2, 3, 4, 5, 6)})
+    cache.set_node("split", {node_state.ANNOTATION: busy(fresh, 0, 3, 4, 6, 7)})
+    status, answer = post(http_server.port, "prioritize", args(pod("p", 2), "split", "pair"))
+    assert status == 200
+    assert [entry["Host"] for entry in answer] == ["split", "pair"]  # the order asked
+    assert scores(answer)["pair"] > scores(answer)["split"] > 0
+
+
+def test_filter_keeps_every_node_for_whole_cards_and_answers_names(
+    extender: Extender, fresh: node_state.NodeState
+) -> None:
+    cache, http_server = extender
+    cache.set_node("full", {node_state.ANNOTATION: busy(fresh, *range(8))})
+    status, answer = post(http_server.port, "filter", args(pod("p", 2), "full", "unknown"))
+    assert status == 200
+    assert answer == {"NodeNames": ["full", "unknown"], "FailedNodes": {}, "Error": ""}
+
+
+def test_filter_drops_nodes_whose_slices_are_spread(extender: Extender) -> None:
+    cache, http_server = extender
+    spread = node_state.NodeState(
+        shared=(node_state.SharedCard("gcu0", 0, 6, 2), node_state.SharedCard("gcu1", 1, 6, 2))
+    )
+    whole = node_state.NodeState(shared=(node_state.SharedCard("gcu0", 0, 6, 4),))
+    cache.set_node("spread", {node_state.ANNOTATION: spread.to_json()})
+    cache.set_node("whole", {node_state.ANNOTATION: whole.to_json()})
+    status, answer = post(
+        http_server.port, "filter", args(pod("s", slices=(3,)), "spread", "whole")
+    )
+    assert status == 200
+    assert answer["NodeNames"] == ["whole"]
+    assert "no card has 3 free slices" in answer["FailedNodes"]["spread"]
+
+
+def test_whole_node_objects_come_back_as_node_objects(fresh: node_state.NodeState) -> None:
+    # nodeCacheCapable false: the scheduler sends Node objects, the annotation rides along.
+    cache = extender_cache.ClusterCache()
+    decide = decisions.Decisions(cache)
+    nodes = [
+        {"metadata": {"name": n, "annotations": {node_state.ANNOTATION: busy(fresh, *t)}}}
+        for n, t in (("pair", (2, 3, 4, 5, 6)), ("split", (0, 3, 4, 6, 7)))
+    ]
+    body = json.dumps({"Pod": pod("p", 2), "Nodes": {"items": nodes}}).encode()
+    filtered = json.loads(decide.filter(body))
+    assert [n["metadata"]["name"] for n in filtered["Nodes"]["items"]] == ["pair", "split"]
+    ranked = scores(json.loads(decide.prioritize(body)))
+    assert ranked["pair"] > ranked["split"]
+
+
+def test_a_bound_pod_not_yet_in_the_state_counts_against_its_node(
+    extender: Extender, fresh: node_state.NodeState
+) -> None:
+    cache, http_server = extender
+    for name in ("a", "b"):
+        cache.set_node(name, {node_state.ANNOTATION: busy(fresh, 2, 3, 4, 5, 6, 7)})
+    first = pod("first", 2)
+    cache.set_pod({**first, "spec": {**first["spec"], "nodeName": "a"}})
+    _, answer = post(http_server.port, "prioritize", args(pod("second", 2), "a", "b"))
+    assert scores(answer) == {"a": 0, "b": 10}
+
+
+def test_a_burst_does_not_send_two_pods_to_one_free_pair_before_a_binding_is_seen(
+    extender: Extender, fresh: node_state.NodeState
+) -> None:
+    cache, http_server = extender
+    cache.set_node("pair", {node_state.ANNOTATION: busy(fresh, 2, 3, 4, 5, 6, 7)})  # exact fit
+    cache.set_node("fresh", {node_state.ANNOTATION: busy(fresh)})
+    _, first = post(http_server.port, "prioritize", args(pod("p0", 2), "pair", "fresh"))
+    assert scores(first) == {"pair": 10, "fresh": 8}  # ranked first alone: held there
+    _, second = post(http_server.port, "prioritize", args(pod("p1", 2), "pair", "fresh"))
+    assert scores(second) == {"pair": 0, "fresh": 8}
+
+
+def test_tied_nodes_hold_no_guess(extender: Extender, fresh: node_state.NodeState) -> None:
+    cache, http_server = extender
+    for name in ("a", "b"):
+        cache.set_node(name, {node_state.ANNOTATION: busy(fresh, 2, 3, 4, 5, 6, 7)})
+    for index in range(2):  # the scheduler's other plugins choose between a and b
+        _, answer = post(http_server.port, "prioritize", args(pod(f"p{index}", 2), "a", "b"))
+        assert scores(answer) == {"a": 10, "b": 10}
+    assert cache.counts()["guesses"] == 0
+
+
+def test_the_state_listing_a_pod_ends_its_pending_count(
+    extender: Extender, fresh: node_state.NodeState
+) -> None:
+    cache, http_server = extender
+    first = pod("first", 2)
+    cache.set_pod({**first, "spec": {**first["spec"], "nodeName": "a"}})
+    state = node_state.parse(busy(fresh, 2, 3, 4, 5, 6, 7))
+    cache.set_node(
+        "a",
+        {node_state.ANNOTATION: dataclasses.replace(state, pods=frozenset({"ml/first"})).to_json()},
+    )
+    _, answer = post(http_server.port, "prioritize", args(pod("second", 2), "a"))
+    assert scores(answer) == {"a": 10}  # the state already shows its cards as they are
+
+
+@pytest.mark.parametrize(
+    ("annotation", "logged"),
+    [
+        ("{broken", "not JSON"),
+        (json.dumps({"version": 99, "cards": []}), "version 99 is not known"),
+        (json.dumps({"version": 1, "cards": "all"}), "'cards' is a str"),
+    ],
+)
+def test_a_bad_annotation_is_one_log_line_and_a_neutral_score(
+    extender: Extender,
+    fresh: node_state.NodeState,
+    caplog: pytest.LogCaptureFixture,
+    annotation: str,
+    logged: str,
+) -> None:
+    cache, http_server = extender
+    with caplog.at_level(logging.WARNING):
+        cache.set_node("bad", {node_state.ANNOTATION: annotation})
+        cache.set_node("bad", {node_state.ANNOTATION: annotation})  # same text: not again
+        cache.set_node("good", {node_state.ANNOTATION: busy(fresh)})
+    lines = [r.getMessage() for r in caplog.records if "bad" in r.getMessage()]
+    assert len(lines) == 1 and logged in lines[0] and "neutral" in lines[0]
+    status, answer = post(http_server.port, "prioritize", args(pod("p", 2), "bad", "good"))
+    assert status == 200
+    assert scores(answer) == {"bad": 0, "good": 8}
+    status, answer = post(http_server.port, "filter", args(pod("s", slices=(2,)), "bad"))
+    assert (status, answer["NodeNames"]) == (200, ["bad"])
+
+
+@pytest.mark.parametrize(
+    ("body", "filter_answer"),
+    [
+        (b"{not json", {"Error"}),
+        (b"[1, 2]", {"Error"}),
+        (json.dumps({"NodeNames": ["a"]}).encode(), {"NodeNames", "FailedNodes", "Error"}),
+        (
+            json.dumps(
+                {
+                    "Pod": {
+                        "spec": {
+                            "containers": [{"resources": {"limits": {"enflame.com/gcu": "1.5"}}}]
+                        }
+                    },
+                    "NodeNames": ["a"],
+                }
+            ).encode(),
+            {"NodeNames", "FailedNodes", "Error"},
+        ),
+        (json.dumps({"Pod": pod("p", 1), "NodeNames": "a"}).encode(), {"Error"}),
+        (
+            json.dumps(
+                args(pod("p", 1), *[f"n{i}" for i in range(protocol.MAX_NODES + 1)])
+            ).encode(),
+            {"NodeNames", "FailedNodes", "Error"},
+        ),
+    ],
+)
+def test_bad_calls_get_a_log_line_and_a_neutral_200(
+    extender: Extender,
+    caplog: pytest.LogCaptureFixture,
+    body: bytes,
+    filter_answer: set[str],
+) -> None:
+    _, http_server = extender
+    with caplog.at_level(logging.WARNING):
+        status, answer = post(http_server.port, "prioritize", body)
+        assert (status, answer) == (200, [])
+        status, answer = post(http_server.port, "filter", body)
+    assert status == 200
+    assert set(answer) == filter_answer
+    if "NodeNames" in answer:  # whatever names it could read pass unfiltered
+        assert answer["FailedNodes"] == {} and answer["Error"] == ""
+    else:
+        assert answer["Error"].startswith("enflame-scheduler-extender: ")
+    assert any(
+        "neutral" in r.getMessage()
+        or "unfiltered" in r.getMessage()
+        or "answering an Error" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(extender: Extender) -> None:
+    _, http_server = extender
+    connection = http.client.HTTPConnection("127.0.0.1", http_server.port, timeout=10)
+    connection.putrequest("POST", "/prioritize")
+    connection.putheader("Content-Length", str(protocol.MAX_BODY + 1))
+    connection.endheaders()
+    response = connection.getresponse()
+    assert response.status == 413
+    connection.close()
+
+
+def test_keep_alive_probes_and_stats(extender: Extender, fresh: node_state.NodeState) -> None:
+    cache, http_server = extender
+    cache.set_node("a", {node_state.ANNOTATION: busy(fresh)})
+    connection = http.client.HTTPConnection("127.0.0.1", http_server.port, timeout=10)
+    body = json.dumps(args(pod("p", 1), "a")).encode()
+    for _ in range(3):  # one connection, three calls
+        connection.request("POST", "/prioritize", body)
+        assert json.loads(connection.getresponse().read()) == [{"Host": "a", "Score": 8}]
+    connection.request("GET", "/healthz")
+    assert connection.getresponse().read() == b"ok\n"
+    connection.request("GET", "/stats")
+    stats = json.loads(connection.getresponse().read())
+    assert stats["verbs"]["prioritize"]["calls"] == 3
+    assert stats["cache"]["nodes_with_state"] == 1
+    connection.request("POST", "/bind", b"{}")
+    assert connection.getresponse().status == 404
+    connection.close()
+
+
+def test_closing_ends_kept_alive_connections_at_once(fresh: node_state.NodeState) -> None:
+    cache = extender_cache.ClusterCache()
+    http_server = server.ExtenderServer(("127.0.0.1", 0), decisions.Decisions(cache), workers=2)
+    http_server.start()
+    connection = http.client.HTTPConnection("127.0.0.1", http_server.port, timeout=10)
+    connection.request("GET", "/healthz")
+    assert connection.getresponse().read() == b"ok\n"  # the connection stays open, idle
+    started = time.monotonic()
+    http_server.shutdown()
+    http_server.server_close()
+    assert time.monotonic() - started < 5  # not the 30 s idle timeout
+    assert connection.sock is not None and connection.sock.recv(1) == b""
+    connection.close()

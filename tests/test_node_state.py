@@ -1,0 +1,111 @@
+"""The node-state annotation: built from cards and holders, written compactly, read strictly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from enflame_gcu import devices, holders, node_state
+from enflame_gcu.errors import NodeStateError
+
+GCU, _VGCU, SHARED = holders.DEFAULT_RESOURCES
+WHOLE = [f"gcu{i}" for i in range(8)]
+
+
+def held(pod: str, resource: str, *ids: str) -> holders.Holding:
+    return holders.Holding("ml", pod, "main", resource, ids)
+
+
+def test_free_cards_groups_and_holder_pods_of_the_vendor_machine(vendor_node: str) -> None:
+    inventory = devices.discover(vendor_node)
+    state = node_state.build(
+        inventory, [held("train", GCU, "gcu0", "gcu1")], whole=WHOLE, shared={}
+    )
+    assert state.free == {f"gcu{i}" for i in range(2, 8)}
+    assert state.pods == {"ml/train"}
+    by_name = {card.name: card for card in state.cards}
+    assert by_name["gcu0"].switch == by_name["gcu1"].switch != by_name["gcu2"].switch
+    assert by_name["gcu0"].port == by_name["gcu3"].port != by_name["gcu4"].port
+    assert (by_name["gcu0"].numa, by_name["gcu7"].numa) == ("numa0", "numa1")
+    assert state.shared_capacity() is None
+
+
+def test_unhealthy_cards_are_not_free(vendor_node: str) -> None:
+    inventory = devices.discover(vendor_node)
+    state = node_state.build(
+        inventory, [], whole=WHOLE, shared={}, health={"gcu5": (False, "gone")}
+    )
+    assert "gcu5" not in state.free
+    assert len(state.free) == 7
+
+
+def test_shared_cards_count_free_slices_and_write_the_gcushare_annotation(vendor_node: str) -> None:
+    inventory = devices.discover(vendor_node)
+    holding = [held("a", SHARED, "gcu6-slice0", "gcu6-slice1"), held("b", SHARED, "gcu7-slice3")]
+    state = node_state.build(inventory, holding, whole=WHOLE[:6], shared={"gcu6": 6, "gcu7": 4})
+    assert [(s.name, s.slices, s.free) for s in state.shared] == [("gcu6", 6, 4), ("gcu7", 4, 3)]
+    assert json.loads(state.shared_capacity() or "") == {"6": 4, "7": 3}
+    assert len(state.cards) == 6
+
+
+def test_the_text_round_trips_and_equal_states_give_equal_text(vendor_node: str) -> None:
+    inventory = devices.discover(vendor_node)
+    state = node_state.build(inventory, [held("t", GCU, "gcu4")], whole=WHOLE, shared={"gcu7": 6})
+    text = state.to_json()
+    assert node_state.parse(text) == state
+    again = node_state.build(inventory, [held("t", GCU, "gcu4")], whole=WHOLE, shared={"gcu7": 6})
+    assert again.to_json() == text
+    assert json.loads(text)["version"] == node_state.VERSION
+
+
+def _good() -> dict[str, object]:
+    return {
+        "version": 1,
+        "cards": [
+            {"name": "gcu0", "minor": 0, "switch": "s", "port": "p", "numa": "n", "free": True}
+        ],
+        "shared": [{"name": "gcu1", "minor": 1, "slices": 6, "free": 2}],
+        "pods": ["ns/p"],
+    }
+
+
+def document_root(path: tuple[object, ...], value: object) -> object:
+    root = _good()
+    target: object = root
+    for key in path[:-1]:
+        target = target[key]  # type: ignore[index]
+    target[path[-1]] = value  # type: ignore[index]
+    return root
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("{not json", "not JSON"),
+        ("[]", "not an object"),
+        (json.dumps(document_root(("version",), 2)), "version 2 is not known"),
+        (json.dumps(document_root(("version",), None)), "version None"),
+        (json.dumps(document_root(("cards",), {})), "'cards' is a dict"),
+        (json.dumps(document_root(("cards", 0, "free"), "yes")), "cards[0].free"),
+        (json.dumps(document_root(("cards", 0, "minor"), -1)), "cards[0].minor"),
+        (json.dumps(document_root(("cards", 0, "name"), "card0")), "not gcuN"),
+        (json.dumps(document_root(("cards", 0), {"name": "gcu0"})), "lacks free, minor"),
+        (json.dumps(document_root(("shared", 0, "free"), 7)), "shared[0].free"),
+        (json.dumps(document_root(("pods",), ["ok", ""])), "pods[1]"),
+        (json.dumps(document_root(("pods",), ["p"] * (node_state.MAX_PODS + 1))), "more than"),
+        ("[" * 200_000 + "]" * 200_000, "bytes, more than"),
+        ("[" * 50_000 + "]" * 50_000, "not JSON"),
+    ],
+)
+def test_bad_annotations_are_refused_with_what_is_wrong(text: str, says: str) -> None:
+    with pytest.raises(NodeStateError, match=None) as caught:
+        node_state.parse(text)
+    assert says in str(caught.value)
+
+
+def test_a_card_listed_twice_is_refused() -> None:
+    document = _good()
+    document["cards"] = document["cards"] * 2  # type: ignore[operator]
+    with pytest.raises(NodeStateError, match="twice"):
+        node_state.parse(json.dumps(document))
