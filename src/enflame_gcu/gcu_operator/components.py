@@ -86,7 +86,7 @@ def _toolkit_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
             "/run/enflame/ready",
             *component.args,
         ],
-        "env": _env(component, []),
+        **({"env": _env(component, [])} if component.env else {}),
         "readinessProbe": {
             "exec": {"command": ["test", "-f", "/run/enflame/ready"]},
             "initialDelaySeconds": 2,
