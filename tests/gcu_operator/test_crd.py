@@ -18,7 +18,6 @@ import yaml
 
 from enflame_gcu.gcu_operator import crd
 from enflame_gcu.gcu_operator import resource as rs
-
 from tests.gcu_operator.helpers import REPO, vendor_example
 
 CRD_FILE = REPO / "deploy" / "operator" / "crd.yaml"

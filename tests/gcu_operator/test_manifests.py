@@ -11,7 +11,6 @@ import yaml
 
 from enflame_gcu.gcu_operator import components, names
 from enflame_gcu.gcu_operator import resource as rs
-
 from tests.deploy import helm_render
 from tests.deploy.helpers import YAML_DIR, load_all
 from tests.gcu_operator.helpers import REPO, ours
