@@ -8,18 +8,36 @@
 # (or "-container-toolkit" appended), unless TOOLKIT_IMAGE is set. TAG defaults to the project
 # version in pyproject.toml. The builder is docker, podman or buildah, whichever is found first
 # (BUILDER=... chooses one). --dry-run prints the commands instead of running them.
+#
+#   deploy/build-image.sh --from-debian OUTDIR [IMAGE [TAG]]
+#
+# Without docker, podman, buildah or a registry: builds both images from Debian packages
+# (mmdebstrap, Debian 12 "bookworm", python3) plus this tree's wheel and its dependencies from
+# PyPI, and writes them as one OCI archive OUTDIR/enflame-gcu-images-TAG.tar that containerd
+# imports: `ctr -n k8s.io images import FILE` on each node (k3s: `k3s ctr images import FILE`).
+# OUTDIR/debian-12-slim.tar holds debian:12-slim (Debian's minbase), the image the example pods
+# name. Needs root, mmdebstrap and python3 with pip; MIRROR sets the Debian mirror.
 set -euo pipefail
 
 usage() {
-    sed -n '2,11s/^# \{0,1\}//p' "$0"
+    sed -n '2,19s/^# \{0,1\}//p' "$0"
 }
 
 dry_run=0
+from_debian=""
 positional=()
+expect_outdir=0
 for arg in "$@"; do
+    if [ "$expect_outdir" -eq 1 ]; then
+        from_debian=$arg
+        expect_outdir=0
+        continue
+    fi
     case "$arg" in
         -h | --help) usage; exit 0 ;;
         --dry-run) dry_run=1 ;;
+        --from-debian) expect_outdir=1 ;;
+        --from-debian=*) from_debian=${arg#--from-debian=} ;;
         -*) echo "build-image.sh: unknown option $arg" >&2; usage >&2; exit 2 ;;
         *) positional+=("$arg") ;;
     esac
@@ -39,6 +57,14 @@ elif [[ "$image" == *device-plugin ]]; then
     toolkit_image="${image%device-plugin}container-toolkit"
 else
     toolkit_image="${image}-container-toolkit"
+fi
+
+if [ "$expect_outdir" -eq 1 ] || { [ -n "$from_debian" ] && [ "$from_debian" != "${from_debian#-}" ]; }; then
+    echo "build-image.sh: --from-debian needs an output directory" >&2
+    exit 2
+fi
+if [ -n "$from_debian" ]; then
+    exec bash "$repo_root/deploy/build-image-debian.sh" "$from_debian" "$image" "$tag" "$toolkit_image" "$dry_run"
 fi
 
 builder=${BUILDER:-}

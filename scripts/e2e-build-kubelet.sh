@@ -119,7 +119,8 @@ cp -a "$work/reflect2/usr/share/gocode/src/github.com/modern-go/reflect2" \
 
 # 4. Build, offline.
 export GOPATH="$gopath" GO111MODULE=off GOFLAGS='' GOPROXY=off GOTOOLCHAIN=local CGO_ENABLED=0
-export GOCACHE="$work/gocache" GOTMPDIR="$work"
+# Kept outside $work: scripts/e2e-build-cluster.sh, which runs right after, reuses it.
+export GOCACHE="$cache/gocache" GOTMPDIR="$work"
 # GOPATH mode: the version package is known by its vendor path.
 version_pkg=k8s.io/kubernetes/vendor/k8s.io/component-base/version
 kube_version=${KUBE_UPSTREAM##*really}

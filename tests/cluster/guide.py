@@ -1,0 +1,104 @@
+"""The ``kubectl`` (and ``helm``) lines of docs/user-guide.md, and what the cluster tier does
+with each: runs it (:data:`RUN`, the test that does) or says why it cannot run here
+(:data:`NOT_RUN`). ``tests/deploy/test_guide_cluster_lines.py`` (in ``make test``) fails when a
+line of the guide is in neither, or when one of these names a line the guide no longer has; the
+scenarios take their lines through :func:`line`, which fails the same way, so the guide and the
+tier cannot drift apart."""
+
+from __future__ import annotations
+
+import os
+import re
+
+GUIDE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "docs",
+    "user-guide.md",
+)
+
+
+def lines(path: str = GUIDE) -> list[str]:
+    """Every command of a fenced ``bash`` block that starts with ``kubectl`` or ``helm``, with
+    continuation lines joined and trailing ``# comments`` dropped."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    found: list[str] = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        joined = re.sub(r"\\\n\s*", "", block)
+        for raw in joined.splitlines():
+            command = re.sub(r"\s+#.*$", "", raw).strip()
+            if command.startswith(("kubectl ", "helm ")):
+                found.append(command)
+    return found
+
+
+def line(command: str) -> str:
+    """``command`` if the guide has it verbatim; AssertionError otherwise (the guide changed)."""
+    if command not in lines():
+        raise AssertionError(f"docs/user-guide.md no longer has the line the tier runs: {command}")
+    return command
+
+
+# Each line the tier runs -> the test that runs it.
+RUN = {
+    "kubectl label node gcu-node-1 enflame.com/gcu.present=true":
+        "test_device_plugin.py::test_scenario_1_nodes_labelled_as_the_guide_says",
+    "kubectl apply -f deploy/yaml/enflame-device-plugin.yaml":
+        "test_device_plugin.py::test_scenario_3_plugin_pods_ready_and_nodes_show_their_cards",
+    "kubectl -n kube-system get pods -l app.kubernetes.io/name=enflame-device-plugin -o wide":
+        "test_device_plugin.py::test_scenario_3_plugin_pods_ready_and_nodes_show_their_cards",
+    "kubectl describe node gcu-node-1 | grep enflame.com/gcu":
+        "test_device_plugin.py::test_scenario_3_plugin_pods_ready_and_nodes_show_their_cards",
+    "kubectl apply -f deploy/yaml/examples/namespace.yaml":
+        "conftest.py::clean_namespace",
+    "kubectl apply -f deploy/yaml/examples/pod-gcu-example.yaml":
+        "test_device_plugin.py::test_scenario_4_example_pod_runs_and_logs_show_its_card",
+    "kubectl -n enflame logs pod-gcu-example":
+        "test_device_plugin.py::test_scenario_4_example_pod_runs_and_logs_show_its_card",
+}  # fmt: skip
+
+# Each line the tier does not run -> why.
+NOT_RUN = {
+    "kubectl apply -f deploy/yaml/enflame-container-toolkit.yaml":
+        "scenario 2 (toolkit DaemonSet) is not written yet",
+    "kubectl -n kube-system logs ds/enflame-container-toolkit-daemonset":
+        "scenario 2 (toolkit DaemonSet) is not written yet",
+    "kubectl taint node gcu-node-1 enflame.com/gcu=present:NoSchedule":
+        "tainting is optional; the tolerations are checked by the manifest tests",
+    "kubectl -n enflame exec pod-gcu-example -- ls /dev/gcu0 /dev/gcuctl":
+        "the example pod's card is the scheduler's and plugin's choice, not always gcu0: the "
+        "tier runs the same exec with the card its log names",
+    "kubectl apply -f deploy/yaml/enflame-device-plugin-compat-with-cpumanager.yaml":
+        "needs kubelets with cpuManagerPolicy static; the kubelet tier covers it",
+    "kubectl apply -f deploy/yaml/enflame-vdevice-plugin.yaml":
+        "scenario 8 (vGCU) is not written yet",
+    "kubectl apply -f deploy/yaml/examples/pod-vgcu-example.yaml":
+        "scenario 8 (vGCU) is not written yet",
+    "kubectl -n enflame logs pod-vgcu-example":
+        "scenario 8 (vGCU) is not written yet",
+    "kubectl apply -f deploy/yaml/examples/pod-shared-gcu-example.yaml":
+        "scenario 8 (shared GCUs) is not written yet",
+    "kubectl -n enflame logs pod-shared-gcu-example":
+        "scenario 8 (shared GCUs) is not written yet",
+    "kubectl debug node/gcu-node-1 -it --profile=sysadmin "
+    "--image=ghcr.io/enflame-gcu/enflame-gcu-container-toolkit:0.1.0 -- enflame-ctk doctor --host-root /host":  # noqa: E501
+        "kubectl debug node and --profile need Kubernetes >= 1.23; the tier's cluster is 1.20",
+    "kubectl -n kube-system exec ds/enflame-container-toolkit-daemonset -- enflame-ctk doctor --host-root /host":  # noqa: E501
+        "scenario 2 (toolkit DaemonSet) is not written yet",
+    "kubectl delete -f deploy/yaml/examples/pod-gcu-example.yaml":
+        "the tier deletes the namespace the example lives in",
+    "kubectl delete -f deploy/yaml/enflame-device-plugin.yaml":
+        "not yet run: the tier tears the cluster down",
+    "kubectl delete -f deploy/yaml/enflame-container-toolkit.yaml":
+        "scenario 2 (toolkit DaemonSet) is not written yet",
+    "helm install enflame-gcu deploy/helm/enflame-gcu -n kube-system":
+        "scenario 5 (Helm from Python) is not written yet; no helm binary here",
+    "helm install enflame-gcu deploy/helm/enflame-gcu -n kube-system "
+    "--set toolkit.enabled=true --set devicePlugin.passDeviceSpecs=true":
+        "scenario 5 (Helm from Python) is not written yet; no helm binary here",
+    "helm upgrade enflame-gcu deploy/helm/enflame-gcu -n kube-system "
+    "--set sharing.enabled=true --set sharing.slicesPerCard=6 --set sharing.policy=packed":
+        "scenario 5 (Helm from Python) is not written yet; no helm binary here",
+    "helm uninstall enflame-gcu -n kube-system":
+        "scenario 5 (Helm from Python) is not written yet; no helm binary here",
+}  # fmt: skip

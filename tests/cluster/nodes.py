@@ -1,0 +1,412 @@
+"""Simulated GCU nodes for the real-cluster tier: each a real kubelet with its own containerd 1.6,
+both in one private mount namespace per node, registered with a :class:`ControlPlane`.
+
+Per node, a holder process (``unshare --mount``) owns the mount namespace; containerd and the
+kubelet enter it (``nsenter --mount``), so the shims, runc and every container of that node see
+the same private view:
+
+- ``/var/lib/kubelet`` (the kubelet's fixed device-plugin dir and its default root, which the
+  DaemonSets' hostPaths name), ``/var/log/pods``, ``/var/log/containers``, ``/run/containerd``,
+  ``/var/lib/cni``, ``/etc/enflame-gcu``, ``/etc/kubernetes`` and ``/etc/containerd``: the node's
+  own dirs, bound over empty mount points the ledger creates on the host and removes after;
+- ``/run/enflame-e2e-sim``: the node's simulated GCU tree (fake sysfs + /dev with real char
+  devices); the tier's manifests point the plugin's ``/sys`` and ``/dev`` hostPaths here, the one
+  change made to the guide's manifests (a real node has its cards at /sys and /dev);
+- ``/dev/gcuN`` (and gcuctl, vgcuN): the simulated nodes bound over empty files the ledger
+  creates, so the kubelet's DeviceSpecs (``/dev/gcuN``) resolve to this node's cards.
+
+The whole tier runs in a private network namespace (``scripts/e2e-cluster.sh``), so the CNI
+bridges, veths and routes of the pod network vanish with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from enflame_gcu.simulation import simulate, topofile
+from enflame_gcu.simulation.testing import oci_image
+from tests.cluster.controlplane import ControlPlane, free_port
+from tests.kubelet import harness
+from tests.kubelet.host import Ledger
+
+SIM_MOUNT = "/run/enflame-e2e-sim"
+# Host paths each node sees privately (bound over mount points the ledger creates if missing).
+PRIVATE_PATHS = (
+    "/var/lib/kubelet",
+    "/var/log/pods",
+    "/var/log/containers",
+    "/run/containerd",
+    "/var/lib/cni",
+    "/etc/enflame-gcu",
+    "/etc/kubernetes",
+    "/etc/containerd",
+    SIM_MOUNT,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Binaries:
+    """Everything a node runs."""
+
+    kubelet: str
+    pause: str
+    cni_dir: str
+    containerd: str
+    ctr: str
+    runc: str
+    busybox: str
+
+
+def make_cgroup(path: str) -> None:
+    """A cgroup in every hierarchy (a new v1 cpuset copies its parent's cpus and mems)."""
+    from tests.kubelet import host
+
+    for hierarchy in host.cgroup_hierarchies():
+        parent = hierarchy
+        for part in path.strip("/").split("/"):
+            current = os.path.join(parent, part)
+            os.makedirs(current, exist_ok=True)
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                source = os.path.join(parent, knob)
+                target = os.path.join(current, knob)
+                if os.path.exists(source) and os.path.exists(target):
+                    with open(target, encoding="utf-8") as handle:
+                        if handle.read().strip():
+                            continue
+                    with open(source, encoding="utf-8") as handle:
+                        value = handle.read().strip()
+                    with open(target, "w", encoding="utf-8") as handle:
+                        handle.write(value)
+            parent = current
+
+
+class ClusterNode:
+    """One simulated GCU node: mount namespace, containerd, kubelet (registered as ``name``)."""
+
+    def __init__(
+        self,
+        plane: ControlPlane,
+        ledger: Ledger,
+        binaries: Binaries,
+        work: str,
+        name: str,
+        *,
+        topology: str,
+        subnet: str,
+        cgroup_root: str,
+    ) -> None:
+        self.plane = plane
+        self.ledger = ledger
+        self.binaries = binaries
+        self.work = work
+        self.name = name
+        self.topology = topology
+        self.subnet = subnet
+        self.cgroup_root = cgroup_root
+        self.sim_root = os.path.join(work, "sim")
+        self.holder: subprocess.Popen[bytes] | None = None
+        self.containerd: subprocess.Popen[bytes] | None = None
+        self.kubelet: subprocess.Popen[bytes] | None = None
+        self.ctd_dir = os.path.join(work, "ctd")
+        self.socket = os.path.join(self.ctd_dir, "c.sock")
+        self.kubelet_port = free_port()
+        self.healthz_port = free_port()
+
+    # -- the namespace ----------------------------------------------------------------------
+
+    def private(self, path: str) -> str:
+        """Where this node's private copy of host ``path`` lives."""
+        return os.path.join(self.work, "private", path.strip("/").replace("/", "_"))
+
+    def _nsenter(self) -> list[str]:
+        if self.holder is None:
+            raise harness.E2EError(f"{self.name}: no mount namespace yet")
+        return ["nsenter", f"--mount=/proc/{self.holder.pid}/ns/mnt", "--"]
+
+    def run_in(self, *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """A command in this node's mount namespace."""
+        result = subprocess.run(
+            [*self._nsenter(), *command], capture_output=True, text=True, timeout=120, check=False
+        )
+        if check and result.returncode != 0:
+            raise harness.E2EError(f"{self.name}: {' '.join(command)}: {result.stderr}")
+        return result
+
+    def simulate(self) -> None:
+        """Write the simulated tree."""
+        simulate.create(self.sim_root, topofile.load(self.topology))
+
+    def _device_files(self) -> list[str]:
+        return sorted(os.listdir(os.path.join(self.sim_root, "dev")))
+
+    def enter(self) -> None:
+        """Create the mount points (ledger first), start the holder, bind the private dirs."""
+        lines = ["set -e"]
+        for path in PRIVATE_PATHS:
+            self.ledger.will_create_dir(path)
+            os.makedirs(path, exist_ok=True)
+            os.makedirs(self.private(path), exist_ok=True)
+            lines.append(f"mount --bind '{self.private(path)}' '{path}'")
+        lines.append(f"mount --bind '{self.sim_root}' '{SIM_MOUNT}'")
+        for name in self._device_files():
+            path = f"/dev/{name}"
+            if not os.path.lexists(path):
+                self.ledger.will_mknod(path)
+                with open(path, "w", encoding="utf-8"):
+                    pass
+            lines.append(f"mount --bind '{self.sim_root}/dev/{name}' '{path}'")
+        ready = os.path.join(self.work, "ns.ready")
+        lines += [f"touch '{ready}'", "exec sleep infinity"]
+        script = os.path.join(self.work, "ns.sh")
+        with open(script, "w", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
+        with open(os.path.join(self.work, "ns.log"), "ab") as log:
+            self.holder = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "sh", script],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.ledger.started(self.holder.pid, "sleep")
+
+        def up() -> bool:
+            if self.holder is not None and self.holder.poll() is not None:
+                raise harness.E2EError(
+                    f"{self.name}: the namespace script failed: {self._ns_log()}"
+                )
+            return os.path.exists(ready)
+
+        harness.wait_for(f"{self.name}'s mount namespace", up, 30, 0.05)
+
+    def _ns_log(self) -> str:
+        with open(os.path.join(self.work, "ns.log"), encoding="utf-8", errors="replace") as handle:
+            return handle.read()[-2000:]
+
+    # -- containerd -------------------------------------------------------------------------
+
+    def _containerd_config(self) -> str:
+        base = harness.containerd_base_config(self.ctd_dir, os.path.join(self.ctd_dir, "runc"))
+        return base.replace(
+            f'bin_dir = "{self.ctd_dir}/cni/bin"', f'bin_dir = "{self.binaries.cni_dir}"'
+        ).replace("# private containerd of the real-kubelet test tier", f"# {self.name}")
+
+    def start_containerd(self) -> None:
+        """Write its config (under the node's private /etc/containerd) and CNI config; start."""
+        os.makedirs(os.path.join(self.ctd_dir, "cni", "conf"), exist_ok=True)
+        self.config_path = os.path.join(self.private("/etc/containerd"), "config.toml")
+        with open(self.config_path, "w", encoding="utf-8") as handle:
+            handle.write(self._containerd_config())
+        bridge = f"enf{self.name[-6:].replace('-', '')}"[:15]
+        cni = {
+            "cniVersion": "0.4.0",
+            "name": f"e2e-{self.name}",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": bridge,
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": self.subnet}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                    },
+                }
+            ],
+        }
+        with open(os.path.join(self.ctd_dir, "cni", "conf", "10-e2e.conflist"), "w") as handle:
+            json.dump(cni, handle)
+        self.ledger.containerd_sockets.append(self.socket)
+        self.ledger.save()
+        command = [self.binaries.containerd, "--config", "/etc/containerd/config.toml"]
+        with open(os.path.join(self.work, "containerd.log"), "ab") as log:
+            self.containerd = subprocess.Popen(
+                [*self._nsenter(), *command],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.ledger.started(self.containerd.pid, command[0])
+
+        def up() -> bool:
+            if self.containerd is not None and self.containerd.poll() is not None:
+                raise harness.E2EError(f"{self.name}: containerd exited: {self.log('containerd')}")
+            return self.ctr("version", check=False).returncode == 0
+
+        harness.wait_for(f"{self.name}'s containerd", up, 30, 0.2)
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``ctr`` against this node's containerd (CRI namespace)."""
+        command = [self.binaries.ctr, "--address", self.socket, "--namespace", "k8s.io", *args]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+        if check and result.returncode != 0:
+            raise harness.E2EError(f"{self.name}: {' '.join(command)}: {result.stderr}")
+        return result
+
+    def import_archive(self, archive: str) -> None:
+        """``ctr images import`` an OCI archive (no registry anywhere)."""
+        self.ctr("images", "import", archive)
+
+    def import_test_images(self) -> None:
+        """The pause image (the sandbox) and busybox, built from local binaries."""
+        for spec in (
+            oci_image.ImageSpec(
+                name=harness.PAUSE_IMAGE,
+                files={"/pause": self.binaries.pause},
+                entrypoint=("/pause",),
+            ),
+            oci_image.ImageSpec(
+                name=harness.IMAGE,
+                files={"/bin/busybox": self.binaries.busybox},
+                symlinks={f"/bin/{a}": "busybox" for a in harness.BUSYBOX_APPLETS},
+                cmd=("/bin/sh",),
+            ),
+        ):
+            archive = os.path.join(self.work, f"image-{uuid.uuid4().hex[:6]}.tar")
+            oci_image.write_archive(archive, spec)
+            self.ctr("images", "import", archive)
+            os.unlink(archive)
+
+    # -- kubelet ----------------------------------------------------------------------------
+
+    def start_kubelet(self, extra: dict[str, Any] | None = None) -> None:
+        """Register with the control plane under its own client certificate."""
+        kubeconfig = self.plane.node_kubeconfig(self.name, os.path.join(self.work, "kubelet"))
+        make_cgroup(self.cgroup_root)
+        config: dict[str, Any] = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "address": "127.0.0.1",
+            "port": self.kubelet_port,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": self.healthz_port,
+            # The API server reaches this kubelet on loopback only; no webhook authn/authz.
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": self.cgroup_root,
+            "failSwapOn": False,
+            "makeIPTablesUtilChains": False,
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%",
+                             "imagefs.available": "1%"},
+            "serializeImagePulls": False,
+            "syncFrequency": "5s",
+            "nodeStatusUpdateFrequency": "4s",
+            "volumeStatsAggPeriod": "0s",
+            "volumePluginDir": "/var/lib/kubelet/volume-plugins",
+            **(extra or {}),
+        }  # fmt: skip
+        path = os.path.join(self.work, "kubelet", "config.yaml")
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(config, handle, indent=1)
+        command = [
+            self.binaries.kubelet,
+            f"--config={path}",
+            f"--kubeconfig={kubeconfig}",
+            "--root-dir=/var/lib/kubelet",
+            "--container-runtime=remote",
+            f"--container-runtime-endpoint=unix://{self.socket}",
+            f"--hostname-override={self.name}",
+            "--node-ip=127.0.0.1",
+            "--v=2",
+        ]
+        with open(os.path.join(self.work, "kubelet.log"), "ab") as log:
+            self.kubelet = subprocess.Popen(
+                [*self._nsenter(), *command],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.ledger.started(self.kubelet.pid, command[0])
+
+    def ready(self) -> bool:
+        """Whether the Node object says Ready."""
+        node = self.plane.get(f"/api/v1/nodes/{self.name}")
+        for condition in (node or {}).get("status", {}).get("conditions", []):
+            if condition["type"] == "Ready":
+                return bool(condition["status"] == "True")
+        return False
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Wait for the Node to be Ready (E2EError with the kubelet's log tail otherwise)."""
+
+        def probe() -> bool:
+            if self.kubelet is not None and self.kubelet.poll() is not None:
+                raise harness.E2EError(f"{self.name}: kubelet exited:\n{self.log('kubelet')}")
+            return self.ready()
+
+        try:
+            harness.wait_for(f"node {self.name} to be Ready", probe, timeout, 0.5)
+        except harness.E2EError as exc:
+            raise harness.E2EError(f"{exc}\n{self.log('kubelet')}") from None
+
+    def log(self, piece: str, size: int = 4000) -> str:
+        """The tail of ``kubelet``, ``containerd`` or ``ns`` log."""
+        try:
+            with open(os.path.join(self.work, f"{piece}.log"), "rb") as handle:
+                return handle.read().decode("utf-8", "replace")[-size:]
+        except FileNotFoundError:
+            return ""
+
+    def up(self, archives: list[str]) -> None:
+        """Everything, in order, until the Node is Ready."""
+        self.simulate()
+        self.enter()
+        self.start_containerd()
+        self.import_test_images()
+        for archive in archives:
+            self.import_archive(archive)
+        self.start_kubelet()
+        self.wait_ready()
+
+    # -- the simulated cards ----------------------------------------------------------------
+
+    def unplug(self, minor: int) -> None:
+        """Take a card off the simulated bus (as a hot-unplug does)."""
+        simulate.unplug(self.sim_root, minor)
+
+    def replug(self, minor: int) -> None:
+        """Put it back."""
+        simulate.replug(self.sim_root, minor)
+
+    def stop(self) -> None:
+        """Kubelet, then containerd, then the holder (the ledger finds shims and containers)."""
+        for process in (self.kubelet, self.containerd, self.holder):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(10)
+
+
+def python_for_node() -> str:
+    """The interpreter of the checkout (enflame-ctk for doctor runs and the like)."""
+    return sys.executable
+
+
+def remove_tree(path: str) -> None:
+    """rm -rf that tolerates busy mount points (unmounted by the ledger)."""
+    with contextlib.suppress(OSError):
+        shutil.rmtree(path)
+
+
+def elapsed(started: float) -> str:
+    """Seconds since ``started`` for log lines."""
+    return f"{time.monotonic() - started:.1f} s"
