@@ -253,3 +253,37 @@ def test_turning_a_component_off_removes_only_it() -> None:
     converge(operator, cluster)
     assert fake.objects(api.SERVICE) == []
     assert len(fake.objects(api.DAEMONSET)) == 2
+
+
+def test_drain_cordons_evicts_gcu_pods_first_and_uncordons_after_validation() -> None:
+    resource = ours(upgradePolicy={"maxUnavailable": 1, "drain": {"enable": True}})
+    fake, cluster, operator = _start(resource, nodes=["node-a", "node-b"])
+    converge(operator, cluster)
+    cluster.add_workload("node-a", "job-a", cards="0")
+    cluster.add_workload("node-b", "job-b", cards="1")
+    set_spec(fake, resource, ["devicePlugin", "version"], "0.2.0")
+    events: list[tuple[str, str]] = []
+
+    def check() -> None:
+        for name in ("node-a", "node-b"):
+            node = fake.find(api.NODE, name)
+            assert node is not None
+            cordoned = bool(node["spec"].get("unschedulable"))
+            job = fake.find(api.POD, f"job-{name[-1]}", "default")
+            image = _plugin_images(fake).get(name, "")
+            if image.endswith(":0.2.0"):
+                # The node's plugin was replaced only after its GCU pod was gone.
+                assert job is None, name
+            if cordoned and ("cordon", name) not in events:
+                events.append(("cordon", name))
+            if not cordoned and ("cordon", name) in events and ("uncordon", name) not in events:
+                events.append(("uncordon", name))
+
+    converge(operator, cluster, check=check)
+    assert events == [
+        ("cordon", "node-a"),
+        ("uncordon", "node-a"),
+        ("cordon", "node-b"),
+        ("uncordon", "node-b"),
+    ]
+    assert status(fake, resource)["phase"] == "Running"
