@@ -40,6 +40,13 @@ def plane() -> Iterator[Any]:
             cp.kubectl(
                 "wait", "--for=condition=Established", f"crd/{rs.PLURAL}.{group}", "--timeout=60s"
             )
+        # kubectl validates against /openapi/v2, which publishes a new CRD some seconds after
+        # it is Established; until then kubectl cannot refuse unknown fields.
+        deadline = time.monotonic() + 90
+        published = "com.enflame.topscloud.v1.GcuResource"
+        while published not in cp.request("GET", "/openapi/v2", raw=True):
+            assert time.monotonic() < deadline, "the CRD's schema was never published"
+            time.sleep(2)
         for name in NODES:
             cp.api(
                 "POST",
@@ -166,10 +173,14 @@ def test_vendor_example_and_ours_deploy_and_show_ready_running(plane: Any) -> No
         return all((r.get("status") or {}).get("phase") == "Running" for r in (ours, vendor))
 
     _until(plane, operator, both_running, "both resources Running")
-    table = plane.kubectl("get", "gr").stdout.split("\n")
+    # A fresh discovery cache: kubectl cached the API's resources before the CRDs existed.
+    with tempfile.TemporaryDirectory() as cache:
+        table = plane.kubectl("--cache-dir", cache, "get", "gr").stdout.split("\n")
+        legacy = plane.kubectl(
+            "--cache-dir", cache, "get", f"{rs.PLURAL}.{rs.LEGACY_GROUP}"
+        ).stdout.split("\n")
     assert table[0].split() == ["NAME", "READY", "STATUS", "AGE"]
     assert table[1].split()[:3] == ["enflame-gcu-resource", "5/5", "Running"]
-    legacy = plane.kubectl("get", f"{rs.PLURAL}.{rs.LEGACY_GROUP}").stdout.split("\n")
     assert legacy[1].split()[:3] == ["enflame-gcu-resource", "5/5", "Running"]
     vendor = _gr(plane, rs.LEGACY_GROUP, "enflame-gcu-resource")
     assert vendor is not None

@@ -287,3 +287,24 @@ def test_drain_cordons_evicts_gcu_pods_first_and_uncordons_after_validation() ->
         ("uncordon", "node-b"),
     ]
     assert status(fake, resource)["phase"] == "Running"
+
+
+def test_same_name_in_both_groups_are_two_resources() -> None:
+    vendor = vendor_example()
+    mine = ours()
+    mine["metadata"]["name"] = vendor["metadata"]["name"]
+    fake, cluster, operator = _start(vendor, nodes=["node-a", "node-b"])
+    fake.put(api.GCU_RESOURCE, mine)
+    converge(operator, cluster)
+    assert status(fake, vendor)["phase"] == "Running"
+    assert status(fake, mine)["phase"] == "Running"
+    assert len(fake.objects(api.DAEMONSET)) == 4
+    fake.delete(api.LEGACY_GCU_RESOURCE, vendor["metadata"]["name"])
+    converge(operator, cluster)
+    assert {d["metadata"]["name"] for d in fake.objects(api.DAEMONSET)} == {
+        "enflame-container-toolkit",
+        "enflame-k8s-device-plugin",
+    }
+    assert status(fake, mine)["phase"] == "Running"
+    for name in ("node-a", "node-b"):
+        assert cluster.node_labels(name)[names.deploy_label(rs.DEVICE_PLUGIN)] == "true"

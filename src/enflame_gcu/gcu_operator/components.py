@@ -47,13 +47,13 @@ def owner_reference(resource: Mapping[str, Any]) -> Obj:
     }
 
 
-def labels(resource_name: str, key: str, app: str) -> dict[str, str]:
+def labels(resource: Mapping[str, Any], key: str, app: str) -> dict[str, str]:
     """Labels of a component's objects and pods."""
     return {
         names.APP_NAME: app,
         names.PART_OF: "enflame-gcu",
         names.MANAGED_BY: names.OPERATOR,
-        names.RESOURCE_LABEL: resource_name,
+        names.RESOURCE_LABEL: str(resource["metadata"]["uid"]),
         names.COMPONENT_LABEL: key,
     }
 
@@ -197,9 +197,8 @@ def _daemonset(
     app: str,
     pod_spec: Obj,
 ) -> Obj:
-    name = resource["metadata"]["name"]
-    own = labels(name, component.key, app)
-    selector = {names.APP_NAME: app, names.RESOURCE_LABEL: name}
+    own = labels(resource, component.key, app)
+    selector = {names.APP_NAME: app, names.RESOURCE_LABEL: own[names.RESOURCE_LABEL]}
     node_selector = {names.deploy_label(component.key): "true", **dict(component.node_selector)}
     pod_spec = {
         "priorityClassName": "system-node-critical",
@@ -231,14 +230,14 @@ def _daemonset(
 def _exporter_service(
     resource: Mapping[str, Any], component: rs.Component, plugin: rs.Component
 ) -> Obj:
-    name = resource["metadata"]["name"]
+    own = labels(resource, component.key, component.name)
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
             "name": component.name,
             "namespace": plugin.namespace,
-            "labels": labels(name, component.key, component.name),
+            "labels": own,
             "annotations": {
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(METRICS_PORT),
@@ -246,7 +245,10 @@ def _exporter_service(
             "ownerReferences": [owner_reference(resource)],
         },
         "spec": {
-            "selector": {names.APP_NAME: "enflame-device-plugin", names.RESOURCE_LABEL: name},
+            "selector": {
+                names.APP_NAME: "enflame-device-plugin",
+                names.RESOURCE_LABEL: own[names.RESOURCE_LABEL],
+            },
             "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
         },
     }
@@ -308,14 +310,16 @@ def validator_pod(
     resource: Mapping[str, Any], component: rs.Component, node: str, target: str
 ) -> Obj:
     """A short pod on ``node`` that asks for one GCU and checks what it got."""
-    name = resource["metadata"]["name"]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": validator_name(component, node, target),
             "namespace": component.namespace,
-            "labels": {**labels(name, rs.VALIDATOR, component.name), "enflame.com/gcu.node": node},
+            "labels": {
+                **labels(resource, rs.VALIDATOR, component.name),
+                "enflame.com/gcu.node": node,
+            },
             "annotations": {names.VALIDATES_ANNOTATION: target},
             "ownerReferences": [owner_reference(resource)],
         },

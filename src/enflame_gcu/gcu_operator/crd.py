@@ -96,10 +96,11 @@ def spec_schema() -> Obj:
                     "x-kubernetes-int-or-string": True,
                     "default": 1,
                     "description": "nodes upgraded at once: a count or a percentage such as 25%",
-                    "anyOf": [
-                        {"type": "integer", "minimum": 1},
-                        {"type": "string", "pattern": "^([1-9][0-9]?|100)%$"},
-                    ],
+                    # 1.20 allows only bare types inside an int-or-string anyOf; minimum applies
+                    # to the integer form, pattern to the string form.
+                    "anyOf": [{"type": "integer"}, {"type": "string"}],
+                    "minimum": 1,
+                    "pattern": "^([1-9][0-9]?|100)%$",
                 },
                 "podReadyTimeoutSeconds": {
                     "type": "integer",

@@ -48,6 +48,12 @@ def _error(exc: LightkubeApiError) -> api.ApiError:
     return api.ApiError(int(status.code or 0), str(status.message or exc))
 
 
+def _http_status(exc: Exception) -> int | None:
+    """The HTTP status of an error lightkube did not wrap (its list raises httpx's own)."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    return status if isinstance(status, int) else None
+
+
 class LightkubeApi:
     """ClusterApi over lightkube's synchronous client."""
 
@@ -84,6 +90,11 @@ class LightkubeApi:
             return out
         except LightkubeApiError as exc:
             raise _error(exc) from exc
+        except Exception as exc:
+            status = _http_status(exc)
+            if status is None:
+                raise
+            raise api.ApiError(status, str(exc).splitlines()[0]) from exc
 
     def create(self, kind: api.Kind, obj: Obj) -> Obj:
         """Create."""
@@ -147,10 +158,9 @@ class LightkubeApi:
     def served(self, kind: api.Kind) -> bool:
         """Whether listing ``kind`` works (404: not served)."""
         try:
-            for _ in self._client.list(_resource(kind), chunk_size=1):
-                break
-        except LightkubeApiError as exc:
-            if exc.status.code == api.NOT_FOUND:
+            self.list(kind)
+        except api.ApiError as exc:
+            if exc.status == api.NOT_FOUND:
                 return False
-            raise _error(exc) from exc
+            raise
         return True

@@ -6,8 +6,9 @@ OPERATOR = "enflame-gcu-operator"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 PART_OF = "app.kubernetes.io/part-of"
 APP_NAME = "app.kubernetes.io/name"
-# Which GcuResource and which of its components an object or pod belongs to.
-RESOURCE_LABEL = "enflame.com/gcu.resource"
+# Which GcuResource (by uid: the two API groups may hold resources of the same name) and which
+# of its components an object or pod belongs to.
+RESOURCE_LABEL = "enflame.com/gcu.resource-uid"
 COMPONENT_LABEL = "enflame.com/gcu.component"
 # Set on a component's pod template: a pod whose value differs from its DaemonSet's is outdated.
 TEMPLATE_HASH = "enflame.com/gcu.template-hash"

@@ -65,7 +65,10 @@ class _Work:
 
 
 def _name(observed: Observed) -> str:
-    return str(observed.resource["metadata"]["name"])
+    """The resource's key in the nodes' state annotation: group/name (both groups may hold a
+    resource of the same name; a resource deleted and created again takes its entry back)."""
+    group = str(observed.resource.get("apiVersion", "")).rpartition("/")[0]
+    return f"{group}/{observed.resource['metadata']['name']}"
 
 
 def _uid(observed: Observed) -> str:

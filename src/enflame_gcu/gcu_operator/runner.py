@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from enflame_gcu.gcu_operator import api, components, objects, pods, reconcile
+from enflame_gcu.gcu_operator import api, components, names, objects, pods, reconcile
 from enflame_gcu.gcu_operator import resource as rs
 from enflame_gcu.gcu_operator.actions import (
     Action,
@@ -40,8 +40,8 @@ class PassResult:
     error: str = ""
 
 
-def _labelled(resource: str) -> dict[str, str]:
-    return {"enflame.com/gcu.resource": resource}
+def _labelled(resource: Mapping[str, Any]) -> dict[str, str]:
+    return {names.RESOURCE_LABEL: str(resource["metadata"]["uid"])}
 
 
 class Operator:
@@ -54,11 +54,10 @@ class Operator:
 
     def observe(self, kind: api.Kind, resource: Mapping[str, Any]) -> reconcile.Observed:
         """Read what one reconcile needs."""
-        name = str(resource["metadata"]["name"])
         spec = rs.parse(resource.get("spec"))
         found: dict[objects.Key, Obj] = {}
         for obj_kind in (api.DAEMONSET, api.SERVICE):
-            for obj in self._api.list(obj_kind, labels=_labelled(name)):
+            for obj in self._api.list(obj_kind, labels=_labelled(resource)):
                 found[objects.key(obj)] = obj
         for obj in components.desired(resource, spec).values():
             k = objects.key(obj)
@@ -75,7 +74,7 @@ class Operator:
             resource=resource,
             nodes=self._api.list(api.NODE),
             objects=found,
-            pods=self._api.list(api.POD, labels=_labelled(name)),
+            pods=self._api.list(api.POD, labels=_labelled(resource)),
             dra_served=self._dra_served,
             now=self._clock(),
             gcu_pods=gcu_pods,
