@@ -60,14 +60,29 @@ def plane() -> Iterator[Any]:
         yield cp
 
 
-def _operator(cp: Any) -> runner.Operator:
+_CLIENTS: list[kube.LightkubeApi] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _CLIENTS:
+        _CLIENTS.pop().close()
+
+
+def _client(cp: Any) -> kube.LightkubeApi:
     import lightkube
     from lightkube.config.kubeconfig import KubeConfig
 
-    client = lightkube.Client(
-        KubeConfig.from_file(cp.kubeconfig), field_manager="enflame-gcu-operator"
+    config = KubeConfig.from_file(cp.kubeconfig)
+    _CLIENTS.append(
+        kube.LightkubeApi(lightkube.Client(config, field_manager="enflame-gcu-operator"))
     )
-    return runner.Operator(kube.LightkubeApi(client))
+    return _CLIENTS[-1]
+
+
+def _operator(cp: Any) -> runner.Operator:
+    return runner.Operator(_client(cp))
 
 
 def _kubelets(cp: Any) -> None:
@@ -164,14 +179,32 @@ def test_the_apiserver_refuses_wrong_values_naming_the_field(plane: Any) -> None
 
 def test_vendor_example_and_ours_deploy_and_show_ready_running(plane: Any) -> None:
     plane.kubectl("apply", "-f", str(VENDOR_EXAMPLE))  # unchanged, the 2.0 group
-    plane.kubectl("apply", "-f", str(EXAMPLE))
     operator = _operator(plane)
+
+    def vendor_running() -> bool:
+        vendor = _gr(plane, rs.LEGACY_GROUP, "enflame-gcu-resource") or {}
+        return (vendor.get("status") or {}).get("phase") == "Running"
+
+    _until(plane, operator, vendor_running, "the vendor's example Running")
+    plane.kubectl("apply", "-f", str(EXAMPLE))
 
     def both_running() -> bool:
         ours = _gr(plane, rs.GROUP, "enflame-gcu-resource") or {}
         vendor = _gr(plane, rs.LEGACY_GROUP, "enflame-gcu-resource") or {}
         return all((r.get("status") or {}).get("phase") == "Running" for r in (ours, vendor))
 
+    def ours_conflicts() -> bool:
+        status = (_gr(plane, rs.GROUP, "enflame-gcu-resource") or {}).get("status") or {}
+        return status.get("phase") == "Failed"
+
+    # Both want the Service enflame-gcu-exporter: the second is told, the first keeps it.
+    _until(plane, operator, ours_conflicts, "a conflict reported")
+    message = _gr(plane, rs.GROUP, "enflame-gcu-resource")["status"]["conditions"][0]["message"]  # type: ignore[index]
+    assert "Service kube-system/enflame-gcu-exporter exists and was not created" in message
+    plane.kubectl(
+        "patch", f"{rs.PLURAL}.{rs.GROUP}", "enflame-gcu-resource", "--type=merge",
+        "-p", json.dumps({"spec": {"gcuExporter": {"name": "enflame-gcu-exporter-2"}}}),
+    )  # fmt: skip
     _until(plane, operator, both_running, "both resources Running")
     # A fresh discovery cache: kubectl cached the API's resources before the CRDs existed.
     with tempfile.TemporaryDirectory() as cache:
@@ -250,10 +283,7 @@ def test_cli_and_lease(plane: Any) -> None:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    import lightkube
-    from lightkube.config.kubeconfig import KubeConfig
-
-    cluster = kube.LightkubeApi(lightkube.Client(KubeConfig.from_file(plane.kubeconfig)))
+    cluster = _client(plane)
     a = leader.LeaderElector(cluster, "kube-system", "a")
     b = leader.LeaderElector(cluster, "kube-system", "b")
     now = time.time()

@@ -60,6 +60,10 @@ class LightkubeApi:
     def __init__(self, client: lightkube.Client) -> None:
         self._client = client
 
+    def close(self) -> None:
+        """Close the client's connections."""
+        self._client.close()
+
     def get(self, kind: api.Kind, name: str, namespace: str | None = None) -> Obj | None:
         """The object, or None."""
         try:

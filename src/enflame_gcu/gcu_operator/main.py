@@ -10,8 +10,12 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from enflame_gcu.gcu_operator import api, leader, runner
+
+if TYPE_CHECKING:
+    from enflame_gcu.gcu_operator import kube as kube_module
 
 LOG = logging.getLogger(__name__)
 
@@ -49,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cluster(kubeconfig: str) -> api.ClusterApi:
+def _cluster(kubeconfig: str) -> kube_module.LightkubeApi:
     import lightkube  # noqa: PLC0415 - the CLI's --help needs no client
     from lightkube.config.kubeconfig import KubeConfig  # noqa: PLC0415
 
@@ -64,6 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     cluster = _cluster(args.kubeconfig)
+    try:
+        return _run(args, cluster)
+    finally:
+        cluster.close()
+
+
+def _run(args: argparse.Namespace, cluster: kube_module.LightkubeApi) -> int:
     operator = runner.Operator(cluster)
     if args.once:
         results = operator.run_once()
