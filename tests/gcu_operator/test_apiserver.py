@@ -10,7 +10,9 @@ finishes terminating pods). The operator runs in-process over lightkube and as i
 from __future__ import annotations
 
 import json
+import os
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -271,6 +273,88 @@ def test_plugin_version_change_rolls_node_by_node(plane: Any) -> None:
 
     _until(plane, operator, rolled, "plugin 0.2.0 on every node", check=watch)
     assert max(seen_upgrading) == 1  # maxUnavailable 1: one node at a time
+
+
+def test_operator_process_killed_again_and_again_mid_rollout_converges(plane: Any) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    plane.kubectl(
+        "patch", f"{rs.PLURAL}.{rs.GROUP}", "enflame-gcu-resource", "--type=merge",
+        "-p", json.dumps({"spec": {"devicePlugin": {"version": "0.3.0"}}}),
+    )  # fmt: skip
+    want = f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-device-plugin:0.3.0"
+    command = [
+        sys.executable, "-m", "enflame_gcu.gcu_operator.main", "--kubeconfig", plane.kubeconfig,
+        "--interval", "0.2", "--identity", "e2e", "--lease-duration", "2",
+    ]  # fmt: skip
+    upgrading: list[int] = []
+    kills = 0
+    log_path = os.path.join(plane.work, "operator-kills.log")
+
+    def log_text() -> str:
+        with open(log_path, encoding="utf-8") as handle:
+            return handle.read()
+
+    # The kubelets and the scheduler act on their own while the operator is killed and restarted.
+    stop = threading.Event()
+
+    errors: list[str] = []
+
+    def kubelets() -> None:
+        while not stop.is_set():
+            try:
+                _kubelets(plane)
+            except Exception as exc:  # a race with the operator: the next tick retries
+                errors.append(str(exc)[:300])
+            stop.wait(0.3)
+
+    stand_in = threading.Thread(target=kubelets, daemon=True)
+    stand_in.start()
+    try:
+        for attempt in range(40):
+            with open(log_path, "w", encoding="utf-8") as log:
+                process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+            deadline = time.monotonic() + 120
+            while "starting" not in log_text():
+                assert process.poll() is None, log_text()
+                assert time.monotonic() < deadline, "the operator did not start"
+                time.sleep(0.05)
+            time.sleep(0.2 + (attempt % 6) * 0.4)  # killed at a different point each time
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=30)
+            kills += 1
+            gr = _gr(plane, rs.GROUP, "enflame-gcu-resource") or {}
+            status = gr.get("status") or {}
+            upgrading.append(len((status.get("rollout") or {}).get("upgrading") or []))
+            pods = plane.api(
+                "GET",
+                "/api/v1/namespaces/kube-system/pods?labelSelector=app.kubernetes.io/name=enflame-device-plugin",
+            )["items"]
+            images = {
+                p["spec"]["containers"][0]["image"]
+                for p in pods
+                if any(
+                    o["name"] == "enflame-k8s-device-plugin"
+                    for o in p["metadata"]["ownerReferences"]
+                )
+            }
+            if status.get("phase") == "Running" and images == {want}:
+                break
+        else:
+            pods_now = plane.kubectl("get", "pods", "-A", "-o", "wide").stdout
+            raise AssertionError(
+                f"no convergence after {kills} kills: {status}\n{pods_now}\n"
+                f"stand-in errors: {errors[-5:]}\n{plane.log('kube-controller-manager', 3000)}"
+            )
+    finally:
+        stop.set()
+        stand_in.join(timeout=30)
+    assert kills > 1 and max(upgrading) <= 1
+    # The killed holder's Lease expires; a fresh pass finds nothing left to do.
+    time.sleep(2.5)
+    assert all(r.actions == 0 for r in _operator(plane).run_once())
 
 
 def test_cli_and_lease(plane: Any) -> None:
