@@ -1,0 +1,1 @@
+"""enflame-gcu-operator: deploys the GCU components from the vendor's GcuResource, node by node."""

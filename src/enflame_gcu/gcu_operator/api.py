@@ -1,0 +1,97 @@
+"""The seam between the operator and the Kubernetes API: a small Protocol over plain dicts.
+
+``kube.LightkubeApi`` implements it against a real API server; the tests' fake implements it
+in memory. Objects are the API's JSON as dicts, so the planner never sees a client library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from enflame_gcu.gcu_operator import resource as rs
+
+Obj = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Kind:
+    """A resource type: how the API names and places it."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def group(self) -> str:
+        """The API group ("" for the core group)."""
+        return self.api_version.rpartition("/")[0]
+
+
+NODE = Kind("v1", "Node", "nodes", namespaced=False)
+POD = Kind("v1", "Pod", "pods", namespaced=True)
+SERVICE = Kind("v1", "Service", "services", namespaced=True)
+DAEMONSET = Kind("apps/v1", "DaemonSet", "daemonsets", namespaced=True)
+LEASE = Kind("coordination.k8s.io/v1", "Lease", "leases", namespaced=True)
+GCU_RESOURCE = Kind(f"{rs.GROUP}/{rs.VERSION}", rs.KIND, rs.PLURAL, namespaced=False)
+LEGACY_GCU_RESOURCE = Kind(f"{rs.LEGACY_GROUP}/{rs.VERSION}", rs.KIND, rs.PLURAL, namespaced=False)
+# The DRA API the DRA driver needs; served means this cluster can run it.
+DEVICE_CLASS = Kind("resource.k8s.io/v1", "DeviceClass", "deviceclasses", namespaced=False)
+BY_KIND = {k.kind: k for k in (NODE, POD, SERVICE, DAEMONSET, LEASE)}
+
+
+class ApiError(Exception):
+    """The API refused a request (status code and the server's message)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+NOT_FOUND = 404
+CONFLICT = 409
+
+
+class ClusterApi(Protocol):
+    """What the operator asks of the Kubernetes API."""
+
+    def get(self, kind: Kind, name: str, namespace: str | None = None) -> Obj | None:
+        """The object, or None when it does not exist."""
+        ...
+
+    def list(
+        self, kind: Kind, namespace: str | None = None, labels: Mapping[str, str] | None = None
+    ) -> list[Obj]:
+        """Objects of ``kind`` (every namespace when None), filtered by equality on labels."""
+        ...
+
+    def create(self, kind: Kind, obj: Obj) -> Obj:
+        """Create ``obj``; ApiError 409 when it exists."""
+        ...
+
+    def replace(self, kind: Kind, obj: Obj) -> Obj:
+        """PUT ``obj``; ApiError 409 when its resourceVersion is stale."""
+        ...
+
+    def patch(self, kind: Kind, name: str, patch: Obj, namespace: str | None = None) -> Obj:
+        """A JSON merge patch."""
+        ...
+
+    def delete(self, kind: Kind, name: str, namespace: str | None = None) -> None:
+        """Delete (background propagation); a missing object is not an error."""
+        ...
+
+    def replace_status(self, kind: Kind, obj: Obj) -> Obj:
+        """PUT the status subresource."""
+        ...
+
+    def evict(self, namespace: str, name: str) -> None:
+        """Evict a pod through the Eviction API."""
+        ...
+
+    def served(self, kind: Kind) -> bool:
+        """Whether the API server serves ``kind``."""
+        ...

@@ -1,0 +1,348 @@
+"""The objects each component is made of, as the API wants them (plain dicts).
+
+The DaemonSets carry the same containers as ``deploy/yaml`` (tests compare them); what differs
+is placement and updates: each selects the nodes the operator labelled
+``enflame.com/gcu.deploy.<component>=true`` (so the toolkit's readiness can gate the plugin per
+node) and uses ``updateStrategy: OnDelete`` (so the operator, not the DaemonSet controller,
+decides which node is upgraded when).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from enflame_gcu.gcu_operator import names
+from enflame_gcu.gcu_operator import resource as rs
+
+Obj = dict[str, Any]
+METRICS_PORT = 9402
+TOLERATIONS = [
+    {"key": "CriticalAddonsOnly", "operator": "Exists"},
+    {"key": "enflame.com/gcu", "operator": "Exists", "effect": "NoSchedule"},
+]
+# Checks what a GCU container must see: the cards the plugin granted, as device nodes.
+VALIDATOR_SCRIPT = """set -eu
+test -n "${ENFLAME_VISIBLE_DEVICES:-}" || { echo "ENFLAME_VISIBLE_DEVICES is not set"; exit 1; }
+test -c /dev/gcuctl || { echo "/dev/gcuctl is missing"; exit 1; }
+for i in $(echo "$ENFLAME_VISIBLE_DEVICES" | tr , ' '); do
+  test -c "/dev/gcu$i" || { echo "/dev/gcu$i is missing"; exit 1; }
+done
+echo "ok: ENFLAME_VISIBLE_DEVICES=$ENFLAME_VISIBLE_DEVICES"
+"""
+
+
+def owner_reference(resource: Mapping[str, Any]) -> Obj:
+    """The owner reference every object we create carries (the GcuResource is the controller)."""
+    meta = resource["metadata"]
+    return {
+        "apiVersion": resource["apiVersion"],
+        "kind": rs.KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def labels(resource: Mapping[str, Any], key: str, app: str) -> dict[str, str]:
+    """Labels of a component's objects and pods."""
+    return {
+        names.APP_NAME: app,
+        names.PART_OF: "enflame-gcu",
+        names.MANAGED_BY: names.OPERATOR,
+        names.RESOURCE_LABEL: str(resource["metadata"]["uid"]),
+        names.COMPONENT_LABEL: key,
+    }
+
+
+def template_hash(template: Mapping[str, Any]) -> str:
+    """A short digest of a pod template: pods carrying another one are outdated."""
+    text = json.dumps(template, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _env(component: rs.Component, base: list[Obj]) -> list[Obj]:
+    return base + [{"name": k, "value": v} for k, v in component.env]
+
+
+def _toolkit_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
+    return {
+        "name": "enflame-container-toolkit",
+        "image": component.image,
+        "imagePullPolicy": component.pull_policy,
+        "command": [
+            "enflame-ctk",
+            "install",
+            "--host-root",
+            "/host",
+            "--wait",
+            "--mode",
+            spec.node_mode,
+            "--restart-engine",
+            "--ready-file",
+            "/run/enflame/ready",
+            *component.args,
+        ],
+        **({"env": _env(component, [])} if component.env else {}),
+        "readinessProbe": {
+            "exec": {"command": ["test", "-f", "/run/enflame/ready"]},
+            "initialDelaySeconds": 2,
+            "periodSeconds": 5,
+        },
+        "securityContext": {"privileged": True},
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "volumeMounts": [{"name": "host-root", "mountPath": "/host"}],
+    }
+
+
+def _plugin_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
+    args = [
+        "--host-root=/host",
+        "--resource-name=enflame.com/gcu",
+        f"--node-mode={spec.node_mode}",
+        "--health-interval=5",
+        f"--metrics-port={METRICS_PORT}",
+    ]
+    mounts = [
+        {"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},
+        {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True},
+        {"name": "host-dev", "mountPath": "/host/dev", "readOnly": True},
+        {"name": "node-mode", "mountPath": "/host/etc/enflame-gcu", "readOnly": True},
+        {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True},
+    ]
+    if spec.wants(rs.GFD):
+        # The vendor's GFD becomes our labels: the plugin keeps NFD's feature file current.
+        args.append("--feature-file=/host/nfd/enflame-gcu")
+        mounts.append({"name": "nfd-features", "mountPath": "/host/nfd"})
+    return {
+        "name": "enflame-device-plugin",
+        "image": component.image,
+        "imagePullPolicy": component.pull_policy,
+        "args": args + list(component.args),
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 5},
+        "env": _env(component, [{"name": "ENFLAME_VISIBLE_DEVICES", "value": "void"}]),
+        "securityContext": {
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsUser": 0,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "volumeMounts": mounts,
+    }
+
+
+def _host_path(name: str, path: str, kind: str) -> Obj:
+    return {"name": name, "hostPath": {"path": path, "type": kind}}
+
+
+def _plugin_volumes(spec: rs.ResourceSpec) -> list[Obj]:
+    volumes = [
+        _host_path("device-plugin", "/var/lib/kubelet/device-plugins", "Directory"),
+        _host_path("host-sys", "/sys", "Directory"),
+        _host_path("host-dev", "/dev", "Directory"),
+        _host_path("node-mode", "/etc/enflame-gcu", "DirectoryOrCreate"),
+        _host_path("pod-resources", "/var/lib/kubelet/pod-resources", "DirectoryOrCreate"),
+    ]
+    if spec.wants(rs.GFD):
+        volumes.append(
+            _host_path(
+                "nfd-features",
+                "/etc/kubernetes/node-feature-discovery/features.d",
+                "DirectoryOrCreate",
+            )
+        )
+    return volumes
+
+
+def _dra_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
+    del spec
+    return {
+        "name": "enflame-dra-plugin",
+        "image": component.image,
+        "imagePullPolicy": component.pull_policy,
+        "command": ["enflame-dra-plugin"],
+        "args": ["--host-root=/host", *component.args],
+        "env": _env(
+            component,
+            [
+                {"name": "ENFLAME_VISIBLE_DEVICES", "value": "void"},
+                {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            ],
+        ),
+        "securityContext": {"privileged": True},
+        "volumeMounts": [
+            {"name": "plugins-registry", "mountPath": "/var/lib/kubelet/plugins_registry"},
+            {"name": "plugins", "mountPath": "/var/lib/kubelet/plugins"},
+            {"name": "cdi", "mountPath": "/var/run/cdi"},
+            {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True},
+            {"name": "host-dev", "mountPath": "/host/dev", "readOnly": True},
+        ],
+    }
+
+
+def _daemonset(
+    resource: Mapping[str, Any],
+    component: rs.Component,
+    app: str,
+    pod_spec: Obj,
+) -> Obj:
+    own = labels(resource, component.key, app)
+    selector = {names.APP_NAME: app, names.RESOURCE_LABEL: own[names.RESOURCE_LABEL]}
+    node_selector = {names.deploy_label(component.key): "true", **dict(component.node_selector)}
+    pod_spec = {
+        "priorityClassName": "system-node-critical",
+        "automountServiceAccountToken": False,
+        "nodeSelector": node_selector,
+        "tolerations": TOLERATIONS,
+        **pod_spec,
+    }
+    template: Obj = {"metadata": {"labels": own}, "spec": pod_spec}
+    template["metadata"]["annotations"] = {names.TEMPLATE_HASH: template_hash(template)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": component.name,
+            "namespace": component.namespace,
+            "labels": own,
+            "ownerReferences": [owner_reference(resource)],
+        },
+        "spec": {
+            "selector": {"matchLabels": selector},
+            # The operator rolls nodes itself: validated one batch at a time, stoppable.
+            "updateStrategy": {"type": "OnDelete"},
+            "template": template,
+        },
+    }
+
+
+def _exporter_service(
+    resource: Mapping[str, Any], component: rs.Component, plugin: rs.Component
+) -> Obj:
+    own = labels(resource, component.key, component.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": component.name,
+            "namespace": plugin.namespace,
+            "labels": own,
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(METRICS_PORT),
+            },
+            "ownerReferences": [owner_reference(resource)],
+        },
+        "spec": {
+            "selector": {
+                names.APP_NAME: "enflame-device-plugin",
+                names.RESOURCE_LABEL: own[names.RESOURCE_LABEL],
+            },
+            "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
+        },
+    }
+
+
+def desired(resource: Mapping[str, Any], spec: rs.ResourceSpec) -> dict[str, Obj]:
+    """Every object the resource's components consist of, by component key."""
+    out: dict[str, Obj] = {}
+    comps = spec.components
+    if rs.TOOLKIT in comps:
+        out[rs.TOOLKIT] = _daemonset(
+            resource,
+            comps[rs.TOOLKIT],
+            "enflame-container-toolkit",
+            {
+                "hostPID": True,
+                "terminationGracePeriodSeconds": 120,
+                "containers": [_toolkit_container(comps[rs.TOOLKIT], spec)],
+                "volumes": [_host_path("host-root", "/", "Directory")],
+            },
+        )
+    if rs.DEVICE_PLUGIN in comps:
+        out[rs.DEVICE_PLUGIN] = _daemonset(
+            resource,
+            comps[rs.DEVICE_PLUGIN],
+            "enflame-device-plugin",
+            {
+                "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [_plugin_container(comps[rs.DEVICE_PLUGIN], spec)],
+                "volumes": _plugin_volumes(spec),
+            },
+        )
+    if rs.DRA in comps:
+        out[rs.DRA] = _daemonset(
+            resource,
+            comps[rs.DRA],
+            "enflame-dra-plugin",
+            {
+                "serviceAccountName": "enflame-dra-plugin",
+                "automountServiceAccountToken": True,
+                "containers": [_dra_container(comps[rs.DRA], spec)],
+                "volumes": [
+                    _host_path(
+                        "plugins-registry", "/var/lib/kubelet/plugins_registry", "Directory"
+                    ),
+                    _host_path("plugins", "/var/lib/kubelet/plugins", "DirectoryOrCreate"),
+                    _host_path("cdi", "/var/run/cdi", "DirectoryOrCreate"),
+                    _host_path("host-sys", "/sys", "Directory"),
+                    _host_path("host-dev", "/dev", "Directory"),
+                ],
+            },
+        )
+    if rs.EXPORTER in comps:
+        out[rs.EXPORTER] = _exporter_service(resource, comps[rs.EXPORTER], comps[rs.DEVICE_PLUGIN])
+    return out
+
+
+def validator_pod(
+    resource: Mapping[str, Any], component: rs.Component, node: str, target: str
+) -> Obj:
+    """A short pod on ``node`` that asks for one GCU and checks what it got."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": validator_name(component, node, target),
+            "namespace": component.namespace,
+            "labels": {
+                **labels(resource, rs.VALIDATOR, component.name),
+                "enflame.com/gcu.node": node,
+            },
+            "annotations": {names.VALIDATES_ANNOTATION: target},
+            "ownerReferences": [owner_reference(resource)],
+        },
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "tolerations": TOLERATIONS,
+            "containers": [
+                {
+                    "name": "validator",
+                    "image": component.image,
+                    "imagePullPolicy": component.pull_policy,
+                    "command": ["sh", "-c", VALIDATOR_SCRIPT],
+                    "env": _env(component, []),
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                    "resources": {"limits": {"enflame.com/gcu": "1"}},
+                }
+            ],
+        },
+    }
+
+
+def validator_name(component: rs.Component, node: str, target: str) -> str:
+    """The validator pod's name: one per node and per version of what it validates."""
+    return f"{component.name}-{target[:8]}-{node}"[:253]

@@ -1,0 +1,34 @@
+"""Labels, annotations and names the operator puts on what it creates and on the nodes."""
+
+from __future__ import annotations
+
+OPERATOR = "enflame-gcu-operator"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+PART_OF = "app.kubernetes.io/part-of"
+APP_NAME = "app.kubernetes.io/name"
+# Which GcuResource (by uid: the two API groups may hold resources of the same name) and which
+# of its components an object or pod belongs to.
+RESOURCE_LABEL = "enflame.com/gcu.resource-uid"
+COMPONENT_LABEL = "enflame.com/gcu.component"
+# Set on a component's pod template: a pod whose value differs from its DaemonSet's is outdated.
+TEMPLATE_HASH = "enflame.com/gcu.template-hash"
+# Node labels the operator sets (and only those it recorded setting are ever removed).
+DEPLOY_LABEL_PREFIX = "enflame.com/gcu.deploy."
+VALIDATED_LABEL = "enflame.com/gcu.validated"
+# The user's per-node choice of DRA (the same label the chart and deploy/dra use).
+MODE_LABEL = "enflame.com/gcu.mode"
+# GCU nodes: Node Feature Discovery's label for PCI vendor 0x1e36, or the hand-set one.
+GCU_NODE_LABELS = (
+    ("feature.node.kubernetes.io/pci-1e36.present", "true"),
+    ("enflame.com/gcu.present", "true"),
+)
+# JSON on each node: the labels we set, the last validation, whether we cordoned it.
+NODE_STATE_ANNOTATION = "enflame.com/gcu.operator-state"
+# A validator pod's target hash (the plugin's and toolkit's template hashes it validates).
+VALIDATES_ANNOTATION = "enflame.com/gcu.validates"
+GCU_RESOURCE_PREFIX = "enflame.com/"
+
+
+def deploy_label(component: str) -> str:
+    """The node label that lets ``component``'s DaemonSet run on a node."""
+    return DEPLOY_LABEL_PREFIX + component

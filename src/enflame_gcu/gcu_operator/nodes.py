@@ -1,0 +1,124 @@
+"""One node as a resource sees it: its mode, its component pods, its validation and upgrade."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from enflame_gcu.gcu_operator import names, nodestate, pods
+from enflame_gcu.gcu_operator import resource as rs
+
+DAEMON_KEYS = (rs.TOOLKIT, rs.DEVICE_PLUGIN, rs.DRA)
+DRA_MINIMUM = "Kubernetes >= 1.34 (resource.k8s.io/v1)"
+
+
+def is_gcu_node(node: Mapping[str, Any]) -> bool:
+    """Whether the node carries one of the GCU node labels."""
+    node_labels = node.get("metadata", {}).get("labels") or {}
+    return any(node_labels.get(k) == v for k, v in names.GCU_NODE_LABELS)
+
+
+def combined(parts: Sequence[tuple[str, str]]) -> str:
+    """One digest for the pods (component, template hash) a node runs: what a validation covers."""
+    if not parts or any(not h for _, h in parts):
+        return ""
+    text = ";".join(f"{k}={h}" for k, h in sorted(parts))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeView:
+    """Everything the planner needs to know about one node."""
+
+    name: str
+    node: Mapping[str, Any]
+    mode: str
+    mode_error: str
+    components: tuple[str, ...]  # daemon components that belong on this node
+    pods: Mapping[str, Mapping[str, Any]]  # component -> its live pod here
+    state: nodestate.NodeState
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        """The node's labels."""
+        return self.node.get("metadata", {}).get("labels") or {}
+
+    def pod_hash(self, key: str) -> str:
+        """The template hash of the component's pod here ("" when none)."""
+        pod = self.pods.get(key)
+        return pods.template_hash(pod) if pod else ""
+
+    def running_target(self) -> str:
+        """What a validation of this node covers now: the pods it runs ("" while one is missing)."""
+        return combined([(k, self.pod_hash(k)) for k in self.components])
+
+    def desired_target(self, hashes: Mapping[str, str]) -> str:
+        """What the node runs once every component here is current."""
+        return combined([(k, hashes.get(k, "")) for k in self.components])
+
+    def outdated(self, hashes: Mapping[str, str]) -> list[str]:
+        """Components whose pod here was made from an older template."""
+        return [k for k in self.components if k in self.pods and self.pod_hash(k) != hashes.get(k)]
+
+    def all_ready(self) -> bool:
+        """Every component here has a ready pod (current or not)."""
+        return all(k in self.pods and pods.ready(self.pods[k]) for k in self.components)
+
+
+def _in_scope(node: Mapping[str, Any], component: rs.Component) -> bool:
+    node_labels = node.get("metadata", {}).get("labels") or {}
+    return all(node_labels.get(k) == v for k, v in component.node_selector)
+
+
+def mode_of(node: Mapping[str, Any], spec: rs.ResourceSpec, dra_served: bool) -> tuple[str, str]:
+    """device-plugin or dra for this node, and why not DRA when the node asked for it."""
+    asks_dra = (node.get("metadata", {}).get("labels") or {}).get(names.MODE_LABEL) == "dra"
+    if spec.wants(rs.DRA) and (asks_dra or not spec.wants(rs.DEVICE_PLUGIN)):
+        if dra_served:
+            return "dra", ""
+        error = f"DRA needs {DRA_MINIMUM}, which this cluster does not serve"
+        if spec.wants(rs.DEVICE_PLUGIN):
+            return "device-plugin", error + "; serving GCUs through the device plugin"
+        return "none", error
+    if asks_dra and not spec.wants(rs.DRA):
+        return "device-plugin", "node asks for DRA (enflame.com/gcu.mode=dra) but spec.dra is off"
+    return ("device-plugin" if spec.wants(rs.DEVICE_PLUGIN) else "none"), ""
+
+
+def view(
+    node: Mapping[str, Any],
+    resource: str,
+    spec: rs.ResourceSpec,
+    dra_served: bool,
+    node_pods: Sequence[Mapping[str, Any]],
+) -> NodeView:
+    """The planner's view of ``node``."""
+    mode, error = mode_of(node, spec, dra_served)
+    wanted = []
+    for key in DAEMON_KEYS:
+        component = spec.components.get(key)
+        if component is None or not _in_scope(node, component):
+            continue
+        if (
+            key == rs.TOOLKIT
+            or (key == rs.DEVICE_PLUGIN and mode == "device-plugin")
+            or (key == rs.DRA and mode == "dra")
+        ):
+            wanted.append(key)
+    live: dict[str, Mapping[str, Any]] = {}
+    for pod in node_pods:
+        key = str((pod.get("metadata", {}).get("labels") or {}).get(names.COMPONENT_LABEL))
+        if key not in DAEMON_KEYS or pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        live[key] = pod
+    return NodeView(
+        name=str(node["metadata"]["name"]),
+        node=node,
+        mode=mode,
+        mode_error=error,
+        components=tuple(wanted),
+        pods=live,
+        state=nodestate.read(node, resource),
+    )

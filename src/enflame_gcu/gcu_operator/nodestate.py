@@ -1,0 +1,76 @@
+"""Per-node facts the operator keeps on the Node itself, so a restarted operator knows them.
+
+One annotation holds JSON keyed by GcuResource name: the labels this resource set (only those
+are ever removed), the last validation (which pods it validated, ok or not, the message), the
+upgrade a node is part of, and whether the operator cordoned it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from enflame_gcu.gcu_operator import names
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeState:
+    """What one resource recorded on one node."""
+
+    labels: frozenset[str] = frozenset()
+    validated_target: str = ""
+    validated_ok: bool = False
+    validation_message: str = ""
+    upgrading: str = ""
+    cordoned: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form (sorted labels, so equal states compare equal as text)."""
+        return {
+            "labels": sorted(self.labels),
+            "validation": {
+                "target": self.validated_target,
+                "ok": self.validated_ok,
+                "message": self.validation_message,
+            },
+            "upgrading": self.upgrading,
+            "cordoned": self.cordoned,
+        }
+
+
+def _all(node: Mapping[str, Any]) -> dict[str, Any]:
+    annotations = node.get("metadata", {}).get("annotations") or {}
+    try:
+        value = json.loads(annotations.get(names.NODE_STATE_ANNOTATION, "{}"))
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def read(node: Mapping[str, Any], resource: str) -> NodeState:
+    """The state ``resource`` recorded on ``node`` (empty when none or unreadable)."""
+    raw = _all(node).get(resource)
+    if not isinstance(raw, dict):
+        return NodeState()
+    found = raw.get("validation")
+    validation: dict[str, Any] = found if isinstance(found, dict) else {}
+    return NodeState(
+        labels=frozenset(str(x) for x in raw.get("labels") or () if isinstance(x, str)),
+        validated_target=str(validation.get("target") or ""),
+        validated_ok=bool(validation.get("ok")),
+        validation_message=str(validation.get("message") or ""),
+        upgrading=str(raw.get("upgrading") or ""),
+        cordoned=bool(raw.get("cordoned")),
+    )
+
+
+def annotation(node: Mapping[str, Any], resource: str, state: NodeState | None) -> str | None:
+    """The annotation's new value with ``resource``'s entry set (or dropped when None)."""
+    value = _all(node)
+    if state is None or state == NodeState():
+        value.pop(resource, None)
+    else:
+        value[resource] = state.to_json()
+    return json.dumps(value, sort_keys=True) if value else None

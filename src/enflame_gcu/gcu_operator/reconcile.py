@@ -1,0 +1,464 @@
+"""One reconcile of one GcuResource: what exists -> the actions that move it to what should.
+
+Pure: :func:`plan` reads an :class:`Observed` snapshot and returns a :class:`Plan` (actions in
+order, and the status to report); it keeps nothing between calls. Whatever it must remember
+(labels it set, a node's validation, the upgrade a node is part of) is written to the API, so
+an operator killed at any step and started again plans the same next step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from enflame_gcu.gcu_operator import components, names, nodes, nodestate, objects, pods, status
+from enflame_gcu.gcu_operator import resource as rs
+from enflame_gcu.gcu_operator.actions import (
+    Action,
+    Create,
+    Delete,
+    Evict,
+    PatchNode,
+    Replace,
+    SetFinalizers,
+)
+
+Obj = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Observed:
+    """What the API said, read just before planning."""
+
+    resource: Mapping[str, Any]
+    nodes: Sequence[Mapping[str, Any]]
+    # Objects at the names the components want, and every object labelled with this resource.
+    objects: Mapping[objects.Key, Mapping[str, Any]]
+    # Pods labelled with this resource (component and validator pods).
+    pods: Sequence[Mapping[str, Any]]
+    dra_served: bool
+    now: float
+    # Pods that use GCUs (read only when drain is on), for cordon + drain.
+    gcu_pods: Sequence[Mapping[str, Any]] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """The actions, in order, and the status they lead to."""
+
+    actions: tuple[Action, ...]
+    status: Obj
+
+
+@dataclasses.dataclass(slots=True)
+class _Work:
+    """What one reconcile builds up while planning."""
+
+    actions: list[Action] = dataclasses.field(default_factory=list)
+    node_patches: dict[str, tuple[dict[str, str | None], nodestate.NodeState]] = dataclasses.field(
+        default_factory=dict
+    )
+    errors: dict[str, str] = dataclasses.field(default_factory=dict)
+    conflicts: list[str] = dataclasses.field(default_factory=list)
+
+
+def _name(observed: Observed) -> str:
+    """The resource's key in the nodes' state annotation: group/name (both groups may hold a
+    resource of the same name; a resource deleted and created again takes its entry back)."""
+    group = str(observed.resource.get("apiVersion", "")).rpartition("/")[0]
+    return f"{group}/{observed.resource['metadata']['name']}"
+
+
+def _uid(observed: Observed) -> str:
+    return str(observed.resource["metadata"]["uid"])
+
+
+def max_unavailable(value: int | str, total: int) -> int:
+    """The rollout's batch size: an int, or a percentage of the GCU nodes (at least 1)."""
+    if isinstance(value, str) and value.endswith("%"):
+        try:
+            return max(1, math.floor(float(value[:-1]) * total / 100))
+        except ValueError:
+            return 1
+    try:
+        return max(1, int(value))
+    except ValueError:
+        return 1
+
+
+def _set_node(
+    work: _Work, view: nodes.NodeView, labels: Mapping[str, str | None], state: nodestate.NodeState
+) -> None:
+    pending, _ = work.node_patches.get(view.name, ({}, view.state))
+    work.node_patches[view.name] = ({**pending, **labels}, state)
+
+
+def _node_patch_actions(observed: Observed, work: _Work, by_name: Mapping[str, Any]) -> None:
+    resource = _name(observed)
+    for name, (labels, planned) in sorted(work.node_patches.items()):
+        node = by_name[name]
+        have_labels = node.get("metadata", {}).get("labels") or {}
+        changes = {k: v for k, v in labels.items() if have_labels.get(k) != v}
+        # A label is ours to remove only when we recorded setting it.
+        recorded = set(planned.labels) | {k for k, v in changes.items() if v is not None}
+        recorded -= {k for k, v in changes.items() if v is None}
+        state = dataclasses.replace(planned, labels=frozenset(recorded))
+        old = nodestate.read(node, resource)
+        patch: Obj = {}
+        if changes:
+            patch.setdefault("metadata", {})["labels"] = changes
+        if state != old:
+            patch.setdefault("metadata", {})["annotations"] = {
+                names.NODE_STATE_ANNOTATION: nodestate.annotation(node, resource, state)
+            }
+        if state.cordoned != old.cordoned:
+            patch["spec"] = {"unschedulable": True if state.cordoned else None}
+        if patch:
+            work.actions.append(PatchNode(name, patch))
+
+
+def _sync_objects(observed: Observed, want: Mapping[str, Obj], work: _Work) -> set[str]:
+    """Create or update the wanted objects, delete ours no longer wanted; the keys in conflict."""
+    uid = _uid(observed)
+    conflicted: set[str] = set()
+    wanted_keys = set()
+    for key in rs.ORDER:
+        obj = want.get(key)
+        if obj is None:
+            continue
+        k = objects.key(obj)
+        wanted_keys.add(k)
+        have = observed.objects.get(k)
+        if have is None:
+            work.actions.append(Create(obj))
+        elif not objects.owned_by(have, uid):
+            conflicted.add(key)
+            work.conflicts.append(
+                f"{k[0]} {k[1]}/{k[2]} exists and was not created by this resource; it is left "
+                f"alone (remove it, or give spec.{key}.name another name)"
+            )
+        elif objects.needs_update(obj, have):
+            work.actions.append(Replace(objects.replacement(obj, have)))
+    for k, have in sorted(observed.objects.items(), key=lambda item: _removal_rank(item[1])):
+        if k not in wanted_keys and objects.owned_by(have, uid):
+            work.actions.append(Delete(str(have["apiVersion"]), k[0], k[1] or None, k[2]))
+    return conflicted
+
+
+def _removal_rank(obj: Mapping[str, Any]) -> int:
+    key = (obj.get("metadata", {}).get("labels") or {}).get(names.COMPONENT_LABEL)
+    return -rs.ORDER.index(key) if key in rs.ORDER else 0
+
+
+def _validate(
+    observed: Observed,
+    *,
+    spec: rs.ResourceSpec,
+    view: nodes.NodeView,
+    state: nodestate.NodeState,
+    validator_pods: Sequence[Mapping[str, Any]],
+    work: _Work,
+) -> nodestate.NodeState:
+    """Run, read and clean up the validator pod of ``view``'s node; the node's new state."""
+    component = spec.components.get(rs.VALIDATOR)
+    target = view.running_target()
+    ready = component is not None and target != "" and view.all_ready()
+    for pod in validator_pods:
+        pod_target = (pod["metadata"].get("annotations") or {}).get(names.VALIDATES_ANNOTATION)
+        if not ready or pod_target != target or state.validated_target == target:
+            if not pod["metadata"].get("deletionTimestamp"):
+                work.actions.append(
+                    Delete("v1", "Pod", pod["metadata"]["namespace"], pod["metadata"]["name"])
+                )
+            continue
+        result = pods.phase(pod)
+        if result == "Succeeded":
+            state = dataclasses.replace(
+                state, validated_target=target, validated_ok=True, validation_message=""
+            )
+        elif result == "Failed" or pods.failure(pod, observed.now, spec.upgrade.pod_ready_timeout):
+            message = (
+                pods.termination_message(pod)
+                if result == "Failed"
+                else str(pods.failure(pod, observed.now, spec.upgrade.pod_ready_timeout))
+            )
+            state = dataclasses.replace(
+                state,
+                validated_target=target,
+                validated_ok=False,
+                validation_message=f"validator pod {pod['metadata']['name']}: {message}",
+            )
+        else:
+            return state
+        work.actions.append(
+            Delete("v1", "Pod", pod["metadata"]["namespace"], pod["metadata"]["name"])
+        )
+        return state
+    if ready and component is not None and state.validated_target != target:
+        live = {p["metadata"]["name"] for p in validator_pods}
+        pod_obj = components.validator_pod(observed.resource, component, view.name, target)
+        if pod_obj["metadata"]["name"] not in live:
+            work.actions.append(Create(pod_obj))
+    return state
+
+
+def _drained(observed: Observed, view: nodes.NodeView, work: _Work) -> bool:
+    """Evicts the node's GCU pods; True once none is left."""
+    left = [
+        p
+        for p in observed.gcu_pods
+        if pods.node_of(p) == view.name
+        and pods.requests_gcu(p)
+        and pods.phase(p) in ("Pending", "Running")
+    ]
+    for pod in left:
+        if not pod["metadata"].get("deletionTimestamp"):
+            work.actions.append(Evict(pod["metadata"]["namespace"], pod["metadata"]["name"]))
+    return not left
+
+
+def _roll(
+    observed: Observed,
+    *,
+    spec: rs.ResourceSpec,
+    views: Sequence[nodes.NodeView],
+    states: dict[str, nodestate.NodeState],
+    hashes: Mapping[str, str],
+    work: _Work,
+) -> status.Rollout:
+    """Upgrade nodes with outdated pods, a batch at a time, each validated before the next."""
+    validating = spec.wants(rs.VALIDATOR)
+
+    def done(view: nodes.NodeView) -> bool:
+        target = view.desired_target(hashes)
+        st = states[view.name]
+        return (
+            not view.outdated(hashes)
+            and view.all_ready()
+            and view.running_target() == target
+            and (not validating or (st.validated_target == target and st.validated_ok))
+        )
+
+    def failing(view: nodes.NodeView) -> str:
+        for key in view.components:
+            pod = view.pods.get(key)
+            if pod is not None and pods.template_hash(pod) == hashes.get(key):
+                reason = pods.failure(pod, observed.now, spec.upgrade.pod_ready_timeout)
+                if reason:
+                    return reason
+        st = states[view.name]
+        if st.validated_target == view.desired_target(hashes) and not st.validated_ok:
+            return st.validation_message or "validation failed"
+        return ""
+
+    in_progress: list[nodes.NodeView] = []
+    pending: list[nodes.NodeView] = []
+    for view in views:
+        st = states[view.name]
+        target = view.desired_target(hashes)
+        if st.upgrading and done(view):
+            states[view.name] = dataclasses.replace(st, upgrading="", cordoned=False)
+        elif st.upgrading and st.upgrading == target:
+            in_progress.append(view)
+        elif view.outdated(hashes):
+            pending.append(view)
+    failed = [(v.name, r) for v in in_progress if (r := failing(v))]
+    budget = max_unavailable(spec.upgrade.max_unavailable, len(views)) - len(in_progress)
+    # Broken nodes first: a rollback repairs the node that failed before touching healthy ones.
+    pending.sort(key=lambda v: (v.all_ready(), v.name))
+    started = [] if failed else pending[: max(0, budget)]
+    for view in started:
+        states[view.name] = dataclasses.replace(
+            states[view.name], upgrading=view.desired_target(hashes), cordoned=spec.upgrade.drain
+        )
+    failed_names = {name for name, _ in failed}
+    for view in [*in_progress, *started]:
+        if view.name in failed_names:
+            continue
+        if spec.upgrade.drain and not _drained(observed, view, work):
+            continue
+        outdated = view.outdated(hashes)
+        toolkit_pod = view.pods.get(rs.TOOLKIT)
+        toolkit_current = rs.TOOLKIT not in view.components or (
+            toolkit_pod is not None
+            and pods.template_hash(toolkit_pod) == hashes.get(rs.TOOLKIT)
+            and pods.ready(toolkit_pod)
+        )
+        for key in outdated:
+            # The toolkit first; the plugin only once this node's new toolkit is ready.
+            if key != rs.TOOLKIT and not toolkit_current:
+                continue
+            pod = view.pods[key]
+            work.actions.append(
+                Delete("v1", "Pod", pod["metadata"]["namespace"], pod["metadata"]["name"])
+            )
+    waiting = [v.name for v in pending if v not in started]
+    return status.Rollout(
+        upgrading=tuple(sorted(v.name for v in [*in_progress, *started])),
+        waiting=tuple(waiting),
+        failed=tuple(failed),
+    )
+
+
+def _desired_labels(
+    spec: rs.ResourceSpec, view: nodes.NodeView, state: nodestate.NodeState
+) -> dict[str, str | None]:
+    labels: dict[str, str | None] = {}
+    have = view.labels
+    toolkit = view.pods.get(rs.TOOLKIT)
+    toolkit_ok = rs.TOOLKIT not in view.components or (toolkit is not None and pods.ready(toolkit))
+    for key in nodes.DAEMON_KEYS:
+        label = names.deploy_label(key)
+        # The toolkit's readiness gates the plugin's first start on a node.
+        if key in view.components and (
+            key == rs.TOOLKIT or toolkit_ok or have.get(label) == "true"
+        ):
+            labels[label] = "true"
+        if label not in labels and label in state.labels:
+            labels[label] = None
+    target = view.running_target()
+    ok = (
+        spec.wants(rs.VALIDATOR)
+        and target
+        and state.validated_target == target
+        and state.validated_ok
+    )
+    if ok:
+        labels[names.VALIDATED_LABEL] = "true"
+    elif names.VALIDATED_LABEL in state.labels:
+        labels[names.VALIDATED_LABEL] = None
+    return labels
+
+
+def plan(observed: Observed) -> Plan:
+    """The actions that move the cluster towards the resource, and the status to report."""
+    if observed.resource["metadata"].get("deletionTimestamp"):
+        return _plan_removal(observed)
+    work = _Work()
+    resource = _name(observed)
+    finalizers = tuple(observed.resource["metadata"].get("finalizers") or ())
+    if rs.FINALIZER not in finalizers:
+        work.actions.append(SetFinalizers((*finalizers, rs.FINALIZER)))
+    spec = rs.parse(observed.resource.get("spec"))
+    want = components.desired(observed.resource, spec)
+    conflicted = _sync_objects(observed, want, work)
+    hashes = {
+        key: obj["spec"]["template"]["metadata"]["annotations"][names.TEMPLATE_HASH]
+        for key, obj in want.items()
+        if obj["kind"] == "DaemonSet"
+    }
+    by_name = {str(n["metadata"]["name"]): n for n in observed.nodes}
+    pods_by_node: dict[str, list[Mapping[str, Any]]] = {}
+    validators: dict[str, list[Mapping[str, Any]]] = {}
+    for pod in observed.pods:
+        pod_labels = pod["metadata"].get("labels") or {}
+        if pod_labels.get(names.COMPONENT_LABEL) == rs.VALIDATOR:
+            validators.setdefault(str(pod_labels.get("enflame.com/gcu.node")), []).append(pod)
+        else:
+            pods_by_node.setdefault(pods.node_of(pod), []).append(pod)
+    views = [
+        nodes.view(n, resource, spec, observed.dra_served, pods_by_node.get(name, []))
+        for name, n in sorted(by_name.items())
+        if nodes.is_gcu_node(n)
+    ]
+    states = {v.name: v.state for v in views}
+    for view in views:
+        states[view.name] = _validate(
+            observed,
+            spec=spec,
+            view=view,
+            state=states[view.name],
+            validator_pods=validators.get(view.name, []),
+            work=work,
+        )
+    rollout = _roll(observed, spec=spec, views=views, states=states, hashes=hashes, work=work)
+    for view in views:
+        _set_node(work, view, _desired_labels(spec, view, states[view.name]), states[view.name])
+    # Nodes that stopped being GCU nodes lose what we set there.
+    gcu = {v.name for v in views}
+    for name, node in sorted(by_name.items()):
+        state = nodestate.read(node, resource)
+        if name not in gcu and state != nodestate.NodeState():
+            gone = nodes.NodeView(name, node, "none", "", (), {}, state)
+            _set_node(work, gone, dict.fromkeys(state.labels), nodestate.NodeState())
+    _node_patch_actions(observed, work, by_name)
+    report = status.build(
+        observed.resource,
+        spec=spec,
+        views=views,
+        states=states,
+        hashes=hashes,
+        rollout=rollout,
+        conflicted=conflicted,
+        conflicts=work.conflicts,
+        want=want,
+        now=observed.now,
+    )
+    actions = work.actions
+    if report != observed.resource.get("status"):
+        actions.append(status.write(report))
+    return Plan(tuple(actions), report)
+
+
+def _plan_removal(observed: Observed) -> Plan:
+    """Deleting: components in reverse order, the toolkit (its undo) last, then the finalizer."""
+    work = _Work()
+    resource, uid = _name(observed), _uid(observed)
+    stages = ((rs.VALIDATOR, rs.GFD, rs.EXPORTER), (rs.DRA, rs.DEVICE_PLUGIN), (rs.TOOLKIT,))
+    by_name = {str(n["metadata"]["name"]): n for n in observed.nodes}
+    done_stages = 0
+    for stage in stages:
+        owned = [
+            o
+            for o in observed.objects.values()
+            if objects.owned_by(o, uid)
+            and (o["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL) in stage
+        ]
+        live = [
+            p
+            for p in observed.pods
+            if (p["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL) in stage
+        ]
+        for obj in owned:
+            k = objects.key(obj)
+            work.actions.append(Delete(str(obj["apiVersion"]), k[0], k[1] or None, k[2]))
+        for pod in live:
+            is_validator = (pod["metadata"].get("labels") or {}).get(
+                names.COMPONENT_LABEL
+            ) == rs.VALIDATOR
+            if is_validator and not pod["metadata"].get("deletionTimestamp"):
+                work.actions.append(
+                    Delete("v1", "Pod", pod["metadata"]["namespace"], pod["metadata"]["name"])
+                )
+        stage_labels = {
+            names.VALIDATED_LABEL if key == rs.VALIDATOR else names.deploy_label(key)
+            for key in stage
+        }
+        for name, node in sorted(by_name.items()):
+            state = nodestate.read(node, resource)
+            mine = stage_labels & state.labels
+            if mine:
+                view = nodes.NodeView(name, node, "", "", (), {}, state)
+                _set_node(work, view, dict.fromkeys(mine), state)
+        if owned or live:
+            break
+        done_stages += 1
+    if done_stages == len(stages):
+        for name, node in sorted(by_name.items()):
+            state = nodestate.read(node, resource)
+            if state != nodestate.NodeState():
+                view = nodes.NodeView(name, node, "", "", (), {}, state)
+                _set_node(work, view, dict.fromkeys(state.labels), nodestate.NodeState())
+    _node_patch_actions(observed, work, by_name)
+    if done_stages == len(stages) and not work.actions:
+        finalizers = tuple(
+            f for f in observed.resource["metadata"].get("finalizers") or () if f != rs.FINALIZER
+        )
+        return Plan((SetFinalizers(finalizers),), dict(observed.resource.get("status") or {}))
+    report = status.removing(observed.resource, done_stages, len(stages), observed.now)
+    actions = work.actions
+    if report != observed.resource.get("status"):
+        actions.append(status.write(report))
+    return Plan(tuple(actions), report)

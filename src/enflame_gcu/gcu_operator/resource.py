@@ -1,0 +1,225 @@
+"""The GcuResource's spec read into typed values: our components, the vendor's keys, what we skip.
+
+Both API groups are read here (``topscloud.enflame.com/v1``, the vendor's 2.4.6 and our storage
+group, and ``topsops.enflame.com/v1`` of operator 2.0-2.1): the older keys (``toolkit``,
+``plugin``, ``exporter``) are converted to the newer ones on read, so the rest of the operator
+sees one model. Every field this operator cannot honour becomes an :class:`Unsupported` entry
+that the status reports; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from enflame_gcu import __version__
+
+GROUP = "topscloud.enflame.com"
+LEGACY_GROUP = "topsops.enflame.com"
+VERSION = "v1"
+KIND = "GcuResource"
+PLURAL = "gcuresources"
+# The vendor's finalizer name (OPERATOR.md §1), kept so a migrated resource looks the same.
+FINALIZER = "topsops.enflame.com/v1"
+
+# Canonical component keys, in deploy order; removal runs in reverse.
+TOOLKIT = "containerToolkit"
+DEVICE_PLUGIN = "devicePlugin"
+DRA = "dra"
+EXPORTER = "gcuExporter"
+GFD = "gfd"
+VALIDATOR = "validator"
+ORDER = (TOOLKIT, DEVICE_PLUGIN, DRA, EXPORTER, GFD, VALIDATOR)
+
+# Operator 2.0 spellings -> the 2.4.6 key (the 2.0 example itself already says devicePlugin).
+ALIASES = {"toolkit": TOOLKIT, "plugin": DEVICE_PLUGIN, "exporter": EXPORTER}
+
+# Vendor components this toolkit has no counterpart for, and why (reported when deployed).
+NOT_OURS = {
+    "nfd": "node-feature-discovery is not part of this toolkit: install it from its own chart "
+    "(the device plugin writes its enflame.com/gcu.* labels through NFD's features.d)",
+    "driver": "the kernel driver (KMD) is installed on the host, not from a container here",
+    "nodeExporter": "install prometheus-node-exporter from its own chart",
+    "nightingale": "Nightingale monitoring is not part of this toolkit",
+    "volcano": "Volcano is not part of this toolkit",
+    "k8sDriverManager": "driver management is not part of this toolkit",
+    "gcusharePlugin": "GCU sharing is served by the device plugin itself (time slices, "
+    "enflame.com/shared-gcu), not by a memory-unit plugin; see docs/user-guide.md",
+    "gcushareScheduler": "the gcushare scheduler extender is not deployed by this operator",
+    "gcushareConfigManager": "the gcushare config manager is not part of this toolkit",
+}
+
+NODE_MODES = ("auto", "device-specs", "cdi", "runtimeclass", "default-runtime")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+DEFAULT_REPOSITORY = "ghcr.io/enflame-gcu"
+DEFAULT_VERSION = __version__
+# Our image and default workload name per component (2.4.6's names, OPERATOR.md §1.1).
+IMAGES = {
+    TOOLKIT: "enflame-gcu-container-toolkit",
+    DEVICE_PLUGIN: "enflame-gcu-device-plugin",
+    DRA: "enflame-gcu-device-plugin",
+    VALIDATOR: "enflame-gcu-device-plugin",
+}
+DEFAULT_NAMES = {
+    TOOLKIT: "enflame-container-toolkit",
+    DEVICE_PLUGIN: "enflame-k8s-device-plugin",
+    DRA: "enflame-dra-plugin",
+    EXPORTER: "enflame-gcu-exporter",
+    GFD: "enflame-gcu-feature-discovery",
+    VALIDATOR: "enflame-gcu-validator",
+}
+# The vendor's image names: a vendor resource names them, and they are not our programs.
+VENDOR_IMAGES = frozenset(
+    {
+        "gcu-runtime",
+        "container-toolkit",
+        "gcu-plugin",
+        "k8s-device-plugin",
+        "gcu-exporter",
+        "gcu-gfd",
+        "gcu-feature-discovery",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unsupported:
+    """A field set in the resource that this operator does not honour, and why."""
+
+    field: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Component:
+    """One component as the resource asks for it (BaseFields with our defaults filled in)."""
+
+    key: str
+    name: str
+    namespace: str
+    image: str
+    pull_policy: str
+    env: tuple[tuple[str, str], ...]
+    node_selector: tuple[tuple[str, str], ...]
+    args: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UpgradePolicy:
+    """How a changed component rolls over the nodes."""
+
+    max_unavailable: int | str = 1
+    pod_ready_timeout: int = 300
+    drain: bool = False
+    drain_timeout: int = 300
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResourceSpec:
+    """The whole spec: components to deploy by key, node mode, upgrade policy, what we skip."""
+
+    components: Mapping[str, Component]
+    node_mode: str
+    upgrade: UpgradePolicy
+    unsupported: tuple[Unsupported, ...]
+
+    def wants(self, key: str) -> bool:
+        """Whether the component ``key`` is to be deployed."""
+        return key in self.components
+
+
+def _fields(raw: Any) -> dict[str, Any]:
+    return dict(raw) if isinstance(raw, Mapping) else {}
+
+
+def _pairs(raw: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, Mapping):
+        return ()
+    return tuple(sorted((str(k), str(v)) for k, v in raw.items()))
+
+
+def _env(raw: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, Sequence) or isinstance(raw, str):
+        return ()
+    return tuple(
+        (str(item["name"]), str(item.get("value", "")))
+        for item in raw
+        if isinstance(item, Mapping) and "name" in item
+    )
+
+
+def _component(key: str, raw: dict[str, Any], out: list[Unsupported]) -> Component:
+    path = f"spec.{key}"
+    image = str(raw.get("image") or IMAGES.get(key, ""))
+    repository = str(raw.get("repository") or DEFAULT_REPOSITORY)
+    version = str(raw.get("version") or DEFAULT_VERSION)
+    if image in VENDOR_IMAGES:
+        out.append(
+            Unsupported(
+                f"{path}.image",
+                f"{repository}/{image}:{version} is the vendor's image; this operator runs "
+                f"{DEFAULT_REPOSITORY}/{IMAGES.get(key, image)}:{DEFAULT_VERSION}",
+            )
+        )
+        image, repository, version = IMAGES.get(key, image), DEFAULT_REPOSITORY, DEFAULT_VERSION
+    elif version in ("latest", "default"):
+        # The vendor's "default" is the bundled tag; "latest" is not a tag we publish.
+        version = DEFAULT_VERSION
+    if raw.get("command"):
+        out.append(Unsupported(f"{path}.command", "our images have their own entry point"))
+    return Component(
+        key=key,
+        name=str(raw.get("name") or DEFAULT_NAMES[key]),
+        namespace=str(raw.get("namespace") or "kube-system"),
+        image=f"{repository}/{image}:{version}" if image else "",
+        pull_policy=str(raw.get("imagePullPolicy") or "IfNotPresent"),
+        env=_env(raw.get("env")),
+        node_selector=_pairs(raw.get("nodeSelector")),
+        args=tuple(str(a) for a in raw.get("args") or ()),
+    )
+
+
+def _upgrade(raw: dict[str, Any]) -> UpgradePolicy:
+    drain = _fields(raw.get("drain"))
+    max_unavailable = raw.get("maxUnavailable", 1)
+    return UpgradePolicy(
+        max_unavailable=max_unavailable if isinstance(max_unavailable, int | str) else 1,
+        pod_ready_timeout=int(raw.get("podReadyTimeoutSeconds", 300)),
+        drain=bool(drain.get("enable", False)),
+        drain_timeout=int(drain.get("timeoutSeconds", 300)),
+    )
+
+
+def parse(spec: Mapping[str, Any] | None) -> ResourceSpec:
+    """The resource's spec as a :class:`ResourceSpec` (both groups' keys; defaults filled in)."""
+    raw = {ALIASES.get(k, k): v for k, v in (spec or {}).items()}
+    unsupported: list[Unsupported] = []
+    components: dict[str, Component] = {}
+    deployed = {
+        key: _fields(value)
+        for key, value in raw.items()
+        if isinstance(value, Mapping) and not value.get("notDeploy", False)
+    }
+    for key in sorted(deployed.keys() & NOT_OURS.keys()):
+        unsupported.append(Unsupported(f"spec.{key}", NOT_OURS[key]))
+    for key in (TOOLKIT, DEVICE_PLUGIN, DRA, EXPORTER, GFD):
+        if key in deployed:
+            components[key] = _component(key, deployed[key], unsupported)
+    # The validator runs unless turned off, since it is what proves a node serves GCUs.
+    validator = _fields(raw.get(VALIDATOR))
+    if (DEVICE_PLUGIN in components or DRA in components) and not validator.get("notDeploy"):
+        components[VALIDATOR] = _component(VALIDATOR, validator, unsupported)
+    for key in (EXPORTER, GFD):
+        if key in components and DEVICE_PLUGIN not in components:
+            unsupported.append(
+                Unsupported(f"spec.{key}", "served by the device plugin, which is not deployed")
+            )
+            del components[key]
+    node_mode = str(raw.get("nodeMode") or "auto")
+    return ResourceSpec(
+        components=components,
+        node_mode=node_mode if node_mode in NODE_MODES else "auto",
+        upgrade=_upgrade(_fields(raw.get("upgradePolicy"))),
+        unsupported=tuple(unsupported),
+    )

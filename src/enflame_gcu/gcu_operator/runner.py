@@ -1,0 +1,147 @@
+"""The operator's loop: observe each GcuResource, plan, carry the plan out; again, forever.
+
+Level-triggered: every pass reads the whole state again and plans from it, so a missed event, a
+failed call or a restart costs one pass, never correctness. A failed action ends the pass (the
+next one re-reads and re-plans); the count of API calls per pass is kept for the benchmark.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from enflame_gcu.gcu_operator import api, components, names, objects, pods, reconcile
+from enflame_gcu.gcu_operator import resource as rs
+from enflame_gcu.gcu_operator.actions import (
+    Action,
+    Create,
+    Delete,
+    Evict,
+    PatchNode,
+    Replace,
+    SetFinalizers,
+    WriteStatus,
+)
+
+LOG = logging.getLogger(__name__)
+Obj = dict[str, Any]
+GROUPS = (api.GCU_RESOURCE, api.LEGACY_GCU_RESOURCE)
+
+
+@dataclasses.dataclass(slots=True)
+class PassResult:
+    """What one pass over one resource did."""
+
+    resource: str
+    actions: int = 0
+    error: str = ""
+
+
+def _labelled(resource: Mapping[str, Any]) -> dict[str, str]:
+    return {names.RESOURCE_LABEL: str(resource["metadata"]["uid"])}
+
+
+class Operator:
+    """Reconciles every GcuResource of both groups; stateless between passes."""
+
+    def __init__(self, cluster: api.ClusterApi, clock: Callable[[], float] = time.time) -> None:
+        self._api = cluster
+        self._clock = clock
+        self._dra_served: bool | None = None
+
+    def observe(self, kind: api.Kind, resource: Mapping[str, Any]) -> reconcile.Observed:
+        """Read what one reconcile needs."""
+        spec = rs.parse(resource.get("spec"))
+        found: dict[objects.Key, Obj] = {}
+        for obj_kind in (api.DAEMONSET, api.SERVICE):
+            for obj in self._api.list(obj_kind, labels=_labelled(resource)):
+                found[objects.key(obj)] = obj
+        for obj in components.desired(resource, spec).values():
+            k = objects.key(obj)
+            if k not in found:
+                have = self._api.get(api.BY_KIND[k[0]], k[2], k[1] or None)
+                if have is not None:
+                    found[k] = have
+        if self._dra_served is None:
+            self._dra_served = self._api.served(api.DEVICE_CLASS)
+        gcu_pods: list[Obj] = []
+        if spec.upgrade.drain:
+            gcu_pods = [p for p in self._api.list(api.POD) if _uses_gcu(p)]
+        return reconcile.Observed(
+            resource=resource,
+            nodes=self._api.list(api.NODE),
+            objects=found,
+            pods=self._api.list(api.POD, labels=_labelled(resource)),
+            dra_served=self._dra_served,
+            now=self._clock(),
+            gcu_pods=gcu_pods,
+        )
+
+    def apply(self, kind: api.Kind, resource: Obj, action: Action) -> None:
+        """Carry out one action."""
+        if isinstance(action, Create):
+            try:
+                self._api.create(api.BY_KIND[action.obj["kind"]], action.obj)
+            except api.ApiError as exc:
+                if exc.status != api.CONFLICT:
+                    raise
+        elif isinstance(action, Replace):
+            self._api.replace(api.BY_KIND[action.obj["kind"]], action.obj)
+        elif isinstance(action, Delete):
+            self._api.delete(api.BY_KIND[action.kind], action.name, action.namespace)
+        elif isinstance(action, PatchNode):
+            self._api.patch(api.NODE, action.name, action.patch)
+        elif isinstance(action, Evict):
+            self._api.evict(action.namespace, action.name)
+        elif isinstance(action, SetFinalizers):
+            meta = resource["metadata"]
+            self._api.patch(
+                kind,
+                meta["name"],
+                {
+                    "metadata": {
+                        "finalizers": list(action.finalizers),
+                        "resourceVersion": meta["resourceVersion"],
+                    }
+                },
+            )
+        elif isinstance(action, WriteStatus):
+            current = self._api.get(kind, resource["metadata"]["name"])
+            if current is not None:
+                current["status"] = action.status
+                self._api.replace_status(kind, current)
+
+    def reconcile(self, kind: api.Kind, resource: Obj) -> PassResult:
+        """Observe, plan and apply for one resource."""
+        result = PassResult(str(resource["metadata"]["name"]))
+        try:
+            plan = reconcile.plan(self.observe(kind, resource))
+            for action in plan.actions:
+                self.apply(kind, resource, action)
+                result.actions += 1
+        except api.ApiError as exc:
+            result.error = str(exc)
+            LOG.warning("reconcile of %s stopped: %s (next pass retries)", result.resource, exc)
+        return result
+
+    def run_once(self) -> list[PassResult]:
+        """One pass over every GcuResource in both groups."""
+        results = []
+        for kind in GROUPS:
+            try:
+                found = self._api.list(kind)
+            except api.ApiError as exc:
+                if exc.status == api.NOT_FOUND:
+                    continue  # that group's CRD is not installed
+                raise
+            for resource in found:
+                resource.setdefault("apiVersion", kind.api_version)
+                results.append(self.reconcile(kind, resource))
+        return results
+
+
+def _uses_gcu(pod: Mapping[str, Any]) -> bool:
+    return pods.requests_gcu(pod)

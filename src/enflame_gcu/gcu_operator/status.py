@@ -1,0 +1,192 @@
+"""The status a reconcile reports: the vendor's fields (phase, readyResource, conditions,
+resourceStatuses, clusterGCUNodes) and ours (nodes[], rollout, unsupported)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from enflame_gcu.gcu_operator import nodes, nodestate, pods
+from enflame_gcu.gcu_operator import resource as rs
+from enflame_gcu.gcu_operator.actions import WriteStatus
+
+Obj = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rollout:
+    """Where an upgrade stands: nodes being upgraded, waiting, and failed (with why)."""
+
+    upgrading: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    failed: tuple[tuple[str, str], ...] = ()
+
+
+def _node_report(
+    view: nodes.NodeView,
+    *,
+    state: nodestate.NodeState,
+    hashes: Mapping[str, str],
+    now: float,
+    timeout: int,
+    validating: bool,
+) -> tuple[Obj, dict[str, bool]]:
+    comps: list[Obj] = []
+    ready: dict[str, bool] = {}
+    errors = [view.mode_error] if view.mode_error else []
+    for key in view.components:
+        pod = view.pods.get(key)
+        if pod is None:
+            state_text = "Pending"
+        elif pods.template_hash(pod) != hashes.get(key):
+            state_text = "Outdated"
+        elif pods.ready(pod):
+            state_text = "Ready"
+        else:
+            reason = pods.failure(pod, now, timeout)
+            state_text = "Failed" if reason else "Starting"
+            if reason:
+                errors.append(reason)
+        comps.append({"name": key, "state": state_text})
+        ready[key] = state_text == "Ready"
+    target = view.running_target()
+    validated = bool(target) and state.validated_target == target and state.validated_ok
+    if validating and state.validated_target == target and not state.validated_ok and target:
+        errors.append(state.validation_message)
+    report: Obj = {
+        "name": view.name,
+        "mode": view.mode,
+        "components": comps,
+        "ready": f"{sum(ready.values())}/{len(ready)}",
+        "validated": validated,
+        "lastError": "; ".join(e for e in errors if e),
+    }
+    return report, ready
+
+
+def _keep_time(old: Mapping[str, Any], condition: Obj, now: float) -> Obj:
+    for previous in old.get("conditions") or []:
+        same = all(previous.get(k) == condition.get(k) for k in condition)
+        if same and previous.get("lastUpdateTime"):
+            return {**condition, "lastUpdateTime": previous["lastUpdateTime"]}
+    return {**condition, "lastUpdateTime": pods.rfc3339(now)}
+
+
+def build(
+    resource: Mapping[str, Any],
+    *,
+    spec: rs.ResourceSpec,
+    views: Sequence[nodes.NodeView],
+    states: Mapping[str, nodestate.NodeState],
+    hashes: Mapping[str, str],
+    rollout: Rollout,
+    conflicted: set[str],
+    conflicts: Sequence[str],
+    want: Mapping[str, Obj],
+    now: float,
+) -> Obj:
+    """The status for a resource that is not being deleted."""
+    validating = spec.wants(rs.VALIDATOR)
+    node_reports = []
+    ready_by_node: list[dict[str, bool]] = []
+    for view in views:
+        report, ready = _node_report(
+            view,
+            state=states[view.name],
+            hashes=hashes,
+            now=now,
+            timeout=spec.upgrade.pod_ready_timeout,
+            validating=validating,
+        )
+        node_reports.append(report)
+        ready_by_node.append(ready)
+
+    def daemon_ready(key: str) -> bool:
+        return key not in conflicted and all(r.get(key, True) for r in ready_by_node)
+
+    component_ready = {
+        rs.TOOLKIT: daemon_ready(rs.TOOLKIT),
+        rs.DEVICE_PLUGIN: daemon_ready(rs.DEVICE_PLUGIN),
+        rs.DRA: daemon_ready(rs.DRA),
+        rs.EXPORTER: rs.EXPORTER not in conflicted and daemon_ready(rs.DEVICE_PLUGIN),
+        rs.GFD: daemon_ready(rs.DEVICE_PLUGIN),
+        rs.VALIDATOR: all(r["validated"] for r in node_reports if r["mode"] != "none"),
+    }
+    keys = [k for k in rs.ORDER if spec.wants(k)]
+    ready_count = sum(1 for k in keys if component_ready[k])
+    statuses = []
+    for key in keys:
+        comp = spec.components[key]
+        obj = want.get(key)
+        own = []
+        if obj is not None:
+            group, _, version = str(obj["apiVersion"]).rpartition("/")
+            ref = {"kind": obj["kind"], "name": obj["metadata"]["name"], "version": version}
+            if group:
+                ref["group"] = group
+            own.append(ref)
+        text = (
+            "Conflict" if key in conflicted else "Running" if component_ready[key] else "Deploying"
+        )
+        statuses.append(
+            {"name": key, "namespace": comp.namespace, "status": text, "ownResources": own}
+        )
+    if rollout.failed:
+        phase, action, state = "Failed", "upgrade", "failed"
+        message = "; ".join(f"node {n}: {why}" for n, why in rollout.failed)
+        message += " (the rollout stopped; fix it or set the previous version to roll back)"
+    elif conflicts:
+        phase, action, state, message = "Failed", "deploy", "failed", "; ".join(conflicts)
+    elif rollout.upgrading or rollout.waiting:
+        phase, action, state = "Upgrading", "upgrade", "upgrading"
+        message = f"upgrading {', '.join(rollout.upgrading) or '-'}"
+        if rollout.waiting:
+            message += f"; waiting: {', '.join(rollout.waiting)}"
+    elif ready_count < len(keys):
+        phase, action, state = "Deploying", "deploy", "deploying"
+        message = "waiting for " + ", ".join(k for k in keys if not component_ready[k])
+    else:
+        phase, action, state, message = "Running", "deploy", "success", "success"
+    progress = 100 if not keys else ready_count * 100 // len(keys)
+    condition = {
+        "action": action,
+        "status": state,
+        "progress": progress,
+        "reason": phase,
+        "message": message,
+    }
+    old = resource.get("status") or {}
+    return {
+        "observedGeneration": int(resource["metadata"].get("generation") or 0),
+        "phase": phase,
+        "readyResource": f"{ready_count}/{len(keys)}",
+        "clusterGCUNodes": [v.name for v in views],
+        "conditions": [_keep_time(old, condition, now)],
+        "resourceStatuses": statuses,
+        "nodes": node_reports,
+        "rollout": {
+            "upgrading": list(rollout.upgrading),
+            "waiting": list(rollout.waiting),
+            "failed": [{"node": n, "reason": r} for n, r in rollout.failed],
+        },
+        "unsupported": [{"field": u.field, "reason": u.reason} for u in spec.unsupported],
+    }
+
+
+def removing(resource: Mapping[str, Any], done: int, stages: int, now: float) -> Obj:
+    """The status while the resource's components are being removed."""
+    old = dict(resource.get("status") or {})
+    condition = {
+        "action": "delete",
+        "status": "deleting",
+        "progress": done * 100 // stages,
+        "reason": "Deleting",
+        "message": f"removing components in reverse order: {done}/{stages} stages done",
+    }
+    return {**old, "phase": "Deleting", "conditions": [_keep_time(old, condition, now)]}
+
+
+def write(report: Obj) -> WriteStatus:
+    """The action that writes ``report``."""
+    return WriteStatus(report)

@@ -1,0 +1,349 @@
+"""A hand-written in-memory API server and a simulated cluster (DaemonSet controller + kubelets).
+
+FakeApi keeps what a real API server keeps that the operator relies on: uids, resourceVersions
+(a stale PUT is a 409), generations, finalizers (delete only marks), owner-reference garbage
+collection, the status subresource, JSON merge patches. FakeCluster.step() plays the
+controllers and kubelets: DaemonSet pods on the nodes their nodeSelector picks (OnDelete: never
+replaced by itself), pods becoming ready (or crash-looping for a broken image), validator pods
+succeeding (or failing on a bad node), terminating pods going away.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+from enflame_gcu.gcu_operator import api, pods
+
+Obj = dict[str, Any]
+Key = tuple[str, str, str]
+WRITES = frozenset({"create", "replace", "patch", "delete", "replace_status", "evict"})
+
+
+class Crash(Exception):
+    """The operator 'dies' at this call (raised instead of carrying it out)."""
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, Mapping) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+class FakeApi:
+    """An in-memory API server implementing api.ClusterApi."""
+
+    def __init__(self, dra_served: bool = False) -> None:
+        self.store: dict[Key, Obj] = {}
+        self.now = 1_700_000_000.0
+        self.calls: list[tuple[str, str]] = []
+        self.fail_at: dict[int, Exception] = {}
+        self.dra_served = dra_served
+        self._rv = itertools.count(1)
+        self._uid = itertools.count(1)
+        self.deleted: list[Key] = []
+
+    # --- bookkeeping -------------------------------------------------------------------
+    def _call(self, verb: str, kind: api.Kind) -> None:
+        index = len(self.calls)
+        self.calls.append((verb, kind.kind))
+        if index in self.fail_at:
+            raise self.fail_at.pop(index)
+
+    def writes(self) -> int:
+        """How many write calls were made."""
+        return sum(1 for verb, _ in self.calls if verb in WRITES)
+
+    @staticmethod
+    def _key(kind: api.Kind, name: str, namespace: str | None) -> Key:
+        return (f"{kind.api_version}/{kind.kind}", namespace or "" if kind.namespaced else "", name)
+
+    def put(self, kind: api.Kind, obj: Obj) -> Obj:
+        """Store an object as if created (test setup; no call recorded)."""
+        obj = copy.deepcopy(obj)
+        obj.setdefault("apiVersion", kind.api_version)
+        obj.setdefault("kind", kind.kind)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", f"uid-{next(self._uid)}")
+        meta["resourceVersion"] = str(next(self._rv))
+        meta.setdefault("generation", 1)
+        meta.setdefault("creationTimestamp", pods.rfc3339(self.now))
+        if kind.namespaced:
+            meta.setdefault("namespace", "default")
+        self.store[self._key(kind, meta["name"], meta.get("namespace"))] = obj
+        return copy.deepcopy(obj)
+
+    def objects(self, kind: api.Kind) -> list[Obj]:
+        """Every stored object of a kind (test reads; no call recorded)."""
+        prefix = f"{kind.api_version}/{kind.kind}"
+        return [copy.deepcopy(o) for k, o in sorted(self.store.items()) if k[0] == prefix]
+
+    def find(self, kind: api.Kind, name: str, namespace: str | None = None) -> Obj | None:
+        """One stored object (test read)."""
+        obj = self.store.get(self._key(kind, name, namespace))
+        return copy.deepcopy(obj) if obj else None
+
+    def remove(self, key: Key) -> None:
+        """Really delete, then collect dependents (background garbage collection)."""
+        obj = self.store.pop(key, None)
+        if obj is None:
+            return
+        self.deleted.append(key)
+        uid = obj["metadata"]["uid"]
+        for k, dependent in list(self.store.items()):
+            refs = dependent["metadata"].get("ownerReferences") or []
+            if any(r.get("uid") == uid for r in refs):
+                self._mark_deleted(k)
+
+    def _mark_deleted(self, key: Key) -> None:
+        obj = self.store.get(key)
+        if obj is None:
+            return
+        if obj["metadata"].get("finalizers") or obj["kind"] == "Pod":
+            # Pods terminate (grace period) and objects with finalizers wait for them.
+            if not obj["metadata"].get("deletionTimestamp"):
+                obj["metadata"]["deletionTimestamp"] = pods.rfc3339(self.now)
+                obj["metadata"]["resourceVersion"] = str(next(self._rv))
+            return
+        self.remove(key)
+
+    # --- ClusterApi ------------------------------------------------------------------------
+    def get(self, kind: api.Kind, name: str, namespace: str | None = None) -> Obj | None:
+        self._call("get", kind)
+        return self.find(kind, name, namespace)
+
+    def list(
+        self, kind: api.Kind, namespace: str | None = None, labels: Mapping[str, str] | None = None
+    ) -> list[Obj]:
+        self._call("list", kind)
+        if kind == api.DEVICE_CLASS and not self.dra_served:
+            raise api.ApiError(404, "the server could not find the requested resource")
+        out = []
+        for obj in self.objects(kind):
+            if namespace is not None and obj["metadata"].get("namespace") != namespace:
+                continue
+            have = obj["metadata"].get("labels") or {}
+            if labels and any(have.get(k) != v for k, v in labels.items()):
+                continue
+            out.append(obj)
+        return out
+
+    def create(self, kind: api.Kind, obj: Obj) -> Obj:
+        self._call("create", kind)
+        meta = obj["metadata"]
+        if self._key(kind, meta["name"], meta.get("namespace")) in self.store:
+            raise api.ApiError(409, f"{kind.kind} {meta['name']} already exists")
+        for field in ("uid", "resourceVersion", "deletionTimestamp"):
+            if field in meta:
+                raise api.ApiError(400, f"metadata.{field} must not be set on create")
+        return self.put(kind, obj)
+
+    def _current(self, kind: api.Kind, obj: Obj) -> Obj:
+        meta = obj["metadata"]
+        have = self.store.get(self._key(kind, meta["name"], meta.get("namespace")))
+        if have is None:
+            raise api.ApiError(404, f"{kind.kind} {meta['name']} not found")
+        if meta.get("resourceVersion") != have["metadata"]["resourceVersion"]:
+            raise api.ApiError(
+                409, "the object has been modified; please apply your changes to the latest version"
+            )
+        return have
+
+    def replace(self, kind: api.Kind, obj: Obj) -> Obj:
+        self._call("replace", kind)
+        have = self._current(kind, obj)
+        new = copy.deepcopy(obj)
+        for field in ("uid", "creationTimestamp", "deletionTimestamp", "generation"):
+            if field in have["metadata"]:
+                new["metadata"][field] = have["metadata"][field]
+        if "status" in have:
+            new["status"] = have["status"]
+        if new.get("spec") != have.get("spec"):
+            new["metadata"]["generation"] = have["metadata"].get("generation", 1) + 1
+        new["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.store[self._key(kind, new["metadata"]["name"], new["metadata"].get("namespace"))] = new
+        self._finish(kind, new)
+        return copy.deepcopy(new)
+
+    def replace_status(self, kind: api.Kind, obj: Obj) -> Obj:
+        self._call("replace_status", kind)
+        have = self._current(kind, obj)
+        have["status"] = copy.deepcopy(obj.get("status"))
+        have["metadata"]["resourceVersion"] = str(next(self._rv))
+        return copy.deepcopy(have)
+
+    def patch(self, kind: api.Kind, name: str, patch: Obj, namespace: str | None = None) -> Obj:
+        self._call("patch", kind)
+        key = self._key(kind, name, namespace)
+        have = self.store.get(key)
+        if have is None:
+            raise api.ApiError(404, f"{kind.kind} {name} not found")
+        wanted_rv = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted_rv is not None and wanted_rv != have["metadata"]["resourceVersion"]:
+            raise api.ApiError(409, "the object has been modified")
+        new = merge_patch(have, patch)
+        new["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.store[key] = new
+        self._finish(kind, new)
+        return copy.deepcopy(new)
+
+    def _finish(self, kind: api.Kind, obj: Obj) -> None:
+        meta = obj["metadata"]
+        if meta.get("deletionTimestamp") and not meta.get("finalizers") and kind.kind != "Pod":
+            self.remove(self._key(kind, meta["name"], meta.get("namespace")))
+
+    def delete(self, kind: api.Kind, name: str, namespace: str | None = None) -> None:
+        self._call("delete", kind)
+        self._mark_deleted(self._key(kind, name, namespace))
+
+    def evict(self, namespace: str, name: str) -> None:
+        self._call("evict", api.POD)
+        self._mark_deleted(self._key(api.POD, name, namespace))
+
+    def served(self, kind: api.Kind) -> bool:
+        self._call("get", kind)
+        return kind != api.DEVICE_CLASS or self.dra_served
+
+
+class FakeCluster:
+    """Controllers and kubelets over a FakeApi: step() moves the world on by one tick."""
+
+    def __init__(self, fake: FakeApi, node_names: list[str], gcu: bool = True) -> None:
+        self.api = fake
+        self.broken_images: set[str] = set()
+        self.bad_nodes: set[str] = set()
+        self.undo_log: list[str] = []
+        for name in node_names:
+            labels = {"kubernetes.io/hostname": name}
+            if gcu:
+                labels["enflame.com/gcu.present"] = "true"
+            fake.put(api.NODE, {"metadata": {"name": name, "labels": labels}, "spec": {}})
+
+    def node_labels(self, name: str) -> dict[str, str]:
+        node = self.api.find(api.NODE, name)
+        assert node is not None
+        return dict(node["metadata"].get("labels") or {})
+
+    def add_workload(self, node: str, name: str, cards: str) -> None:
+        """A running GCU pod holding ``cards`` on ``node`` (as the kubelet allocated them)."""
+        self.api.put(
+            api.POD,
+            {
+                "metadata": {"name": name, "namespace": "default", "annotations": {"cards": cards}},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [
+                        {"name": "c", "resources": {"limits": {"enflame.com/gcu": "1"}}}
+                    ],
+                },
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+            },
+        )
+
+    def step(self, seconds: float = 5.0) -> None:
+        fake = self.api
+        fake.now += seconds
+        for key, pod in list(fake.store.items()):
+            if pod["kind"] == "Pod" and pod["metadata"].get("deletionTimestamp"):
+                component = (pod["metadata"].get("labels") or {}).get("enflame.com/gcu.component")
+                if component == "containerToolkit":
+                    self.undo_log.append(pods.node_of(pod))
+                fake.remove(key)
+        nodes = fake.objects(api.NODE)
+        for ds in fake.objects(api.DAEMONSET):
+            template = ds["spec"]["template"]
+            selector = template["spec"].get("nodeSelector") or {}
+            ns = ds["metadata"]["namespace"]
+            mine = [
+                p
+                for p in fake.objects(api.POD)
+                if any(
+                    r.get("uid") == ds["metadata"]["uid"]
+                    for r in p["metadata"].get("ownerReferences") or []
+                )
+            ]
+            for node in nodes:
+                name = node["metadata"]["name"]
+                labels = node["metadata"].get("labels") or {}
+                fits = all(labels.get(k) == v for k, v in selector.items())
+                here = [p for p in mine if pods.node_of(p) == name]
+                if fits and not here:
+                    fake.put(
+                        api.POD,
+                        {
+                            "metadata": {
+                                "name": f"{ds['metadata']['name']}-{name}-{fake.now:.0f}",
+                                "namespace": ns,
+                                "labels": copy.deepcopy(template["metadata"].get("labels")),
+                                "annotations": copy.deepcopy(
+                                    template["metadata"].get("annotations")
+                                ),
+                                "ownerReferences": [
+                                    {
+                                        "apiVersion": "apps/v1",
+                                        "kind": "DaemonSet",
+                                        "name": ds["metadata"]["name"],
+                                        "uid": ds["metadata"]["uid"],
+                                        "controller": True,
+                                    }
+                                ],
+                            },
+                            "spec": {**copy.deepcopy(template["spec"]), "nodeName": name},
+                            "status": {"phase": "Pending"},
+                        },
+                    )
+                elif not fits:
+                    for p in here:
+                        fake._mark_deleted(fake._key(api.POD, p["metadata"]["name"], ns))
+        for pod in list(fake.store.values()):
+            if pod["kind"] != "Pod" or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if pods.phase(pod) != "Pending":
+                continue
+            container = pod["spec"]["containers"][0]
+            if pod["spec"].get("restartPolicy") == "Never":
+                bad = pods.node_of(pod) in self.bad_nodes
+                pod["status"] = {
+                    "phase": "Failed" if bad else "Succeeded",
+                    "containerStatuses": [
+                        {
+                            "name": "validator",
+                            "state": {
+                                "terminated": {
+                                    "exitCode": 1 if bad else 0,
+                                    "message": "/dev/gcu0 is missing" if bad else "ok",
+                                }
+                            },
+                        }
+                    ],
+                }
+            elif container.get("image") in self.broken_images:
+                pod["status"] = {
+                    "phase": "Running",
+                    "containerStatuses": [
+                        {
+                            "name": container["name"],
+                            "state": {
+                                "waiting": {
+                                    "reason": "CrashLoopBackOff",
+                                    "message": "back-off restarting failed container",
+                                }
+                            },
+                        }
+                    ],
+                }
+            else:
+                pod["status"] = {
+                    "phase": "Running",
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                }
+            pod["metadata"]["resourceVersion"] = str(next(fake._rv))

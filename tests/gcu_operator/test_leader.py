@@ -1,0 +1,49 @@
+"""Leader election on a Lease: one of two replicas leads; the other takes over on expiry."""
+
+from __future__ import annotations
+
+from enflame_gcu.gcu_operator import api, leader
+from tests.gcu_operator.fake_api import FakeApi
+
+
+def test_two_replicas_one_leader_then_takeover_after_expiry() -> None:
+    fake = FakeApi()
+    a = leader.LeaderElector(fake, "kube-system", "a", duration=15)
+    b = leader.LeaderElector(fake, "kube-system", "b", duration=15)
+    now = fake.now
+    assert a.try_acquire(now)
+    assert not b.try_acquire(now + 1)
+    assert a.try_acquire(now + 10)  # renewal
+    assert not b.try_acquire(now + 20)  # renewed at +10, valid until +25
+    assert b.try_acquire(now + 26)  # a stopped renewing
+    assert not a.try_acquire(now + 27)
+    lease = fake.find(api.LEASE, leader.LEASE_NAME, "kube-system")
+    assert lease is not None
+    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
+
+
+def test_racing_for_an_expired_lease_only_one_wins() -> None:
+    fake = FakeApi()
+    a = leader.LeaderElector(fake, "kube-system", "a")
+    assert a.try_acquire(fake.now)
+    b = leader.LeaderElector(fake, "kube-system", "b")
+    c = leader.LeaderElector(fake, "kube-system", "c")
+    stale = fake.find(api.LEASE, leader.LEASE_NAME, "kube-system")
+    assert stale is not None
+    # c read the Lease before b wrote it: its PUT carries a stale resourceVersion.
+    original_get = fake.get
+    fake.get = lambda kind, name, namespace=None: stale  # type: ignore[method-assign]
+    assert b.try_acquire(fake.now + 100)
+    assert not c.try_acquire(fake.now + 100)
+    fake.get = original_get  # type: ignore[method-assign]
+    lease = fake.find(api.LEASE, leader.LEASE_NAME, "kube-system")
+    assert lease is not None and lease["spec"]["holderIdentity"] == "b"
+
+
+def test_release_lets_a_standby_take_over_at_once() -> None:
+    fake = FakeApi()
+    a = leader.LeaderElector(fake, "kube-system", "a")
+    b = leader.LeaderElector(fake, "kube-system", "b")
+    assert a.try_acquire(fake.now)
+    a.release()
+    assert b.try_acquire(fake.now + 1)

@@ -1,0 +1,99 @@
+"""The operator's DaemonSets carry the static manifests' containers; the chart installs it."""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import pytest
+import yaml
+
+from enflame_gcu.gcu_operator import components, names
+from enflame_gcu.gcu_operator import resource as rs
+from tests.deploy import helm_render
+from tests.deploy.helpers import YAML_DIR, load_all
+from tests.gcu_operator.helpers import REPO, ours
+
+needs_helm = pytest.mark.skipif(
+    not os.path.exists(helm_render.HELM_SDK), reason=helm_render.NO_HELM_SDK
+)
+
+
+def _static(manifest: str) -> dict[str, Any]:
+    [ds] = [d for d in load_all(os.path.join(YAML_DIR, manifest)) if d["kind"] == "DaemonSet"]
+    return dict(ds["spec"]["template"]["spec"])
+
+
+@pytest.mark.parametrize(
+    ("key", "manifest"),
+    [
+        (rs.TOOLKIT, "enflame-container-toolkit.yaml"),
+        (rs.DEVICE_PLUGIN, "enflame-device-plugin.yaml"),
+    ],
+)
+def test_operator_daemonsets_run_the_static_manifests_containers(key: str, manifest: str) -> None:
+    resource = ours(gfd={})
+    resource["metadata"]["uid"] = "u1"
+    desired = components.desired(resource, rs.parse(resource["spec"]))[key]
+    pod = desired["spec"]["template"]["spec"]
+    static = _static(manifest)
+    for field in ("containers", "volumes", "tolerations", "priorityClassName", "hostPID"):
+        assert pod.get(field) == static.get(field), field
+    # Placement is the operator's: its deploy label, never the static affinity; OnDelete updates.
+    assert pod["nodeSelector"] == {names.deploy_label(key): "true"}
+    assert desired["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert desired["metadata"]["ownerReferences"][0]["uid"] == "u1"
+
+
+def test_a_changed_version_changes_only_that_components_template_hash() -> None:
+    resource = ours()
+    resource["metadata"]["uid"] = "u1"
+    before = components.desired(resource, rs.parse(resource["spec"]))
+    changed = copy.deepcopy(resource)
+    changed["spec"]["devicePlugin"]["version"] = "0.2.0"
+    after = components.desired(changed, rs.parse(changed["spec"]))
+
+    def hash_of(objs: dict[str, Any], key: str) -> str:
+        return str(objs[key]["spec"]["template"]["metadata"]["annotations"][names.TEMPLATE_HASH])
+
+    assert hash_of(before, rs.TOOLKIT) == hash_of(after, rs.TOOLKIT)
+    assert hash_of(before, rs.DEVICE_PLUGIN) != hash_of(after, rs.DEVICE_PLUGIN)
+
+
+@needs_helm
+def test_operator_enabled_installs_crds_rbac_and_two_replicas_and_no_daemonsets(
+    tmp_path: Any,
+) -> None:
+    rendered = helm_render.render(
+        str(tmp_path),
+        {
+            "operator": {"enabled": True, "gcuResource": {"create": True}},
+            "toolkit": {"enabled": True},
+        },
+    )
+    docs = [d for d in rendered.get("operator.yaml", []) if d]
+    kinds = [d["kind"] for d in docs]
+    assert kinds.count("CustomResourceDefinition") == 2
+    assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Deployment"} <= set(
+        kinds
+    )
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    on_disk = list(yaml.safe_load_all((REPO / "deploy" / "operator" / "crd.yaml").read_text()))
+    assert crds == on_disk
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["command"] == [
+        "enflame-gcu-operator"
+    ]
+    resource = next(d for d in docs if d["kind"] == "GcuResource")
+    assert resource["apiVersion"] == f"{rs.GROUP}/v1"
+    for template in ("daemonset-device-plugin.yaml", "daemonset-container-toolkit.yaml"):
+        assert not [d for d in rendered.get(template, []) if d], template
+
+
+@needs_helm
+def test_operator_off_renders_no_operator(tmp_path: Any) -> None:
+    rendered = helm_render.render(str(tmp_path))
+    assert not [d for d in rendered.get("operator.yaml", []) if d]
+    assert [d for d in rendered["daemonset-device-plugin.yaml"] if d]

@@ -1,0 +1,310 @@
+"""The operator's reconcile against the fake API and simulated cluster (no mocks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from enflame_gcu.gcu_operator import api, names, runner
+from enflame_gcu.gcu_operator import resource as rs
+from tests.gcu_operator.fake_api import FakeApi, FakeCluster
+from tests.gcu_operator.helpers import converge, kind_of, ours, set_spec, status, vendor_example
+
+NODES = ["node-a", "node-b", "node-c"]
+
+
+def _start(
+    resource: dict[str, Any], nodes: list[str] = NODES
+) -> tuple[FakeApi, FakeCluster, runner.Operator]:
+    fake = FakeApi()
+    cluster = FakeCluster(fake, nodes)
+    fake.put(kind_of(resource), resource)
+    return fake, cluster, runner.Operator(fake, clock=lambda: fake.now)
+
+
+def _plugin_images(fake: FakeApi) -> dict[str, str]:
+    out = {}
+    for pod in fake.objects(api.POD):
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get(names.COMPONENT_LABEL) == rs.DEVICE_PLUGIN and not pod["metadata"].get(
+            "deletionTimestamp"
+        ):
+            out[pod["spec"]["nodeName"]] = pod["spec"]["containers"][0]["image"]
+    return out
+
+
+def test_vendor_example_gives_the_same_components_and_ready_5_of_5() -> None:
+    resource = vendor_example()
+    fake, cluster, operator = _start(resource)
+    converge(operator, cluster)
+    daemonsets = {d["metadata"]["name"] for d in fake.objects(api.DAEMONSET)}
+    assert daemonsets == {"enflame-gcu-docker-plugin", "enflame-gcu-k8s-plugin"}
+    assert [s["metadata"]["name"] for s in fake.objects(api.SERVICE)] == ["enflame-gcu-exporter"]
+    st = status(fake, resource)
+    assert (st["readyResource"], st["phase"]) == ("5/5", "Running")
+    assert [r["name"] for r in st["resourceStatuses"]] == [
+        "containerToolkit",
+        "devicePlugin",
+        "gcuExporter",
+        "gfd",
+        "validator",
+    ]
+    reported = {u["field"] for u in st["unsupported"]}
+    # NFD is deployed by the example but is not ours; the vendor's images are replaced: said so.
+    assert {"spec.nfd", "spec.containerToolkit.image", "spec.devicePlugin.image"} <= reported
+    assert st["clusterGCUNodes"] == NODES
+    for name in NODES:
+        assert cluster.node_labels(name)[names.VALIDATED_LABEL] == "true"
+    obj = fake.find(api.LEGACY_GCU_RESOURCE, "enflame-gcu-resource")
+    assert obj is not None and rs.FINALIZER in obj["metadata"]["finalizers"]
+
+
+def test_a_converged_pass_writes_nothing() -> None:
+    fake, cluster, operator = _start(ours())
+    converge(operator, cluster)
+    before = fake.writes()
+    operator.run_once()
+    assert fake.writes() == before
+
+
+def test_toolkit_readiness_gates_the_plugin_per_node() -> None:
+    fake, cluster, operator = _start(ours())
+    cluster.broken_images.add(
+        f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-container-toolkit:{rs.DEFAULT_VERSION}"
+    )
+    for _ in range(6):
+        operator.run_once()
+        cluster.step()
+    for name in NODES:
+        labels = cluster.node_labels(name)
+        assert labels[names.deploy_label(rs.TOOLKIT)] == "true"
+        assert names.deploy_label(rs.DEVICE_PLUGIN) not in labels
+    assert _plugin_images(fake) == {}
+    st = status(fake, ours())
+    assert st["phase"] == "Deploying"
+    assert "CrashLoopBackOff" in st["nodes"][0]["lastError"]
+
+
+def test_version_change_rolls_node_by_node_and_pods_keep_their_cards() -> None:
+    fake, cluster, operator = _start(ours())
+    converge(operator, cluster)
+    for i, name in enumerate(NODES):
+        cluster.add_workload(name, f"job-{i}", cards=str(i))
+    workloads = {
+        p["metadata"]["uid"]
+        for p in fake.objects(api.POD)
+        if p["metadata"]["namespace"] == "default"
+    }
+    set_spec(fake, ours(), ["devicePlugin", "version"], "0.2.0")
+    seen_unavailable: list[int] = []
+
+    def check() -> None:
+        images = _plugin_images(fake)
+        new = sum(1 for n in NODES if images.get(n, "").endswith(":0.2.0"))
+        old = sum(1 for n in NODES if images.get(n, "").endswith(f":{rs.DEFAULT_VERSION}"))
+        seen_unavailable.append(len(NODES) - old - (new if new else 0))
+        # Never more than maxUnavailable=1 node without a working, validated plugin.
+        not_serving = [
+            n for n in NODES if cluster.node_labels(n).get(names.VALIDATED_LABEL) != "true"
+        ]
+        assert len(not_serving) <= 1, not_serving
+
+    converge(operator, cluster, check=check)
+    assert set(_plugin_images(fake).values()) == {
+        f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-device-plugin:0.2.0"
+    }
+    left = {
+        p["metadata"]["uid"]
+        for p in fake.objects(api.POD)
+        if p["metadata"]["namespace"] == "default"
+    }
+    assert left == workloads  # the GCU pods were never touched
+    st = status(fake, ours())
+    assert (st["phase"], st["readyResource"]) == ("Running", "3/3")
+    # The toolkit did not change, so it was not restarted (no undo ran).
+    assert cluster.undo_log == []
+
+
+def test_failing_node_stops_the_rollout_and_the_old_version_rolls_back() -> None:
+    fake, cluster, operator = _start(ours())
+    converge(operator, cluster)
+    bad = f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-device-plugin:0.2.0"
+    cluster.broken_images.add(bad)
+    set_spec(fake, ours(), ["devicePlugin", "version"], "0.2.0")
+    for _ in range(10):
+        operator.run_once()
+        cluster.step()
+    images = _plugin_images(fake)
+    assert sorted(images.values()).count(bad) == 1  # one node tried it, the others kept the old
+    st = status(fake, ours())
+    assert st["phase"] == "Failed"
+    failed = st["rollout"]["failed"]
+    assert len(failed) == 1 and "CrashLoopBackOff" in failed[0]["reason"]
+    assert failed[0]["node"] in st["conditions"][0]["message"]
+    set_spec(fake, ours(), ["devicePlugin", "version"], rs.DEFAULT_VERSION)
+    converge(operator, cluster)
+    assert set(_plugin_images(fake).values()) == {
+        f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-device-plugin:{rs.DEFAULT_VERSION}"
+    }
+    assert status(fake, ours())["phase"] == "Running"
+
+
+def test_validator_failure_removes_the_label_and_says_why() -> None:
+    fake, cluster, operator = _start(ours())
+    cluster.bad_nodes.add("node-b")
+    for _ in range(12):
+        operator.run_once()
+        cluster.step()
+    assert cluster.node_labels("node-a")[names.VALIDATED_LABEL] == "true"
+    assert names.VALIDATED_LABEL not in cluster.node_labels("node-b")
+    st = status(fake, ours())
+    node_b = next(n for n in st["nodes"] if n["name"] == "node-b")
+    assert not node_b["validated"] and "/dev/gcu0 is missing" in node_b["lastError"]
+    assert st["phase"] == "Deploying"
+
+
+def test_delete_removes_in_reverse_order_and_leaves_nodes_as_before() -> None:
+    fake, cluster, operator = _start(ours())
+    before = {n: cluster.node_labels(n) for n in NODES}
+    converge(operator, cluster)
+    obj = fake.find(api.GCU_RESOURCE, "gcu")
+    assert obj is not None
+    fake.delete(api.GCU_RESOURCE, "gcu")
+    order: list[str] = []
+
+    def check() -> None:
+        for ds in ("enflame-k8s-device-plugin", "enflame-container-toolkit"):
+            if fake.find(api.DAEMONSET, ds, "kube-system") is None and ds not in order:
+                order.append(ds)
+
+    converge(operator, cluster, check=check)
+    assert order == ["enflame-k8s-device-plugin", "enflame-container-toolkit"]
+    assert fake.find(api.GCU_RESOURCE, "gcu") is None  # finalizer released
+    assert sorted(cluster.undo_log) == NODES  # every toolkit pod terminated (its undo ran)
+    assert [p for p in fake.objects(api.POD) if p["metadata"]["namespace"] == "kube-system"] == []
+    for name in NODES:
+        node = fake.find(api.NODE, name)
+        assert node is not None
+        assert cluster.node_labels(name) == before[name]
+        assert names.NODE_STATE_ANNOTATION not in (node["metadata"].get("annotations") or {})
+
+
+def test_never_touches_what_it_did_not_create() -> None:
+    resource = ours()
+    fake, cluster, operator = _start(resource)
+    foreign = fake.put(
+        api.DAEMONSET,
+        {
+            "metadata": {"name": "enflame-k8s-device-plugin", "namespace": "kube-system"},
+            "spec": {
+                "template": {"metadata": {}, "spec": {"nodeSelector": {"x": "y"}, "containers": []}}
+            },
+        },
+    )
+    cluster.api.patch(api.NODE, "node-a", {"metadata": {"labels": {names.VALIDATED_LABEL: "true"}}})
+    for _ in range(8):
+        operator.run_once()
+        cluster.step()
+    still = fake.find(api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system")
+    assert still == foreign
+    st = status(fake, resource)
+    assert st["phase"] == "Failed"
+    assert (
+        "DaemonSet kube-system/enflame-k8s-device-plugin exists and was not created"
+        in st["conditions"][0]["message"]
+    )
+    fake.delete(api.GCU_RESOURCE, "gcu")
+    converge(operator, cluster)
+    assert fake.find(api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system") == foreign
+    # A label someone else set stays.
+    assert cluster.node_labels("node-a")[names.VALIDATED_LABEL] == "true"
+
+
+def test_dra_node_on_a_cluster_without_dra_is_reported_and_served_by_the_plugin() -> None:
+    resource = ours(dra={})
+    fake, cluster, operator = _start(resource)
+    fake.patch(api.NODE, "node-a", {"metadata": {"labels": {names.MODE_LABEL: "dra"}}})
+    converge(operator, cluster)
+    st = status(fake, resource)
+    node_a = next(n for n in st["nodes"] if n["name"] == "node-a")
+    assert node_a["mode"] == "device-plugin"
+    assert "DRA needs Kubernetes >= 1.34" in node_a["lastError"]
+    assert "node-a" in _plugin_images(fake)
+
+
+def test_dra_node_gets_the_dra_driver_where_dra_is_served() -> None:
+    resource = ours(dra={})
+    fake, cluster, operator = _start(resource)
+    fake.dra_served = True
+    fake.patch(api.NODE, "node-a", {"metadata": {"labels": {names.MODE_LABEL: "dra"}}})
+    converge(operator, cluster)
+    labels = cluster.node_labels("node-a")
+    assert labels[names.deploy_label(rs.DRA)] == "true"
+    assert names.deploy_label(rs.DEVICE_PLUGIN) not in labels
+    assert "node-a" not in _plugin_images(fake)
+    assert status(fake, resource)["phase"] == "Running"
+
+
+def test_turning_a_component_off_removes_only_it() -> None:
+    resource = ours(gcuExporter={})
+    fake, cluster, operator = _start(resource)
+    converge(operator, cluster)
+    assert len(fake.objects(api.SERVICE)) == 1
+    set_spec(fake, resource, ["gcuExporter", "notDeploy"], True)
+    converge(operator, cluster)
+    assert fake.objects(api.SERVICE) == []
+    assert len(fake.objects(api.DAEMONSET)) == 2
+
+
+def test_drain_cordons_evicts_gcu_pods_first_and_uncordons_after_validation() -> None:
+    resource = ours(upgradePolicy={"maxUnavailable": 1, "drain": {"enable": True}})
+    fake, cluster, operator = _start(resource, nodes=["node-a", "node-b"])
+    converge(operator, cluster)
+    cluster.add_workload("node-a", "job-a", cards="0")
+    cluster.add_workload("node-b", "job-b", cards="1")
+    set_spec(fake, resource, ["devicePlugin", "version"], "0.2.0")
+    events: list[tuple[str, str]] = []
+
+    def check() -> None:
+        for name in ("node-a", "node-b"):
+            node = fake.find(api.NODE, name)
+            assert node is not None
+            cordoned = bool(node["spec"].get("unschedulable"))
+            job = fake.find(api.POD, f"job-{name[-1]}", "default")
+            image = _plugin_images(fake).get(name, "")
+            if image.endswith(":0.2.0"):
+                # The node's plugin was replaced only after its GCU pod was gone.
+                assert job is None, name
+            if cordoned and ("cordon", name) not in events:
+                events.append(("cordon", name))
+            if not cordoned and ("cordon", name) in events and ("uncordon", name) not in events:
+                events.append(("uncordon", name))
+
+    converge(operator, cluster, check=check)
+    assert events == [
+        ("cordon", "node-a"),
+        ("uncordon", "node-a"),
+        ("cordon", "node-b"),
+        ("uncordon", "node-b"),
+    ]
+    assert status(fake, resource)["phase"] == "Running"
+
+
+def test_same_name_in_both_groups_are_two_resources() -> None:
+    vendor = vendor_example()
+    mine = ours()
+    mine["metadata"]["name"] = vendor["metadata"]["name"]
+    fake, cluster, operator = _start(vendor, nodes=["node-a", "node-b"])
+    fake.put(api.GCU_RESOURCE, mine)
+    converge(operator, cluster)
+    assert status(fake, vendor)["phase"] == "Running"
+    assert status(fake, mine)["phase"] == "Running"
+    assert len(fake.objects(api.DAEMONSET)) == 4
+    fake.delete(api.LEGACY_GCU_RESOURCE, vendor["metadata"]["name"])
+    converge(operator, cluster)
+    assert {d["metadata"]["name"] for d in fake.objects(api.DAEMONSET)} == {
+        "enflame-container-toolkit",
+        "enflame-k8s-device-plugin",
+    }
+    assert status(fake, mine)["phase"] == "Running"
+    for name in ("node-a", "node-b"):
+        assert cluster.node_labels(name)[names.deploy_label(rs.DEVICE_PLUGIN)] == "true"
