@@ -198,6 +198,13 @@ class ClusterNode:
                 with open(path, "w", encoding="utf-8"):
                     pass
             lines.append(f"mount --bind '{self.sim_root}/dev/{name}' '{path}'")
+        # /dev/char: the node's own copy of the machine's links, so the links doctor's runc fix
+        # makes (enflame-ctk system create-dev-char-symlinks) stay on the node.
+        self.ledger.will_create_dir("/dev/char")
+        os.makedirs("/dev/char", exist_ok=True)
+        char = self.private("/dev/char")
+        os.makedirs(char, exist_ok=True)
+        lines.append(f"cp -a /dev/char/. '{char}/' && mount --bind '{char}' /dev/char")
         ready = os.path.join(self.work, "ns.ready")
         lines += [f"touch '{ready}'", "exec sleep infinity"]
         script = os.path.join(self.work, "ns.sh")
