@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import yaml
 
 from tests.cluster.controlplane import REPO, ControlPlane
-from tests.cluster.nodes import SIM_MOUNT, ClusterNode
+from tests.cluster.nodes import ClusterNode
 from tests.kubelet.harness import E2EError
 
 T = TypeVar("T")
@@ -22,18 +22,6 @@ CLUSTER_DIR_ENV = "ENFLAME_E2E_CLUSTER_DIR"
 IMAGES_ENV = "ENFLAME_E2E_IMAGES"
 RESOURCE = "enflame.com/gcu"
 PLUGIN_SELECTOR = "app.kubernetes.io/name=enflame-device-plugin"
-
-
-def sim_host_paths(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The one change the tier makes to the guide's manifests: the hostPaths ``/sys`` and ``/dev``
-    point at the node's simulated tree (a real GCU node has its cards at /sys and /dev)."""
-    for document in documents:
-        spec = (document or {}).get("spec", {}).get("template", {}).get("spec", {})
-        for volume in spec.get("volumes", []):
-            host_path = volume.get("hostPath")
-            if host_path and host_path.get("path") in ("/sys", "/dev"):
-                host_path["path"] = SIM_MOUNT + host_path["path"]
-    return documents
 
 
 def wait_for(
@@ -100,11 +88,10 @@ class Cluster:
     def apply_manifest(
         self, path: str, *, edit: Callable[[list[dict[str, Any]]], Any] | None = None
     ) -> str:
-        """``kubectl apply -f`` the checkout's ``path`` with the simulated-node hostPaths (and
-        ``edit``, for scenarios that break or change it); returns the file applied."""
+        """``kubectl apply -f`` the checkout's ``path``, as is or changed by ``edit`` (for
+        scenarios that break or change it); returns the file applied."""
         with open(self.repo_file(path), encoding="utf-8") as handle:
             documents = [d for d in yaml.safe_load_all(handle) if d]
-        documents = sim_host_paths(documents)
         if edit is not None:
             edit(documents)
         target = os.path.join(self.work, os.path.basename(path))

@@ -61,14 +61,28 @@ RUN = {
         "test_vgcu.py::test_scenario_8_vgcu_example_runs_on_the_vgcu_node",
     "kubectl -n enflame logs pod-vgcu-example":
         "test_vgcu.py::test_scenario_8_vgcu_example_runs_on_the_vgcu_node",
+    "kubectl apply -f deploy/yaml/enflame-container-toolkit.yaml":
+        "test_toolkit.py::test_scenario_2_toolkit_installs_records_passes_doctor_and_undoes",
+    "kubectl -n kube-system logs ds/enflame-container-toolkit-daemonset":
+        "test_toolkit.py::test_scenario_2_toolkit_installs_records_passes_doctor_and_undoes",
+    "kubectl delete -f deploy/yaml/enflame-container-toolkit.yaml":
+        "test_toolkit.py::test_scenario_2_toolkit_installs_records_passes_doctor_and_undoes",
+    "kubectl delete -f deploy/yaml/enflame-device-plugin.yaml":
+        "test_helm.py::test_scenario_5_helm_install_upgrade_uninstall",
+    "helm install enflame-gcu deploy/helm/enflame-gcu -n kube-system":
+        "test_helm.py::test_scenario_5_helm_install_upgrade_uninstall",
+    "helm uninstall enflame-gcu -n kube-system":
+        "test_helm.py::test_scenario_5_helm_install_upgrade_uninstall",
+    "kubectl -n kube-system exec ds/enflame-container-toolkit-daemonset -- "
+    "enflame-ctk doctor --host-root /host":
+        "test_toolkit.py::test_scenario_2_toolkit_installs_records_passes_doctor_and_undoes",
+    "kubectl -n kube-system exec ds/enflame-container-toolkit-daemonset -- "
+    "enflame-ctk system create-dev-char-symlinks --host-root /host":
+        "test_toolkit.py::test_scenario_2_toolkit_installs_records_passes_doctor_and_undoes",
 }  # fmt: skip
 
 # Each line the tier does not run -> why.
 NOT_RUN = {
-    "kubectl apply -f deploy/yaml/enflame-container-toolkit.yaml":
-        "scenario 2 (toolkit DaemonSet) is not written yet",
-    "kubectl -n kube-system logs ds/enflame-container-toolkit-daemonset":
-        "scenario 2 (toolkit DaemonSet) is not written yet",
     "kubectl taint node gcu-node-1 enflame.com/gcu=present:NoSchedule":
         "tainting is optional; the tolerations are checked by the manifest tests",
     "kubectl -n enflame exec pod-gcu-example -- ls /dev/gcu0 /dev/gcuctl":
@@ -76,29 +90,23 @@ NOT_RUN = {
         "tier runs the same exec with the card its log names",
     "kubectl apply -f deploy/yaml/enflame-device-plugin-compat-with-cpumanager.yaml":
         "needs kubelets with cpuManagerPolicy static; the kubelet tier covers it",
-                "kubectl apply -f deploy/yaml/examples/pod-shared-gcu-example.yaml":
-        "scenario 8 (shared GCUs) is not written yet",
+    "kubectl apply -f deploy/yaml/examples/pod-shared-gcu-example.yaml":
+        "scenario 8's shared half is not written: the guide configures sharing with "
+        "`helm upgrade --set sharing...`",
     "kubectl -n enflame logs pod-shared-gcu-example":
-        "scenario 8 (shared GCUs) is not written yet",
+        "scenario 8's shared half is not written: the guide configures sharing with "
+        "`helm upgrade --set sharing...`",
     "kubectl debug node/gcu-node-1 -it --profile=sysadmin "
     "--image=ghcr.io/enflame-gcu/enflame-gcu-container-toolkit:0.1.0 -- enflame-ctk doctor --host-root /host":  # noqa: E501
-        "kubectl debug node and --profile need Kubernetes >= 1.23; the tier's cluster is 1.20",
-    "kubectl -n kube-system exec ds/enflame-container-toolkit-daemonset -- enflame-ctk doctor --host-root /host":  # noqa: E501
-        "scenario 2 (toolkit DaemonSet) is not written yet",
+    "kubectl debug node and --profile need Kubernetes >= 1.23; the tier's cluster is 1.20",
     "kubectl delete -f deploy/yaml/examples/pod-gcu-example.yaml":
         "the tier deletes the namespace the example lives in",
-    "kubectl delete -f deploy/yaml/enflame-device-plugin.yaml":
-        "not yet run: the tier tears the cluster down",
-    "kubectl delete -f deploy/yaml/enflame-container-toolkit.yaml":
-        "scenario 2 (toolkit DaemonSet) is not written yet",
-    "helm install enflame-gcu deploy/helm/enflame-gcu -n kube-system":
-        "scenario 5 (Helm from Python) is not written yet; no helm binary here",
     "helm install enflame-gcu deploy/helm/enflame-gcu -n kube-system "
     "--set toolkit.enabled=true --set devicePlugin.passDeviceSpecs=true":
-        "scenario 5 (Helm from Python) is not written yet; no helm binary here",
+        "no helm binary here; scenario 5 runs Helm's install/upgrade/uninstall through "
+        "helm-sdkpy with the chart's defaults and one changed value (devicePlugin.healthInterval)",
     "helm upgrade enflame-gcu deploy/helm/enflame-gcu -n kube-system "
     "--set sharing.enabled=true --set sharing.slicesPerCard=6 --set sharing.policy=packed":
-        "scenario 5 (Helm from Python) is not written yet; no helm binary here",
-    "helm uninstall enflame-gcu -n kube-system":
-        "scenario 5 (Helm from Python) is not written yet; no helm binary here",
+        "no helm binary here; scenario 5 runs Helm's install/upgrade/uninstall through "
+        "helm-sdkpy with the chart's defaults and one changed value (devicePlugin.healthInterval)",
 }  # fmt: skip

@@ -11,9 +11,10 @@ the same private view:
   over empty mount points the ledger creates on the host (when missing) and removes after;
 - ``/run``: a tmpfs of the node's own, holding ``/run/containerd`` (a private dir bound there,
   so the socket is reachable from outside) and everything containerd keeps there;
-- ``/run/enflame-e2e-sim``: the node's simulated GCU tree (fake sysfs + /dev with real char
-  devices); the tier's manifests point the plugin's ``/sys`` and ``/dev`` hostPaths here, the one
-  change made to the guide's manifests (a real node has its cards at /sys and /dev);
+- ``/sys``: the machine's sysfs entries, except that the simulated board's PCI root complexes,
+  ``/sys/bus/pci/devices`` and ``/sys/module/enflame`` stand in their places (bound from the
+  simulated tree, so unplugging a card there shows at once), so the guide's manifests run
+  unchanged: the plugin's ``/sys`` and ``/dev`` hostPaths, the toolkit's ``/``;
 - ``/dev/gcuN`` (and gcuctl, vgcuN): the simulated nodes bound over empty files the ledger
   creates, so the kubelet's DeviceSpecs (``/dev/gcuN``) resolve to this node's cards.
 
@@ -189,6 +190,7 @@ class ClusterNode:
             os.makedirs(self.private(path), exist_ok=True)
             lines.append(f"mkdir -p '{path}' && mount --bind '{self.private(path)}' '{path}'")
         lines.append(f"mkdir -p '{SIM_MOUNT}' && mount --bind '{self.sim_root}' '{SIM_MOUNT}'")
+        lines += self._sysfs_lines()
         for name in self._device_files():
             path = f"/dev/{name}"
             if not os.path.lexists(path):
@@ -196,6 +198,13 @@ class ClusterNode:
                 with open(path, "w", encoding="utf-8"):
                     pass
             lines.append(f"mount --bind '{self.sim_root}/dev/{name}' '{path}'")
+        # /dev/char: the node's own copy of the machine's links, so the links doctor's runc fix
+        # makes (enflame-ctk system create-dev-char-symlinks) stay on the node.
+        self.ledger.will_create_dir("/dev/char")
+        os.makedirs("/dev/char", exist_ok=True)
+        char = self.private("/dev/char")
+        os.makedirs(char, exist_ok=True)
+        lines.append(f"cp -a /dev/char/. '{char}/' && mount --bind '{char}' /dev/char")
         ready = os.path.join(self.work, "ns.ready")
         lines += [f"touch '{ready}'", "exec sleep infinity"]
         script = os.path.join(self.work, "ns.sh")
@@ -219,6 +228,40 @@ class ClusterNode:
             return os.path.exists(ready)
 
         harness.wait_for(f"{self.name}'s mount namespace", up, 30, 0.05)
+
+    def _sysfs_lines(self) -> list[str]:
+        """Shell lines that put the simulated cards into this node's /sys: a tmpfs with the
+        machine's /sys entries bound in, except that the simulated tree's PCI root complexes,
+        /sys/bus/pci/devices and /sys/module/enflame take their places; moved over /sys.
+        Everything else (cgroups, CPUs, the real devices) stays the machine's."""
+        staging = os.path.join(self.work, "sysfs")
+        os.makedirs(staging, exist_ok=True)
+        return [
+            f"S='{staging}'; R='{self.sim_root}/sys'",
+            'mount -t tmpfs -o mode=0755 enflame-node-sys "$S"',
+            "bindall() {  # bindall FROM TO SKIP...: every entry of FROM bound under TO",
+            "  from=$1; to=$2; shift 2",
+            '  for e in "$from"/*; do',
+            "    n=${e##*/}; skip=0",
+            '    for s in "$@"; do [ "$n" = "$s" ] && skip=1; done',
+            '    [ "$skip" = 1 ] && continue',
+            '    if [ -L "$e" ]; then ln -s "$(readlink "$e")" "$to/$n";',
+            '    elif [ -d "$e" ]; then mkdir "$to/$n"; mount --rbind "$e" "$to/$n";',
+            '    else : >"$to/$n"; mount --bind "$e" "$to/$n"; fi',
+            "  done",
+            "}",
+            'bindall /sys "$S" devices bus module',
+            'mkdir "$S/devices" "$S/bus" "$S/module"',
+            'bindall /sys/devices "$S/devices" $(ls "$R/devices")',
+            'bindall "$R/devices" "$S/devices"',
+            'bindall /sys/bus "$S/bus" pci',
+            'mkdir "$S/bus/pci"',
+            'bindall /sys/bus/pci "$S/bus/pci" devices',
+            'mkdir "$S/bus/pci/devices" && mount --bind "$R/bus/pci/devices" "$S/bus/pci/devices"',
+            'bindall /sys/module "$S/module" $(ls "$R/module")',
+            'bindall "$R/module" "$S/module"',
+            'mount --move "$S" /sys',
+        ]
 
     def _ns_log(self) -> str:
         with open(os.path.join(self.work, "ns.log"), encoding="utf-8", errors="replace") as handle:
