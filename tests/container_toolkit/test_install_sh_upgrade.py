@@ -30,7 +30,7 @@ LAUNCHER = f"{PREFIX}/bin/enflame-container-runtime"
 STEPS = ("venv-created", "pip-installed", "venv-switched")
 PIP_KILL_DELAYS = (0.5, 1.5, 2.5)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("install_sh")]
 
 
 @pytest.fixture(scope="module")

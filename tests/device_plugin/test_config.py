@@ -29,9 +29,6 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path, spelling: str) -> N
         "DP_RESOURCES": "gcu,vgcu",
         "DP_VGCU_RESOURCE_NAME": "example.com/v",
         "DP_SHARED_RESOURCE_NAME": "example.com/s",
-        "DP_DRS_RESOURCE_NAME": "example.com/d",
-        "DP_EFSMI": "/opt/efsmi",
-        "DP_DRS_RELEASE_GRACE": "12",
         "DP_METRICS_PORT": "9400",
         "DP_PLUGIN_DIR": "/p",
         "DP_HOST_ROOT": "/host",
@@ -49,17 +46,27 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path, spelling: str) -> N
         "DP_POD_RESOURCES_SOCKET": "/pr/kubelet.sock",
         "DP_POD_RESOURCES_INTERVAL": "0",
         "DP_FEATURE_FILE": "/nfd/enflame-gcu",
-        "DP_TELEMETRY_INTERVAL": "30",
-        "DP_TELEMETRY_TIMEOUT": "2",
-        "DP_EFML_LIBRARY": "/opt/efml/libefml.so",
-        "DP_NODE_STATE": "false",
-        "NODE_NAME": "node-1",
-        "DP_KUBECONFIG": "/kc",
     }
-    assert {o.old_env for o in config.OPTIONS} == set(old_env)
+    # Options 0.1 did not have: one name only (NODE_NAME and KUBECONFIG as the DRA driver's).
+    new_env = {
+        "ENFLAME_DRS_RESOURCE_NAME": "example.com/d",
+        "ENFLAME_EFSMI": "/opt/efsmi",
+        "ENFLAME_DRS_RELEASE_GRACE": "12",
+        "ENFLAME_TELEMETRY_INTERVAL": "30",
+        "ENFLAME_TELEMETRY_TIMEOUT": "2",
+        "ENFLAME_EFML_LIBRARY": "/opt/efml/libefml.so",
+        "ENFLAME_NODE_STATE": "false",
+        "NODE_NAME": "node-1",
+        "KUBECONFIG": "/kc",
+    }
+    assert {o.old_env for o in config.OPTIONS if o.old_env} == set(old_env)
+    assert {o.env for o in config.OPTIONS if not o.old_env} == set(new_env)
     renamed = {o.old_env: o.env for o in config.OPTIONS}
-    assert all(name == "ENFLAME_" + o.field.upper() for o in config.OPTIONS for name in [o.env])
+    assert all(
+        o.env == "ENFLAME_" + o.field.upper() for o in config.OPTIONS if o.env not in new_env
+    )
     env = old_env if spelling == "0.1" else {renamed[k]: v for k, v in old_env.items()}
+    env = {**env, **new_env}
     warnings: list[str] = []
     got = main.load_config([], env, warnings)
     if spelling == "0.1":  # one warning per old name, naming the new one

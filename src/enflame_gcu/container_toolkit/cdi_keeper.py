@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 import threading
 from collections.abc import Collection
 from typing import TYPE_CHECKING
@@ -60,6 +61,9 @@ def ours(path: str, owned: Collection[str] = ()) -> bool:
     """Whether the spec at ``path`` is the keeper's to rewrite or remove (or is absent)."""
     if path in owned or not os.path.lexists(path):
         return True
+    mode = os.lstat(path).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        return True  # a FIFO or device planted there is no one's spec: no engine could read it
     text = _read(path)
     return text is not None and text.startswith(MARKER)
 

@@ -257,16 +257,20 @@ class Option:
     """One setting: its field, env var, parser and help text."""
 
     field: str
-    # The 0.1 name of its environment variable (DP_*, or NVIDIA's unprefixed names), still read.
-    old_env: str
+    # The 0.1 name of its environment variable (DP_*, or NVIDIA's unprefixed names), still read;
+    # None for an option that 0.1 did not have.
+    old_env: str | None
     parse: Callable[[str], Any]
     help: str
     flag: bool = False
+    # A name Kubernetes manifests already use (NODE_NAME, KUBECONFIG, as the DRA driver reads
+    # them) instead of ``ENFLAME_`` and the flag's name.
+    env_name: str | None = None
 
     @property
     def env(self) -> str:
-        """Its environment variable: ``ENFLAME_`` and the flag's name."""
-        return env_vars.for_option(self.field)
+        """Its environment variable: ``ENFLAME_`` and the flag's name, unless it has its own."""
+        return self.env_name or env_vars.for_option(self.field)
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -304,14 +308,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "drs_resource_name",
-        "DP_DRS_RESOURCE_NAME",
+        None,
         _resource,
         "extended resource for DRS slices (hard partitions made at Allocate)",
     ),
-    Option("efsmi", "DP_EFSMI", _program, "the efsmi program, a name on PATH or a path (drs-gcu)"),
+    Option("efsmi", None, _program, "the efsmi program, a name on PATH or a path (drs-gcu)"),
     Option(
         "drs_release_grace",
-        "DP_DRS_RELEASE_GRACE",
+        None,
         _interval,
         "seconds a new DRS instance waits for the kubelet to list its container before an "
         "instance no container holds is destroyed",
@@ -398,25 +402,25 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "telemetry_interval",
-        "DP_TELEMETRY_INTERVAL",
+        None,
         _telemetry,
         "seconds between card telemetry passes through libefml (metrics port); 0 = off",
     ),
     Option(
         "telemetry_timeout",
-        "DP_TELEMETRY_TIMEOUT",
+        None,
         _deadline,
         "seconds one card's libefml calls may take before the card is left out as hung",
     ),
     Option(
         "efml_library",
-        "DP_EFML_LIBRARY",
+        None,
         _path,
         "libefml to load before the usual names and directories (host root first); unset = search",
     ),
     Option(
         "node_state",
-        "DP_NODE_STATE",
+        None,
         _bool,
         "keep this node's enflame.com/gcu-node-state annotation current for the scheduler "
         "extender (needs --node-name and a PodResources interval above 0)",
@@ -424,15 +428,17 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "node_name",
-        "NODE_NAME",
+        None,
         _node_name,
         "this node's name (the downward API's spec.nodeName), for --node-state",
+        env_name="NODE_NAME",
     ),
     Option(
         "kubeconfig",
-        "DP_KUBECONFIG",
+        None,
         _path,
         "kubeconfig for --node-state; unset = the pod's service account",
+        env_name="KUBECONFIG",
     ),
 )
 
@@ -494,7 +500,8 @@ def env_layer(environ: Mapping[str, str], warnings: list[str] | None = None) -> 
     """The settings given by environment variables; a warning per old name used."""
     layer = {}
     for option in OPTIONS:
-        value, warning = env_vars.lookup(environ, option.env, (option.old_env,))
+        old = () if option.old_env is None else (option.old_env,)
+        value, warning = env_vars.lookup(environ, option.env, old)
         if value is not None:
             layer[option.field] = value
         if warning is not None and warnings is not None:

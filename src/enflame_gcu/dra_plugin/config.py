@@ -259,23 +259,23 @@ def build_parser(
     parser.add_argument(
         "--drs",
         metavar="CARDS",
-        default=env.get("ENFLAME_DRA_DRS", ""),
+        default=env.get("ENFLAME_DRS", ""),
         help="publish these cards as DRS partitions (partitionable devices; needs efsmi and "
         "Kubernetes >= 1.36): 'all', or a comma-separated list of cards (gcu3), models (S60) "
-        "or families (S) " + _given("ENFLAME_DRA_DRS", "none"),
+        "or families (S) " + _given("ENFLAME_DRS", "none"),
     )
     parser.add_argument(
         "--efsmi",
         metavar="PATH",
-        default=env.get("ENFLAME_DRA_EFSMI", "efsmi"),
-        help="the efsmi program (DRS only) " + _given("ENFLAME_DRA_EFSMI", "efsmi on PATH"),
+        default=env.get("ENFLAME_EFSMI", "efsmi"),
+        help="the efsmi program (DRS only) " + _given("ENFLAME_EFSMI", "efsmi on PATH"),
     )
     parser.add_argument(
         "--http-address",
         metavar="HOST:PORT",
-        default=env.get("ENFLAME_DRA_HTTP_ADDRESS", ""),
+        default=env.get("ENFLAME_HTTP_ADDRESS", ""),
         help="serve /healthz, /readyz and /metrics here; empty: off "
-        + _given("ENFLAME_DRA_HTTP_ADDRESS", "off"),
+        + _given("ENFLAME_HTTP_ADDRESS", "off"),
     )
     parser.add_argument(
         "--log-level",
