@@ -20,6 +20,7 @@ import tomlkit
 from hypothesis import strategies as st
 
 from enflame_gcu.container_toolkit import engines
+from enflame_gcu.errors import EngineConfigError
 
 SETTINGS = hypothesis.settings(
     max_examples=60,
@@ -35,6 +36,9 @@ SETTINGS = hypothesis.settings(
 
 KEYS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-_.", min_size=1, max_size=12)
 BARE_KEYS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-_", min_size=1, max_size=12)
+# A drop-in's own keys: not `runtimes`, which CRI-O reads as a table (a string there is a broken
+# config that configure refuses, tested below).
+DROP_IN_KEYS = BARE_KEYS.filter(lambda key: key != "runtimes")
 SCALARS = st.one_of(
     st.booleans(),
     st.integers(-(2**31), 2**31),
@@ -235,7 +239,8 @@ def crio_conf(draw: st.DrawFn) -> tuple[str, str | None]:
     drop_in = None
     if draw(st.booleans()):
         drop_in = "# operator's own\n[crio.runtime]\n" + "".join(
-            f'{k} = "{v}"\n' for k, v in draw(st.dictionaries(BARE_KEYS, KEYS, max_size=2)).items()
+            f'{k} = "{v}"\n'
+            for k, v in draw(st.dictionaries(DROP_IN_KEYS, KEYS, max_size=2)).items()
         )
     return tomlkit.dumps(main), drop_in
 
@@ -272,3 +277,24 @@ def test_crio_round_trip_and_no_key_dropped(
     else:
         with open(drop_in, encoding="utf-8") as handle:
             assert handle.read() == drop_in_text
+
+
+def test_crio_drop_in_with_runtimes_not_a_table_is_refused_untouched(directory: str) -> None:
+    root = _fresh(directory)
+    main_path = os.path.join(root, "crio.conf")
+    main_text = "[crio.runtime]\n"
+    with open(main_path, "w", encoding="utf-8") as handle:
+        handle.write(main_text)
+    drop_in = os.path.join(root, "crio.conf.d", "99-enflame.toml")
+    os.makedirs(os.path.dirname(drop_in))
+    drop_in_text = '# operator\'s own\n[crio.runtime]\nruntimes = "_"\n'
+    with open(drop_in, "w", encoding="utf-8") as handle:
+        handle.write(drop_in_text)
+    with pytest.raises(EngineConfigError, match="runtimes is a str, expected a table"):
+        engines.configure("crio", main_path, engines.RuntimeOptions())
+    with open(drop_in, encoding="utf-8") as handle:
+        assert handle.read() == drop_in_text
+    with open(main_path, encoding="utf-8") as handle:
+        assert handle.read() == main_text
+    assert sorted(os.listdir(root)) == ["crio.conf", "crio.conf.d"]
+    assert os.listdir(os.path.dirname(drop_in)) == ["99-enflame.toml"]
