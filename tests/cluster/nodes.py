@@ -15,8 +15,9 @@ the same private view:
   ``/sys/bus/pci/devices`` and ``/sys/module/enflame`` stand in their places (bound from the
   simulated tree, so unplugging a card there shows at once), so the guide's manifests run
   unchanged: the plugin's ``/sys`` and ``/dev`` hostPaths, the toolkit's ``/``;
-- ``/dev/gcuN`` (and gcuctl, vgcuN): the simulated nodes bound over empty files the ledger
-  creates, so the kubelet's DeviceSpecs (``/dev/gcuN``) resolve to this node's cards.
+- ``/dev``: a tmpfs of the node's own with the machine's entries bound into it and the node's
+  simulated ``gcuN``/``gcuctl``/``vgcuN`` bound from its tree, so the kubelet's DeviceSpecs
+  (``/dev/gcuN``) resolve to this node's cards and no node sees another's.
 
 The whole tier runs in a private network namespace (``scripts/e2e-cluster.sh``), so the CNI
 bridges, veths and routes of the pod network vanish with it.
@@ -191,20 +192,7 @@ class ClusterNode:
             lines.append(f"mkdir -p '{path}' && mount --bind '{self.private(path)}' '{path}'")
         lines.append(f"mkdir -p '{SIM_MOUNT}' && mount --bind '{self.sim_root}' '{SIM_MOUNT}'")
         lines += self._sysfs_lines()
-        for name in self._device_files():
-            path = f"/dev/{name}"
-            if not os.path.lexists(path):
-                self.ledger.will_mknod(path)
-                with open(path, "w", encoding="utf-8"):
-                    pass
-            lines.append(f"mount --bind '{self.sim_root}/dev/{name}' '{path}'")
-        # /dev/char: the node's own copy of the machine's links, so the links doctor's runc fix
-        # makes (enflame-ctk system create-dev-char-symlinks) stay on the node.
-        self.ledger.will_create_dir("/dev/char")
-        os.makedirs("/dev/char", exist_ok=True)
-        char = self.private("/dev/char")
-        os.makedirs(char, exist_ok=True)
-        lines.append(f"cp -a /dev/char/. '{char}/' && mount --bind '{char}' /dev/char")
+        lines += self._dev_lines()
         ready = os.path.join(self.work, "ns.ready")
         lines += [f"touch '{ready}'", "exec sleep infinity"]
         script = os.path.join(self.work, "ns.sh")
@@ -228,6 +216,32 @@ class ClusterNode:
             return os.path.exists(ready)
 
         harness.wait_for(f"{self.name}'s mount namespace", up, 30, 0.05)
+
+    def _dev_lines(self) -> list[str]:
+        """A /dev of the node's own: a tmpfs holding the machine's entries (bound; symlinks
+        copied), this node's simulated gcuN/gcuctl/vgcuN bound from its tree, and its own copy of
+        /dev/char (where doctor's runc fix makes its links). Nothing is created in the machine's
+        /dev, so one node's devices never show on another (a vGCU node's /dev/vgcuN placeholders
+        read as broken vGCUs on a whole-card node's vdevice plugin) and the host stays as it was."""
+        machine = self.private("/dev-machine")
+        os.makedirs(machine, exist_ok=True)
+        lines = [
+            f"H='{machine}'",
+            'mount --rbind /dev "$H"',
+            "mount -t tmpfs -o mode=0755,size=4m enflame-node-dev /dev",
+            'for e in $(ls -A "$H"); do',
+            '  case "$e" in gcu[0-9]*|vgcu[0-9]*|gcuctl) continue ;; char) continue ;; esac',
+            '  if [ -L "$H/$e" ]; then cp -a "$H/$e" "/dev/$e"',
+            '  elif [ -d "$H/$e" ]; then mkdir "/dev/$e" && mount --rbind "$H/$e" "/dev/$e"',
+            '  else : > "/dev/$e" && mount --bind "$H/$e" "/dev/$e"; fi',
+            "done",
+            'mkdir /dev/char && if [ -d "$H/char" ]; then cp -a "$H/char/." /dev/char/; fi',
+        ]
+        for name in self._device_files():
+            lines.append(
+                f": > '/dev/{name}' && mount --bind '{self.sim_root}/dev/{name}' '/dev/{name}'"
+            )
+        return lines
 
     def _sysfs_lines(self) -> list[str]:
         """Shell lines that put the simulated cards into this node's /sys: a tmpfs with the
