@@ -79,6 +79,13 @@ RUN = {
     "kubectl -n kube-system exec ds/enflame-container-toolkit-daemonset -- "
     "enflame-ctk system create-dev-char-symlinks --host-root /host":
         "test_toolkit.py::test_scenario_2_toolkit_installs_records_passes_doctor_and_undoes",
+    "kubectl apply -f deploy/yaml/examples/pod-shared-gcu-example.yaml":
+        "test_helm.py::test_scenario_5_helm_install_upgrade_uninstall",
+    "kubectl -n enflame logs pod-shared-gcu-example":
+        "test_helm.py::test_scenario_5_helm_install_upgrade_uninstall",
+    "helm upgrade enflame-gcu deploy/helm/enflame-gcu -n kube-system "
+    "--set sharing.enabled=true --set sharing.slicesPerCard=6 --set sharing.policy=packed":
+        "test_helm.py::test_scenario_5_helm_install_upgrade_uninstall",
 }  # fmt: skip
 
 # Each line the tier does not run -> why.
@@ -90,12 +97,6 @@ NOT_RUN = {
         "tier runs the same exec with the card its log names",
     "kubectl apply -f deploy/yaml/enflame-device-plugin-compat-with-cpumanager.yaml":
         "needs kubelets with cpuManagerPolicy static; the kubelet tier covers it",
-    "kubectl apply -f deploy/yaml/examples/pod-shared-gcu-example.yaml":
-        "scenario 8's shared half is not written: the guide configures sharing with "
-        "`helm upgrade --set sharing...`",
-    "kubectl -n enflame logs pod-shared-gcu-example":
-        "scenario 8's shared half is not written: the guide configures sharing with "
-        "`helm upgrade --set sharing...`",
     "kubectl debug node/gcu-node-1 -it --profile=sysadmin "
     "--image=ghcr.io/enflame-gcu/enflame-gcu-container-toolkit:0.1.0 -- enflame-ctk doctor --host-root /host":  # noqa: E501
     "kubectl debug node and --profile need Kubernetes >= 1.23; the tier's cluster is 1.20",
@@ -103,10 +104,6 @@ NOT_RUN = {
         "the tier deletes the namespace the example lives in",
     "helm install enflame-gcu deploy/helm/enflame-gcu -n kube-system "
     "--set toolkit.enabled=true --set devicePlugin.passDeviceSpecs=true":
-        "no helm binary here; scenario 5 runs Helm's install/upgrade/uninstall through "
-        "helm-sdkpy with the chart's defaults and one changed value (devicePlugin.healthInterval)",
-    "helm upgrade enflame-gcu deploy/helm/enflame-gcu -n kube-system "
-    "--set sharing.enabled=true --set sharing.slicesPerCard=6 --set sharing.policy=packed":
         "no helm binary here; scenario 5 runs Helm's install/upgrade/uninstall through "
         "helm-sdkpy with the chart's defaults and one changed value (devicePlugin.healthInterval)",
 }  # fmt: skip

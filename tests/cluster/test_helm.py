@@ -6,8 +6,12 @@ scenarios that follow."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import os
+import re
+import shlex
 import subprocess
 from typing import Any
 
@@ -22,6 +26,7 @@ HELM_PYTHON = os.path.join(REPO, ".venv-helm", "bin", "python")
 ACTIONS = os.path.join(os.path.dirname(__file__), "helm_actions.py")
 CHART = os.path.join(REPO, "deploy", "helm", "enflame-gcu")
 DS = "enflame-device-plugin-daemonset"
+SHARED = "enflame.com/shared-gcu"
 
 
 def helm(cluster: Cluster, *args: str) -> dict[str, Any]:
@@ -39,6 +44,32 @@ def helm(cluster: Cluster, *args: str) -> dict[str, Any]:
         raise AssertionError(f"helm {args[0]}: {result.stdout}{result.stderr}") from None
     assert answer["ok"], f"helm {args[0]}: {answer.get('error')}\n{result.stderr[-2000:]}"
     return answer
+
+
+SHARING_LINE = (
+    "helm upgrade enflame-gcu deploy/helm/enflame-gcu -n kube-system "
+    "--set sharing.enabled=true --set sharing.slicesPerCard=6 --set sharing.policy=packed"
+)
+
+
+def set_values(command: str) -> dict[str, Any]:
+    """The values a ``helm ... --set a.b=c`` line gives, as Helm parses the simple cases
+    (true/false and integers typed, the rest strings)."""
+    values: dict[str, Any] = {}
+    words = shlex.split(command)
+    for flag, assignment in itertools.pairwise(words):
+        if flag != "--set":
+            continue
+        path, _, raw = assignment.partition("=")
+        value: Any = {"true": True, "false": False}.get(raw, raw)
+        if isinstance(value, str) and re.fullmatch(r"-?\d+", value):
+            value = int(value)
+        node = values
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return values
 
 
 def plugin_pods_ready(cluster: Cluster) -> list[dict[str, Any]] | None:
@@ -102,6 +133,39 @@ def test_scenario_5_helm_install_upgrade_uninstall(cluster: Cluster, clean_names
     assert ds["metadata"]["generation"] > generation
     assert cluster.pod("enflame", "pod-gcu-example")["status"]["phase"] == "Running"  # type: ignore[index]
 
+    # Section 10's line: every card served as time-shared slices; the guide's shared example.
+    cluster.delete_pods("enflame", "pod-gcu-example")
+    before = {p["metadata"]["uid"] for p in rolled}
+    sharing = set_values(guide.line(SHARING_LINE))
+    assert sharing == {"sharing": {"enabled": True, "slicesPerCard": 6, "policy": "packed"}}
+    helm(cluster, "upgrade", "enflame-gcu", CHART, "kube-system",
+         json.dumps({"devicePlugin": {"healthInterval": 3}, **sharing}))  # fmt: skip
+    wait_for("the DaemonSet to roll both pods for sharing", rolled_pods, 240,
+             detail=lambda: cluster.describe("ds", DS, "kube-system"))  # fmt: skip
+    for node, cards in (("gcu-node-1", 8), ("gcu-node-2", 4)):
+
+        def sliced(node: str = node, cards: int = cards) -> bool:
+            return cluster.gcus(node, SHARED) == (cards * 6, cards * 6)
+
+        wait_for(f"{node} to show {cards * 6} slices", sliced, 90,
+                 detail=functools.partial(cluster.describe, "node", node))  # fmt: skip
+    cluster.shell(guide.line("kubectl apply -f deploy/yaml/examples/pod-shared-gcu-example.yaml"))
+    cluster.wait_pod("enflame", "pod-shared-gcu-example")
+    shared_line = guide.line("kubectl -n enflame logs pod-shared-gcu-example")
+    shared_logs = wait_for(
+        "the shared example's logs",
+        lambda: (
+            text
+            if "ENFLAME_CONTAINER_USABLE_PROCESSOR" in (text := cluster.shell(shared_line))
+            else None
+        ),
+        60,
+    )
+    assert len(cards_in(shared_logs)) == 1, shared_logs
+    assert "ENFLAME_CONTAINER_SUB_CARD=true" in shared_logs, shared_logs
+    assert "ENFLAME_CONTAINER_USABLE_PROCESSOR=2/6" in shared_logs, shared_logs
+    cluster.delete_pods("enflame", "pod-shared-gcu-example")
+
     guide.line("helm uninstall enflame-gcu -n kube-system")
     helm(cluster, "uninstall", "enflame-gcu", "kube-system")
     wait_for(
@@ -116,6 +180,5 @@ def test_scenario_5_helm_install_upgrade_uninstall(cluster: Cluster, clean_names
     assert "sh.helm.release" not in secrets, secrets
 
     # Back to the static manifest for the scenarios that follow.
-    cluster.delete_pods("enflame", "pod-gcu-example")
     cluster.shell(guide.line("kubectl apply -f deploy/yaml/enflame-device-plugin.yaml"))
     wait_for("the static plugin pods to be Ready again", lambda: plugin_pods_ready(cluster), 180)
