@@ -58,12 +58,20 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path, spelling: str) -> N
         "ENFLAME_NODE_STATE": "false",
         "NODE_NAME": "node-1",
         "KUBECONFIG": "/kc",
+        "ENFLAME_CONFIG_DEFAULT": "pool-a",
+        "ENFLAME_CONFIG_LABEL": "example.com/pool",
+        "ENFLAME_CONFIG_LABEL_INTERVAL": "10",
     }
+    # Named configs instead of the config file: read, but not together with CONFIG_FILE.
+    instead = {"ENFLAME_CONFIG_DIR": "/configs"}
+    assert config.env_layer(instead) == {"config_dir": "/configs"}
     assert {o.old_env for o in config.OPTIONS if o.old_env} == set(old_env)
-    assert {o.env for o in config.OPTIONS if not o.old_env} == set(new_env)
+    assert {o.env for o in config.OPTIONS if not o.old_env} == set(new_env) | set(instead)
     renamed = {o.old_env: o.env for o in config.OPTIONS}
     assert all(
-        o.env == "ENFLAME_" + o.field.upper() for o in config.OPTIONS if o.env not in new_env
+        o.env == "ENFLAME_" + o.field.upper()
+        for o in config.OPTIONS
+        if o.env not in new_env and o.env not in instead
     )
     env = old_env if spelling == "0.1" else {renamed[k]: v for k, v in old_env.items()}
     env = {**env, **new_env}
@@ -106,6 +114,9 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path, spelling: str) -> N
         efml_library="/opt/efml/libefml.so",
         node_name="node-1",
         kubeconfig="/kc",
+        config_default="pool-a",
+        config_label="example.com/pool",
+        config_label_interval=10.0,
     )
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import ipaddress
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,11 @@ SOCKET_NAME = "enflame.sock"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+# The node label that chooses one of the named configs of --config-dir (named_configs).
+CONFIG_LABEL = "enflame.com/device-plugin.config"
+# A config's name is a label value (the label chooses it) and a ConfigMap key (the chart's).
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # The resources one process can serve, each on its own socket (kinds as --resources names them).
 GCU, VGCU, SHARED_GCU, DRS_GCU = "gcu", "vgcu", "shared-gcu", "drs-gcu"
 RESOURCE_KINDS = (GCU, VGCU, SHARED_GCU, DRS_GCU)
@@ -76,6 +82,14 @@ class PluginConfig:
     node_state: bool = False
     node_name: str = ""
     kubeconfig: str = ""
+    # Named configs for node pools (named_configs): the directory, the one used without a
+    # label, the label, and seconds between reads of it (0 = at start only).
+    config_dir: str | None = None
+    config_default: str = ""
+    config_label: str = CONFIG_LABEL
+    config_label_interval: float = 30.0
+    # The named config in effect ("" = none); set by the plugin, not an option.
+    config_name: str = ""
     sharing: sharing.SharingSettings = field(default_factory=sharing.SharingSettings)
     # Cards to share as slices (``gcuN`` or PCI bus ids); None = every card.
     shared_cards: tuple[str, ...] | None = None
@@ -243,6 +257,37 @@ def _path(text: str) -> str:
     if not text.startswith("/"):
         raise ValueError(f"{text!r} is not an absolute path")
     return text
+
+
+def config_name(text: str) -> str:
+    """A named config's name: what a label value may be (63 characters, letters, digits, -_.)."""
+    value = text.strip()
+    if value and not _LABEL_VALUE.match(value):
+        raise ValueError(
+            f"{text!r} is not a config name (a label value: up to 63 letters, digits, '-', '_' "
+            "or '.', starting and ending with a letter or digit)"
+        )
+    return value
+
+
+def _label_key(text: str) -> str:
+    value = text.strip()
+    prefix, _, name = value.rpartition("/")
+    if not _LABEL_VALUE.match(name) or (
+        prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))
+    ):
+        raise ValueError(f"{text!r} is not a label key (such as {CONFIG_LABEL})")
+    return value
+
+
+def _label_poll(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of seconds") from None
+    if value != 0 and not 0.1 <= value <= 3600:
+        raise ValueError(f"{text} is outside 0.1..3600 seconds (0 = read at start only)")
+    return value
 
 
 def _program(text: str) -> str:
@@ -440,6 +485,33 @@ OPTIONS: tuple[Option, ...] = (
         "kubeconfig for --node-state; unset = the pod's service account",
         env_name="KUBECONFIG",
     ),
+    Option(
+        "config_dir",
+        None,
+        _path,
+        "directory of named config files, one per name (a mounted ConfigMap); the node label "
+        "--config-label chooses one; instead of --config-file; needs --node-name",
+    ),
+    Option(
+        "config_default",
+        None,
+        config_name,
+        "the named config used when the node's label is absent or names no config there; "
+        "unset = none (flags and environment alone)",
+    ),
+    Option(
+        "config_label",
+        None,
+        _label_key,
+        "the node label whose value names the config of --config-dir",
+    ),
+    Option(
+        "config_label_interval",
+        None,
+        _label_poll,
+        "seconds between reads of the node's label (a change reloads as SIGHUP does); "
+        "0 = read at start only",
+    ),
 )
 
 
@@ -468,6 +540,15 @@ def resolve(layers: Sequence[Mapping[str, Any]]) -> PluginConfig:
         _apply_node_mode(values)
     if values.get("node_state") and not values.get("node_name"):
         raise ConfigError("invalid node-state: it needs node-name (env NODE_NAME, downward API)")
+    if values.get("config_dir") and values.get("config_file"):
+        raise ConfigError(
+            "invalid config-dir: give either config-file (one config) or config-dir (named "
+            "configs chosen by a node label), not both"
+        )
+    if values.get("config_dir") and not values.get("node_name"):
+        raise ConfigError(
+            "invalid config-dir: the node label needs node-name (env NODE_NAME, downward API)"
+        )
     if values.get("node_state") and values.get("pod_resources_interval") == 0:
         raise ConfigError("invalid node-state: it needs pod-resources-interval above 0")
     return PluginConfig(**values)

@@ -40,8 +40,15 @@ def camel(name: str) -> str:
     return head + "".join(part.capitalize() for part in rest)
 
 
-# config_file cannot name itself; everything else in the options table is a file flag.
-FLAG_KEYS = {camel(o.field): o for o in plugin_config.OPTIONS if o.field != "config_file"}
+# A file cannot name itself nor choose which named config it is; every other option is a flag.
+NOT_IN_FILE = (
+    "config_file",
+    "config_dir",
+    "config_default",
+    "config_label",
+    "config_label_interval",
+)
+FLAG_KEYS = {camel(o.field): o for o in plugin_config.OPTIONS if o.field not in NOT_IN_FILE}
 SHARING_KEYS = (
     "cards",
     "slicesPerCard",

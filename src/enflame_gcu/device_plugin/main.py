@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from enflame_gcu import __version__, naming
 from enflame_gcu.device_plugin import config as plugin_config
-from enflame_gcu.device_plugin import config_file, kubelet, logs, runner
+from enflame_gcu.device_plugin import config_file, kubelet, logs, named_configs, runner
 from enflame_gcu.errors import ConfigError
 
 log = logging.getLogger("enflame_gcu.device_plugin")
@@ -59,29 +60,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_config(
-    argv: Sequence[str] | None, environ: dict[str, str], warnings: list[str] | None = None
+    argv: Sequence[str] | None,
+    environ: dict[str, str],
+    warnings: list[str] | None = None,
+    named: str = "",
 ) -> plugin_config.PluginConfig:
     """Parse argv over the environment over the config file (if any) over the defaults;
-    ``warnings`` gets one line per deprecated environment variable used."""
+    ``warnings`` gets one line per deprecated environment variable used. ``named``: the named
+    config of ``--config-dir`` to use as the file ("" = none)."""
     args = vars(build_parser().parse_args(argv))
     for option in plugin_config.OPTIONS:
         if option.many and args.get(option.field) is not None:
             args[option.field] = ",".join(args[option.field])
     env = plugin_config.env_layer(environ, warnings)
     layers: list[Mapping[str, object]] = [args, env]
-    path = plugin_config.resolve(layers).config_file
-    if path is not None:
-        layers.append(config_file.load(path))
-    return plugin_config.resolve(layers)
+    given = plugin_config.resolve(layers)
+    if given.config_file is not None:
+        layers.append(config_file.load(given.config_file))
+    elif given.config_dir is not None and named:
+        layers.append(config_file.load(os.path.join(given.config_dir, named)))
+    config = plugin_config.resolve(layers)
+    return dataclasses.replace(config, config_name=named) if named else config
 
 
-async def _serve(config: plugin_config.PluginConfig, reload: runner.Reload) -> int:
+async def _serve(
+    config: plugin_config.PluginConfig,
+    reload: runner.Reload,
+    named: named_configs.NamedConfigs | None,
+) -> int:
     signals = kubelet.Signals()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, signals.stop.set)
     loop.add_signal_handler(signal.SIGINT, signals.stop.set)
     loop.add_signal_handler(signal.SIGHUP, signals.restart.set)
-    return await runner.run(config, signals, reload)
+    return await runner.run(config, signals, reload, named)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -104,20 +116,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("%s", warning)
     log.info("enflame-device-plugin %s starting: %s", __version__, config.describe())
     environ = dict(os.environ)
+    named = None if config.config_dir is None else named_configs.NamedConfigs(config)
 
     def reload() -> plugin_config.PluginConfig:
-        # Same command line and environment; only the file can have changed.
-        new = load_config(argv, environ)
+        # Same command line and environment; only the file (or the node's label) can change.
+        new = load_config(argv, environ, named="" if named is None else named.wanted)
         apply_log_level(new)
         return new
 
-    return asyncio.run(_serve(config, reload))
+    return asyncio.run(_serve(config, reload, named))
 
 
 def apply_log_level(config: plugin_config.PluginConfig) -> None:
-    """Set our log level; gRPC's and asyncio's debug chatter stays at WARNING or above."""
+    """Set our log level; gRPC's, asyncio's and the HTTP client's chatter stays at WARNING or
+    above."""
     logging.getLogger().setLevel(plugin_config.log_level(config))
-    for noisy in ("grpc", "asyncio"):
+    # The API client logs every request at INFO (the node label is read every 30 s).
+    for noisy in ("grpc", "asyncio", "httpx", "httpx2", "httpcore"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, plugin_config.log_level(config)))
 
 

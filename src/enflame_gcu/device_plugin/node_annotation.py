@@ -35,7 +35,8 @@ class NodeApi(Protocol):
 
 
 class LightkubeNodeApi:
-    """:class:`NodeApi` through lightkube (the in-cluster service account, or a kubeconfig)."""
+    """:class:`NodeApi` (and the label reader of :mod:`.named_configs`) through lightkube: the
+    in-cluster service account, or a kubeconfig."""
 
     def __init__(self, kubeconfig: str = "") -> None:
         # Imported here: a plugin without --node-state never loads the API client.
@@ -51,6 +52,13 @@ class LightkubeNodeApi:
 
         patch = {"metadata": {"annotations": dict(annotations)}}
         await self.client.patch(Node, node, patch, patch_type=PatchType.MERGE)
+
+    async def node_labels(self, node: str) -> Mapping[str, str]:
+        """The Node's labels (for the named configs: one GET, never a list of Nodes)."""
+        from lightkube.resources.core_v1 import Node  # noqa: PLC0415
+
+        found = await self.client.get(Node, node)
+        return dict((found.metadata.labels if found.metadata else None) or {})
 
     async def close(self) -> None:
         """Close the HTTP client."""

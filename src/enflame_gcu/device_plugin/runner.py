@@ -34,6 +34,7 @@ from enflame_gcu.device_plugin import (
     http_server,
     kubelet,
     metrics,
+    named_configs,
     node_annotation,
     resources,
     service,
@@ -217,17 +218,17 @@ def _health_listener(exported: metrics.Metrics) -> HealthListener:
 
 
 def _reloaded(
-    config: plugin_config.PluginConfig, reload: Reload | None
+    config: plugin_config.PluginConfig, reload: Reload | None, why: str = "SIGHUP"
 ) -> plugin_config.PluginConfig:
     if reload is None:
         return config
     try:
         new = reload()
     except ConfigError as exc:
-        log.error("SIGHUP: new config refused, keeping the running one: %s", exc)
+        log.error("%s: new config refused, keeping the running one: %s", why, exc)
         return config
     if new != config:
-        log.info("SIGHUP: config reloaded: %s", new.describe())
+        log.info("%s: config reloaded: %s", why, new.describe())
     if (new.metrics_port, new.metrics_bind_address, new.pod_resources_socket) != (
         config.metrics_port,
         config.metrics_bind_address,
@@ -237,12 +238,12 @@ def _reloaded(
         config.log_format,
     ):
         log.warning(
-            "SIGHUP: new metrics, PodResources or log format settings take effect only after "
-            "a restart"
+            "%s: new metrics, PodResources or log format settings take effect only after a restart",
+            why,
         )
     telemetry_settings = ("telemetry_interval", "telemetry_timeout", "efml_library")
     if any(getattr(new, name) != getattr(config, name) for name in telemetry_settings):
-        log.warning("SIGHUP: new card telemetry settings take effect only after a restart")
+        log.warning("%s: new card telemetry settings take effect only after a restart", why)
     return new
 
 
@@ -379,8 +380,38 @@ async def run(
     config: plugin_config.PluginConfig,
     signals: kubelet.Signals,
     reload: Reload | None = None,
+    named: named_configs.NamedConfigs | None = None,
 ) -> int:
-    """Serve until SIGTERM/SIGINT (exit status 0); 1 when init fails and that is fatal."""
+    """Serve until SIGTERM/SIGINT (exit status 0); 1 when init fails and that is fatal.
+
+    With ``named`` (``--config-dir``) the node's label is read first and ``reload`` gives the
+    config it chooses; a label change later reloads as SIGHUP does."""
+    api = None
+    if config.node_state or named is not None:
+        api = node_annotation.LightkubeNodeApi(config.kubeconfig)
+    try:
+        if named is not None and api is not None:
+            if not await named.first(api, signals.stop):
+                return 0
+            try:
+                config = reload() if reload is not None else config
+            except ConfigError as exc:
+                log.error("named config %r refused: %s", named.wanted, exc)
+                return 1
+            log.info("running named config %r: %s", config.config_name, config.describe())
+        return await _serve(config, signals, reload, named, api)
+    finally:
+        if api is not None:
+            await api.close()
+
+
+async def _serve(
+    config: plugin_config.PluginConfig,
+    signals: kubelet.Signals,
+    reload: Reload | None,
+    named: named_configs.NamedConfigs | None,
+    api: node_annotation.LightkubeNodeApi | None,
+) -> int:
     exported: metrics.Metrics | None = None
     background: list[Any] = []
     collector: Any = None  # telemetry.TelemetryCollector, imported only when used
@@ -392,12 +423,16 @@ async def run(
             log.error("%s", exc)  # the port in use: one line that says so, not a traceback
             return 1
         collector = _telemetry(config, exported)
-    api = annotator = None
-    if config.node_state:
-        api = node_annotation.LightkubeNodeApi(config.kubeconfig)
+    annotator = None
+    if config.node_state and api is not None:
         annotator = node_annotation.NodeAnnotator(api, config.node_name)
         log.info("keeping node %s's %s annotation current", config.node_name, "node-state")
     background = _background(config, exported, annotator)
+    if named is not None and api is not None:
+        if exported is not None:
+            named_configs.export(exported.registry, named)
+        named.applied_now(config.config_name)
+        background.append(asyncio.ensure_future(named.run(api, signals.restart.set)))
     watchers = NodeWatchers(exported, annotator)
     servers = Servers(exported)
     frozen = False
@@ -455,8 +490,13 @@ async def run(
                 log.info("stopped")
                 return 0
             signals.restart.clear()
-            config = _reloaded(config, reload)
-            log.info("SIGHUP: rediscovering; running registrations and streams are kept")
+            why = "SIGHUP"
+            if named is not None and named.take_pending():
+                why = f"node label {named.label_key}"
+            config = _reloaded(config, reload, why)
+            if named is not None:
+                named.applied_now(config.config_name)
+            log.info("%s: rediscovering; running registrations and streams are kept", why)
     finally:
         await servers.close()
         if collector is not None:
@@ -464,5 +504,3 @@ async def run(
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
-        if api is not None:
-            await api.close()
