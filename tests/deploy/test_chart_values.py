@@ -77,7 +77,7 @@ def test_every_new_value_is_accepted_by_the_schema() -> None:
         ({"runtimeClassName": "Bad_Name"}, "not a DNS name"),
         ({"namespaceOverride": "Kube_System"}, "not a namespace name"),
         ({"config": {"name": "a", "inline": "version: v1"}}, "name and inline exclude"),
-        ({"config": {"map": {}}}, "unknown key"),
+        ({"config": {"maps": {}}}, "unknown key"),
         ({"podSecurityContext": "RuntimeDefault"}, "an object"),
     ],
 )

@@ -50,8 +50,28 @@ annotations:
      ConfigMap: config.inline, else generated from sharing.*) or "" (no file). */}}
 {{- define "enflame-gcu.pluginConfigSource" -}}
 {{- if .Values.config.name -}}existing
-{{- else if or .Values.config.inline .Values.sharing.enabled -}}chart
+{{- else if or .Values.config.inline .Values.config.map .Values.sharing.enabled -}}chart
 {{- end -}}
+{{- end -}}
+
+{{/* "true" when the plugin runs named configs chosen by a node label (config.map, or
+config.name with config.default); "" for one config file. */}}
+{{- define "enflame-gcu.pluginConfigNamed" -}}
+{{- if or .Values.config.map (and .Values.config.name .Values.config.default) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The named config of a node without the label: config.default, else the only entry of
+config.map, else none; a default config.map lacks fails the render. */}}
+{{- define "enflame-gcu.pluginConfigDefault" -}}
+{{- $map := .Values.config.map | default dict }}
+{{- if .Values.config.default }}
+{{- if and $map (not (hasKey $map .Values.config.default)) }}
+{{- fail (printf "config.default %q is not a key of config.map (%s)" .Values.config.default (keys $map | sortAlpha | join ", ")) }}
+{{- end }}
+{{- .Values.config.default }}
+{{- else if eq (len $map) 1 }}
+{{- keys $map | first }}
+{{- end }}
 {{- end -}}
 
 {{/* Labels common to every object. */}}
