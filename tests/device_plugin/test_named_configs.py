@@ -66,7 +66,7 @@ def named_for(directory: str, default: str = "whole", **extra: str) -> named_con
 
 def test_the_label_chooses_an_existing_config() -> None:
     choice = named_configs.choose("shared", ("shared", "whole"), "whole")
-    assert (choice.name, choice.unknown) == ("shared", False)
+    assert (choice.name, choice.trouble) == ("shared", False)
 
 
 def test_no_label_chooses_the_default_and_no_default_means_none() -> None:
@@ -76,14 +76,14 @@ def test_no_label_chooses_the_default_and_no_default_means_none() -> None:
 
 def test_a_label_naming_no_config_falls_back_to_the_default_and_names_what_exists() -> None:
     choice = named_configs.choose("sahred", ("shared", "whole"), "whole")
-    assert (choice.name, choice.unknown) == ("whole", True)
+    assert (choice.name, choice.trouble) == ("whole", True)
     assert "'sahred'" in choice.why and "available: shared, whole" in choice.why
 
 
 def test_a_default_that_is_not_there_is_none_and_says_so() -> None:
     choice = named_configs.choose(None, ("shared",), "whole")
-    assert choice.name == ""
-    assert "'whole' is not there either" in choice.why
+    assert (choice.name, choice.trouble) == ("", True)
+    assert "'whole' is not there either" in choice.why and "available: shared" in choice.why
 
 
 def test_only_files_with_config_names_count_in_a_config_map_volume(tmp_path: pathlib.Path) -> None:

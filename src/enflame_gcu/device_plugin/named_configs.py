@@ -7,7 +7,8 @@ label ``--config-label`` before it serves and every ``--config-label-interval`` 
 * the label names a config in the directory: that config;
 * the label is absent or empty: ``--config-default`` (none given: flags and environment alone);
 * the label names no config there: an ERROR naming the value and the names there, then the
-  default, so a typo in a label never leaves a node unserved.
+  default, so a typo in a label never leaves a node unserved (a default that is not there is
+  an ERROR too, and then no config file applies: flags and environment alone).
 
 A change of the chosen name goes through the SIGHUP path (:func:`runner._reloaded`): a valid
 config applies make-before-break, an invalid one is refused and the running one kept. A label
@@ -67,8 +68,8 @@ class Choice:
     name: str  # "" = none: flags and environment alone
     label: str | None  # the label's value; None when the node has no such label
     why: str
-    # The label names a config that does not exist (logged as an error).
-    unknown: bool = False
+    # The label, or the default, names a config that does not exist (logged as an error).
+    trouble: bool = False
 
 
 def choose(label: str | None, names: tuple[str, ...], default: str) -> Choice:
@@ -86,8 +87,11 @@ def choose(label: str | None, names: tuple[str, ...], default: str) -> Choice:
             f"node label names {label!r}, which is not a config here (available: "
             f"{', '.join(names) or 'none'}); using the default: {shown}"
         )
-        return Choice(fallback, label, why, unknown=True)
-    return Choice(fallback, label, f"node has no label; using the default: {shown}")
+        return Choice(fallback, label, why, trouble=True)
+    why = f"node has no label; using the default: {shown}"
+    if default and not fallback:
+        why += f" (available: {', '.join(names) or 'none'})"
+    return Choice(fallback, label, why, trouble=bool(default and not fallback))
 
 
 class NamedConfigs:
@@ -141,7 +145,7 @@ class NamedConfigs:
         value = labels.get(self.label_key)
         choice = choose(value or None, available(self.directory), self.default)
         if choice != self.choice:
-            if choice.unknown:
+            if choice.trouble:
                 log.error("%s=%s: %s", self.label_key, value, choice.why)
             else:
                 log.info("%s=%s: %s", self.label_key, value or "(none)", choice.why)
