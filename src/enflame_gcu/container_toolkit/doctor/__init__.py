@@ -25,7 +25,7 @@ from enflame_gcu.container_toolkit.doctor import (
     strategy_checks,
 )
 from enflame_gcu.container_toolkit.doctor.model import RANK, Node, Result, Status
-from enflame_gcu.container_toolkit.engines import cri
+from enflame_gcu.container_toolkit.engines import cri, hosts
 from enflame_gcu.errors import EnflameError
 
 __all__ = ["CHECKS", "Node", "Result", "Status", "inspect", "run", "worst"]
@@ -46,8 +46,15 @@ CHECKS: tuple[Callable[[Node], list[Result]], ...] = (
 )
 
 
-def inspect(root: str = "/", strategies: tuple[str, ...] | None = None) -> Node:
+def inspect(
+    root: str = "/",
+    strategies: tuple[str, ...] | None = None,
+    containerd: hosts.ContainerdSite | None = None,
+) -> Node:
     """Read everything the checks need from the node under ``root``.
+
+    ``containerd``: where the node's containerd keeps its config and socket (k3s, RKE2);
+    None: the stock paths.
 
     Raises PathOutsideRootError when a path discovery reads would lead out of ``root``.
     """
@@ -56,10 +63,10 @@ def inspect(root: str = "/", strategies: tuple[str, ...] | None = None) -> Node:
     return Node(
         root,
         devices.discover(root),
-        engine_configs.read_engines(root),
+        engine_configs.read_engines(root, containerd),
         processes.read_processes(root),
         strategies,
-        cri.detect(root),
+        cri.detect(root, containerd.socket if containerd is not None else None),
     )
 
 
