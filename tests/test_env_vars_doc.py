@@ -9,6 +9,7 @@ import re
 import pytest
 
 from enflame_gcu.container_toolkit.commands import install as ctk_install
+from enflame_gcu.container_toolkit.engines import hosts
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.support import env_vars
@@ -99,7 +100,7 @@ def _dra(env: dict[str, str]) -> list[str]:
 def _ctk_install(env: dict[str, str]) -> list[str]:
     # Raises on a value it refuses; the toolkit's variables have no 0.1 names to warn about.
     site = ctk_install.containerd_from(argparse.Namespace(), env)
-    assert site != ctk_install.engines.ContainerdSite(), f"{env} changed nothing"
+    assert site != hosts.ContainerdSite(), f"{env} changed nothing"
     return []
 
 

@@ -264,7 +264,8 @@ class Systemd:
     """Answers ``systemctl is-active`` for the units given as active; records every command."""
 
     def __init__(self, active: Sequence[str]) -> None:
-        self.active, self.commands = set(active), []  # type: list[list[str]]
+        self.active = set(active)
+        self.commands: list[list[str]] = []
 
     def run(self, command: Sequence[str]) -> subprocess.CompletedProcess[str]:
         self.commands.append(list(command))
@@ -341,3 +342,27 @@ def test_the_version_answer_is_parsed_from_its_protobuf() -> None:
     assert containerd_api.major_minor("v2.0.4-k3s2") == (2, 0)
     assert containerd_api.version_field(b"\x01\x00\x00\x00\x00") is None  # compressed
     assert containerd_api.version_field(b"\x00\x00\x00\x00\x02\x0a\xff") is None  # truncated
+
+
+def test_the_daemonsets_undo_takes_the_runtime_out_restarts_k3s_then_removes_the_seed(
+    make_node: MakeNode,
+) -> None:
+    root = rancher_host(make_node())
+    before = fx.snapshot(root)
+    options = installer.InstallOptions(
+        host_root=root,
+        mode="runtimeclass",
+        containerd=engines.containerd_site("k3s"),
+        restart_engine=True,
+    )
+    run = installer.begin(options)
+    outcome = installer.install(options, run, keep_undo=True)
+    # No systemd under this root: the restart is attempted for k3s's unit and reported.
+    assert any("systemctl restart k3s`" in ln for ln in outcome.lines), outcome.lines
+    undone = installer.undo_run(run, restart_engine=True)
+    lines = list(undone.lines)
+    taken_out = next(i for i, ln in enumerate(lines) if "config.toml.tmpl was restored" in ln)
+    restart = next(i for i, ln in enumerate(lines) if "systemctl restart k3s`" in ln)
+    removed = lines.index(f"{K3S_DIR}/config.toml.tmpl removed")
+    assert taken_out < restart < removed, lines
+    assert fx.diff(before, fx.snapshot(root)) == []

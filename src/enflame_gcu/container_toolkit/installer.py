@@ -242,8 +242,9 @@ def _seed_template(
     text = SEED_HEADER.format(rendered=choice.rendered, name=name)
     text += fileio.read_regular(run.local(choice.rendered, follow=True)).decode("utf-8")
     action = {"kind": "file", "path": path, "sha256": storage.sha256(text), "keep_if_edited": True}
+    # Not remembered for undo_run's put-back: the file goes as this action's undo, after the
+    # engine step's undo (which restarts the distribution while the template still exists).
     run.record(action)
-    run.remember(path)
     if not run.dry_run:
         info = os.stat(run.local(choice.rendered, follow=True))
         fileio.atomic_write_text(local, text, info.st_mode & 0o777)
