@@ -366,3 +366,31 @@ def test_the_daemonsets_undo_takes_the_runtime_out_restarts_k3s_then_removes_the
     removed = lines.index(f"{K3S_DIR}/config.toml.tmpl removed")
     assert taken_out < restart < removed, lines
     assert fx.diff(before, fx.snapshot(root)) == []
+
+
+def _engine_result(root: str, site: hosts.ContainerdSite) -> doctor.Result:
+    results = doctor.run_checks(doctor.inspect(root, None, site))
+    return next(r for r in results if r.name == "engine-containerd")
+
+
+def test_doctors_fixes_name_the_distribution_not_the_stock_config(make_node: MakeNode) -> None:
+    root = rancher_host(make_node())
+    site = engines.containerd_site("k3s")
+    original = _read(root, f"{K3S_DIR}/config.toml")
+    _install(root, site)
+    result = _engine_result(root, site)
+    assert result.status == "fail" and "not rendered yet" in result.detail
+    assert result.fix == "systemctl restart k3s   # or: systemctl restart k3s-agent"
+    template = _local(root, f"{K3S_DIR}/config.toml.tmpl")
+    rendered = _local(root, f"{K3S_DIR}/config.toml")
+    shutil.copyfile(template, rendered)  # k3s restarted and rendered it
+    assert _engine_result(root, site).status == "pass"
+    # Someone put k3s's own config back: the fix re-runs the install for k3s, in the mode
+    # recorded, never `runtime configure`, which would edit /etc/containerd.
+    fx.write(root, f"{K3S_DIR}/config.toml.tmpl", original)
+    fx.write(root, f"{K3S_DIR}/config.toml", original)
+    result = _engine_result(root, site)
+    assert result.status == "fail"
+    assert result.fix == (
+        f"enflame-ctk install --mode runtimeclass --restart-engine --preset k3s --host-root {root}"
+    )

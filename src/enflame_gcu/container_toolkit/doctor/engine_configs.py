@@ -74,6 +74,31 @@ def containerd_config(site: hosts.ContainerdSite | None) -> str:
     return site.config
 
 
+RENDER_PENDING = "not rendered yet"
+
+
+def _not_rendered(root: str, site: hosts.ContainerdSite | None) -> str | None:
+    """k3s/RKE2: why the rendered config lacks the runtime when the template has it."""
+    if site is None or not site.template:
+        return None
+    try:
+        template = hosts.choose_template(root, site.config)
+    except EnflameError:
+        return None
+    if template.seed:
+        return None
+    try:
+        text = fileio.read_text(fileio.resolve(root, template.template))
+    except (OSError, EnflameError):
+        return None
+    if "enflame-container-runtime" not in text:
+        return None
+    return (
+        f"{template.template} has the enflame runtime, {template.rendered} does not: "
+        f"{RENDER_PENDING} ({site.preset or 'the distribution'} renders it when it restarts)"
+    )
+
+
 def _containerd_view(root: str, site: hosts.ContainerdSite | None = None) -> EngineView:
     path = fileio.resolve(root, containerd_config(site), follow=False)
     document = _toml(path, root)
@@ -87,7 +112,7 @@ def _containerd_view(root: str, site: hosts.ContainerdSite | None = None) -> Eng
     runtimes = table.get("runtimes") or {}
     name, binary = _ours(runtimes, lambda entry: (entry.get("options") or {}).get("BinaryName"))
     runc = base.lookup(runtimes, ("runc", "options", "SystemdCgroup"))
-    problem = None
+    problem = _not_rendered(root, site) if name is None else None
     ours = base.lookup(runtimes, (name, "options", "SystemdCgroup")) if name else None
     if name is not None and runc is True and ours is not True:
         problem = (
