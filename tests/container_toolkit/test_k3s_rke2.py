@@ -394,3 +394,17 @@ def test_doctors_fixes_name_the_distribution_not_the_stock_config(make_node: Mak
     assert result.fix == (
         f"enflame-ctk install --mode runtimeclass --restart-engine --preset k3s --host-root {root}"
     )
+
+
+def test_a_mode_without_the_wrapper_takes_back_the_entry_and_the_seeded_template(
+    make_node: MakeNode,
+) -> None:
+    root = rancher_host(make_node())
+    before = fx.snapshot(root)
+    site = engines.containerd_site("k3s")
+    _install(root, site)
+    assert os.path.exists(_local(root, f"{K3S_DIR}/config.toml.tmpl"))
+    _install(root, site, mode="device-specs")
+    assert not os.path.exists(_local(root, f"{K3S_DIR}/config.toml.tmpl"))
+    installer.uninstall(root)
+    assert fx.diff(before, fx.snapshot(root)) == []

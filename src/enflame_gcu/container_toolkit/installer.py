@@ -556,6 +556,10 @@ def _retire_earlier_mode(
         )
         for action in reversed(engine_steps):
             install_manifest.retire(run, action, options.restart_engine)
+        # A k3s/RKE2 template seeded for those entries goes with them (kept when edited since).
+        templates = {a["path"] for a in engine_steps if a["path"].endswith(hosts.TEMPLATE_SUFFIX)}
+        for action in [a for a in run.actions if a["kind"] == "file" and a["path"] in templates]:
+            install_manifest.retire(run, action, options.restart_engine)
     if mode.cdi_specs:
         return
     cdi_dir = cdi.DEFAULT_OUTPUT_DIR + "/"
