@@ -106,4 +106,9 @@ NOT_RUN = {
     "--set toolkit.enabled=true --set devicePlugin.passDeviceSpecs=true":
         "no helm binary here; scenario 5 runs Helm's install/upgrade/uninstall through "
         "helm-sdkpy with the chart's defaults and one changed value (devicePlugin.healthInterval)",
+    "helm install enflame-gcu deploy/helm/enflame-gcu -n kube-system "
+    "--set toolkit.enabled=true --set toolkit.preset=k3s":
+        "the tier's nodes run Debian's containerd, not k3s; "
+        "tests/deploy/test_chart_toolkit_preset.py renders toolkit.preset with Helm's code and "
+        "tests/container_toolkit/test_k3s_rke2.py installs onto a simulated k3s/RKE2 layout",
 }  # fmt: skip
