@@ -191,6 +191,7 @@ def test_a_seeded_template_edited_since_is_kept_and_said_so(make_node: MakeNode)
         ("socket-is-a-file", "is not a socket"),
         ("dotdot", "out of the host root"),
         ("link-out", "out of the host root"),
+        ("no-such-config", r"the containerd config given\) does not exist"),
     ],
 )
 def test_bad_input_is_refused_by_name_and_changes_nothing(
@@ -204,6 +205,8 @@ def test_bad_input_is_refused_by_name_and_changes_nothing(
         fx.write(root, f"{K3S_DIR}/config.toml.tmpl", '{{ template "base" . }}\n')
     elif setup == "socket-is-a-file":
         fx.write(root, "/run/k3s/containerd/containerd.sock", "not a socket\n")
+    elif setup == "no-such-config":
+        site = engines.containerd_site(config="/etc/k3s-containerd/config.toml")
     elif setup == "dotdot":
         site = engines.containerd_site("k3s", config="/var/../../../etc/containerd/config.toml")
     else:  # the rancher dir a relative link climbing out of the host root

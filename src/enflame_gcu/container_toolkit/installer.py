@@ -254,6 +254,13 @@ def _seed_template(
 def _containerd_config(run: InstallRun, site: hosts.ContainerdSite) -> tuple[str, str | None]:
     """(config to record, file to plan a dry run on): the template for k3s/RKE2, seeded."""
     if not site.template:
+        stock = hosts.DEFAULT_CONFIGS["containerd"]
+        if site.config != stock and not os.path.lexists(run.local(site.config)):
+            # A file containerd never reads would be written without effect: refuse instead.
+            raise InstallError(
+                f"cannot configure containerd: {site.config} (the containerd config given) does "
+                "not exist; nothing was changed"
+            )
         return site.config, None
     choice = hosts.choose_template(run.root, site.config)
     local = run.local(choice.template, follow=True)
