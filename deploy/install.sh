@@ -50,6 +50,10 @@ Options:
   --dry-run          print what would change, change nothing
   --uninstall        undo a previous install
   -h, --help         this text
+
+k3s and RKE2 (their own containerd, config template and socket under other paths): set
+ENFLAME_PRESET=k3s or rke2 in the environment (ENFLAME_CONTAINERD_CONFIG, _SOCKET and _SERVICE
+override single paths); enflame-ctk install reads them (docs/user-guide.md, "k3s and RKE2").
 EOF
 }
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import pathlib
 import re
 
 import pytest
 
+from enflame_gcu.container_toolkit.commands import install as ctk_install
+from enflame_gcu.container_toolkit.engines import hosts
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.support import env_vars
@@ -79,6 +82,8 @@ def _value_for(option: str) -> str:
         "http-address": "127.0.0.1:8080",
         "telemetry-timeout": "5",
         "efsmi": "/usr/bin/efsmi",
+        "preset": "k3s",
+        "containerd-service": "k3s-agent",
     }.get(option, "1" if "interval" in option or option.startswith(("pass", "fail")) else "/x")
 
 
@@ -92,4 +97,15 @@ def _dra(env: dict[str, str]) -> list[str]:
     return list(dra_config.parse([], {"NODE_NAME": "n1", **env}).deprecated_env)
 
 
-PARSERS = (("enflame-device-plugin", _plugin), ("enflame-dra-plugin", _dra))
+def _ctk_install(env: dict[str, str]) -> list[str]:
+    # Raises on a value it refuses; the toolkit's variables have no 0.1 names to warn about.
+    site = ctk_install.containerd_from(argparse.Namespace(), env)
+    assert site != hosts.ContainerdSite(), f"{env} changed nothing"
+    return []
+
+
+PARSERS = (
+    ("enflame-device-plugin", _plugin),
+    ("enflame-dra-plugin", _dra),
+    ("enflame-ctk install", _ctk_install),
+)

@@ -111,4 +111,9 @@ NOT_RUN = {
         "from an API server stand-in in tests/device_plugin/test_named_configs.py",
     "kubectl label node gcu-node-7 enflame.com/device-plugin.config-":
         "as above: the label's removal (back to config.default) is tested there",
+    "helm install enflame-gcu deploy/helm/enflame-gcu -n kube-system "
+    "--set toolkit.enabled=true --set toolkit.preset=k3s":
+        "the tier's nodes run Debian's containerd, not k3s; "
+        "tests/deploy/test_chart_toolkit_preset.py renders toolkit.preset with Helm's code and "
+        "tests/container_toolkit/test_k3s_rke2.py installs onto a simulated k3s/RKE2 layout",
 }  # fmt: skip

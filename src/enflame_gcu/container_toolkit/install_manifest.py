@@ -241,8 +241,14 @@ def _undo(run: InstallRun, action: Action, restart_engine: bool) -> None:
     local = run.local(path)
     if kind == "engine":
         # Only the step this install wrote (manifests from before steps: everything recorded).
+        # The config this install edited (k3s/RKE2: its template), as recorded.
+        config = None if path == engines.default_config_path_of(action["engine"]) else local
         change = engines.unconfigure(
-            action["engine"], None, host_root=run.root, dry_run=run.dry_run, step=action.get("step")
+            action["engine"],
+            config,
+            host_root=run.root,
+            dry_run=run.dry_run,
+            step=action.get("step"),
         )
         run.lines.extend(run.host_view(change.describe()).splitlines())
         if run.dry_run:  # a drop-in it would delete leaves its directory empty
@@ -253,7 +259,7 @@ def _undo(run: InstallRun, action: Action, restart_engine: bool) -> None:
             run.lines.append(
                 f"{change.engine}: would be reloaded or restarted"
                 if run.dry_run
-                else engine_reload.reload_or_warn(change, run.root)
+                else engine_reload.reload_or_warn(change, run.root, _units(action))
             )
     elif kind == "symlink":
         if os.path.islink(local) and os.readlink(local) == action["target"]:
@@ -308,6 +314,14 @@ def _undo(run: InstallRun, action: Action, restart_engine: bool) -> None:
             _remove(run, path + "/", os.rmdir)
     else:
         raise InstallError(f"{run.manifest_path} lists an unknown action kind {kind!r}")
+
+
+def _units(action: Action) -> tuple[str, ...] | None:
+    """The systemd units an engine action restarts (k3s/RKE2 record theirs); None: stock."""
+    units = action.get("services")
+    if isinstance(units, list) and units and all(isinstance(u, str) for u in units):
+        return tuple(units)
+    return None
 
 
 def retire(run: InstallRun, action: Action, restart_engine: bool = False) -> None:

@@ -32,7 +32,7 @@ from enflame_gcu.container_toolkit import (
     install_manifest,
     node_mode,
 )
-from enflame_gcu.container_toolkit.engines import hosts, storage
+from enflame_gcu.container_toolkit.engines import containerd_api, hosts, storage
 from enflame_gcu.container_toolkit.engines import reload as engine_reload
 from enflame_gcu.container_toolkit.install_manifest import (
     DEFAULT_TOOLKIT_DIR,
@@ -65,6 +65,9 @@ LOGROTATE_PATH = "/etc/logrotate.d/enflame-container-runtime"
 FALLBACK_CONFIG = "# enflame-container-runtime config; an empty file means every default.\n"
 
 
+STOCK_CONTAINERD = hosts.ContainerdSite()
+
+
 @dataclass(frozen=True, slots=True)
 class InstallOptions:
     """What :func:`install` puts on the host; every path is as the host sees it."""
@@ -86,6 +89,8 @@ class InstallOptions:
     mode: str | None = None
     # Node mode cdi without a waiting installer (install.sh): a systemd service keeps the specs.
     cdi_service: bool = False
+    # Where containerd keeps its config and socket, and its unit (k3s and RKE2: elsewhere).
+    containerd: hosts.ContainerdSite = STOCK_CONTAINERD
 
     @property
     def runtime_path(self) -> str:
@@ -218,25 +223,95 @@ def _prepare_edits(run: InstallRun) -> None:
         )
 
 
+SEED_HEADER = (
+    "# Seeded from {rendered} by enflame-ctk install, which removes it on uninstall\n"
+    "# (unless edited since). {name} renders config.toml from this file when it starts.\n"
+)
+
+
+def _seed_template(
+    run: InstallRun, choice: hosts.TemplateChoice, site: hosts.ContainerdSite
+) -> None:
+    """k3s/RKE2 without a template yet: create it from the config.toml last rendered.
+
+    Recorded (with its digest) before it is written, so uninstall removes it again once the
+    runtime entry is taken out (and keeps it, reporting so, when someone edited it since).
+    """
+    path, name = choice.template, site.preset or "k3s/RKE2"
+    local = run.local(path)
+    text = SEED_HEADER.format(rendered=choice.rendered, name=name)
+    text += fileio.read_regular(run.local(choice.rendered, follow=True)).decode("utf-8")
+    action = {"kind": "file", "path": path, "sha256": storage.sha256(text), "keep_if_edited": True}
+    # Not remembered for undo_run's put-back: the file goes as this action's undo, after the
+    # engine step's undo (which restarts the distribution while the template still exists).
+    run.record(action)
+    if not run.dry_run:
+        info = os.stat(run.local(choice.rendered, follow=True))
+        fileio.atomic_write_text(local, text, info.st_mode & 0o777)
+    run.lines.append(f"{path} {run.verb}created from {choice.rendered} (the {name} template)")
+
+
+def _containerd_config(run: InstallRun, site: hosts.ContainerdSite) -> tuple[str, str | None]:
+    """(config to record, file to plan a dry run on): the template for k3s/RKE2, seeded."""
+    if not site.template:
+        stock = hosts.DEFAULT_CONFIGS["containerd"]
+        if site.config != stock and not os.path.lexists(run.local(site.config)):
+            # A file containerd never reads would be written without effect: refuse instead.
+            raise InstallError(
+                f"cannot configure containerd: {site.config} (the containerd config given) does "
+                "not exist; nothing was changed"
+            )
+        return site.config, None
+    choice = hosts.choose_template(run.root, site.config)
+    local = run.local(choice.template, follow=True)
+    if not choice.seed and "{{" in (_read(local) or ""):
+        raise InstallError(
+            f"cannot configure containerd: {choice.template} holds Go template actions "
+            "({{ ... }}), which enflame-ctk does not edit; add the enflame runtime to it by "
+            "hand (docs/user-guide.md, 'k3s and RKE2') or pass --containerd-config with a "
+            "plain TOML template; nothing was changed"
+        )
+    if choice.seed:
+        run.make_dirs(os.path.dirname(choice.template))
+        _seed_template(run, choice, site)
+        if run.dry_run:  # nothing written: plan the edit on what the template would hold
+            return choice.template, choice.rendered
+    return choice.template, None
+
+
 def _configure_engine(
     run: InstallRun, name: str, options: InstallOptions, set_as_default: bool
 ) -> None:
-    config = hosts.DEFAULT_CONFIGS[name]
+    site = options.containerd
+    planned_on = None
+    if name == "containerd":
+        config, planned_on = _containerd_config(run, site)
+    else:
+        config = hosts.DEFAULT_CONFIGS[name]
     # Directories the engine editor would create are ours to remove again.
     run.make_dirs(os.path.dirname(config))
     if name == "crio":
         run.make_dirs(os.path.join(os.path.dirname(config), "crio.conf.d"))
     # Recorded with the name of the step configure will write, so undoing this install
     # takes back that step only (another install's step in the same config stays).
-    action = {"kind": "engine", "path": config, "engine": name, "step": uuid.uuid4().hex[:16]}
+    action: install_manifest.Action = {
+        "kind": "engine",
+        "path": config,
+        "engine": name,
+        "step": uuid.uuid4().hex[:16],
+    }
+    units = site.services if name == "containerd" and not site.stock else None
+    if units:
+        action["services"] = list(units)  # the units to restart (undo restarts them too)
     run.record(action)
     runtime = engines.RuntimeOptions(
         runtime_path=options.runtime_path,
         set_as_default=set_as_default,
         cdi_annotations=options.cdi_annotations,
     )
+    path = None if config == hosts.DEFAULT_CONFIGS[name] else run.local(planned_on or config)
     change = engines.configure(
-        name, None, runtime, host_root=run.root, dry_run=run.dry_run, step=action["step"]
+        name, path, runtime, host_root=run.root, dry_run=run.dry_run, step=action["step"]
     )
     if not change.changed and not run.dry_run:
         run.actions.remove(action)  # nothing written: nothing of ours to undo
@@ -248,14 +323,14 @@ def _configure_engine(
         run.lines.append(
             f"{name}: would be reloaded or restarted"
             if run.dry_run
-            else engine_reload.reload_or_warn(change, run.root)
+            else engine_reload.reload_or_warn(change, run.root, units)
         )
     elif change.changed:
         # Only an engine whose config changed needs a restart (device-specs changes none); a
         # dry run's plan says the same, so the plan and the real run's report match.
-        unit = {"crio": "crio"}.get(name, name)
+        unit = " or ".join(f"systemctl restart {u}" for u in units or (name,))
         run.lines.append(
-            f"{name}: restart it so it loads the runtime (systemctl restart {unit}), "
+            f"{name}: restart it so it loads the runtime ({unit}), "
             "or run again with --restart-engine"
         )
 
@@ -422,10 +497,21 @@ def _write_logrotate(run: InstallRun) -> None:
     run.lines.append(f"{path} {run.verb}written (weekly rotation of {LOG_DIR}/*.log)")
 
 
+def _check_containerd(run: InstallRun, site: hosts.ContainerdSite) -> None:
+    """Refuse, before anything changes, containerd paths that lead out of the host root
+    (PathOutsideRootError) or a socket path holding something that is no socket."""
+    if site.stock:
+        return
+    for path in (site.config, site.socket):
+        run.local(path, follow=True)
+    containerd_api.local_socket(run.root, site.socket)
+
+
 def _install(options: InstallOptions, run: InstallRun) -> Outcome:
+    _check_containerd(run, options.containerd)
     if options.mode is None:
         return _install_wrapper(options, run, options.engines, options.set_as_default)
-    engine = node_mode.detect(run.root, options.engines)
+    engine = node_mode.detect(run.root, options.engines, options.containerd)
     record = node_mode.decide(run.root, options.mode, engine)
     mode = node_modes.MODES[record.mode]
     run.lines.append(f"node mode {record.mode} ({record.chosen_by}): {record.reason}")
@@ -476,6 +562,10 @@ def _retire_earlier_mode(
             + ("(this mode needs no wrapper)" if mode.wrapper == "none" else "(written anew)")
         )
         for action in reversed(engine_steps):
+            install_manifest.retire(run, action, options.restart_engine)
+        # A k3s/RKE2 template seeded for those entries goes with them (kept when edited since).
+        templates = {a["path"] for a in engine_steps if a["path"].endswith(hosts.TEMPLATE_SUFFIX)}
+        for action in [a for a in run.actions if a["kind"] == "file" and a["path"] in templates]:
             install_manifest.retire(run, action, options.restart_engine)
     if mode.cdi_specs:
         return
@@ -529,7 +619,8 @@ def _install_wrapper(
     run.make_dirs(LOG_DIR)
     _write_logrotate(run)
     _prepare_edits(run)
-    names = engine_names if engine_names is not None else tuple(engines.detect(run.root))
+    detected = engines.detect(run.root, options.containerd)
+    names = engine_names if engine_names is not None else tuple(detected)
     for name in names:
         _configure_engine(run, name, options, set_as_default)
     if not names:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from enflame_gcu import fileio, node_modes
 from enflame_gcu.container_toolkit.doctor import engine_configs
-from enflame_gcu.container_toolkit.engines import cri, hosts
+from enflame_gcu.container_toolkit.engines import containerd_api, cri, hosts
 from enflame_gcu.errors import InstallError
 
 KUBELET_DIR = node_modes.KUBELET_EVIDENCE
@@ -30,8 +30,20 @@ BINARIES = {
 }
 
 
-def engine_version(root: str, engine: str) -> tuple[int, int] | None:
-    """(major, minor) of ``engine``'s binary under ``root``; None when it cannot be told."""
+def engine_version(
+    root: str, engine: str, containerd: hosts.ContainerdSite | None = None
+) -> tuple[int, int] | None:
+    """(major, minor) of ``engine`` under ``root``; None when it cannot be told.
+
+    containerd is asked over its socket first (``containerd``'s, k3s/RKE2 included: their
+    binary is not on the host's PATH), then its binary; other engines by their binary.
+    A socket path that leads out of the root or is no socket raises (EnflameError).
+    """
+    if engine == "containerd":
+        socket = (containerd or hosts.ContainerdSite()).socket
+        answered = containerd_api.major_minor(containerd_api.version(root, socket))
+        if answered is not None:
+            return answered
     found = next(
         (p for p in BINARIES.get(engine, ()) if os.path.isfile(fileio.resolve(root, p))), None
     )
@@ -48,17 +60,21 @@ def engine_version(root: str, engine: str) -> tuple[int, int] | None:
     return (int(match[1]), int(match[2])) if match else None
 
 
-def _installed(root: str) -> list[str]:
-    found = list(hosts.detect(root))
+def _installed(root: str, containerd: hosts.ContainerdSite | None) -> list[str]:
+    found = list(hosts.detect(root, containerd))
     if any(os.path.exists(fileio.resolve(root, p)) for p in BINARIES["podman"]):
         found.append("podman")
     return found
 
 
-def detect(root: str, asked: Sequence[str] | None = None) -> node_modes.Engine:
-    """The node's engine as :func:`node_modes.choose` needs it."""
+def detect(
+    root: str,
+    asked: Sequence[str] | None = None,
+    containerd: hosts.ContainerdSite | None = None,
+) -> node_modes.Engine:
+    """The node's engine as :func:`node_modes.choose` needs it (``containerd``: its paths)."""
     kubelet = os.path.isdir(fileio.resolve(root, KUBELET_DIR))
-    found = list(asked) if asked else _installed(root)
+    found = list(asked) if asked else _installed(root, containerd)
     name = ""
     if kubelet:
         # The kubelet's CRI endpoint, read as doctor and k8s-config.sh read it (engines.cri).
@@ -72,9 +88,10 @@ def detect(root: str, asked: Sequence[str] | None = None) -> node_modes.Engine:
         name = next((e for e in order if e in found), "")
     cdi_enabled = None
     if name == "containerd":
-        views = [v for v in engine_configs.read_engines(root) if v.engine == "containerd"]
+        views = engine_configs.read_engines(root, containerd)
+        views = tuple(v for v in views if v.engine == "containerd")
         cdi_enabled = views[0].cdi_enabled if views else None
-    version = engine_version(root, name) if name else None
+    version = engine_version(root, name, containerd) if name else None
     return node_modes.Engine(name, version, cdi_enabled, kubelet)
 
 

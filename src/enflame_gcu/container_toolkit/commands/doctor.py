@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from enflame_gcu.container_toolkit import doctor
-from enflame_gcu.container_toolkit.commands import common
+from enflame_gcu.container_toolkit.commands import common, install
 
 EXIT_CODES = {"pass": common.EXIT_OK, "warn": common.EXIT_WARNINGS, "fail": common.EXIT_FAILED}
 
@@ -44,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="the device plugin's strategies (e.g. cdi-annotations); default: read from a "
         "running enflame-device-plugin's command line",
     )
+    install.add_containerd_options(parser)
     parser.set_defaults(handler=doctor_command)
 
 
@@ -52,7 +53,7 @@ def doctor_command(args: argparse.Namespace) -> int:
     strategies = None
     if args.device_list_strategy:
         strategies = tuple(s.strip() for s in args.device_list_strategy.split(",") if s.strip())
-    node = doctor.inspect(args.host_root, strategies)
+    node = doctor.inspect(args.host_root, strategies, install.containerd_from(args))
     results = doctor.run_checks(node)
     worst = doctor.worst(results)
     if args.json:

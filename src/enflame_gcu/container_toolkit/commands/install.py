@@ -8,11 +8,13 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from enflame_gcu import node_modes
 from enflame_gcu.container_toolkit import cdi, cdi_keeper, engines, install_manifest, installer
 from enflame_gcu.container_toolkit.commands import common
+from enflame_gcu.support import env_vars
 
 READY_MESSAGE = "install: ready"
 READY_LINE = f"{common.PROG}: {READY_MESSAGE}"  # on stderr
@@ -25,6 +27,8 @@ examples:
   enflame-ctk install --host-root /host --dry-run
   # choose the node mode from the engine and its version (DaemonSet, chart, install.sh)
   enflame-ctk install --host-root /host --wait --mode auto --restart-engine
+  # k3s (or rke2): its containerd's template, socket and unit (ENFLAME_PRESET=k3s does the same)
+  enflame-ctk install --host-root /host --wait --mode auto --restart-engine --preset k3s
 
 The runtime runs on the host with the host's own python3 (>= 3.10): the pure-Python package is
 copied to TOOLKIT_DIR/lib and TOOLKIT_DIR/bin/enflame-container-runtime launches it.
@@ -32,6 +36,67 @@ Everything done is recorded in TOOLKIT_DIR/install-manifest.json; `enflame-ctk u
 undoes it. An existing runtime config is never overwritten; one installed from the template
 is removed on uninstall only if nobody edited it.
 """
+
+
+CONTAINERD_OPTIONS = ("preset", "containerd-config", "containerd-socket", "containerd-service")
+
+
+def add_containerd_options(parser: argparse.ArgumentParser) -> None:
+    """Where the node's containerd keeps its config and socket (k3s and RKE2: elsewhere).
+
+    Each option is also ``ENFLAME_<OPTION>`` in the environment (the option wins).
+    """
+    group = parser.add_argument_group(
+        "containerd elsewhere (k3s, RKE2); each also ENFLAME_<OPTION>, e.g. ENFLAME_PRESET"
+    )
+    group.add_argument(
+        "--preset",
+        choices=sorted(engines.PRESETS),
+        help="the documented containerd layout of k3s or RKE2: its config template under "
+        "/var/lib/rancher/<k3s|rke2>/agent/etc/containerd, socket "
+        "/run/k3s/containerd/containerd.sock, units k3s/k3s-agent or rke2-server/rke2-agent",
+    )
+    group.add_argument(
+        "--containerd-config",
+        metavar="PATH",
+        help="host path of containerd's config (default: the preset's, else "
+        "/etc/containerd/config.toml); a *.tmpl is a k3s/RKE2 template, created from the "
+        "config.toml beside it when missing",
+    )
+    group.add_argument(
+        "--containerd-socket",
+        metavar="PATH",
+        help="host path of containerd's socket, asked for its version by --mode auto "
+        "(default: the preset's, else /run/containerd/containerd.sock)",
+    )
+    group.add_argument(
+        "--containerd-service",
+        metavar="UNIT[,UNIT]",
+        help="systemd unit(s) --restart-engine restarts for containerd, the first one active "
+        "(default: the preset's, else containerd)",
+    )
+
+
+def containerd_from(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
+) -> engines.ContainerdSite:
+    """The containerd paths the options (else ``ENFLAME_<OPTION>``, else the preset) give.
+
+    Raises EngineConfigError naming a bad value (an unknown preset, a relative path).
+    """
+    values: dict[str, str | None] = {}
+    for option in CONTAINERD_OPTIONS:
+        attribute = option.replace("-", "_")
+        value = getattr(args, attribute, None)
+        if value is None:
+            value = environ.get(env_vars.for_option(option)) or None
+        values[attribute] = value
+    return engines.containerd_site(
+        values["preset"],
+        values["containerd_config"],
+        values["containerd_socket"],
+        values["containerd_service"],
+    )
 
 
 def _paths(parser: argparse.ArgumentParser) -> None:
@@ -119,6 +184,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         metavar="KIND:PATH",
         help="(install.sh) record dir:PATH or tree:PATH made by the caller, for uninstall",
     )
+    add_containerd_options(parser)
     parser.set_defaults(handler=install_command)
 
     remove = subparsers.add_parser(
@@ -180,6 +246,7 @@ def install_command(args: argparse.Namespace) -> int:
         mode=args.mode,
         # Without --wait nothing of ours stays running: a systemd service keeps the CDI specs.
         cdi_service=not args.wait,
+        containerd=containerd_from(args),
     )
     # A failed step takes back this run's changes (installer.install does), never an install
     # that was there before; with --wait, SIGTERM later takes back this run's changes only.

@@ -14,7 +14,7 @@ import re
 import shlex
 from collections.abc import Callable
 
-from enflame_gcu import devices, fileio
+from enflame_gcu import devices, fileio, node_modes
 from enflame_gcu.container_toolkit.doctor import (
     engine_configs,
     gcu_checks,
@@ -25,7 +25,7 @@ from enflame_gcu.container_toolkit.doctor import (
     strategy_checks,
 )
 from enflame_gcu.container_toolkit.doctor.model import RANK, Node, Result, Status
-from enflame_gcu.container_toolkit.engines import cri
+from enflame_gcu.container_toolkit.engines import cri, hosts
 from enflame_gcu.errors import EnflameError
 
 __all__ = ["CHECKS", "Node", "Result", "Status", "inspect", "run", "worst"]
@@ -46,8 +46,15 @@ CHECKS: tuple[Callable[[Node], list[Result]], ...] = (
 )
 
 
-def inspect(root: str = "/", strategies: tuple[str, ...] | None = None) -> Node:
+def inspect(
+    root: str = "/",
+    strategies: tuple[str, ...] | None = None,
+    containerd: hosts.ContainerdSite | None = None,
+) -> Node:
     """Read everything the checks need from the node under ``root``.
+
+    ``containerd``: where the node's containerd keeps its config and socket (k3s, RKE2);
+    None: the stock paths.
 
     Raises PathOutsideRootError when a path discovery reads would lead out of ``root``.
     """
@@ -56,10 +63,11 @@ def inspect(root: str = "/", strategies: tuple[str, ...] | None = None) -> Node:
     return Node(
         root,
         devices.discover(root),
-        engine_configs.read_engines(root),
+        engine_configs.read_engines(root, containerd),
         processes.read_processes(root),
         strategies,
-        cri.detect(root),
+        cri.detect(root, containerd.socket if containerd is not None else None),
+        containerd,
     )
 
 
@@ -78,9 +86,40 @@ def run_checks(node: Node) -> list[Result]:
         except EnflameError as exc:  # e.g. a path that would leave the root: refused
             name = check.__name__.removeprefix("check_").replace("_", "-")
             results.append(Result(name, "fail", str(exc)))
+    if node.containerd is not None and not node.containerd.stock:
+        results = [dataclasses.replace(r, fix=for_containerd_site(r.fix, node)) for r in results]
     if root not in ("", "/"):
         results = [dataclasses.replace(r, fix=with_host_root(r.fix, root)) for r in results]
     return results
+
+
+def for_containerd_site(fix: str, node: Node) -> str:
+    """A fix that edits containerd's stock config, for a containerd that keeps it elsewhere.
+
+    ``runtime configure|unconfigure --runtime containerd`` would edit /etc/containerd: the
+    install with the same paths (and the recorded mode) edits the k3s/RKE2 template instead;
+    a template the distribution has not rendered yet needs only its restart.
+    """
+    site = node.containerd
+    if site is None or site.stock or "--runtime containerd" not in fix:
+        return fix
+    view = next((v for v in node.engines if v.engine == "containerd"), None)
+    if view is not None and view.problem and engine_configs.RENDER_PENDING in view.problem:
+        return f"systemctl restart {site.services[0]}" + "".join(
+            f"   # or: systemctl restart {unit}" for unit in site.services[1:2]
+        )
+    try:
+        record = node_modes.read(node.root)
+    except ValueError:
+        record = None
+    mode = record.mode if record is not None else node_modes.AUTO
+    if site.preset and site == hosts.PRESETS[site.preset]:
+        where = f"--preset {site.preset}"
+    else:
+        where = f"--containerd-config {shlex.quote(site.config)} --containerd-socket " + (
+            f"{shlex.quote(site.socket)} --containerd-service {','.join(site.services)}"
+        )
+    return f"enflame-ctk install --mode {mode} --restart-engine {where}"
 
 
 _CTK = re.compile(r"(enflame-ctk [^;&|#]*?)(\s*(?:[;&|#]|$))")

@@ -66,8 +66,41 @@ def _docker_view(root: str) -> EngineView:
     return EngineView("docker", binary, default, systemd)
 
 
-def _containerd_view(root: str) -> EngineView:
-    path = hosts.default_config_path("containerd", root)
+def containerd_config(site: hosts.ContainerdSite | None) -> str:
+    """The config containerd loads (host path): k3s/RKE2 render config.toml from the template."""
+    site = site or hosts.ContainerdSite()
+    if site.template:
+        return os.path.join(os.path.dirname(site.config), "config.toml")
+    return site.config
+
+
+RENDER_PENDING = "not rendered yet"
+
+
+def _not_rendered(root: str, site: hosts.ContainerdSite | None) -> str | None:
+    """k3s/RKE2: why the rendered config lacks the runtime when the template has it."""
+    if site is None or not site.template:
+        return None
+    try:
+        template = hosts.choose_template(root, site.config)
+    except EnflameError:
+        return None
+    if template.seed:
+        return None
+    try:
+        text = fileio.read_text(fileio.resolve(root, template.template))
+    except (OSError, EnflameError):
+        return None
+    if "enflame-container-runtime" not in text:
+        return None
+    return (
+        f"{template.template} has the enflame runtime, {template.rendered} does not: "
+        f"{RENDER_PENDING} ({site.preset or 'the distribution'} renders it when it restarts)"
+    )
+
+
+def _containerd_view(root: str, site: hosts.ContainerdSite | None = None) -> EngineView:
+    path = fileio.resolve(root, containerd_config(site), follow=False)
     document = _toml(path, root)
     for pattern in document.get("imports") or []:
         # containerd merges imported files over the main config (drop-ins of version 3).
@@ -79,7 +112,7 @@ def _containerd_view(root: str) -> EngineView:
     runtimes = table.get("runtimes") or {}
     name, binary = _ours(runtimes, lambda entry: (entry.get("options") or {}).get("BinaryName"))
     runc = base.lookup(runtimes, ("runc", "options", "SystemdCgroup"))
-    problem = None
+    problem = _not_rendered(root, site) if name is None else None
     ours = base.lookup(runtimes, (name, "options", "SystemdCgroup")) if name else None
     if name is not None and runc is True and ours is not True:
         problem = (
@@ -112,20 +145,31 @@ def _crio_view(root: str) -> EngineView:
     return EngineView("crio", binary, default, systemd)
 
 
-VIEWS: dict[str, Callable[[str], EngineView]] = {
+VIEWS: dict[str, Callable[[str], EngineView]] = {  # containerd's: _containerd_view(root, site)
     "docker": _docker_view,
     "containerd": _containerd_view,
     "crio": _crio_view,
 }
 
 
-def read_engines(root: str) -> tuple[EngineView, ...]:
-    """What each engine found under ``root`` has configured for the enflame runtime."""
+def read_engines(
+    root: str, containerd: hosts.ContainerdSite | None = None
+) -> tuple[EngineView, ...]:
+    """What each engine found under ``root`` has configured for the enflame runtime.
+
+    ``containerd``: where its config is (k3s/RKE2: the config.toml rendered from the
+    template, which is what containerd runs with); None: the stock path.
+    """
     views = []
-    for engine in hosts.detect(root):
+    for engine in hosts.detect(root, containerd):
         config = hosts.DEFAULT_CONFIGS[engine]
+        if engine == "containerd":
+            config = containerd_config(containerd)
         try:
-            views.append(VIEWS[engine](root))
+            if engine == "containerd":
+                views.append(_containerd_view(root, containerd))
+            else:
+                views.append(VIEWS[engine](root))
         except FileNotFoundError:
             views.append(EngineView(engine, None, False, None, f"{config} does not exist"))
         except (OSError, ValueError, EnflameError) as exc:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from enflame_gcu import devices, fileio
 from enflame_gcu.container_toolkit.doctor import engine_configs
-from enflame_gcu.container_toolkit.engines import cri
+from enflame_gcu.container_toolkit.engines import cri, hosts
 
 Status = Literal["pass", "warn", "fail"]
 RANK: dict[str, int] = {"pass": 0, "warn": 1, "fail": 2}
@@ -35,6 +35,8 @@ class Node:
     strategies: tuple[str, ...] | None = None
     # The engine the kubelet runs, found as deploy/k8s-config.sh finds it (engines.cri).
     cri: cri.Detection | None = None
+    # Where containerd keeps its config and socket (k3s, RKE2); None: the stock paths.
+    containerd: hosts.ContainerdSite | None = None
 
     @property
     def checked_engines(self) -> tuple[engine_configs.EngineView, ...]:

@@ -17,15 +17,20 @@ from enflame_gcu.container_toolkit.engines.base import Change, FileChange, Runti
 from enflame_gcu.container_toolkit.engines.containerd import ContainerdEditor
 from enflame_gcu.container_toolkit.engines.crio import CrioEditor
 from enflame_gcu.container_toolkit.engines.docker import DockerEditor
+from enflame_gcu.container_toolkit.engines.hosts import PRESETS, ContainerdSite, containerd_site
 from enflame_gcu.errors import EngineConfigError
 
 __all__ = [
     "ENGINES",
+    "PRESETS",
     "Change",
+    "ContainerdSite",
     "FileChange",
     "RuntimeOptions",
     "configure",
+    "containerd_site",
     "default_config_path",
+    "default_config_path_of",
     "detect",
     "editor",
     "unconfigure",
@@ -49,6 +54,11 @@ def editor(engine: str) -> base.RuntimeConfigEditor:
         raise EngineConfigError(
             f"unknown container engine {engine!r}; known: {', '.join(ENGINES)}"
         ) from None
+
+
+def default_config_path_of(engine: str) -> str | None:
+    """The stock config path of ``engine`` as the host sees it (None for an unknown engine)."""
+    return hosts.DEFAULT_CONFIGS.get(engine)
 
 
 def _config(engine: str, config_path: str | None, host_root: str) -> str:

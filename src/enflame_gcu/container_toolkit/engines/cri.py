@@ -140,8 +140,11 @@ def kubelet_endpoint(root: str) -> Endpoint | None:
     return found or _from_config(root, KUBELET_CONFIG)
 
 
-def detect(root: str = "/") -> Detection:
-    """The engine the kubelet runs, else the first engine socket found (see the module doc)."""
+def detect(root: str = "/", containerd_socket: str | None = None) -> Detection:
+    """The engine the kubelet runs, else the first engine socket found (see the module doc).
+
+    ``containerd_socket``: containerd's socket where it is not the stock one (k3s, RKE2).
+    """
     endpoint = kubelet_endpoint(root)
     if endpoint is not None and endpoint.engine:
         reason = f"the kubelet's CRI endpoint {endpoint.value} ({endpoint.where})"
@@ -151,8 +154,9 @@ def detect(root: str = "/") -> Detection:
         if endpoint is not None
         else "the kubelet's CRI endpoint is not set"
     )
+    extra = (containerd_socket,) if containerd_socket else ()
     for engine, sockets in SOCKETS:
-        for path in sockets:
+        for path in (*extra, *sockets) if engine == "containerd" else sockets:
             if os.path.lexists(fileio.resolve(root, path, follow=False)):
                 return Detection(engine, "socket", f"socket {path} ({why})")
     return Detection("", "", f"no containerd, CRI-O or docker socket ({why})")

@@ -23,16 +23,24 @@ Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 Signaller = Callable[[int, int], None]
 
 
-def reload(change: engines.Change, host_root: str = "/") -> str:
-    """Signal or restart the engine so it loads ``change``; returns what was done."""
+def reload(
+    change: engines.Change, host_root: str = "/", units: tuple[str, ...] | None = None
+) -> str:
+    """Signal or restart the engine so it loads ``change``; returns what was done.
+
+    ``units``: the systemd units that may run the engine (k3s: ``k3s``, ``k3s-agent``); the
+    first one active is restarted. None: the engine's own unit.
+    """
     runtimes_only = all(path.startswith("runtimes.") for path in change.paths)
-    return signal_or_restart(change.engine, runtimes_only, host_root)
+    return signal_or_restart(change.engine, runtimes_only, host_root, units=units)
 
 
-def reload_chrooted(change: engines.Change, host_root: str) -> str:
+def reload_chrooted(
+    change: engines.Change, host_root: str, units: tuple[str, ...] | None = None
+) -> str:
     """Signal or restart the engine; from a container, systemctl runs chrooted into the host."""
     if host_root in ("", "/"):
-        return reload(change, host_root)
+        return reload(change, host_root, units)
     runtimes_only = all(path.startswith("runtimes.") for path in change.paths)
 
     def chrooted(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -48,13 +56,17 @@ def reload_chrooted(change: engines.Change, host_root: str) -> str:
         found = (f"{d}/{name}" for d in ("/usr/bin", "/bin", "/usr/sbin", "/sbin"))
         return next((p for p in found if os.access(fileio.resolve(host_root, p), os.X_OK)), None)
 
-    return signal_or_restart(change.engine, runtimes_only, host_root, runner=chrooted, which=which)
+    return signal_or_restart(
+        change.engine, runtimes_only, host_root, runner=chrooted, which=which, units=units
+    )
 
 
-def reload_or_warn(change: engines.Change, host_root: str) -> str:
+def reload_or_warn(
+    change: engines.Change, host_root: str, units: tuple[str, ...] | None = None
+) -> str:
     """What reloading did, or a warning line: the config change stands either way."""
     try:
-        return reload_chrooted(change, host_root)
+        return reload_chrooted(change, host_root, units)
     except EnflameError as exc:
         return f"warning: {exc}"
 
@@ -71,6 +83,7 @@ def signal_or_restart(
     runner: Runner = _run,
     signaller: Signaller = os.kill,
     which: Callable[[str], str | None] = shutil.which,
+    units: tuple[str, ...] | None = None,
 ) -> str:
     """Make ``engine`` load its new config; returns what was done, raises if it could not.
 
@@ -82,13 +95,27 @@ def signal_or_restart(
         if pid is not None:
             signaller(pid, signal.SIGHUP)
             return f"sent SIGHUP to dockerd (pid {pid}) so it reloads its runtimes"
-    unit = UNITS[engine]
+    candidates = units or (UNITS[engine],)
+    unit = candidates[0]
     systemd_running = os.path.isdir(fileio.resolve(host_root, "/run/systemd/system"))
     if which("systemctl") is None or not systemd_running:
         raise EngineConfigError(
             f"the config was written, but {engine} was not restarted: systemd does not manage "
             f"this host from here; restart it yourself (e.g. `systemctl restart {unit}`)"
         )
+    if len(candidates) > 1:
+        # k3s/RKE2: a server runs k3s (rke2-server), an agent k3s-agent (rke2-agent).
+        active = [
+            u
+            for u in candidates
+            if runner(["systemctl", "is-active", "--quiet", u]).returncode == 0
+        ]
+        if not active:
+            raise EngineConfigError(
+                f"the config was written, but none of {', '.join(candidates)} is active, so "
+                f"{engine} was not restarted; restart the one that runs it yourself"
+            )
+        unit = active[0]
     result = runner(["systemctl", "restart", unit])
     if result.returncode != 0:
         raise EngineConfigError(
