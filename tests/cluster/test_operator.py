@@ -51,6 +51,12 @@ TOOLKIT_IMAGE = f"{REPOSITORY}/enflame-gcu-container-toolkit"
 SECOND_TAG = "0.1.1-operator"
 STATE_ANNOTATION = "enflame.com/gcu.operator-state"
 VALIDATED = "enflame.com/gcu.validated"
+# Seconds each step took on this run (printed as JSON at the end of the module).
+TIMES: dict[str, float] = {}
+
+
+def timed(step: str, started: float) -> None:
+    TIMES[step] = round(time.monotonic() - started, 1)
 
 
 def pinned(name: str, node: str, gcus: int) -> str:
@@ -79,26 +85,39 @@ class OperatorProcess:
 
     def __init__(self, cluster: Cluster) -> None:
         self.log_path = os.path.join(cluster.work, "gcu-operator.log")
+        self.kubeconfig = cluster.plane.kubeconfig
+        self.starts = 0
+        self.process = self.start()
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """A new replica (a new identity: it must wait for the Lease of one killed before)."""
         program = os.path.join(REPO, ".venv", "bin", "enflame-gcu-operator")
         command = (
             [program]
             if os.access(program, os.X_OK)
             else [sys.executable, "-m", "enflame_gcu.gcu_operator.main"]
         )
+        self.starts += 1
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
+            return subprocess.Popen(
                 [
                     *command,
                     "--kubeconfig",
-                    cluster.plane.kubeconfig,
+                    self.kubeconfig,
                     "--interval",
                     "1",
                     "--identity",
-                    "e2e-cluster",
+                    f"e2e-cluster-{self.starts}",
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
+
+    def kill_and_restart(self) -> None:
+        """SIGKILL (no Lease released, nothing finished) and a fresh process."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+        self.process = self.start()
 
     def log(self, size: int = 4000) -> str:
         with open(self.log_path, encoding="utf-8", errors="replace") as handle:
@@ -231,6 +250,7 @@ class Bench:
         """Delete the resource: components removed in reverse order (the plugin's DaemonSet gone
         before the toolkit's), the toolkit's undo run, the nodes as they were."""
         self.cluster.kubectl("delete", f"gcuresources.{group}", name, "--wait=false")
+        started = time.monotonic()
         path = "/apis/apps/v1/namespaces/kube-system/daemonsets/"
         gone: dict[str, float] = {}
         phases: set[str] = set()
@@ -245,6 +265,8 @@ class Bench:
         wait_for(
             f"{group} {name} to be removed", removed, 300, 0.5, detail=self.detail(name, group)
         )
+        for ds, when in gone.items():
+            TIMES[f"{group} delete: DaemonSet {ds} gone after"] = round(when - started, 1)
         assert "Deleting" in phases, phases
         assert gone[plugin_ds] <= gone[toolkit_ds], gone
         assert not self.component_pods(TOOLKIT_SELECTOR, toolkit_ds)
@@ -361,8 +383,10 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
     toolkit_ds, plugin_ds = "enflame-container-toolkit", "enflame-k8s-device-plugin"
 
     # Apply ours: toolkit, plugin, exporter, gfd labels, validator.
+    started = time.monotonic()
     cluster.kubectl("apply", "-f", cluster.repo_file(OURS))
     status = bench.wait_running(name)
+    timed("ours: apply to Running", started)
     assert status["readyResource"] == "5/5", status
     rows = bench.get_gr("gr")
     assert rows[0] == ["NAME", "READY", "STATUS", "AGE"], rows
@@ -396,6 +420,7 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
             "images", "tag", "--force", f"{PLUGIN_IMAGE}:0.1.0", f"{PLUGIN_IMAGE}:{SECOND_TAG}"
         )
     old = {node: p["metadata"]["uid"] for node, p in plugins.items()}
+    started = time.monotonic()
     cluster.kubectl(
         "patch",
         f"gcuresources.{GROUP}",
@@ -407,6 +432,7 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
     upgrading: list[list[str]] = []
     replaced: list[str] = []  # nodes in the order their plugin pod was replaced
     phases: set[str] = set()
+    killed: list[str] = []
 
     def rolled() -> bool:
         status = bench.status(name)
@@ -416,6 +442,11 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
             node = pod["spec"].get("nodeName")
             if pod["metadata"]["uid"] != old.get(node) and node not in replaced:
                 replaced.append(node)
+        if replaced and not killed:
+            # Mid-rollout (a node's new plugin pod exists, not yet validated): the operator is
+            # killed; a new replica takes over once the Lease expires and carries on.
+            killed.append(json.dumps(status.get("rollout")))
+            bench.operator.kill_and_restart()
         pods = bench.on_each_node(PLUGIN_SELECTOR, plugin_ds)
         images = {p["spec"]["containers"][0]["image"] for p in pods.values()}
         generation = (bench.gr(name) or {}).get("metadata", {}).get("generation")
@@ -432,7 +463,9 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
         1,
         detail=bench.detail(name),
     )
+    timed("ours: plugin version rollout, 2 nodes, operator killed once", started)
     assert "Upgrading" in phases, phases
+    assert killed, "the operator was never killed mid-rollout"
     assert sorted(replaced) == sorted(NODES), replaced
     # maxUnavailable 1: one node at a time, and it was seen doing so.
     assert max(len(u) for u in upgrading) == 1, upgrading
@@ -472,9 +505,92 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
         assert sorted(set(fresh) | set(held[other]), key=lambda n: int(n[3:])) == [
             f"gcu{i}" for i in range(NODES[node])
         ]
-    cluster.delete_pods("enflame", "op-a", "op-b", "op-c", "op-d")
+        held[pod] = fresh
+
+    # Every card is held now. Another version: gcu-node-1 goes first, its validator cannot get
+    # a card (the kubelet refuses it), so the rollout stops there, naming the node and why;
+    # gcu-node-2 is left alone. Setting the previous version again (a card freed) rolls back.
+    rolled_uids = {
+        p["spec"]["nodeName"]: p["metadata"]["uid"]
+        for p in bench.component_pods(PLUGIN_SELECTOR, plugin_ds)
+    }
+    started = time.monotonic()
+    cluster.kubectl(
+        "patch",
+        f"gcuresources.{GROUP}",
+        name,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"devicePlugin": {"version": "0.1.0"}}}),
+    )
+
+    def stopped() -> dict[str, Any] | None:
+        status = bench.status(name)
+        failed = (status.get("rollout") or {}).get("failed") or []
+        return status if status.get("phase") == "Failed" and failed else None
+
+    status = wait_for(
+        "the rollout to stop on gcu-node-1", stopped, 300, 1, detail=bench.detail(name)
+    )
+    timed("ours: rollout stopped by a failed validation", started)
+    failed = status["rollout"]["failed"]
+    assert [f["node"] for f in failed] == ["gcu-node-1"], failed
+    assert "validator" in failed[0]["reason"] and "enflame.com/gcu" in failed[0]["reason"], failed
+    assert "gcu-node-1" in status["conditions"][0]["message"], status["conditions"]
+    rows = bench.get_gr("gr")
+    assert rows[1][2] == "Failed" and rows[1][1] != "5/5", rows
+    labels = bench.labels()
+    assert VALIDATED not in labels["gcu-node-1"], labels
+    assert labels["gcu-node-2"].get(VALIDATED) == "true", labels
+    time.sleep(5)  # the rollout stays stopped: gcu-node-2 keeps its plugin pod
+    node_2 = [
+        p
+        for p in bench.component_pods(PLUGIN_SELECTOR, plugin_ds)
+        if p["spec"]["nodeName"] == "gcu-node-2"
+    ]
+    assert [p["metadata"]["uid"] for p in node_2] == [rolled_uids["gcu-node-2"]], node_2
+    assert bench.status(name)["phase"] == "Failed"
+
+    cluster.delete_pods("enflame", "op-c")
+    del held["op-c"]
+    started = time.monotonic()
+    cluster.kubectl(
+        "patch",
+        f"gcuresources.{GROUP}",
+        name,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"devicePlugin": {"version": SECOND_TAG}}}),
+    )
+
+    def rolled_back() -> bool:
+        status = bench.status(name)
+        pods = bench.on_each_node(PLUGIN_SELECTOR, plugin_ds)
+        images = {p["spec"]["containers"][0]["image"] for p in pods.values()}
+        generation = (bench.gr(name) or {}).get("metadata", {}).get("generation")
+        return (
+            status.get("phase") == "Running"
+            and status.get("observedGeneration") == generation
+            and images == {f"{PLUGIN_IMAGE}:{SECOND_TAG}"}
+        )
+
+    wait_for("the rollback to the previous version", rolled_back, 300, 1, detail=bench.detail(name))
+    timed("ours: rollback of the failed node", started)
+    after = {
+        p["spec"]["nodeName"]: p["metadata"]["uid"]
+        for p in bench.component_pods(PLUGIN_SELECTOR, plugin_ds)
+    }
+    assert after["gcu-node-2"] == rolled_uids["gcu-node-2"], (after, rolled_uids)
+    assert all(v == "true" for v in (bench.labels()[n].get(VALIDATED) for n in NODES))
+    rows = bench.get_gr("gr")
+    assert rows[1][:3] == [name, "5/5", "Running"], rows
+    for pod, cards in held.items():  # through a stopped rollout and its rollback
+        listed = cluster.kubectl("-n", "enflame", "exec", pod, "--", "sh", "-c", "ls /dev")
+        assert sorted(re.findall(r"\bgcu\d+\b", listed), key=lambda n: int(n[3:])) == cards
+    cluster.delete_pods("enflame", *held)
 
     # Delete: reverse order, the toolkit's undo, the nodes as before.
+    started = time.monotonic()
     bench.delete_and_check(
         name,
         group=GROUP,
@@ -483,6 +599,7 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
         labels_before=labels_before,
         configs_before=configs_before,
     )
+    timed("ours: delete to nodes as before", started)
     for member in bench.nodes.values():
         member.ctr("images", "rm", f"{PLUGIN_IMAGE}:{SECOND_TAG}")
 
@@ -495,8 +612,10 @@ def test_operator_vendor_example_applies_unchanged_and_gives_the_same_components
     name = "enflame-gcu-resource"
     # The vendor's names for the workloads (its 2.0 example), our images in them.
     toolkit_ds, plugin_ds = "enflame-gcu-docker-plugin", "enflame-gcu-k8s-plugin"
+    started = time.monotonic()
     cluster.kubectl("apply", "-f", cluster.repo_file(VENDOR))
     status = bench.wait_running(name, LEGACY)
+    timed("vendor example: apply to Running", started)
     rows = bench.get_gr(f"gcuresources.{LEGACY}")
     assert rows[0] == ["NAME", "READY", "STATUS", "AGE"], rows
     assert rows[1][:3] == [name, "5/5", "Running"], rows
@@ -515,6 +634,7 @@ def test_operator_vendor_example_applies_unchanged_and_gives_the_same_components
     )
     assert cards == ["gcu0", "gcu1", "gcu2", "gcu3"], cards
     cluster.delete_pods("enflame", "vendor-gcu")
+    started = time.monotonic()
     bench.delete_and_check(
         name,
         group=LEGACY,
@@ -523,6 +643,7 @@ def test_operator_vendor_example_applies_unchanged_and_gives_the_same_components
         labels_before=labels_before,
         configs_before=configs_before,
     )
+    timed("vendor example: delete to nodes as before", started)
 
 
 def test_operator_left_nothing_behind(bench: Bench) -> None:
@@ -532,3 +653,10 @@ def test_operator_left_nothing_behind(bench: Bench) -> None:
         "get", "daemonsets,pods,services", "-A", "-l", selector, "-o", "name"
     )
     assert left.strip() == "", left
+    log = bench.operator.log(10**7)
+    assert "Traceback" not in log, log[-4000:]
+    # Its own lines at the default level, not one per HTTP request.
+    assert "actions" in log and "HTTP Request" not in log, log[-4000:]
+    TIMES["operator passes that failed and were retried"] = log.count("pass failed")
+    TIMES["operator starts"] = bench.operator.starts
+    print("\noperator e2e:", json.dumps(TIMES))
