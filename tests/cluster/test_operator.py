@@ -11,6 +11,7 @@ operator deploys its own; the ones found are applied again at the end for the sc
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -78,6 +79,11 @@ spec:
         limits:
           enflame.com/gcu: {gcus}
 """
+
+
+def logged_cards(cluster: Cluster, pod: str) -> list[str]:
+    """The cards a pinned pod listed in its log."""
+    return cards_in(cluster.kubectl("-n", "enflame", "logs", pod))
 
 
 class OperatorProcess:
@@ -227,11 +233,15 @@ class Bench:
             # The toolkit ran in its container on this node: it chose and recorded the mode.
             with open(self.node_mode_record(node), encoding="utf-8") as handle:
                 assert json.load(handle)["mode"] == "device-specs", node
+
+            def shows(node: str = node, count: int = count) -> bool:
+                return self.cluster.gcus(node) == (count, count)
+
             wait_for(
                 f"{node} to show {count} GCUs through the API",
-                lambda node=node, count=count: self.cluster.gcus(node) == (count, count),
+                shows,
                 90,
-                detail=lambda node=node: str(self.cluster.gcus(node)),
+                detail=functools.partial(self.cluster.describe, "node", node),
             )
         labels = self.labels()
         assert all(labels[n].get(VALIDATED) == "true" for n in NODES), labels
@@ -304,9 +314,11 @@ def bench(cluster: Cluster) -> Iterator[Bench]:
             "--timeout=180s",
         )
     for selector in (PLUGIN_SELECTOR, TOOLKIT_SELECTOR):
-        wait_for(
-            f"no pods of {selector}", lambda s=selector: not cluster.pods("kube-system", s), 180
-        )
+
+        def none_left(selector: str = selector) -> bool:
+            return not cluster.pods("kube-system", selector)
+
+        wait_for(f"no pods of {selector}", none_left, 180)
     cluster.kubectl("apply", "-f", cluster.repo_file(CRDS))
     for group in (GROUP, LEGACY):
         cluster.kubectl(
@@ -409,7 +421,7 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
         cluster.wait_pod("enflame", pod)
         held[pod] = wait_for(
             f"{pod}'s cards in its log",
-            lambda pod=pod: cards_in(cluster.kubectl("-n", "enflame", "logs", pod)),
+            functools.partial(logged_cards, cluster, pod),
             60,
         )
         assert len(held[pod]) == 2, held
@@ -498,7 +510,7 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
         cluster.wait_pod("enflame", pod)
         fresh = wait_for(
             f"{pod}'s cards in its log",
-            lambda pod=pod: cards_in(cluster.kubectl("-n", "enflame", "logs", pod)),
+            functools.partial(logged_cards, cluster, pod),
             60,
         )
         assert len(fresh) == count and not set(fresh) & set(held[other]), (held, fresh)
