@@ -50,7 +50,7 @@ def test_vendor_example_gives_the_same_components_and_ready_5_of_5() -> None:
     ]
     reported = {u["field"] for u in st["unsupported"]}
     # NFD is deployed by the example but is not ours; the vendor's images are replaced: said so.
-    assert {"spec.nfd", "spec.containerToolkit.image", "spec.devicePlugin.image"} <= reported
+    assert {"spec.nfd", "spec.toolkit.image", "spec.devicePlugin.image"} <= reported
     assert st["clusterGCUNodes"] == NODES
     for name in NODES:
         assert cluster.node_labels(name)[names.VALIDATED_LABEL] == "true"

@@ -63,10 +63,21 @@ def _cluster(kubeconfig: str) -> kube_module.LightkubeApi:
     return kube.LightkubeApi(lightkube.Client(config, field_manager="enflame-gcu-operator"))
 
 
+# The HTTP client logs every request at INFO: a few lines a second, drowning the operator's own.
+HTTP_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
+
+
+def configure_logging(level: str) -> None:
+    """The operator's log at ``level``; the HTTP client's requests only with ``debug``."""
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(message)s")
+    for name in HTTP_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the operator until SIGTERM."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    configure_logging(args.log_level)
     cluster = _cluster(args.kubeconfig)
     try:
         return _run(args, cluster)

@@ -149,8 +149,10 @@ def _env(raw: Any) -> tuple[tuple[str, str], ...]:
     )
 
 
-def _component(key: str, raw: dict[str, Any], out: list[Unsupported]) -> Component:
-    path = f"spec.{key}"
+def _component(
+    key: str, raw: dict[str, Any], out: list[Unsupported], spelled: str = ""
+) -> Component:
+    path = f"spec.{spelled or key}"
     image = str(raw.get("image") or IMAGES.get(key, ""))
     repository = str(raw.get("repository") or DEFAULT_REPOSITORY)
     version = str(raw.get("version") or DEFAULT_VERSION)
@@ -194,6 +196,8 @@ def _upgrade(raw: dict[str, Any]) -> UpgradePolicy:
 def parse(spec: Mapping[str, Any] | None) -> ResourceSpec:
     """The resource's spec as a :class:`ResourceSpec` (both groups' keys; defaults filled in)."""
     raw = {ALIASES.get(k, k): v for k, v in (spec or {}).items()}
+    # Status names a field as the resource spells it (operator 2.0's spec.toolkit stays so).
+    spelled = {ALIASES.get(k, k): str(k) for k in spec or {}}
     unsupported: list[Unsupported] = []
     components: dict[str, Component] = {}
     deployed = {
@@ -205,7 +209,7 @@ def parse(spec: Mapping[str, Any] | None) -> ResourceSpec:
         unsupported.append(Unsupported(f"spec.{key}", NOT_OURS[key]))
     for key in (TOOLKIT, DEVICE_PLUGIN, DRA, EXPORTER, GFD):
         if key in deployed:
-            components[key] = _component(key, deployed[key], unsupported)
+            components[key] = _component(key, deployed[key], unsupported, spelled.get(key, ""))
     # The validator runs unless turned off, since it is what proves a node serves GCUs.
     validator = _fields(raw.get(VALIDATOR))
     if (DEVICE_PLUGIN in components or DRA in components) and not validator.get("notDeploy"):
