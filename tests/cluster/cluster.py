@@ -199,3 +199,24 @@ def one_of(values: Sequence[T]) -> T:
     if len(values) != 1:
         raise E2EError(f"expected exactly one, got {values!r}")
     return values[0]
+
+
+def pinned(name: str, node: str, gcus: int = 2) -> str:
+    """A debian:12-slim pod in ``enflame`` on ``node`` asking for ``gcus`` cards, listing them."""
+    return f"""apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: enflame
+spec:
+  nodeSelector:
+    kubernetes.io/hostname: {node}
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: gcu
+      image: debian:12-slim
+      command: ["sh", "-c", "ls -l /dev/gcu* && sleep infinity"]
+      resources:
+        limits:
+          {RESOURCE}: {gcus}
+"""

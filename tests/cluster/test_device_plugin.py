@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.cluster import PLUGIN_SELECTOR, RESOURCE, Cluster, cards_in, wait_for
+from tests.cluster.cluster import PLUGIN_SELECTOR, RESOURCE, Cluster, cards_in, pinned, wait_for
 from tests.kubelet.harness import E2EError
 
 pytestmark = pytest.mark.cluster
@@ -20,32 +20,9 @@ PLUGIN = "deploy/yaml/enflame-device-plugin.yaml"
 NODES = {"gcu-node-1": 8, "gcu-node-2": 4}
 
 
-def two_card_pod(name: str, node: str, gcus: int = 2) -> str:
-    """A pod pinned to ``node`` asking for ``gcus`` cards, listing them (debian:12-slim)."""
-    return f"""apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: enflame
-spec:
-  nodeSelector:
-    kubernetes.io/hostname: {node}
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: gcu
-      image: debian:12-slim
-      command: ["sh", "-c", "ls -l /dev/gcu* && sleep infinity"]
-      resources:
-        limits:
-          {RESOURCE}: {gcus}
-"""
-
-
 def unpinned_pod(name: str, gcus: int) -> str:
     """A pod asking for ``gcus`` cards anywhere."""
-    return two_card_pod(name, "x", gcus).replace(
-        "  nodeSelector:\n    kubernetes.io/hostname: x\n", ""
-    )
+    return pinned(name, "x", gcus).replace("  nodeSelector:\n    kubernetes.io/hostname: x\n", "")
 
 
 def test_scenario_1_nodes_labelled_as_the_guide_says(cluster: Cluster) -> None:
@@ -157,7 +134,7 @@ def test_scenario_4_two_pods_get_switch_pairs_and_too_big_stays_pending(
     pod schedule."""
     got = []
     for name in ("pair-a", "pair-b"):
-        cluster.kubectl("apply", "-f", "-", stdin=two_card_pod(name, "gcu-node-1"))
+        cluster.kubectl("apply", "-f", "-", stdin=pinned(name, "gcu-node-1"))
         cluster.wait_pod("enflame", name)
         got.append(cards_in(cluster.kubectl("-n", "enflame", "logs", name)))
     assert sorted(got) == [["gcu0", "gcu1"], ["gcu4", "gcu5"]], got

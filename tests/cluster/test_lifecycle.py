@@ -9,32 +9,18 @@ import urllib.request
 
 import pytest
 
-from tests.cluster.cluster import PLUGIN_SELECTOR, Cluster, cards_in, pod_ready, wait_for
+from tests.cluster.cluster import (
+    PLUGIN_SELECTOR,
+    Cluster,
+    cards_in,
+    pinned,
+    pod_ready,
+    wait_for,
+)
 
 pytestmark = pytest.mark.cluster
 PLUGIN_DS = "enflame-device-plugin-daemonset"
 IMAGE = "ghcr.io/enflame-gcu/enflame-gcu-device-plugin"
-
-
-def pinned(name: str, node: str, gcus: int) -> str:
-    """A debian:12-slim pod on ``node`` with ``gcus`` cards, listing them."""
-    return f"""apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: enflame
-spec:
-  nodeSelector:
-    kubernetes.io/hostname: {node}
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: gcu
-      image: debian:12-slim
-      command: ["sh", "-c", "ls -l /dev/gcu* && sleep infinity"]
-      resources:
-        limits:
-          enflame.com/gcu: {gcus}
-"""
 
 
 def plugin_pod_on(cluster: Cluster, node: str) -> dict:  # type: ignore[type-arg]

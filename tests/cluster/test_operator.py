@@ -30,6 +30,7 @@ from tests.cluster.cluster import (
     PLUGIN_SELECTOR,
     Cluster,
     cards_in,
+    pinned,
     pod_ready,
     wait_for,
 )
@@ -58,27 +59,6 @@ TIMES: dict[str, float] = {}
 
 def timed(step: str, started: float) -> None:
     TIMES[step] = round(time.monotonic() - started, 1)
-
-
-def pinned(name: str, node: str, gcus: int) -> str:
-    """A debian:12-slim pod on ``node`` with ``gcus`` cards, listing them."""
-    return f"""apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: enflame
-spec:
-  nodeSelector:
-    kubernetes.io/hostname: {node}
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: gcu
-      image: debian:12-slim
-      command: ["sh", "-c", "ls -l /dev/gcu* && sleep infinity"]
-      resources:
-        limits:
-          enflame.com/gcu: {gcus}
-"""
 
 
 def logged_cards(cluster: Cluster, pod: str) -> list[str]:
