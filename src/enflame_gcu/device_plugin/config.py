@@ -226,14 +226,22 @@ def _poll(text: str) -> float:
     return value
 
 
-def _telemetry(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number of seconds") from None
-    if value != 0 and not 0.1 <= value <= 3600:
-        raise ValueError(f"{text} is outside 0.1..3600 seconds (0 turns card telemetry off)")
-    return value
+def _seconds_or_off(off: str) -> Callable[[str], float]:
+    """A parser of 0.1..3600 seconds, where 0 means ``off`` (said in the error)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a number of seconds") from None
+        if value != 0 and not 0.1 <= value <= 3600:
+            raise ValueError(f"{text} is outside 0.1..3600 seconds (0 {off})")
+        return value
+
+    return parse
+
+
+_telemetry = _seconds_or_off("turns card telemetry off")
 
 
 def _deadline(text: str) -> float:
@@ -280,14 +288,7 @@ def _label_key(text: str) -> str:
     return value
 
 
-def _label_poll(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number of seconds") from None
-    if value != 0 and not 0.1 <= value <= 3600:
-        raise ValueError(f"{text} is outside 0.1..3600 seconds (0 = read at start only)")
-    return value
+_label_poll = _seconds_or_off("= read at start only")
 
 
 def _program(text: str) -> str:
