@@ -9,6 +9,7 @@ import urllib.request
 
 import pytest
 
+from enflame_gcu.device_plugin import card_metrics
 from tests.cluster.cluster import (
     PLUGIN_SELECTOR,
     Cluster,
@@ -32,6 +33,10 @@ def plugin_pod_on(cluster: Cluster, node: str) -> dict:  # type: ignore[type-arg
     return pods[0]
 
 
+# The pod label of the per-card series, by the name the plugin gives it.
+HOLDER = f'{card_metrics.POD_LABELS[1]}="metrics-holder"'
+
+
 def scrape(cluster: Cluster, node: str, path: str = "/metrics") -> str:
     """GET the plugin pod's port 9402 on its pod IP (the tier shares the pod network)."""
     ip = plugin_pod_on(cluster, node)["status"]["podIP"]
@@ -49,23 +54,35 @@ def test_scenario_9_metrics_name_the_pods_and_ready_follows_registration(
     held = cards_in(cluster.kubectl("-n", "enflame", "logs", "metrics-holder"))
     assert len(held) == 2
 
+    def allocated() -> list[str]:
+        return [
+            line
+            for line in scrape(cluster, "gcu-node-2").splitlines()
+            if line.startswith("enflame_gcu_card_allocated{")
+        ]
+
     def named() -> str | None:
         text = scrape(cluster, "gcu-node-2")
         lines = [
             line
             for line in text.splitlines()
-            if line.startswith("enflame_gcu_card_allocated{") and 'pod="metrics-holder"' in line
+            if line.startswith("enflame_gcu_card_allocated{") and HOLDER in line
         ]
         return text if len(lines) == 2 else None
 
-    text = wait_for("the metrics to name metrics-holder's two cards", named, 60)
+    text = wait_for(
+        "the metrics to name metrics-holder's two cards",
+        named,
+        60,
+        detail=lambda: "\n".join(allocated()),
+    )
     for card in held:
         series = [
             line
             for line in text.splitlines()
             if line.startswith("enflame_gcu_card_allocated{")
             and f'card="{card}"' in line
-            and 'pod="metrics-holder"' in line
+            and HOLDER in line
         ]
         assert len(series) == 1 and series[0].split()[-1] in ("1", "1.0"), series
     assert re.search(r'enflame_gcu_registered\{resource="enflame.com/gcu"\} 1', text)
