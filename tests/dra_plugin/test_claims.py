@@ -130,6 +130,7 @@ def test_which_claims_a_free_set_can_satisfy(
 
 def test_a_switch_local_claim_is_never_satisfied_across_switches(tmp_path: Any) -> None:
     """Every pair the stand-in may pick for the hard claim sits under one lowest switch."""
+    claim, classes = helpers.example(SWITCH), helpers.device_classes()
     for name in helpers.FIXTURES:
         root = tmp_path / helpers.fixture_id(name)
         root.mkdir()
@@ -140,9 +141,7 @@ def test_a_switch_local_claim_is_never_satisfied_across_switches(tmp_path: Any) 
             for second in published:
                 if first["name"] >= second["name"]:
                     continue
-                pair = allocator.allocate(
-                    helpers.example(SWITCH), helpers.device_classes(), [first, second]
-                )
+                pair = allocator.allocate(claim, classes, [first, second])
                 a, b = cards[first["name"]], cards[second["name"]]
                 assert (pair is not None) == (a.switch is not None and a.switch == b.switch)
 
