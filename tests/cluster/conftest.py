@@ -136,5 +136,9 @@ def clean_namespace(cluster: cluster_module.Cluster) -> Iterator[str]:
     try:
         yield "enflame"
     finally:
+        # The pods first and waited for (the kubelet frees their cards), then the namespace: the
+        # namespace controller alone rechecks with a growing backoff (tens of seconds idle).
+        cluster.kubectl("-n", "enflame", "delete", "pods", "--all", "--wait=true",
+                        "--timeout=120s", check=False)  # fmt: skip
         cluster.kubectl("delete", "namespace", "enflame", "--wait=true", "--timeout=120s",
                         check=False)  # fmt: skip

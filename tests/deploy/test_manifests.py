@@ -246,6 +246,8 @@ def test_example_pods_request_their_resource_in_the_enflame_namespace(
     container = only_container(doc)
     assert container["resources"]["limits"] == {resource: count}
     assert "ls " in " ".join(container["command"])
+    # Their shell ignores SIGTERM as PID 1: a short grace period, or every delete waits 30 s.
+    assert doc["spec"]["terminationGracePeriodSeconds"] <= 5
 
 
 # --- Kubernetes < 1.16: extensions/v1beta1 ----------------------------------------------------
