@@ -107,3 +107,10 @@ def diff(before: Snapshot, after: Snapshot) -> list[str]:
         f"changed: {p}" for p in sorted(before.keys() & after.keys()) if before[p] != after[p]
     ]
     return lines
+
+
+def wheel_args(wheelhouse: str) -> tuple[str, ...]:
+    """install.sh's options to install our wheel from ``wheelhouse`` and nothing else."""
+    [wheel] = [n for n in os.listdir(wheelhouse) if n.startswith("enflame_gcu-")]
+    return ("--wheel", os.path.join(wheelhouse, wheel),
+            "--pip-args", f"--no-index --find-links {wheelhouse}")  # fmt: skip

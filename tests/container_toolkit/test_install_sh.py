@@ -156,8 +156,10 @@ def test_full_install_builds_a_venv_and_uninstall_removes_it(host: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)  # three installs, two of them with pip: over 120 s on a busy machine
-def test_a_failed_first_install_leaves_nothing_behind_and_a_rerun_works(tmp_path: object) -> None:
+@pytest.mark.timeout(400)  # three installs, two of them with pip (of a prebuilt wheel)
+def test_a_failed_first_install_leaves_nothing_behind_and_a_rerun_works(
+    tmp_path: object, wheelhouse: str
+) -> None:
     host = fx.fake_host(os.path.join(str(tmp_path), "host"), docker=False)
     os.makedirs(os.path.join(host, "var/lib/kubelet"))  # a Kubernetes node: auto is device-specs
     empty = os.path.join(str(tmp_path), "no-wheels")
@@ -175,14 +177,15 @@ def test_a_failed_first_install_leaves_nothing_behind_and_a_rerun_works(tmp_path
     )
     assert fx.diff(before, fx.snapshot(host)) == []
     # pip works but enflame-ctk install refuses before recording anything (no CDI engine).
-    refused = run("--host-root", host, "--python", python, "--mode", "cdi")
+    wheel = fx.wheel_args(wheelhouse)
+    refused = run("--host-root", host, "--python", python, "--mode", "cdi", *wheel)
     assert refused.returncode == 1
     assert "node mode cdi needs an engine that resolves CDI" in refused.stderr
     assert "removed what this failed first install created" in refused.stderr
     assert fx.diff(before, fx.snapshot(host)) == []
     # The next run is a first install again, not "venv exists but no install recorded it"; in
     # a mode without the wrapper too, the venv is recorded and uninstall removes it.
-    result = run("--host-root", host, "--python", python)
+    result = run("--host-root", host, "--python", python, *wheel)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "enflame-ctk: node mode device-specs (auto)" in result.stderr
     assert "removed what" not in result.stderr
@@ -225,9 +228,9 @@ def test_an_unknown_or_impossible_mode_is_refused_and_changes_nothing(tmp_path: 
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)  # two pip installs
+@pytest.mark.timeout(400)  # a pip install
 def test_dry_run_on_a_fresh_node_shows_the_whole_plan_the_real_run_follows(
-    host: str, tmp_path: object
+    host: str, tmp_path: object, wheelhouse: str
 ) -> None:
     from tests.container_toolkit.test_dry_run_plans import _done, _plan
 
@@ -237,7 +240,8 @@ def test_dry_run_on_a_fresh_node_shows_the_whole_plan_the_real_run_follows(
     before = fx.snapshot(host)
     env = {**os.environ, "TMPDIR": scratch}
     dry = subprocess.run(
-        ["bash", INSTALL_SH, "--host-root", host, "--python", python, "--dry-run"],
+        ["bash", INSTALL_SH, "--host-root", host, "--python", python, "--dry-run",
+         *fx.wheel_args(wheelhouse)],
         capture_output=True, text=True, timeout=300, check=False, env=env,
     )  # fmt: skip
     assert dry.returncode == 0, dry.stdout + dry.stderr
@@ -251,7 +255,7 @@ def test_dry_run_on_a_fresh_node_shows_the_whole_plan_the_real_run_follows(
     plan = _plan(
         tuple(lines[lines.index(next(x for x in lines if x.startswith("would pip"))) + 1 :])
     )
-    real = run("--host-root", host, "--python", python)
+    real = run("--host-root", host, "--python", python, *fx.wheel_args(wheelhouse))
     assert real.returncode == 0, real.stdout + real.stderr
     # What the real run did: enflame-ctk's report, on stderr with its prefix.
     prefix = "enflame-ctk: "

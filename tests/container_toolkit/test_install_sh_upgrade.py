@@ -33,16 +33,6 @@ PIP_KILL_DELAYS = (0.5, 1.5, 2.5)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("install_sh")]
 
 
-@pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Our wheel and the node dependencies, so every install runs offline and the same."""
-    out = str(tmp_path_factory.mktemp("wheelhouse"))
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "-w", out, PROJECT_ROOT], check=True)
-    subprocess.run([*pip, "download", "-d", out, "tomlkit", "PyYAML", "asyncinotify"], check=True)
-    return out
-
-
 def _install(host: str, wheelhouse: str, **env: str) -> subprocess.Popen[str]:
     python = shutil.which("python3") or sys.executable
     pip_args = f"--no-index --find-links {wheelhouse} --force-reinstall"
