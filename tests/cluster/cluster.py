@@ -50,8 +50,9 @@ class Cluster:
     plane: ControlPlane
     nodes: list[ClusterNode]
     work: str
-    # (name, simulated board, pod subnet, node IP) -> a new Ready node (torn down with the rest)
-    add_node: Callable[[str, str, str, str], ClusterNode]
+    # (name, simulated board, pod subnet, node IP[, containerd layout]) -> a new Ready node (torn
+    # down with the rest)
+    add_node: Callable[..., ClusterNode]
 
     # -- kubectl ----------------------------------------------------------------------------
 

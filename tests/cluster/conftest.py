@@ -96,7 +96,9 @@ def cluster() -> Iterator[cluster_module.Cluster]:
         plane.start()
         ready_plane = plane
 
-        def add_node(name: str, topology: str, subnet: str, node_ip: str) -> ClusterNode:
+        def add_node(
+            name: str, topology: str, subnet: str, node_ip: str, layout: str = "stock"
+        ) -> ClusterNode:
             node = ClusterNode(
                 ready_plane,
                 ledger,
@@ -106,6 +108,7 @@ def cluster() -> Iterator[cluster_module.Cluster]:
                 topology=topology,
                 subnet=subnet,
                 node_ip=node_ip,
+                layout=layout,
                 cgroup_root=f"/{ledger.cgroup_name}/{name}",
             )
             os.makedirs(node.work)

@@ -113,7 +113,9 @@ NOT_RUN = {
         "as above: the label's removal (back to config.default) is tested there",
     "helm install enflame-gcu deploy/helm/enflame-gcu -n kube-system "
     "--set toolkit.enabled=true --set toolkit.preset=k3s":
-        "the tier's nodes run Debian's containerd, not k3s; "
+        "no k3s here (nothing renders its template); the preset itself runs on a node whose "
+        "containerd has k3s's paths through the static manifest's env block "
+        "(test_toolkit.py::test_scenario_2_on_a_k3s_node_the_preset_finds_its_containerd); "
         "tests/deploy/test_chart_toolkit_preset.py renders toolkit.preset with Helm's code and "
         "tests/container_toolkit/test_k3s_rke2.py installs onto a simulated k3s/RKE2 layout",
 }  # fmt: skip

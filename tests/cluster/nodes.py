@@ -11,6 +11,8 @@ the same private view:
   over empty mount points the ledger creates on the host (when missing) and removes after;
 - ``/run``: a tmpfs of the node's own, holding ``/run/containerd`` (a private dir bound there,
   so the socket is reachable from outside) and everything containerd keeps there;
+- a node with the ``k3s`` layout (:data:`LAYOUTS`) runs its containerd where k3s runs its own:
+  the config under a private ``/var/lib/rancher``, the socket in ``/run/k3s/containerd``;
 - ``/sys``: the machine's sysfs entries, except that the simulated board's PCI root complexes,
   ``/sys/bus/pci/devices`` and ``/sys/module/enflame`` stand in their places (bound from the
   simulated tree, so unplugging a card there shows at once), so the guide's manifests run
@@ -43,7 +45,6 @@ from tests.kubelet import harness
 from tests.kubelet.host import Ledger
 
 SIM_MOUNT = "/run/enflame-e2e-sim"
-NODE_SOCKET = "/run/containerd/containerd.sock"
 # Host paths each node sees privately (bound over mount points the ledger creates if missing).
 PRIVATE_PATHS = (
     "/var/lib/kubelet",
@@ -54,9 +55,34 @@ PRIVATE_PATHS = (
     "/etc/kubernetes",
     "/etc/containerd",
 )
-# Made inside the node's own tmpfs at /run (the machine's /run is shared with other jobs, whose
-# containerd tests create and remove /run/containerd).
-RUN_PATHS = ("/run/containerd",)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where a node's containerd reads its config and listens (host paths inside the node)."""
+
+    config: str
+    socket: str
+    private: tuple[str, ...] = ()  # more host paths the node keeps privately
+
+    @property
+    def run_dir(self) -> str:
+        """The socket's directory, made inside the node's own tmpfs at /run (the machine's /run
+        is shared with other jobs, whose containerd tests create and remove /run/containerd)."""
+        return os.path.dirname(self.socket)
+
+
+LAYOUTS = {
+    # Debian's (and kubeadm's) containerd.
+    "stock": Layout("/etc/containerd/config.toml", "/run/containerd/containerd.sock"),
+    # k3s's embedded containerd: the config.toml k3s renders (from its template, when there is
+    # one) and the socket k3s gives it; k3s itself is not here, so nothing renders a template.
+    "k3s": Layout(
+        "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+        "/run/k3s/containerd/containerd.sock",
+        ("/var/lib/rancher",),
+    ),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +136,7 @@ class ClusterNode:
         subnet: str,
         cgroup_root: str,
         node_ip: str,
+        layout: str = "stock",
     ) -> None:
         self.plane = plane
         self.ledger = ledger
@@ -120,14 +147,17 @@ class ClusterNode:
         self.subnet = subnet
         self.cgroup_root = cgroup_root
         self.node_ip = node_ip
+        self.layout = LAYOUTS[layout]
         self.sim_root = os.path.join(work, "sim")
         self.holder: subprocess.Popen[bytes] | None = None
         self.containerd: subprocess.Popen[bytes] | None = None
         self.kubelet: subprocess.Popen[bytes] | None = None
         self.ctd_dir = os.path.join(work, "ctd")
-        # containerd listens where a stock node's does (its own /run/containerd), so the
-        # toolkit finds it as on any node; from outside the node it is the private dir's.
-        self.socket = os.path.join(self.private("/run/containerd"), "containerd.sock")
+        # containerd listens where its layout says (on a stock node its own /run/containerd), so
+        # the toolkit finds it as on any such node; from outside the node it is the private dir's.
+        self.socket = os.path.join(
+            self.private(self.layout.run_dir), os.path.basename(self.layout.socket)
+        )
         self.kubelet_port = free_port()
         self.healthz_port = free_port()
 
@@ -136,6 +166,14 @@ class ClusterNode:
     def private(self, path: str) -> str:
         """Where this node's private copy of host ``path`` lives."""
         return os.path.join(self.work, "private", path.strip("/").replace("/", "_"))
+
+    def seen_from_here(self, path: str) -> str:
+        """Host ``path`` inside this node, as the tier's own process reaches it (``path`` is
+        under one of the node's private dirs)."""
+        for top in PRIVATE_PATHS + self.layout.private:
+            if path == top or path.startswith(top + "/"):
+                return os.path.join(self.private(top), path[len(top) :].lstrip("/"))
+        raise ValueError(f"{path} is not in {self.name}'s private dirs")
 
     @property
     def daemon_cgroup(self) -> str:
@@ -181,15 +219,15 @@ class ClusterNode:
         if f" {self.node_ip}/" not in shown:
             subprocess.run(["ip", "addr", "add", f"{self.node_ip}/32", "dev", "lo"], check=True)
         lines = ["set -e"]
-        for path in PRIVATE_PATHS:
+        for path in PRIVATE_PATHS + self.layout.private:
             self.ledger.will_create_dir(path)
             os.makedirs(path, exist_ok=True)
             os.makedirs(self.private(path), exist_ok=True)
             lines.append(f"mount --bind '{self.private(path)}' '{path}'")
         lines.append("mount -t tmpfs -o mode=0755,size=64m enflame-node-run /run")
-        for path in RUN_PATHS:
-            os.makedirs(self.private(path), exist_ok=True)
-            lines.append(f"mkdir -p '{path}' && mount --bind '{self.private(path)}' '{path}'")
+        path = self.layout.run_dir
+        os.makedirs(self.private(path), exist_ok=True)
+        lines.append(f"mkdir -p '{path}' && mount --bind '{self.private(path)}' '{path}'")
         lines.append(f"mkdir -p '{SIM_MOUNT}' && mount --bind '{self.sim_root}' '{SIM_MOUNT}'")
         lines += self._sysfs_lines()
         lines += self._dev_lines()
@@ -285,17 +323,20 @@ class ClusterNode:
 
     def _containerd_config(self) -> str:
         base = harness.containerd_base_config(self.ctd_dir, os.path.join(self.ctd_dir, "runc"))
+        socket = self.layout.socket
         return (
-            base.replace(f'address = "{self.ctd_dir}/c.sock"', f'address = "{NODE_SOCKET}"')
-            .replace(f'address = "{self.ctd_dir}/c.sock.ttrpc"', f'address = "{NODE_SOCKET}.ttrpc"')
+            base.replace(f'address = "{self.ctd_dir}/c.sock"', f'address = "{socket}"')
+            .replace(f'address = "{self.ctd_dir}/c.sock.ttrpc"', f'address = "{socket}.ttrpc"')
             .replace(f'bin_dir = "{self.ctd_dir}/cni/bin"', f'bin_dir = "{self.binaries.cni_dir}"')
             .replace("# private containerd of the real-kubelet test tier", f"# {self.name}")
         )
 
     def start_containerd(self) -> None:
-        """Write its config (under the node's private /etc/containerd) and CNI config; start."""
+        """Write its config (at its layout's path, in the node's private dirs) and CNI config;
+        start it."""
         os.makedirs(os.path.join(self.ctd_dir, "cni", "conf"), exist_ok=True)
-        self.config_path = os.path.join(self.private("/etc/containerd"), "config.toml")
+        self.config_path = self.seen_from_here(self.layout.config)
+        os.makedirs(os.path.dirname(self.config_path), exist_ok=True)
         with open(self.config_path, "w", encoding="utf-8") as handle:
             handle.write(self._containerd_config())
         bridge = f"enf{self.name[-6:].replace('-', '')}"[:15]
@@ -319,7 +360,7 @@ class ClusterNode:
         with open(os.path.join(self.ctd_dir, "cni", "conf", "10-e2e.conflist"), "w") as handle:
             json.dump(cni, handle)
         make_cgroup(self.daemon_cgroup)
-        command = [self.binaries.containerd, "--config", "/etc/containerd/config.toml"]
+        command = [self.binaries.containerd, "--config", self.layout.config]
         with open(os.path.join(self.work, "containerd.log"), "ab") as log:
             self.containerd = subprocess.Popen(
                 [*self._nsenter(), *command],
@@ -408,7 +449,7 @@ class ClusterNode:
             json.dump(config, handle, indent=1)
         runtime_flags = [
             "--container-runtime=remote",
-            f"--container-runtime-endpoint=unix://{NODE_SOCKET}",
+            f"--container-runtime-endpoint=unix://{self.layout.socket}",
         ]
         with open(os.path.join(kubelet_dir, "kubeadm-flags.env"), "w", encoding="utf-8") as handle:
             handle.write(f'KUBELET_KUBEADM_ARGS="{" ".join(runtime_flags)}"\n')

@@ -4,7 +4,8 @@ both nodes in the mode `auto` chooses for containerd, records it, doctor passes 
 
 Each node's containerd listens at the stock socket and reads the stock config path inside the
 node's own mount namespace (tests/cluster/nodes.py), so the installer finds and may touch only
-the tier's containerd, never the machine's."""
+the tier's containerd, never the machine's. A third node keeps its containerd where k3s keeps
+its own, and the toolkit is pointed there the way the guide tells a k3s operator to."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import os
 
 import pytest
+import yaml
 
 from tests.cluster import guide
 from tests.cluster.cluster import PLUGIN_SELECTOR, Cluster, pod_ready, wait_for
@@ -102,3 +104,109 @@ def test_scenario_2_toolkit_installs_records_passes_doctor_and_undoes(cluster: C
     for name, directory in records.items():
         assert not os.path.exists(os.path.join(directory, "node-mode.json")), name
     assert snapshot() == before
+
+
+K3S_NODE = "gcu-node-k3s"
+K3S_CONTAINERD = "/var/lib/rancher/k3s/agent/etc/containerd"
+COMMENTED_ENV = """          # env:
+          #   - name: ENFLAME_PRESET
+          #     value: k3s    # or rke2
+"""
+
+
+def k3s_manifest(cluster: Cluster) -> str:
+    """The guide's toolkit manifest as a k3s operator edits it (section 3f: "uncomment its env
+    block"), kept to the k3s node pool (here one node) by a nodeSelector."""
+    with open(cluster.repo_file(MANIFEST), encoding="utf-8") as handle:
+        text = handle.read()
+    assert COMMENTED_ENV in text, "the toolkit manifest's commented env block changed"
+    uncommented = "\n".join(
+        line.replace("# ", "", 1) for line in COMMENTED_ENV.rstrip("\n").split("\n")
+    )
+    docs = list(yaml.safe_load_all(text.replace(COMMENTED_ENV, uncommented + "\n")))
+    [daemonset] = [d for d in docs if d and d["kind"] == "DaemonSet"]
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    assert container["env"] == [{"name": "ENFLAME_PRESET", "value": "k3s"}], container["env"]
+    daemonset["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": K3S_NODE}
+    return yaml.safe_dump_all(docs)
+
+
+def test_scenario_2_on_a_k3s_node_the_preset_finds_its_containerd(cluster: Cluster) -> None:
+    """A node whose containerd is where k3s keeps its own (config under /var/lib/rancher, socket
+    /run/k3s/containerd/containerd.sock, no /etc/containerd config): the toolkit DaemonSet with
+    the guide's k3s preset records the mode from that containerd, doctor reads that config, and
+    deleting the DaemonSet leaves the node's files as they were."""
+    node = cluster.add_node(K3S_NODE, "flat-4card", "10.88.5.0/24", "10.99.0.5", layout="k3s")
+    cluster.shell(f"kubectl label node {K3S_NODE} enflame.com/gcu.present=true --overwrite")
+    cluster.shell("kubectl apply -f deploy/yaml/enflame-device-plugin.yaml")
+    wait_for(
+        f"the device plugin pod on {K3S_NODE} to be Ready",
+        lambda: [
+            p
+            for p in cluster.ready_pods("kube-system", PLUGIN_SELECTOR)
+            if p["spec"].get("nodeName") == K3S_NODE
+        ],
+        180,
+    )
+    watched = {
+        "k3s": node.seen_from_here(K3S_CONTAINERD),
+        "stock": node.private("/etc/containerd"),
+        "record": node.private("/etc/enflame-gcu"),
+    }
+
+    def files() -> dict[str, dict[str, bytes]]:
+        found: dict[str, dict[str, bytes]] = {}
+        for key, directory in watched.items():
+            found[key] = {}
+            for entry in sorted(os.listdir(directory)):
+                with open(os.path.join(directory, entry), "rb") as handle:
+                    found[key][entry] = handle.read()
+        return found
+
+    before = files()
+    assert list(before["k3s"]) == ["config.toml"] and before["stock"] == {}, before
+    cluster.kubectl("apply", "-f", "-", stdin=k3s_manifest(cluster))
+    wait_for(
+        f"the toolkit pod on {K3S_NODE} to be Ready",
+        lambda: cluster.ready_pods("kube-system", SELECTOR),
+        180,
+        detail=lambda: cluster.kubectl(
+            "-n", "kube-system", "describe", "pods", "-l", SELECTOR, check=False
+        ),
+    )
+    [pod] = cluster.pods("kube-system", SELECTOR)
+    assert pod["spec"]["nodeName"] == K3S_NODE
+    name = pod["metadata"]["name"]
+    with open(os.path.join(watched["record"], "node-mode.json"), encoding="utf-8") as handle:
+        record = json.load(handle)
+    assert record["mode"] == "device-specs", record
+    # device-specs changes no engine config, and nothing appeared at the stock path.
+    after = files()
+    assert after["k3s"] == before["k3s"] and after["stock"] == {}, after
+
+    doctor = ["enflame-ctk", "doctor", "--host-root", "/host"]
+    fix = ["enflame-ctk", "system", "create-dev-char-symlinks", "--host-root", "/host"]
+    cluster.kubectl("-n", "kube-system", "exec", name, "--", *fix)
+
+    def clean() -> str | None:
+        text = cluster.kubectl("-n", "kube-system", "exec", name, "--", *doctor, check=False)
+        return text if "0 warning(s), 0 failed" in text else None
+
+    report = wait_for(
+        f"doctor to pass on {K3S_NODE}",
+        clean,
+        60,
+        2,
+        detail=lambda: cluster.kubectl(
+            "-n", "kube-system", "exec", name, "--", *doctor, check=False
+        ),
+    )
+    print(f"\ndoctor on {K3S_NODE}:\n{report}")
+    assert f"{K3S_CONTAINERD}/config.toml" in report, report
+
+    cluster.kubectl("delete", "-f", "-", "--wait=true", "--timeout=180s",
+                    stdin=k3s_manifest(cluster))  # fmt: skip
+    wait_for("the toolkit pod to go", lambda: not cluster.pods("kube-system", SELECTOR), 180)
+    final = files()
+    assert "node-mode.json" not in final["record"], final["record"]
+    assert final["k3s"] == before["k3s"] and final["stock"] == {}, final
