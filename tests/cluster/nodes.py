@@ -64,6 +64,7 @@ class Layout:
     config: str
     socket: str
     private: tuple[str, ...] = ()  # more host paths the node keeps privately
+    binary: str = ""  # where containerd's binary is (the machine's own where empty)
 
     @property
     def run_dir(self) -> str:
@@ -77,10 +78,12 @@ LAYOUTS = {
     "stock": Layout("/etc/containerd/config.toml", "/run/containerd/containerd.sock"),
     # k3s's embedded containerd: the config.toml k3s renders (from its template, when there is
     # one) and the socket k3s gives it; k3s itself is not here, so nothing renders a template.
+    # Its binary is k3s's own, not on PATH: the machine's /usr/bin/containerd is masked there.
     "k3s": Layout(
         "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
         "/run/k3s/containerd/containerd.sock",
         ("/var/lib/rancher",),
+        "/var/lib/rancher/k3s/data/current/bin/containerd",
     ),
 }
 
@@ -229,6 +232,12 @@ class ClusterNode:
         os.makedirs(self.private(path), exist_ok=True)
         lines.append(f"mkdir -p '{path}' && mount --bind '{self.private(path)}' '{path}'")
         lines.append(f"mkdir -p '{SIM_MOUNT}' && mount --bind '{self.sim_root}' '{SIM_MOUNT}'")
+        if self.layout.binary:
+            binary, machine = self.layout.binary, self.binaries.containerd
+            lines += [
+                f"mkdir -p '{os.path.dirname(binary)}' && : > '{binary}'",
+                f"mount --bind '{machine}' '{binary}' && mount --bind /dev/null '{machine}'",
+            ]
         lines += self._sysfs_lines()
         lines += self._dev_lines()
         ready = os.path.join(self.work, "ns.ready")
@@ -360,7 +369,8 @@ class ClusterNode:
         with open(os.path.join(self.ctd_dir, "cni", "conf", "10-e2e.conflist"), "w") as handle:
             json.dump(cni, handle)
         make_cgroup(self.daemon_cgroup)
-        command = [self.binaries.containerd, "--config", self.layout.config]
+        binary = self.layout.binary or self.binaries.containerd
+        command = [binary, "--config", self.layout.config]
         with open(os.path.join(self.work, "containerd.log"), "ab") as log:
             self.containerd = subprocess.Popen(
                 [*self._nsenter(), *command],
