@@ -77,7 +77,9 @@ class RuntimeLoop:
             time.sleep(0.001)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        # Ten rounds a second: the switch itself is one rename, and the module poller above
+        # watches every millisecond; back to back, the calls took a core from pip.
+        while not self._stop.wait(0.1):
             for verb in ("state", "delete"):
                 try:
                     done = subprocess.run(
