@@ -203,8 +203,8 @@ def test_scenario_2_on_a_k3s_node_the_preset_finds_its_containerd(cluster: Clust
             "-n", "kube-system", "exec", name, "--", *doctor, check=False
         ),
     )
-    # (Its engine line names the CRI endpoint of whichever kubelet it finds first: the tier's
-    # nodes share the machine's PID namespace, which a real node's kubelet does not.)
+    # (Its engine line names the CRI endpoint of the first kubelet it finds in /proc: the tier's
+    # nodes share the machine's PID namespace, where a real node runs one kubelet.)
     assert re.search(r"^PASS +engine-containerd ", report, re.M), report
     logs = cluster.kubectl("-n", "kube-system", "logs", name)
     print(f"\ntoolkit on {K3S_NODE}:\n{logs}\ndoctor:\n{report}")
