@@ -100,6 +100,19 @@ def _stop(pid: int) -> None:
         os.kill(pid, signal.SIGTERM)
 
 
+def _remove_namespace_cgroups(namespace: str) -> None:
+    """runc removes each container's cgroup, but not the ``/<namespace>`` parent containerd puts
+    them under (cgroupfs driver): remove it in every hierarchy when empty, so no run of this
+    file leaves a top-level cgroup on the machine."""
+    root = "/sys/fs/cgroup"
+    candidates = [os.path.join(root, namespace)]
+    with contextlib.suppress(OSError):
+        candidates += [os.path.join(root, h, namespace) for h in sorted(os.listdir(root))]
+    for path in candidates:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
 def _unmount_under(directory: str) -> None:
     with open("/proc/self/mountinfo", encoding="utf-8") as handle:
         points = [line.split()[4] for line in handle]
@@ -154,6 +167,7 @@ def containerd() -> Iterator[Containerd]:
         for pid in shims:
             _stop(pid)
         log.close()
+        _remove_namespace_cgroups(instance.namespace)
         _unmount_under(directory)
         shutil.rmtree(directory, ignore_errors=True)
         if not shim_dirs_existed:
