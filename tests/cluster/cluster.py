@@ -190,6 +190,18 @@ def pod_ready(pod: dict[str, Any]) -> bool:
     return False
 
 
+def dir_files(dirs: dict[str, str]) -> dict[str, dict[str, bytes]]:
+    """``{key: {file name: content}}`` of each directory in ``dirs`` (one level), to compare a
+    node's config dirs before and after."""
+    found: dict[str, dict[str, bytes]] = {}
+    for key, directory in dirs.items():
+        found[key] = {}
+        for entry in sorted(os.listdir(directory)):
+            with open(os.path.join(directory, entry), "rb") as handle:
+                found[key][entry] = handle.read()
+    return found
+
+
 def cards_in(text: str) -> list[str]:
     """``gcuN`` names in a container's ``ls -l /dev/gcu*`` output (gcuctl excluded)."""
     return sorted(set(re.findall(r"/dev/(gcu\d+)\b", text)), key=lambda n: int(n[3:]))

@@ -30,6 +30,7 @@ from tests.cluster.cluster import (
     PLUGIN_SELECTOR,
     Cluster,
     cards_in,
+    dir_files,
     pinned,
     pod_ready,
     wait_for,
@@ -171,14 +172,7 @@ class Bench:
 
     def configs(self) -> dict[str, dict[str, bytes]]:
         """Each node's /etc/containerd, file by file (the toolkit's undo leaves it as before)."""
-        found: dict[str, dict[str, bytes]] = {}
-        for name, node in self.nodes.items():
-            directory = node.private("/etc/containerd")
-            found[name] = {}
-            for entry in sorted(os.listdir(directory)):
-                with open(os.path.join(directory, entry), "rb") as handle:
-                    found[name][entry] = handle.read()
-        return found
+        return dir_files({n: node.private("/etc/containerd") for n, node in self.nodes.items()})
 
     def node_mode_record(self, node: str) -> str:
         return os.path.join(self.nodes[node].private("/etc/enflame-gcu"), "node-mode.json")

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.cluster import guide
-from tests.cluster.cluster import PLUGIN_SELECTOR, Cluster, pod_ready, wait_for
+from tests.cluster.cluster import PLUGIN_SELECTOR, Cluster, dir_files, pod_ready, wait_for
 
 pytestmark = pytest.mark.cluster
 SELECTOR = "app.kubernetes.io/name=enflame-container-toolkit"
@@ -30,13 +30,7 @@ def test_scenario_2_toolkit_installs_records_passes_doctor_and_undoes(cluster: C
     records = {name: n.private("/etc/enflame-gcu") for name, n in nodes.items()}
 
     def snapshot() -> dict[str, dict[str, bytes]]:
-        found: dict[str, dict[str, bytes]] = {}
-        for name, directory in configs.items():
-            found[name] = {}
-            for entry in sorted(os.listdir(directory)):
-                with open(os.path.join(directory, entry), "rb") as handle:
-                    found[name][entry] = handle.read()
-        return found
+        return dir_files(configs)
 
     for name in nodes:  # as scenarios 1 and 3 did (idempotent; this test may run alone)
         cluster.shell(f"kubectl label node {name} enflame.com/gcu.present=true --overwrite")
@@ -156,16 +150,7 @@ def test_scenario_2_on_a_k3s_node_the_preset_finds_its_containerd(cluster: Clust
         "record": node.private("/etc/enflame-gcu"),
     }
 
-    def files() -> dict[str, dict[str, bytes]]:
-        found: dict[str, dict[str, bytes]] = {}
-        for key, directory in watched.items():
-            found[key] = {}
-            for entry in sorted(os.listdir(directory)):
-                with open(os.path.join(directory, entry), "rb") as handle:
-                    found[key][entry] = handle.read()
-        return found
-
-    before = files()
+    before = dir_files(watched)
     assert list(before["k3s"]) == ["config.toml"] and before["stock"] == {}, before
     cluster.kubectl("apply", "-f", "-", stdin=k3s_manifest(cluster))
     wait_for(
@@ -183,7 +168,7 @@ def test_scenario_2_on_a_k3s_node_the_preset_finds_its_containerd(cluster: Clust
         record = json.load(handle)
     assert record["mode"] == "device-specs", record
     # device-specs changes no engine config, and nothing appeared at the stock path.
-    after = files()
+    after = dir_files(watched)
     assert after["k3s"] == before["k3s"] and after["stock"] == {}, after
 
     doctor = ["enflame-ctk", "doctor", "--host-root", "/host"]
@@ -214,6 +199,6 @@ def test_scenario_2_on_a_k3s_node_the_preset_finds_its_containerd(cluster: Clust
     cluster.kubectl("delete", "-f", "-", "--wait=true", "--timeout=180s",
                     stdin=k3s_manifest(cluster))  # fmt: skip
     wait_for("the toolkit pod to go", lambda: not cluster.pods("kube-system", SELECTOR), 180)
-    final = files()
+    final = dir_files(watched)
     assert "node-mode.json" not in final["record"], final["record"]
     assert final["k3s"] == before["k3s"] and final["stock"] == {}, final
