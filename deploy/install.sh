@@ -118,6 +118,34 @@ host_view() { if [[ $HOST_ROOT != / && $1 == "$HOST_ROOT"/* ]]; then printf '%s'
 
 # Tests only: SIGKILL this script at step NAME (ENFLAME_TEST_KILL_AT, as enflame-ctk's own).
 fault_point() { if [[ ${ENFLAME_TEST_KILL_AT:-} == "$1" ]]; then kill -KILL $$; fi; }
+# Make the virtualenv $1 and pip install $SOURCE into it. Where $PYTHON has a pip that can
+# install into another interpreter (pip >= 22.3: --python), the venv is made without pip: no
+# ensurepip run (most of an install's time: it installs and byte-compiles pip itself, and is a
+# package of its own on Debian, python3-venv), and no pip left in the venv the runtime runs
+# from. Otherwise ensurepip puts pip in the venv, which installs itself. The path taken is
+# named on stderr. Returns 1 naming the step that failed; the caller cleans up.
+make_env() {
+    local env=$1 quiet=${2:-} pip_version
+    pip_version=$("$PYTHON" -c 'import pip; print(*pip.__version__.split(".")[:2])' 2>/dev/null)
+    # shellcheck disable=SC2086 # pip_version is "MAJOR MINOR"
+    if [[ $pip_version =~ ^[0-9]+\ [0-9]+$ ]] && (( $(printf '%d*100+%d' $pip_version) >= 2203 )); then
+        [[ -n $quiet ]] || echo "$PROG: $PYTHON's pip ${pip_version/ /.} installs into a venv without pip" >&2
+        "$PYTHON" -m venv --without-pip "$env" || { echo "$PROG: cannot create the virtualenv $env" >&2; return 1; }
+        fault_point venv-created
+        [[ -n $quiet ]] || echo "$PROG: pip install $SOURCE" >&2
+        # shellcheck disable=SC2086 # PIP_ARGS is a list of words on purpose
+        "$PYTHON" -m pip --python "$env/bin/python" install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE" \
+            || { echo "$PROG: pip install of $SOURCE failed (see above)" >&2; return 1; }
+    else
+        [[ -n $quiet ]] || echo "$PROG: $PYTHON has no pip >= 22.3: the venv gets its own (ensurepip)" >&2
+        "$PYTHON" -m venv "$env" || { echo "$PROG: cannot create the virtualenv $env" >&2; return 1; }
+        fault_point venv-created
+        [[ -n $quiet ]] || echo "$PROG: pip install $SOURCE" >&2
+        # shellcheck disable=SC2086 # PIP_ARGS is a list of words on purpose
+        "$env/bin/python" -m pip install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE" \
+            || { echo "$PROG: pip install of $SOURCE failed (see above)" >&2; return 1; }
+    fi
+}
 # Point PREFIX/venv at TARGET (relative to PREFIX) with one rename(2): a runtime starting at
 # any moment finds the old venv or the new one. A venv directory from before venvs/ existed
 # is swapped with the link by renameat2(RENAME_EXCHANGE), also one step, then moved away.
@@ -238,10 +266,8 @@ else
         chmod +x "$PLAN_ENV/bin/enflame-ctk"
         if ! lacking=$(PYTHONPATH=$PLAN_ENV/lib "$PYTHON" -c 'import enflame_gcu.container_toolkit.cli' 2>&1); then
             [[ -n $PIP_ARGS ]] || die "the dry run cannot show the rest of the plan: $PYTHON lacks what enflame-ctk needs (${lacking##*$'\n'}); the real run installs it with pip. For a dry run, pass --pip-args with a wheelhouse (\"--no-index --find-links DIR\") or --use-env DIR"
-            # shellcheck disable=SC2086 # PIP_ARGS is a list of words on purpose
-            { "$PYTHON" -m venv "$PLAN_ENV/venv" \
-                && "$PLAN_ENV/venv/bin/python" -m pip install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE"; } \
-                >&2 || die "cannot prepare the dry run (pip install $PIP_ARGS into a temporary environment failed)"
+            make_env "$PLAN_ENV/venv" quiet >&2 \
+                || die "cannot prepare the dry run (pip install $PIP_ARGS into a temporary environment failed)"
             ln -sf "$PLAN_ENV/venv/bin/enflame-ctk" "$PLAN_ENV/bin/enflame-ctk"
         fi
         PLAN_SITE=$("$PYTHON" -c 'import sys; print("lib/python%d.%d/site-packages" % sys.version_info[:2])')
@@ -265,12 +291,7 @@ else
         NEW_ENV=$(mktemp -d "$VENVS_HERE/$(date -u +%Y%m%dT%H%M%S).XXXXXX")
         chmod 0755 "$NEW_ENV"
         echo "$PROG: creating the virtualenv $(host_view "$NEW_ENV")" >&2
-        "$PYTHON" -m venv "$NEW_ENV" || die "cannot create the virtualenv $NEW_ENV"
-        fault_point venv-created
-        echo "$PROG: pip install $SOURCE" >&2
-        # shellcheck disable=SC2086 # PIP_ARGS is a list of words on purpose
-        "$NEW_ENV/bin/python" -m pip install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE" \
-            || { rm -rf "$NEW_ENV"; die "pip install of $SOURCE failed (see above); the installed venv is unchanged"; }
+        make_env "$NEW_ENV" || { rm -rf "$NEW_ENV"; die "the installed venv is unchanged"; }
         fault_point pip-installed
         "$NEW_ENV/bin/python" -I -c 'import enflame_gcu.shim.main, enflame_gcu.container_toolkit.cli' \
             || { rm -rf "$NEW_ENV"; die "the new virtualenv does not import enflame_gcu; the installed venv is unchanged"; }

@@ -137,6 +137,10 @@ def test_full_install_builds_a_venv_and_uninstall_removes_it(host: str) -> None:
     result = run("--host-root", host, "--python", python)
     assert result.returncode == 0, result.stdout + result.stderr
     venv = os.path.join(host, "opt/enflame-gcu/venv")
+    # The python has a pip that installs into another interpreter: no ensurepip, no pip left
+    # in the venv the runtime runs from.
+    assert "pip 2" in result.stderr and "installs into a venv without pip" in result.stderr
+    assert not os.path.lexists(f"{venv}/bin/pip")
     ctk = subprocess.run(
         [f"{venv}/bin/enflame-ctk", "--version"], capture_output=True, text=True, check=False
     )
@@ -153,6 +157,29 @@ def test_full_install_builds_a_venv_and_uninstall_removes_it(host: str) -> None:
     result = run("--uninstall", "--host-root", host)
     assert result.returncode == 0, result.stderr
     assert fx.diff(before, fx.snapshot(host)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)  # ensurepip and a pip install of a prebuilt wheel
+def test_a_python_without_pip_gets_a_venv_with_its_own(tmp_path: object, wheelhouse: str) -> None:
+    host = fx.fake_host(os.path.join(str(tmp_path), "host"), docker=False)
+    os.makedirs(os.path.join(host, "var/lib/kubelet"))
+    # A python with no pip importable (as Debian's python3 without python3-pip).
+    bare = os.path.join(str(tmp_path), "bare")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", bare], check=True)
+    python = os.path.join(bare, "bin", "python")
+    assert subprocess.run([python, "-c", "import pip"], capture_output=True).returncode == 1
+    result = run("--host-root", host, "--python", python, *fx.wheel_args(wheelhouse))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "has no pip >= 22.3: the venv gets its own (ensurepip)" in result.stderr
+    venv = os.path.join(host, "opt/enflame-gcu/venv")
+    assert os.path.isfile(f"{venv}/bin/pip")
+    ctk = subprocess.run(
+        [f"{venv}/bin/enflame-ctk", "--version"], capture_output=True, text=True, check=False
+    )
+    assert ctk.returncode == 0 and ctk.stdout.startswith("enflame-ctk "), ctk.stderr
+    assert run("--uninstall", "--host-root", host).returncode == 0
+    assert not os.path.lexists(os.path.join(host, "opt/enflame-gcu"))
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ PREFIX = "/opt/enflame-gcu"
 LAUNCHER = f"{PREFIX}/bin/enflame-container-runtime"
 # Each named step of install.sh's upgrade (its fault points), then kills while pip runs.
 STEPS = ("venv-created", "pip-installed", "venv-switched")
-PIP_KILL_DELAYS = (0.5, 1.5, 2.5)
+PIP_KILL_DELAYS = (0.4, 0.9, 1.4)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("install_sh")]
 
