@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -42,16 +43,34 @@ def test_the_toolkit_images_contents_run_every_documented_node_command(
 ) -> None:
     with open(DOCKERFILE, encoding="utf-8") as handle:
         text = handle.read()
-    # The image's install step, as written: pip install of the source tree and its extras.
+    # The image's build context, as its COPY lines put it in /src (a copy: a build in the
+    # tree itself writes build/ there, which another test's source-tree install may be using).
+    context = os.path.join(str(tmp_path), "src")
+    copies = re.findall(r"^COPY (.+) (\S+)$", text, re.MULTILINE)
+    assert copies, "Dockerfile.toolkit no longer copies the sources in"
+    for sources, target in copies:
+        for name in sources.split():
+            source, dest = os.path.join(PROJECT_ROOT, name), os.path.join(context, target)
+            if os.path.isdir(source):
+                ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+                shutil.copytree(source, dest, ignore=ignore)
+            else:
+                os.makedirs(dest, exist_ok=True)
+                shutil.copy(source, dest)
+    # The image's install step, as written: pip install of the build context, its options kept.
     match = re.search(r'"\$VIRTUAL_ENV/bin/pip" install ([^\n\\&]+)', text)
     assert match, "Dockerfile.toolkit no longer pip-installs the project"
-    words = [w for w in shlex.split(match[1]) if not w.startswith("-")]
-    assert len(words) == 1 and words[0].startswith("."), words
-    spec = PROJECT_ROOT + words[0][1:]  # ".[extra]" from the build context (the repo root)
+    words = shlex.split(match[1])
+    targets = [w for w in words if not w.startswith("-")]
+    assert targets == ["."], words
     venv = os.path.join(str(tmp_path), "image-venv")
-    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-    pip = [os.path.join(venv, "bin", "pip"), "install", "-q", "--disable-pip-version-check"]
-    done = subprocess.run([*pip, spec], capture_output=True, text=True, check=False)
+    # pip from here installs into the venv (its own pip would only add an ensurepip run).
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    pip = [sys.executable, "-m", "pip", "--python", os.path.join(venv, "bin", "python")]
+    done = subprocess.run(
+        [*pip, "install", "-q", "--disable-pip-version-check", *words],
+        cwd=context, capture_output=True, text=True, check=False,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     node = os.path.join(str(tmp_path), "node")
     simulate.create(node, topofile.load("flat-4card"))
