@@ -378,8 +378,14 @@ def test_offline_bundle_installs_with_no_network_and_uninstalls(
         check=False,
     )
     assert ctk.stdout.strip() == f"enflame-ctk {VERSION}", ctk.stderr
+    # What the venv holds, read by its own Python (it may have no pip: install.sh makes it
+    # without one when the installing Python's pip can install into it).
+    listing = (
+        "import importlib.metadata as m\n"
+        "for d in m.distributions(): print(f'{d.name}=={d.version}')"
+    )
     installed = subprocess.run(
-        [os.path.join(venv, "bin/python"), "-m", "pip", "list", "--format=freeze"],
+        [os.path.join(venv, "bin/python"), "-c", listing],
         capture_output=True,
         text=True,
         check=True,
