@@ -244,3 +244,41 @@ def test_device_plugin_bad_values_are_named_not_python_errors() -> None:
     )
     assert missing.returncode == 2
     assert "invalid host-root: /no/such/root does not exist" in missing.stderr
+
+
+def test_each_command_module_registers_the_commands_the_cli_maps_to_it() -> None:
+    """The map that lets a command import only its own module matches what each registers."""
+    for module, commands in cli.COMMAND_MODULES.items():
+        parser = cli.build_parser([module])
+        [subparsers] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        assert tuple(subparsers.choices) == commands, module
+
+
+@pytest.mark.parametrize(
+    ("argv", "imported", "not_imported"),
+    [
+        (["--log-level", "info", "info", "--help"], "info", "allocations"),
+        (["runtime", "detect", "--help"], "runtime", "doctor"),
+        (["--version"], None, "info"),
+        (["--help"], "doctor", None),
+    ],
+)
+def test_a_command_imports_only_its_own_module(
+    argv: list[str], imported: str | None, not_imported: str | None
+) -> None:
+    probe = (
+        "import sys\n"
+        "from enflame_gcu.container_toolkit import cli\n"
+        "try:\n    cli.main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print(' '.join(m.rsplit('.', 1)[1] for m in sys.modules"
+        " if m.startswith('enflame_gcu.container_toolkit.commands.')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *argv], capture_output=True, text=True, check=True
+    )
+    loaded = done.stdout.splitlines()[-1].split()
+    assert "common" in loaded
+    if imported:
+        assert imported in loaded, loaded
+    if not_imported:
+        assert not_imported not in loaded, loaded

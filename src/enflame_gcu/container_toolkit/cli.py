@@ -3,27 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 from enflame_gcu import __version__
-from enflame_gcu.container_toolkit.commands import (
-    allocations,
-    cdi,
-    common,
-    doctor,
-    info,
-    install,
-    labels,
-    runtime,
-    sim,
-    system,
-)
+from enflame_gcu.container_toolkit.commands import common
 from enflame_gcu.errors import EnflameError
 
-# Subcommand groups, in the order --help lists them. Each module has register(subparsers).
-COMMAND_MODULES = (info, labels, allocations, sim, cdi, runtime, system, install, doctor)
+# Subcommand groups, in the order --help lists them: module (commands/<module>.py, each with
+# register(subparsers)) -> the commands it registers. Only the chosen command's module is
+# imported (a node command starts in a third of the time: `allocations` alone pulls in gRPC,
+# `doctor` nearly everything); --help and an unknown command import them all.
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "info": ("info",),
+    "labels": ("labels",),
+    "allocations": ("allocations",),
+    "sim": ("sim",),
+    "cdi": ("cdi",),
+    "runtime": ("runtime",),
+    "system": ("system",),
+    "install": ("install", "uninstall"),
+    "doctor": ("doctor",),
+}
+
+
+class _CommandModule(Protocol):
+    def register(self, subparsers: argparse._SubParsersAction[Any]) -> None: ...
 
 
 EPILOG = """\
@@ -39,8 +47,29 @@ exit status: 0 success; 1 a check failed or the command could not do what was as
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser (also used by tests that check documented commands exist)."""
+def chosen_modules(argv: Sequence[str]) -> list[str]:
+    """The command modules ``argv`` needs: the chosen command's; none for ``--version``
+    without a command; all for ``--help`` or an unknown command (argparse then lists the
+    valid ones)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-level":
+            next(words, None)
+        elif not word.startswith("-"):
+            for module, commands in COMMAND_MODULES.items():
+                if word in commands:
+                    return [module]
+            return list(COMMAND_MODULES)
+        elif word in ("-h", "--help"):
+            return list(COMMAND_MODULES)
+        elif word == "--version":
+            return []
+    return list(COMMAND_MODULES)
+
+
+def build_parser(modules: Sequence[str] = tuple(COMMAND_MODULES)) -> argparse.ArgumentParser:
+    """The argument parser with the given command modules' commands (by default every one:
+    also used by tests that check documented commands exist)."""
     parser = common.Parser(
         prog=common.PROG,
         description="Enflame GCU container toolkit: inspect, simulate and configure GCU nodes.",
@@ -55,7 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the version and exit",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in COMMAND_MODULES:
+    for name in modules:
+        module: _CommandModule = importlib.import_module(
+            f"enflame_gcu.container_toolkit.commands.{name}"
+        )
         module.register(subparsers)
     _add_global_options(parser, top=True)
     return parser
@@ -74,7 +106,8 @@ def _add_global_options(parser: argparse.ArgumentParser, *, top: bool = False) -
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, dispatch to the chosen subcommand's handler, map project errors to exit 1."""
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(chosen_modules(words)).parse_args(words)
     level = getattr(args, "log_level", "warning")
     logging.basicConfig(level=level.upper(), format="enflame-ctk: %(levelname)s: %(message)s")
     try:
