@@ -264,7 +264,8 @@ else
         printf '#!/bin/sh\nPYTHONPATH=%q exec %q -m enflame_gcu.container_toolkit.cli "$@"\n' \
             "$PLAN_ENV/lib" "$PYTHON" >"$PLAN_ENV/bin/enflame-ctk"
         chmod +x "$PLAN_ENV/bin/enflame-ctk"
-        if ! lacking=$(PYTHONPATH=$PLAN_ENV/lib "$PYTHON" -c 'import enflame_gcu.container_toolkit.cli' 2>&1); then
+        # What `enflame-ctk install --dry-run` imports (the CLI loads only the chosen command).
+        if ! lacking=$(PYTHONPATH=$PLAN_ENV/lib "$PYTHON" -c 'import enflame_gcu.container_toolkit.commands.install' 2>&1); then
             [[ -n $PIP_ARGS ]] || die "the dry run cannot show the rest of the plan: $PYTHON lacks what enflame-ctk needs (${lacking##*$'\n'}); the real run installs it with pip. For a dry run, pass --pip-args with a wheelhouse (\"--no-index --find-links DIR\") or --use-env DIR"
             make_env "$PLAN_ENV/venv" quiet >&2 \
                 || die "cannot prepare the dry run (pip install $PIP_ARGS into a temporary environment failed)"
@@ -293,7 +294,8 @@ else
         echo "$PROG: creating the virtualenv $(host_view "$NEW_ENV")" >&2
         make_env "$NEW_ENV" || { rm -rf "$NEW_ENV"; die "the installed venv is unchanged"; }
         fault_point pip-installed
-        "$NEW_ENV/bin/python" -I -c 'import enflame_gcu.shim.main, enflame_gcu.container_toolkit.cli' \
+        # The runtime, and every enflame-ctk command (the full parser imports each one's module).
+        "$NEW_ENV/bin/python" -I -c 'import enflame_gcu.shim.main, enflame_gcu.container_toolkit.cli as c; c.build_parser()' \
             || { rm -rf "$NEW_ENV"; die "the new virtualenv does not import enflame_gcu; the installed venv is unchanged"; }
         PREVIOUS_ENV=
         if [[ -L $ENV_HERE ]]; then
