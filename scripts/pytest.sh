@@ -2,6 +2,11 @@
 # Runs the test suite; exit 5 (nothing collected) is reported as the failure it is.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# -n auto: one worker more than there are cores. A fifth of a worker's time is spent waiting
+# (on daemons it started, on sleeps in retry loops, on runc), so with one worker per core the
+# cores sit idle that fifth (measured: 161 % CPU of 200 % on 2 cores; with 3 workers 180 %).
+# xdist reads this variable for "auto"; set it to choose another number.
+export PYTEST_XDIST_AUTO_NUM_WORKERS=${PYTEST_XDIST_AUTO_NUM_WORKERS:-$(( $(nproc) + 1 ))}
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
