@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import re
 import subprocess
@@ -71,6 +72,35 @@ def test_make_unit_runs_on_every_core_and_builds_each_shared_fixture_once() -> N
         if _scoped_fixtures_running_programs(tree) and "xdist_group" not in ast.unparse(tree):
             ungrouped.append(str(path.relative_to(ROOT)))
     assert not ungrouped, f"module-scoped builds split over workers: {ungrouped}"
+
+
+GROUPED_MODULE = """\
+import os, pytest
+pytestmark = [pytest.mark.xdist_group("shared")]
+@pytest.mark.parametrize("i", range(8))
+def test_grouped(i):
+    with open(os.environ["WHERE"], "a") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+@pytest.mark.parametrize("i", range(8))
+def test_free(i):
+    pass
+"""
+
+
+def test_loadgroup_keeps_a_group_on_one_worker(tmp_path: pathlib.Path) -> None:
+    """The grouping make unit relies on really happens with the installed pytest and xdist
+    (pytest 9.2's node ids silently broke it: each worker built the group's fixtures)."""
+    (tmp_path / "test_grouped.py").write_text(GROUPED_MODULE, "utf-8")
+    where = tmp_path / "workers.txt"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "3", "--dist", "loadgroup", "-q",
+         "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-c", "/dev/null", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "WHERE": str(where)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    workers = where.read_text("utf-8").split()
+    assert len(workers) == 8 and len(set(workers)) == 1, workers
 
 
 def test_no_tests_collected_fails_under_xdist_too() -> None:
