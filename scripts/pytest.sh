@@ -7,6 +7,11 @@ cd "$(dirname "$0")/.."
 # cores sit idle that fifth (measured: 161 % CPU of 200 % on 2 cores; with 3 workers 180 %).
 # xdist reads this variable for "auto"; set it to choose another number.
 export PYTEST_XDIST_AUTO_NUM_WORKERS=${PYTEST_XDIST_AUTO_NUM_WORKERS:-$(( $(nproc) + 1 ))}
+# Byte-code caches on, even where the environment turns them off: without them every worker
+# rewrites and compiles every test module at collection (7 s of CPU each here), and every
+# Python program the tests start compiles its modules again (caches go to __pycache__/,
+# ignored by git).
+unset PYTHONDONTWRITEBYTECODE
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
