@@ -14,8 +14,19 @@ want_debs+=(lintian systemd)
 # Card telemetry tests: gcc builds the simulated libefml; a real Prometheus scrapes the plugin.
 want_debs+=(gcc prometheus)
 missing=()
+# The venv's interpreter: Debian's own python3 (the one the .deb runs on, and the only one on a
+# fresh Debian 12) rather than the first python3 on PATH, which on a developer's machine is
+# often a pyenv or conda build without PGO: the suite starts over a thousand Python processes
+# and runs slower on those (docs/benchmarks.md, "make test"). VENV_PYTHON=... picks another.
+python=${VENV_PYTHON:-}
+if [ -z "$python" ]; then
+    python=python3
+    if /usr/bin/python3 -c 'import sys; assert sys.version_info >= (3, 10)' >/dev/null 2>&1; then
+        python=/usr/bin/python3
+    fi
+fi
 # Debian's own python3 needs python3-venv (ensurepip) before `python3 -m venv` works.
-if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+if ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
     want_debs+=(python3-venv)
 fi
 for pkg in "${want_debs[@]}"; do
@@ -39,7 +50,7 @@ fi
 venv=${VENV:-.venv}
 stamp="$venv/.installed"
 if [ ! -x "$venv/bin/python" ]; then
-    python3 -m venv "$venv"
+    "$python" -m venv "$venv"
 fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$venv/bin/python" -m pip install -q --upgrade pip >&2
