@@ -6,9 +6,11 @@ import ast
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -111,3 +113,57 @@ def test_no_tests_collected_fails_under_xdist_too() -> None:
     )  # fmt: skip
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert "collected no tests: that is a failure" in result.stderr
+
+
+SCRATCH_MODULE = """\
+import os
+def test_where():
+    mounts = [line.split() for line in open("/proc/self/mountinfo")]
+    tmp = [m for m in mounts if m[4] == "/tmp"]
+    fs = " ".join(tmp[-1][tmp[-1].index("-") + 1 :][:2]) if tmp else "none"
+    open(os.environ["MARKER"], "w").close()
+    print("SCRATCH=" + fs)
+"""
+
+
+def _scratch_run(tmpfs: str, marker: str) -> str:
+    """Runs scripts/pytest.sh on SCRATCH_MODULE (kept outside /tmp, which it may hide)."""
+    folder = ROOT / "build" / f"scratch-check-{os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        (folder / "test_scratch.py").write_text(SCRATCH_MODULE, "utf-8")
+        env = {k: v for k, v in os.environ.items() if k != "ENFLAME_TEST_TMPFS_MOUNTED"}
+        result = subprocess.run(
+            ["bash", "scripts/pytest.sh", "-q", "-s", "-p", "no:cacheprovider",
+             "--rootdir", str(folder), "-c", "/dev/null", str(folder)],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+            env={**env, "ENFLAME_TEST_TMPFS": tmpfs, "MARKER": marker},
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(folder)
+    found = re.search(r"SCRATCH=(.*)", result.stdout)
+    assert result.returncode == 0 and found, result.stdout[-2000:] + result.stderr[-2000:]
+    return found.group(1)
+
+
+def test_make_test_scratch_is_a_private_tmpfs_that_leaves_nothing_mounted() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mount namespaces need root (make test runs as root)")
+    makefile = (ROOT / "Makefile").read_text("utf-8")
+    unit = re.search(r"^unit:\n\t(.*)$", makefile, re.MULTILINE)
+    assert unit is not None and "ENFLAME_TEST_TMPFS=$${ENFLAME_TEST_TMPFS:-1}" in unit.group(1)
+    marker = f"/tmp/enflame-scratch-marker-{os.getpid()}"
+    mounts_before = pathlib.Path("/proc/self/mountinfo").read_text("utf-8")
+    # On: the tests see a tmpfs of their own on /tmp; what they write there is gone after.
+    fs = _scratch_run("1", marker)
+    assert fs == "tmpfs enflame-test-scratch", fs
+    assert not os.path.exists(marker)
+    assert pathlib.Path("/proc/self/mountinfo").read_text("utf-8") == mounts_before
+    # Off: the tests share this /tmp (the marker shows up here).
+    try:
+        fs = _scratch_run("0", marker)
+        assert fs != "tmpfs enflame-test-scratch", fs
+        assert os.path.exists(marker)
+    finally:
+        if os.path.exists(marker):
+            os.unlink(marker)
