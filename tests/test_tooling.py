@@ -60,11 +60,17 @@ def _scoped_fixtures_running_programs(tree: ast.Module) -> list[str]:
     return found
 
 
-def test_make_unit_runs_on_every_core_and_builds_each_shared_fixture_once() -> None:
+def _unit_recipe() -> str:
     makefile = (ROOT / "Makefile").read_text("utf-8")
     unit = re.search(r"^unit:\n\t(.*)$", makefile, re.MULTILINE)
-    assert unit is not None and "scripts/pytest.sh" in unit.group(1)
-    assert "-n auto" in unit.group(1) and "--dist loadgroup" in unit.group(1)
+    assert unit is not None, "the Makefile has no one-line unit target"
+    return unit.group(1)
+
+
+def test_make_unit_runs_on_every_core_and_builds_each_shared_fixture_once() -> None:
+    unit = _unit_recipe()
+    assert "scripts/pytest.sh" in unit
+    assert "-n auto" in unit and "--dist loadgroup" in unit
     # Under --dist loadgroup a module's tests may land on several workers, each building the
     # module's fixtures again: an expensive one (a subprocess) must keep its module on one.
     ungrouped = []
@@ -157,9 +163,7 @@ def _scratch_run(tmpfs: str, marker: str) -> str:
 def test_make_test_scratch_is_a_private_tmpfs_that_leaves_nothing_mounted() -> None:
     if os.geteuid() != 0:
         pytest.skip("mount namespaces need root (make test runs as root)")
-    makefile = (ROOT / "Makefile").read_text("utf-8")
-    unit = re.search(r"^unit:\n\t(.*)$", makefile, re.MULTILINE)
-    assert unit is not None and "ENFLAME_TEST_TMPFS=$${ENFLAME_TEST_TMPFS:-1}" in unit.group(1)
+    assert "ENFLAME_TEST_TMPFS=$${ENFLAME_TEST_TMPFS:-1}" in _unit_recipe()
     marker = f"/tmp/enflame-scratch-marker-{os.getpid()}"
     mounts_before = pathlib.Path("/proc/self/mountinfo").read_text("utf-8")
     # On: the tests see a tmpfs of their own on /tmp; what they write there is gone after.
