@@ -23,7 +23,7 @@ contracts:
 	$(VENV)/bin/lint-imports
 
 unit:
-	@ENFLAME_TEST_TMPFS=$${ENFLAME_TEST_TMPFS:-1} bash scripts/pytest.sh -n auto --dist loadgroup --cov --cov-report=term --durations=30
+	@ENFLAME_TEST_TMPFS=$${ENFLAME_TEST_TMPFS:-1} ENFLAME_HOST_CHECK=$${ENFLAME_HOST_CHECK:-1} bash scripts/pytest.sh -n auto --dist loadgroup --cov --cov-report=term --durations=30
 
 proto: setup
 	$(PY) -m enflame_gcu._proto.regenerate

@@ -3,6 +3,22 @@
 set -uo pipefail
 self=$(readlink -f "$0")
 cd "$(dirname "$self")/.." || exit 1
+# ENFLAME_HOST_CHECK=1 (make test sets it; =0 turns it off): the host is compared before and
+# after the run (tests/hostcheck.py: mounts, CDI and engine config dirs, our paths under /run,
+# /etc, /var, top-level cgroups, /dev/gcu*, processes left running); a difference fails the
+# run. The snapshot is taken here, in the host's mount namespace, before the tmpfs below.
+if [ "${ENFLAME_HOST_CHECK:-0}" = 1 ] && [ -z "${ENFLAME_HOST_CHECK_FILE:-}" ]; then
+    ENFLAME_HOST_CHECK_FILE=$(mktemp "${TMPDIR:-/tmp}/enflame-host-check.XXXXXX") || exit 1
+    export ENFLAME_HOST_CHECK_FILE
+    .venv/bin/python -m tests.hostcheck snapshot "$ENFLAME_HOST_CHECK_FILE" || exit 1
+    bash "$self" "$@"
+    rc=$?
+    if ! .venv/bin/python -m tests.hostcheck check "$ENFLAME_HOST_CHECK_FILE"; then
+        [ "$rc" -eq 0 ] && rc=1
+    fi
+    rm -f "$ENFLAME_HOST_CHECK_FILE"
+    exit "$rc"
+fi
 # ENFLAME_TEST_TMPFS=1 (make test sets it; =0 turns it off): the run's scratch space in memory.
 # /tmp, where pytest's tmp_path and every temporary directory of the tests live, becomes a
 # tmpfs mounted in a private mount namespace: the host's /tmp is not touched and nothing stays
