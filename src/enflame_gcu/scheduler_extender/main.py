@@ -43,12 +43,17 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
             help=f"{text} [env {env}; default {shown}]",
         )
 
-    option("bind-address", "", "address to listen on; empty = every address")
+    option("bind-address", "127.0.0.1", "address to listen on (the scheduler's host)")
     option("port", str(DEFAULT_PORT), "port of /filter, /prioritize, /healthz, /readyz, /stats")
     option("kubeconfig", "", "kubeconfig file; empty = the pod's service account")
     option("resource-name", "enflame.com/gcu", "extended resource of whole cards")
     option("shared-resource-name", "enflame.com/shared-gcu", "extended resource of slices")
-    option("pending-ttl", "30", "seconds a bound pod counts against its node until listed there")
+    option("state-max-age", "180", "seconds after which a node state not refreshed is unknown")
+    option(
+        "admission-grace",
+        "10",
+        "seconds after a binding within which a node state may still not list the pod",
+    )
     option("guess-ttl", "5", "seconds the node ranked first holds a pod until its binding is seen")
     option("workers", "8", "HTTP worker threads")
     option("log-level", "info", "debug, info, warning or error")
@@ -70,12 +75,13 @@ async def serve(args: argparse.Namespace) -> int:
     cache = extender_cache.ClusterCache(
         args.resource_name,
         args.shared_resource_name,
-        pending_ttl=_number(args.pending_ttl, "pending-ttl", 0, 3600),
+        max_age=_number(args.state_max_age, "state-max-age", 10, 86400),
+        admission_grace=_number(args.admission_grace, "admission-grace", 0, 600),
         guess_ttl=_number(args.guess_ttl, "guess-ttl", 0, 600),
     )
     client = watch.connect(args.kubeconfig)
     watcher = watch.Watcher(client, cache)
-    everywhere = "::" if socket.has_ipv6 else "0.0.0.0"  # noqa: S104 (the documented default)
+    everywhere = "::" if socket.has_ipv6 else "0.0.0.0"  # noqa: S104 (asked for with "")
     http = server.ExtenderServer(
         (args.bind_address or everywhere, int(_number(args.port, "port", 1, 65535))),
         decisions.Decisions(cache),
