@@ -45,11 +45,10 @@ Extender = tuple[extender_cache.ClusterCache, server.ExtenderServer]
 @pytest.fixture
 def extender() -> Iterator[Extender]:
     cache = extender_cache.ClusterCache()
-    http_server = server.ExtenderServer(("127.0.0.1", 0), decisions.Decisions(cache), workers=2)
+    http_server = server.ExtenderServer(("127.0.0.1", 0), decisions.Decisions(cache))
     http_server.start()
     yield cache, http_server
-    http_server.shutdown()
-    http_server.server_close()
+    http_server.stop()
 
 
 def post(port: int, verb: str, body: bytes | dict[str, Any]) -> tuple[int, Any]:
@@ -290,7 +289,7 @@ def test_an_oversized_body_is_refused_before_it_is_read(extender: Extender) -> N
     _, http_server = extender
     connection = http.client.HTTPConnection("127.0.0.1", http_server.port, timeout=10)
     connection.putrequest("POST", "/prioritize")
-    connection.putheader("Content-Length", str(protocol.MAX_BODY + 1))
+    connection.putheader("Content-Length", str(server.MAX_BODY + 1))
     connection.endheaders()
     response = connection.getresponse()
     assert response.status == 413
@@ -318,14 +317,13 @@ def test_keep_alive_probes_and_stats(extender: Extender, fresh: node_state.NodeS
 
 def test_closing_ends_kept_alive_connections_at_once(fresh: node_state.NodeState) -> None:
     cache = extender_cache.ClusterCache()
-    http_server = server.ExtenderServer(("127.0.0.1", 0), decisions.Decisions(cache), workers=2)
+    http_server = server.ExtenderServer(("127.0.0.1", 0), decisions.Decisions(cache))
     http_server.start()
     connection = http.client.HTTPConnection("127.0.0.1", http_server.port, timeout=10)
     connection.request("GET", "/healthz")
     assert connection.getresponse().read() == b"ok\n"  # the connection stays open, idle
     started = time.monotonic()
-    http_server.shutdown()
-    http_server.server_close()
+    http_server.stop()
     assert time.monotonic() - started < 5  # not the 30 s idle timeout
     assert connection.sock is not None and connection.sock.recv(1) == b""
     connection.close()

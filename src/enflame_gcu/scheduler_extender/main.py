@@ -13,13 +13,14 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Mapping, Sequence
 
-from enflame_gcu import __version__
+from enflame_gcu import __version__, bounded_http
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.scheduler_extender import cache as extender_cache
-from enflame_gcu.scheduler_extender import decisions, server, watch
+from enflame_gcu.scheduler_extender import decisions, protocol, server, watch
 
 log = logging.getLogger("enflame_gcu.scheduler_extender")
 DEFAULT_PORT = 32766  # gcushare-scheduler-extender's port, so existing configurations point here
@@ -55,7 +56,19 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "seconds after a binding within which a node state may still not list the pod",
     )
     option("guess-ttl", "5", "seconds the node ranked first holds a pod until its binding is seen")
-    option("workers", "8", "HTTP worker threads")
+    option(
+        "request-timeout",
+        "5",
+        "seconds a whole request (head and body) may take to arrive; about httpTimeout",
+    )
+    option(
+        "max-body",
+        str(server.MAX_BODY),
+        "largest request body in bytes; raise only when nodeCacheCapable is false",
+    )
+    option("tls-cert-file", "", "serve HTTPS with this PEM certificate (with --tls-key-file)")
+    option("tls-key-file", "", "the PEM private key of --tls-cert-file")
+    option("tls-client-ca-file", "", "with HTTPS: answer only clients with a cert this CA signed")
     option("log-level", "info", "debug, info, warning or error")
     return parser
 
@@ -68,6 +81,17 @@ def _number(text: str, flag: str, low: float, high: float) -> float:
     if not low <= value <= high:
         raise ConfigError(f"invalid --{flag}: {text} is outside {low:g}..{high:g}")
     return value
+
+
+def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The HTTPS context the TLS flags ask for, or None for plain HTTP."""
+    if not (args.tls_cert_file or args.tls_key_file or args.tls_client_ca_file):
+        return None
+    if not (args.tls_cert_file and args.tls_key_file):
+        raise ConfigError("HTTPS needs both --tls-cert-file and --tls-key-file")
+    return bounded_http.tls_context(
+        args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file
+    )  # fmt: skip
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -85,11 +109,18 @@ async def serve(args: argparse.Namespace) -> int:
     http = server.ExtenderServer(
         (args.bind_address or everywhere, int(_number(args.port, "port", 1, 65535))),
         decisions.Decisions(cache),
-        workers=int(_number(args.workers, "workers", 1, 64)),
         ready=watcher.ready,
+        request_timeout=_number(args.request_timeout, "request-timeout", 0.1, 600),
+        max_body=int(_number(args.max_body, "max-body", 1024, protocol.MAX_BODY)),
+        ssl_context=_tls(args),
     )
     http.start()
-    log.info("serving /filter and /prioritize on port %d", http.port)
+    log.info(
+        "serving /filter and /prioritize on %s port %d (%s)",
+        args.bind_address or "every address",
+        http.port,
+        "HTTPS" if args.tls_cert_file else "HTTP",
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -100,8 +131,7 @@ async def serve(args: argparse.Namespace) -> int:
     following.cancel()
     stopping.cancel()
     await asyncio.gather(following, stopping, return_exceptions=True)
-    http.shutdown()
-    http.server_close()
+    http.stop()
     await client.close()
     log.info("stopped")
     return 0
