@@ -21,6 +21,7 @@ from enflame_gcu.dra_plugin import observability
 from enflame_gcu.scheduler_extender import cache as extender_cache
 from enflame_gcu.scheduler_extender import decisions, server
 
+pytestmark = pytest.mark.xdist_group("bounded_http")  # the pki fixture runs openssl once
 PRIORITIZE = json.dumps(
     {
         "Pod": {"metadata": {"name": "p", "uid": "u"}, "spec": {"containers": []}},

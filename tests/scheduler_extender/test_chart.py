@@ -77,6 +77,19 @@ def test_daemonset_mode_beside_the_clusters_scheduler(tmp_path: Any) -> None:
     )
 
 
+def test_the_admission_policy_follows_what_the_cluster_serves_by_default(tmp_path: Any) -> None:
+    template = helm_render.CHART_DIR + "/templates/rbac-node-state.yaml"
+    with open(template, encoding="utf-8") as handle:
+        text = handle.read()
+    # auto (the default): rendered when the API server serves ValidatingAdmissionPolicy v1.
+    assert 'APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"' in text
+    # Helm's offline capabilities (no cluster) do not list it: nothing the cluster cannot take.
+    docs = rendered(tmp_path)["rbac-node-state.yaml"]
+    assert "ValidatingAdmissionPolicy" not in [doc["kind"] for doc in docs]
+    forced = rendered(tmp_path / "on", admissionPolicy=True)["rbac-node-state.yaml"]
+    assert kind(forced, "ValidatingAdmissionPolicyBinding")["spec"]["validationActions"] == ["Deny"]
+
+
 def test_the_plugin_writes_its_node_state(tmp_path: Any) -> None:
     out = rendered(tmp_path, admissionPolicy=True)
     spec = out["daemonset-device-plugin.yaml"][0]["spec"]["template"]["spec"]
