@@ -51,6 +51,11 @@ def test_separate_scheduler_matches_the_static_manifest(tmp_path: Any) -> None:
         assert set(theirs.get("args", [])) <= set(ours.get("args", []))
     for doc in docs:
         kv.validate(doc, kv.latest_version(), strict=True)
+    # No host network here: the kubelet's httpGet would reach the pod IP, where nothing listens.
+    probe = container(spec, "enflame-scheduler-extender")["readinessProbe"]
+    assert "httpGet" not in probe
+    assert probe["exec"]["command"][:2] == ["enflame-scheduler-extender", "--check-ready"]
+    assert "hostNetwork" not in spec
 
 
 @pytest.mark.parametrize("version", ["kubescheduler.config.k8s.io/v1"])
@@ -71,6 +76,8 @@ def test_daemonset_mode_beside_the_clusters_scheduler(tmp_path: Any) -> None:
     static = one("enflame-scheduler-extender.yaml", "DaemonSet")["spec"]["template"]["spec"]
     for key in ("hostNetwork", "affinity", "tolerations", "securityContext"):
         assert spec[key] == static[key], key
+    probe = container(spec, "enflame-scheduler-extender")["readinessProbe"]
+    assert probe["httpGet"]["host"] == "127.0.0.1"  # host network: the node's loopback is ours
     assert (
         kind(docs, "ClusterRole")["rules"]
         == one("enflame-scheduler-extender.yaml", "ClusterRole")["rules"]

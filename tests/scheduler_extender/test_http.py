@@ -15,6 +15,7 @@ import pytest
 from enflame_gcu import devices, node_fit, node_state
 from enflame_gcu.scheduler_extender import cache as extender_cache
 from enflame_gcu.scheduler_extender import decisions, protocol, server
+from enflame_gcu.scheduler_extender import main as extender_main
 
 WHOLE = [f"gcu{i}" for i in range(8)]
 
@@ -327,3 +328,22 @@ def test_closing_ends_kept_alive_connections_at_once(fresh: node_state.NodeState
     assert time.monotonic() - started < 5  # not the 30 s idle timeout
     assert connection.sock is not None and connection.sock.recv(1) == b""
     connection.close()
+
+
+def test_the_exec_probe_asks_readyz_from_inside_the_pod() -> None:
+    ready = [False]
+    cache = extender_cache.ClusterCache()
+    http_server = server.ExtenderServer(
+        ("127.0.0.1", 0),
+        decisions.Decisions(cache),
+        ready=lambda: (ready[0], "ok" if ready[0] else "not listed yet: nodes"),
+    )
+    http_server.start()
+    try:
+        probe = ["--check-ready", "--bind-address=127.0.0.1", f"--port={http_server.port}"]
+        assert extender_main.main(probe) == 1
+        ready[0] = True
+        assert extender_main.main(probe) == 0
+    finally:
+        http_server.stop()
+    assert extender_main.main(probe) == 1  # nothing listens any more

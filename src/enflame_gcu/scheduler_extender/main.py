@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import logging
 import os
 import signal
@@ -34,6 +35,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "PCIe switch (then root port, NUMA node), filters shared-GCU pods by free slices.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--check-ready",
+        action="store_true",
+        help="ask the running extender's GET /readyz at --bind-address and --port over HTTP "
+        "and exit 0 when ready, 1 when not (an exec probe for a pod without host networking)",
+    )
 
     def option(flag: str, default: str, text: str) -> None:
         env = "EXTENDER_" + flag.upper().replace("-", "_")
@@ -137,9 +144,27 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_ready(args: argparse.Namespace) -> int:
+    """0 when the extender at the bind address and port answers /readyz with 200, else 1."""
+    host = args.bind_address or "127.0.0.1"
+    connection = http.client.HTTPConnection(host.strip("[]"), int(args.port), timeout=3)
+    try:
+        connection.request("GET", "/readyz")
+        response = connection.getresponse()
+        print(f"{response.status} {response.read(200).decode(errors='replace').strip()}")
+        return 0 if response.status == 200 else 1
+    except (OSError, http.client.HTTPException) as exc:
+        print(f"enflame-scheduler-extender: not ready: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        connection.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``enflame-scheduler-extender``."""
     args = build_parser(os.environ).parse_args(argv)
+    if args.check_ready:
+        return check_ready(args)
     level = str(args.log_level).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         print(
