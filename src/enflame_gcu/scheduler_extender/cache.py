@@ -226,41 +226,48 @@ class ClusterCache:
                     del self._guesses[uid]
                 elif guess.node in wanted and uid != exclude:
                     guessed.setdefault(guess.node, []).append(guess)
-        states.update({name: value for name, value in (sent or {}).items() if name in wanted})
+        if sent:
+            states.update({name: value for name, value in sent.items() if name in wanted})
+        oldest = wall - self.max_age
         result = {}
         for name in wanted:
             state = states[name]
             if not isinstance(state, node_state.NodeState):
                 problem = state or "no node state known (no annotation, or node not seen yet)"
                 result[name] = NodeView(None, problem, (), ())
-                continue
-            age = wall - state.observed
-            if age > self.max_age:
+            elif state.observed < oldest:
                 problem = (
-                    f"node {name}: state observed {age:.0f} s ago, more than {self.max_age:g} s "
-                    "(the device plugin stopped writing it): unknown"
+                    f"node {name}: state observed {wall - state.observed:.0f} s ago, more than "
+                    f"{self.max_age:g} s (the device plugin stopped writing it): unknown"
                 )
                 result[name] = NodeView(None, problem, (), ())
-                continue
-            waiting = sorted(
-                (
-                    pod
-                    for pod in pending.get(name, ())
-                    if pod.key not in state.pods
-                    and state.observed < pod.seen_at + self.admission_grace
-                ),
-                key=lambda pod: pod.since,
-            )
-            guesses = sorted(guessed.get(name, ()), key=lambda pod: pod.since)
-            result[name] = NodeView(
-                state,
-                "",
-                tuple(p.cards for p in waiting if p.cards),
-                tuple(p.slices for p in waiting if p.slices),
-                tuple(p.cards for p in guesses if p.cards),
-                tuple(p.slices for p in guesses if p.slices),
-            )
+            elif name not in pending and name not in guessed:
+                result[name] = NodeView(state, "", (), ())  # most nodes: nothing in flight
+            else:
+                result[name] = self._in_flight(state, pending.get(name, ()), guessed.get(name, ()))
         return result
+
+    def _in_flight(
+        self, state: node_state.NodeState, bound: Iterable[BoundPod], guessed: Iterable[BoundPod]
+    ) -> NodeView:
+        """A node's view with the bound pods its state does not count yet, and its guesses."""
+        waiting = sorted(
+            (
+                pod
+                for pod in bound
+                if pod.key not in state.pods and state.observed < pod.seen_at + self.admission_grace
+            ),
+            key=lambda pod: pod.since,
+        )
+        guesses = sorted(guessed, key=lambda pod: pod.since)
+        return NodeView(
+            state,
+            "",
+            tuple(p.cards for p in waiting if p.cards),
+            tuple(p.slices for p in waiting if p.slices),
+            tuple(p.cards for p in guesses if p.cards),
+            tuple(p.slices for p in guesses if p.slices),
+        )
 
     def counts(self) -> dict[str, int]:
         """How much is cached (for /readyz and logs)."""
