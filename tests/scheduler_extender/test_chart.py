@@ -3,6 +3,7 @@ node-state wiring."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import yaml
 from kubernetes_validate import utils as kv
 
 from tests.deploy import helm_render
+from tests.deploy.helpers import CHART_DIR
 from tests.scheduler_extender.test_deploy import one
 
 
@@ -85,7 +87,7 @@ def test_daemonset_mode_beside_the_clusters_scheduler(tmp_path: Any) -> None:
 
 
 def test_the_admission_policy_follows_what_the_cluster_serves_by_default(tmp_path: Any) -> None:
-    template = helm_render.CHART_DIR + "/templates/rbac-node-state.yaml"
+    template = os.path.join(CHART_DIR, "templates", "rbac-node-state.yaml")
     with open(template, encoding="utf-8") as handle:
         text = handle.read()
     # auto (the default): rendered when the API server serves ValidatingAdmissionPolicy v1.
