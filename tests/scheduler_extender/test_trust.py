@@ -82,6 +82,9 @@ def test_a_state_the_plugin_stopped_refreshing_becomes_unknown(
     assert scores(call(decide, "prioritize", pod("p", 2), "a")) == {"a": 0}
     clock.now += cache.max_age + 1  # no refresh since: the plugin crashed or lost its RBAC
     assert scores(call(decide, "prioritize", pod("p", 2), "a")) == {"a": node_fit.NEUTRAL}
+    ahead = text(fresh, clock.now + cache.max_age + 60, *range(8))  # a clock far ahead
+    cache.set_node("c", {node_state.ANNOTATION: ahead})
+    assert scores(call(decide, "prioritize", pod("p", 2), "c")) == {"c": node_fit.NEUTRAL}
     shared_state = text(fresh, clock.now - cache.max_age - 1, shared=())
     cache.set_node("b", {node_state.ANNOTATION: shared_state})
     answer = call(decide, "filter", pod("s", slices=2), "b")

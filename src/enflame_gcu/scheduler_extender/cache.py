@@ -241,6 +241,13 @@ class ClusterCache:
                     f"{self.max_age:g} s (the device plugin stopped writing it): unknown"
                 )
                 result[name] = NodeView(None, problem, (), ())
+            elif state.observed > wall + self.max_age:
+                # A clock this far ahead would keep a dead plugin's state fresh for ever.
+                problem = (
+                    f"node {name}: state observed {state.observed - wall:.0f} s in the future "
+                    "(is the node's clock set?): unknown"
+                )
+                result[name] = NodeView(None, problem, (), ())
             elif name not in pending and name not in guessed:
                 result[name] = NodeView(state, "", (), ())  # most nodes: nothing in flight
             else:
