@@ -17,7 +17,9 @@ configuration (``percentageOfNodesToScore: 100`` included); only the "with" arm 
 ``extenders``.
 
 A seeded trace per load and seed: a burst that fills the cluster to the load, then Poisson
-arrivals of 1/2/4/8-card pods (40/35/20/5%) with exponential lifetimes, sized to hold the load,
+arrivals of 1/2/4/8-card pods (40/35/20/5%) and, with ``--shared-slices`` (default 6: gcu7 of
+each node as slices), of 1-3-slice shared-GCU pods, with exponential lifetimes, sized to hold the
+load,
 for ``--warmup`` seconds (default three lifetimes, so fragmentation reaches its steady state)
 and then ``--measure`` seconds. Reported per run for the pods that arrive while measuring: for
 each multi-card size, how local the cards were (switch, root port, NUMA, wider), overall and
@@ -28,7 +30,8 @@ max over the seeds. A separate section times prioritize for 200 nodes over real 
 cluster at all.
 
     .venv/bin/python benchmarks/bench_cluster.py [--nodes 200] [--loads 0.8] [--lifetime 60]
-        [--warmup 180] [--measure 120] [--seeds 25,26,27,28,29] [--modes without,with]
+        [--warmup 180] [--measure 120] [--seeds 25,26,27,28,29] [--shared-slices 6]
+        [--modes without,with]
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
@@ -60,7 +63,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from enflame_gcu import allocation, devices, health, holders, node_state, topology  # noqa: E402
+from enflame_gcu import (  # noqa: E402
+    allocation,
+    devices,
+    health,
+    holders,
+    node_state,
+    sharing,
+    topology,
+)
 from enflame_gcu.device_plugin import config as plugin_config  # noqa: E402
 from enflame_gcu.device_plugin import holdings_feed, node_annotation, resources  # noqa: E402
 from enflame_gcu.scheduler_extender import cache as extender_cache  # noqa: E402
@@ -68,8 +79,15 @@ from enflame_gcu.scheduler_extender import decisions, server  # noqa: E402
 from enflame_gcu.simulation import simulate, topofile  # noqa: E402
 
 GCU = "enflame.com/gcu"
+SHARED = "enflame.com/shared-gcu"
 NAMESPACE = "bench"
 CARDS_PER_NODE = 8
+# With --shared-slices K > 0 (the default, 6) each node serves gcu7 (a lone card on its switch,
+# so pairs are unaffected) as K shared-GCU slices, and a second Poisson stream of shared-GCU pods
+# (1-3 slices, one container) holds the same load of the slices. A shared pod is written in a
+# trace as a negative size: -k asks for k slices.
+SHARED_CARD = "gcu7"
+SHARED_SIZES = (1, 2, 3)
 SIZES = (1, 2, 4, 8)
 WEIGHTS = (0.40, 0.35, 0.20, 0.05)
 MEAN_CARDS = sum(s * w for s, w in zip(SIZES, WEIGHTS, strict=True))
@@ -112,26 +130,49 @@ class Trace:
 
 
 def make_trace(
-    seed: int, load: float, nodes: int, lifetime: float, duration: float, *, warmup: float = 0.0
+    seed: int,
+    load: float,
+    nodes: int,
+    lifetime: float,
+    duration: float,
+    *,
+    warmup: float = 0.0,
+    shared_slices: int = 0,
 ) -> Trace:
-    """A seeded trace holding ``load`` of the cards on average."""
+    """A seeded trace holding ``load`` of the whole cards (and of the slices) on average."""
     rng = random.Random(f"{seed}-{load}")  # noqa: S311 (a seeded trace, not a secret)
-    target = load * nodes * CARDS_PER_NODE
-    burst, cards, index = [], 0, 0
-    while cards < target:
-        size = rng.choices(SIZES, WEIGHTS)[0]
-        burst.append((f"fill-{index}", size, rng.expovariate(1 / lifetime)))
-        cards += size
-        index += 1
-    rate = target / (MEAN_CARDS * lifetime)  # Little's law: arrivals that hold the load
+    whole = CARDS_PER_NODE - (1 if shared_slices else 0)
+
+    def cards() -> int:
+        return rng.choices(SIZES, WEIGHTS)[0]
+
+    def slices() -> int:
+        return -rng.choice(SHARED_SIZES)
+
+    streams: list[tuple[float, Callable[[], int], float]] = [
+        (load * nodes * whole, cards, MEAN_CARDS)
+    ]
+    if shared_slices:
+        streams.append(
+            (load * nodes * shared_slices, slices, statistics.fmean(SHARED_SIZES))
+        )  # fmt: skip
+    burst: list[tuple[str, int, float]] = []
     arrivals: list[tuple[float, str, int, float]] = []
-    moment = 0.0
-    while True:
-        moment += rng.expovariate(rate)
-        if moment >= duration:
-            break
-        size = rng.choices(SIZES, WEIGHTS)[0]
-        arrivals.append((moment, f"pod-{len(arrivals)}", size, rng.expovariate(1 / lifetime)))
+    for target, draw, mean in streams:
+        held = 0
+        while held < target:
+            size = draw()
+            burst.append((f"fill-{len(burst)}", size, rng.expovariate(1 / lifetime)))
+            held += abs(size)
+        rate = target / (mean * lifetime)  # Little's law: arrivals that hold the load
+        moment = 0.0
+        while True:
+            moment += rng.expovariate(rate)
+            if moment >= duration:
+                break
+            arrivals.append((moment, "", draw(), rng.expovariate(1 / lifetime)))
+    arrivals.sort(key=lambda item: item[0])
+    arrivals = [(t, f"pod-{i}", size, life) for i, (t, _, size, life) in enumerate(arrivals)]
     return Trace(burst, arrivals, warmup)
 
 
@@ -152,7 +193,15 @@ class StandIn:
         self.name = name
         self.topology = topology.Topology.from_inventory(inventory)
         self.policy = allocation.policy_by_name("topology", self.topology)
-        self.cards = [card.name for card in inventory.cards]
+        self.cards = [card.name for card in assignment.whole]
+        slices_of = {
+            card.name: config.sharing.slices_for(card.name, card.model)
+            for card in assignment.shared
+        }
+        self.slice_policy = sharing.policy_by_name(config.sharing.policy, slices_of)
+        self.slices = sharing.slice_ids(
+            [(c.name, c.model) for c in assignment.shared], config.sharing
+        )
         self.held: dict[str, tuple[str, tuple[str, ...]]] = {}
         self.annotator = node_annotation.NodeAnnotator(api, name)
         self.annotator.set_node(inventory, report, assignment, config)
@@ -160,16 +209,18 @@ class StandIn:
         self.interval = 5.0
         self.admission_delay = 1.0
 
-    def free(self) -> list[str]:
+    def free(self, devices: Sequence[str] | None = None) -> list[str]:
         taken = {card for _, cards in self.held.values() for card in cards}
-        return [card for card in self.cards if card not in taken]
+        return [d for d in (self.cards if devices is None else devices) if d not in taken]
 
     def bind(self, uid: str, pod: str, size: int) -> tuple[str, ...] | None:
-        """The plugin's choice for a pod bound here (None: more cards than free, a bug)."""
-        free = self.free()
-        if size > len(free):
+        """The plugin's choice for a pod bound here (``size`` < 0: that many slices; None:
+        more than free, which the kubelet would refuse)."""
+        free = self.free(self.slices if size < 0 else None)
+        if abs(size) > len(free):
             return None
-        chosen = tuple(self.policy.choose(free, [], size))
+        policy = self.slice_policy if size < 0 else self.policy
+        chosen = tuple(policy.choose(free, [], abs(size)))
         self.held[uid] = (pod, chosen)
         # The kubelet admits the pod and calls Allocate; the plugin reads PodResources again
         # AFTER_ALLOCATE later (HoldingsFeed.poke).
@@ -191,7 +242,10 @@ class StandIn:
 
     def _publish(self) -> None:
         self.annotator.set_holdings(
-            [holders.Holding(NAMESPACE, pod, "c", GCU, cards) for pod, cards in self.held.values()]
+            [
+                holders.Holding(NAMESPACE, pod, "c", SHARED if "-slice" in cards[0] else GCU, cards)
+                for pod, cards in self.held.values()
+            ]
         )
 
 
@@ -248,8 +302,11 @@ class Run:
                         "name": "c",
                         "image": "bench.invalid/none",
                         "resources": {
-                            "limits": {GCU: str(size)},
-                            "requests": {GCU: str(size), "cpu": "10m"},
+                            "limits": {SHARED if size < 0 else GCU: str(abs(size))},
+                            "requests": {
+                                SHARED if size < 0 else GCU: str(abs(size)),
+                                "cpu": "10m",
+                            },
                         },
                     }
                 ],
@@ -290,8 +347,13 @@ class Run:
             best = self.best_anywhere(size) if size > 1 else 0
             chosen = self.standins[node].bind(uid, name, size)
             if chosen is None:
-                self.errors.append(f"{name}: {size} cards bound to {node} without them free")
+                self.errors.append(f"{name}: {size} devices bound to {node} without them free")
                 continue
+            task = asyncio.ensure_future(self.expire(name, self.lifetimes[name]))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            if size < 0:
+                continue  # shared slices: placed or pending, no locality
             topo = self.standins[node].topology
             self.records.append(
                 {
@@ -301,9 +363,6 @@ class Run:
                     "got": RANK[holders.locality(topo, chosen)],
                 }
             )
-            task = asyncio.ensure_future(self.expire(name, self.lifetimes[name]))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
 
     async def play(self, sample_every: float = 1.0) -> dict[str, Any]:
         tasks: set[asyncio.Task[None]] = set()
@@ -342,7 +401,9 @@ class Run:
         waiting = [n for n in self.created if n not in self.bound]
         pending_end = len(waiting)
         most_free = max(len(s.free()) for s in self.standins.values())
-        pending_sizes = {str(size): sum(self.sizes[n] == size for n in waiting) for size in SIZES}
+        pending_sizes = {
+            str(size): sum(self.sizes[n] == size for n in waiting) for size in SIZES
+        } | {f"{k}_slices": sum(self.sizes[n] == -k for n in waiting) for k in SHARED_SIZES}
         if sampler is not None:
             sampler.cancel()
         watcher.cancel()
@@ -420,18 +481,25 @@ def locality_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def vendor_node(directory: str) -> tuple[Any, ...]:
+def vendor_node(directory: str, shared_slices: int = 0) -> tuple[Any, ...]:
     root = os.path.join(directory, "vendor")
     os.makedirs(root)
     simulate.create(root, topofile.load("vendor-8card"))
     config = plugin_config.PluginConfig(host_root=root)
+    if shared_slices:
+        config = plugin_config.PluginConfig(
+            host_root=root,
+            resources=("gcu", "shared-gcu"),
+            shared_cards=(SHARED_CARD,),
+            sharing=sharing.SharingSettings(slices=shared_slices),
+        )
     inventory = devices.discover(root)
     monitor = health.HealthMonitor(root, inventory.cards, driver_version=inventory.driver_version)
     _, assignment = resources.build(inventory, config)
     return inventory, monitor.report, assignment, config
 
 
-async def add_nodes(client: Any, count: int) -> list[str]:
+async def add_nodes(client: Any, count: int, shared_slices: int = 0) -> list[str]:
     from lightkube.resources.core_v1 import Namespace, Node, NodeStatus, ServiceAccount
 
     await client.create(Namespace.from_dict({"metadata": {"name": NAMESPACE}}))
@@ -441,6 +509,8 @@ async def add_nodes(client: Any, count: int) -> list[str]:
     names = [f"gcu-node-{i:03d}" for i in range(count)]
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", GCU: str(CARDS_PER_NODE)}
+    if shared_slices:
+        capacity = {**capacity, GCU: str(CARDS_PER_NODE - 1), SHARED: str(shared_slices)}
 
     async def one(name: str) -> None:
         await client.create(
@@ -495,8 +565,8 @@ async def one_run(
         client = AsyncClient(config=config, field_manager="bench-cluster")
         api = node_annotation.LightkubeNodeApi(plane.kubeconfig)
         try:
-            names = await add_nodes(client, options.nodes)
-            inventory, report, assignment, plugin = vendor_node(work)
+            names = await add_nodes(client, options.nodes, options.shared_slices)
+            inventory, report, assignment, plugin = vendor_node(work, options.shared_slices)
             standins = {
                 n: StandIn(
                     n,
@@ -543,6 +613,7 @@ async def one_run(
                 options.lifetime,
                 options.warmup + options.measure,
                 warmup=options.warmup,
+                shared_slices=options.shared_slices,
             )
             result = await Run(client, standins, trace).play()
             if port is not None:
@@ -728,6 +799,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", default="25,26,27,28,29")
     parser.add_argument("--interval", type=float, default=5.0, help="PodResources reads, s")
     parser.add_argument("--admission-delay", type=float, default=1.0)
+    parser.add_argument("--shared-slices", type=int, default=6, help="gcu7 as K slices; 0: off")
     parser.add_argument("--modes", default="without,with")
     parser.add_argument("--http-calls", type=int, default=2000)
     options = parser.parse_args(argv)
@@ -751,6 +823,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "seeds",
                 "interval",
                 "admission_delay",
+                "shared_slices",
                 "modes",
             )
         },
