@@ -6,21 +6,32 @@ from Debian's source package by scripts/e2e-build-cluster.sh; no controller mana
 without kubelets stay schedulable) with 200 Node objects of the vendor 8-card machine
 (``enflame.com/gcu: 8``). An in-process stand-in per node plays the kubelet and the device
 plugin: it sees the pods bound to its node, picks their cards with the plugin's own policy
-(``allocation.TopologyPolicy``), keeps the node's ``enflame.com/gcu-node-state`` annotation
-current through the plugin's own writer (``device_plugin.node_annotation``), and deletes each pod
-when its lifetime ends. The extender runs as its own process (``enflame-scheduler-extender``),
-wired in with the shipped scheduler configuration.
+(``allocation.TopologyPolicy``: what the kubelet's GetPreferredAllocation gets from the plugin),
+and tells the plugin's own writer (``device_plugin.node_annotation``) who holds what on the
+plugin's cadence: a PodResources read every ``--interval`` seconds (5, the plugin's default, at
+a random phase per node) and one read ``holdings_feed.AFTER_ALLOCATE`` after each admission
+(``--admission-delay`` after the binding); an ended pod is seen at the next periodic read, as by
+the plugin. It deletes each pod when its lifetime ends. The extender runs as its own process
+(``enflame-scheduler-extender``). Both arms run kube-scheduler with the same shipped
+configuration (``percentageOfNodesToScore: 100`` included); only the "with" arm has
+``extenders``.
 
-A seeded trace per load (60/80/90% of the 1600 cards): a burst that fills the cluster to the
-load (its pods/s is the scheduling throughput), then Poisson arrivals of 1/2/4/8-card pods
-(40/35/20/5%) with exponential lifetimes, sized to hold the load. Reported per run: for each
-multi-card size, how local the cards were (switch, root port, NUMA, wider), overall and when
-some node had a free set of that locality at the time; pods pending; pods/s; and the extender's
-own filter/prioritize latency. A separate section times prioritize for 200 nodes over real
-HTTP with no cluster at all.
+A seeded trace per load and seed: a burst that fills the cluster to the load, then Poisson
+arrivals of 1/2/4/8-card pods (40/35/20/5%) and, with ``--shared-slices`` (default 6: gcu7 of
+each node as slices), of 1-3-slice shared-GCU pods, with exponential lifetimes, sized to hold the
+load,
+for ``--warmup`` seconds (default three lifetimes, so fragmentation reaches its steady state)
+and then ``--measure`` seconds. Reported per run for the pods that arrive while measuring: for
+each multi-card size, how local the cards were (switch, root port, NUMA, wider), overall and
+when some node had a free set of that locality at the time; pods pending (sampled each second
+while measuring, and at the end); create->bound latency; and the extender's own
+filter/prioritize latency. Both arms run every seed; the summary gives each arm's mean, min and
+max over the seeds. A separate section times prioritize for 200 nodes over real HTTP with no
+cluster at all.
 
-    .venv/bin/python benchmarks/bench_cluster.py [--nodes 200] [--loads 0.6,0.8,0.9]
-        [--lifetime 90] [--duration 75] [--seed 25] [--modes without,with]
+    .venv/bin/python benchmarks/bench_cluster.py [--nodes 200] [--loads 0.8] [--lifetime 60]
+        [--warmup 180] [--measure 120] [--seeds 25,26,27,28,29] [--shared-slices 6]
+        [--modes without,with]
 """
 
 from __future__ import annotations
@@ -43,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
@@ -52,16 +63,31 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from enflame_gcu import allocation, devices, health, holders, node_state, topology  # noqa: E402
+from enflame_gcu import (  # noqa: E402
+    allocation,
+    devices,
+    health,
+    holders,
+    node_state,
+    sharing,
+    topology,
+)
 from enflame_gcu.device_plugin import config as plugin_config  # noqa: E402
-from enflame_gcu.device_plugin import node_annotation, resources  # noqa: E402
+from enflame_gcu.device_plugin import holdings_feed, node_annotation, resources  # noqa: E402
 from enflame_gcu.scheduler_extender import cache as extender_cache  # noqa: E402
 from enflame_gcu.scheduler_extender import decisions, server  # noqa: E402
 from enflame_gcu.simulation import simulate, topofile  # noqa: E402
 
 GCU = "enflame.com/gcu"
+SHARED = "enflame.com/shared-gcu"
 NAMESPACE = "bench"
 CARDS_PER_NODE = 8
+# With --shared-slices K > 0 (the default, 6) each node serves gcu7 (a lone card on its switch,
+# so pairs are unaffected) as K shared-GCU slices, and a second Poisson stream of shared-GCU pods
+# (1-3 slices, one container) holds the same load of the slices. A shared pod is written in a
+# trace as a negative size: -k asks for k slices.
+SHARED_CARD = "gcu7"
+SHARED_SIZES = (1, 2, 3)
 SIZES = (1, 2, 4, 8)
 WEIGHTS = (0.40, 0.35, 0.20, 0.05)
 MEAN_CARDS = sum(s * w for s, w in zip(SIZES, WEIGHTS, strict=True))
@@ -73,15 +99,16 @@ EXTENDER_BIN = os.path.join(os.path.dirname(sys.executable), "enflame-scheduler-
 
 
 def scheduler_config(extender_port: int | None) -> dict[str, Any]:
-    """The scheduler configuration: the shipped extender stanza, or the defaults."""
-    if extender_port is None:
-        return {}
+    """The shipped scheduler configuration in both arms; ``extenders`` only with a port."""
     path = os.path.join(REPO, "deploy", "extender", "kube-scheduler-config-v1beta1.yaml")
     with open(path, encoding="utf-8") as handle:
         shipped = dict(yaml.safe_load(handle))
     shipped.pop("leaderElection", None)
     shipped.pop("clientConnection", None)
     shipped["profiles"] = [{"schedulerName": "default-scheduler"}]
+    if extender_port is None:
+        shipped.pop("extenders", None)
+        return dict(shipped)
     for extender in shipped["extenders"]:
         extender["urlPrefix"] = f"http://127.0.0.1:{extender_port}"
     return dict(shipped)
@@ -99,32 +126,59 @@ class Trace:
 
     burst: list[tuple[str, int, float]]
     arrivals: list[tuple[float, str, int, float]]  # (time offset, name, cards, lifetime)
+    warmup: float = 0.0  # arrivals before this offset warm the cluster up, the rest are measured
 
 
-def make_trace(seed: int, load: float, nodes: int, lifetime: float, duration: float) -> Trace:
-    """A seeded trace holding ``load`` of the cards on average."""
+def make_trace(
+    seed: int,
+    load: float,
+    nodes: int,
+    lifetime: float,
+    duration: float,
+    *,
+    warmup: float = 0.0,
+    shared_slices: int = 0,
+) -> Trace:
+    """A seeded trace holding ``load`` of the whole cards (and of the slices) on average."""
     rng = random.Random(f"{seed}-{load}")  # noqa: S311 (a seeded trace, not a secret)
-    target = load * nodes * CARDS_PER_NODE
-    burst, cards, index = [], 0, 0
-    while cards < target:
-        size = rng.choices(SIZES, WEIGHTS)[0]
-        burst.append((f"fill-{index}", size, rng.expovariate(1 / lifetime)))
-        cards += size
-        index += 1
-    rate = target / (MEAN_CARDS * lifetime)  # Little's law: arrivals that hold the load
+    whole = CARDS_PER_NODE - (1 if shared_slices else 0)
+
+    def cards() -> int:
+        return rng.choices(SIZES, WEIGHTS)[0]
+
+    def slices() -> int:
+        return -rng.choice(SHARED_SIZES)
+
+    streams: list[tuple[float, Callable[[], int], float]] = [
+        (load * nodes * whole, cards, MEAN_CARDS)
+    ]
+    if shared_slices:
+        streams.append(
+            (load * nodes * shared_slices, slices, statistics.fmean(SHARED_SIZES))
+        )  # fmt: skip
+    burst: list[tuple[str, int, float]] = []
     arrivals: list[tuple[float, str, int, float]] = []
-    moment = 0.0
-    while True:
-        moment += rng.expovariate(rate)
-        if moment >= duration:
-            break
-        size = rng.choices(SIZES, WEIGHTS)[0]
-        arrivals.append((moment, f"pod-{len(arrivals)}", size, rng.expovariate(1 / lifetime)))
-    return Trace(burst, arrivals)
+    for target, draw, mean in streams:
+        held = 0
+        while held < target:
+            size = draw()
+            burst.append((f"fill-{len(burst)}", size, rng.expovariate(1 / lifetime)))
+            held += abs(size)
+        rate = target / (mean * lifetime)  # Little's law: arrivals that hold the load
+        moment = 0.0
+        while True:
+            moment += rng.expovariate(rate)
+            if moment >= duration:
+                break
+            arrivals.append((moment, "", draw(), rng.expovariate(1 / lifetime)))
+    arrivals.sort(key=lambda item: item[0])
+    arrivals = [(t, f"pod-{i}", size, life) for i, (t, _, size, life) in enumerate(arrivals)]
+    return Trace(burst, arrivals, warmup)
 
 
 class StandIn:
-    """One node's kubelet and device plugin: cards per bound pod, the node-state annotation."""
+    """One node's kubelet and device plugin: cards per bound pod, the node-state annotation
+    written on the plugin's cadence (see the module's docstring)."""
 
     def __init__(
         self,
@@ -139,33 +193,59 @@ class StandIn:
         self.name = name
         self.topology = topology.Topology.from_inventory(inventory)
         self.policy = allocation.policy_by_name("topology", self.topology)
-        self.cards = [card.name for card in inventory.cards]
+        self.cards = [card.name for card in assignment.whole]
+        slices_of = {
+            card.name: config.sharing.slices_for(card.name, card.model)
+            for card in assignment.shared
+        }
+        self.slice_policy = sharing.policy_by_name(config.sharing.policy, slices_of)
+        self.slices = sharing.slice_ids(
+            [(c.name, c.model) for c in assignment.shared], config.sharing
+        )
         self.held: dict[str, tuple[str, tuple[str, ...]]] = {}
         self.annotator = node_annotation.NodeAnnotator(api, name)
         self.annotator.set_node(inventory, report, assignment, config)
         self.annotator.set_holdings([])
+        self.interval = 5.0
+        self.admission_delay = 1.0
 
-    def free(self) -> list[str]:
+    def free(self, devices: Sequence[str] | None = None) -> list[str]:
         taken = {card for _, cards in self.held.values() for card in cards}
-        return [card for card in self.cards if card not in taken]
+        return [d for d in (self.cards if devices is None else devices) if d not in taken]
 
     def bind(self, uid: str, pod: str, size: int) -> tuple[str, ...] | None:
-        """The plugin's choice for a pod bound here (None: more cards than free, a bug)."""
-        free = self.free()
-        if size > len(free):
+        """The plugin's choice for a pod bound here (``size`` < 0: that many slices; None:
+        more than free, which the kubelet would refuse)."""
+        free = self.free(self.slices if size < 0 else None)
+        if abs(size) > len(free):
             return None
-        chosen = tuple(self.policy.choose(free, [], size))
+        policy = self.slice_policy if size < 0 else self.policy
+        chosen = tuple(policy.choose(free, [], abs(size)))
         self.held[uid] = (pod, chosen)
-        self._publish()
+        # The kubelet admits the pod and calls Allocate; the plugin reads PodResources again
+        # AFTER_ALLOCATE later (HoldingsFeed.poke).
+        asyncio.get_running_loop().call_later(
+            self.admission_delay + holdings_feed.AFTER_ALLOCATE, self._publish
+        )
         return chosen
 
     def release(self, uid: str) -> None:
-        if self.held.pop(uid, None) is not None:
+        """The pod ended: the plugin sees it at its next periodic read."""
+        self.held.pop(uid, None)
+
+    async def feed(self, phase: float) -> None:
+        """The plugin's periodic PodResources read."""
+        await asyncio.sleep(phase)
+        while True:
             self._publish()
+            await asyncio.sleep(self.interval)
 
     def _publish(self) -> None:
         self.annotator.set_holdings(
-            [holders.Holding(NAMESPACE, pod, "c", GCU, cards) for pod, cards in self.held.values()]
+            [
+                holders.Holding(NAMESPACE, pod, "c", SHARED if "-slice" in cards[0] else GCU, cards)
+                for pod, cards in self.held.values()
+            ]
         )
 
 
@@ -222,8 +302,11 @@ class Run:
                         "name": "c",
                         "image": "bench.invalid/none",
                         "resources": {
-                            "limits": {GCU: str(size)},
-                            "requests": {GCU: str(size), "cpu": "10m"},
+                            "limits": {SHARED if size < 0 else GCU: str(abs(size))},
+                            "requests": {
+                                SHARED if size < 0 else GCU: str(abs(size)),
+                                "cpu": "10m",
+                            },
                         },
                     }
                 ],
@@ -264,8 +347,13 @@ class Run:
             best = self.best_anywhere(size) if size > 1 else 0
             chosen = self.standins[node].bind(uid, name, size)
             if chosen is None:
-                self.errors.append(f"{name}: {size} cards bound to {node} without them free")
+                self.errors.append(f"{name}: {size} devices bound to {node} without them free")
                 continue
+            task = asyncio.ensure_future(self.expire(name, self.lifetimes[name]))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            if size < 0:
+                continue  # shared slices: placed or pending, no locality
             topo = self.standins[node].topology
             self.records.append(
                 {
@@ -275,9 +363,6 @@ class Run:
                     "got": RANK[holders.locality(topo, chosen)],
                 }
             )
-            task = asyncio.ensure_future(self.expire(name, self.lifetimes[name]))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
 
     async def play(self, sample_every: float = 1.0) -> dict[str, Any]:
         tasks: set[asyncio.Task[None]] = set()
@@ -301,25 +386,36 @@ class Run:
                 await asyncio.sleep(sample_every)
                 self.pending_samples.append(sum(n not in self.bound for n in self.created))
 
-        sampler = asyncio.ensure_future(sample())
+        sampler: asyncio.Future[None] | None = None
         for offset, name, size, life in self.trace.arrivals:
             delay = begin + offset - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            task = asyncio.ensure_future(self.create(name, size, life, "steady"))
+            phase = "steady" if offset >= self.trace.warmup else "warmup"
+            if phase == "steady" and sampler is None:
+                sampler = asyncio.ensure_future(sample())
+            task = asyncio.ensure_future(self.create(name, size, life, phase))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         await asyncio.sleep(3)
         waiting = [n for n in self.created if n not in self.bound]
         pending_end = len(waiting)
         most_free = max(len(s.free()) for s in self.standins.values())
-        pending_sizes = {str(size): sum(self.sizes[n] == size for n in waiting) for size in SIZES}
-        sampler.cancel()
+        pending_sizes = {
+            str(size): sum(self.sizes[n] == size for n in waiting) for size in SIZES
+        } | {f"{k}_slices": sum(self.sizes[n] == -k for n in waiting) for k in SHARED_SIZES}
+        if sampler is not None:
+            sampler.cancel()
         watcher.cancel()
         for task in list(tasks):
             task.cancel()
-        await asyncio.gather(sampler, watcher, *tasks, return_exceptions=True)
-        latencies = sorted(self.bound[n] - self.created[n] for n in self.bound)
+        await asyncio.gather(*([sampler] if sampler else []), watcher, *tasks,
+                             return_exceptions=True)  # fmt: skip
+        steady = [n for n in self.bound if self.phase[n] == "steady"]
+        latencies = sorted(self.bound[n] - self.created[n] for n in steady)
+        unbound_steady = sum(
+            self.phase[n] == "steady" and n not in self.bound for n in self.created
+        )  # fmt: skip
         return {
             "pods_created": len(self.created),
             "pods_bound": len(self.bound),
@@ -337,10 +433,13 @@ class Run:
                 "seconds": round(burst_seconds, 2),
                 "pods_per_s": round(len(burst_bound) / burst_seconds, 1) if burst_seconds else 0,
             },
+            # Pods that arrived while measuring: create->bound, and how many never bound.
             "create_to_bound_ms": {
+                "pods": len(latencies),
                 "p50": round(_quantile(latencies, 0.5) * 1000, 1),
                 "p99": round(_quantile(latencies, 0.99) * 1000, 1),
             },
+            "steady_pods_never_bound": unbound_steady,
             "locality": locality_summary(self.records),
             "errors": self.errors[:10],
         }
@@ -382,18 +481,25 @@ def locality_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def vendor_node(directory: str) -> tuple[Any, ...]:
+def vendor_node(directory: str, shared_slices: int = 0) -> tuple[Any, ...]:
     root = os.path.join(directory, "vendor")
     os.makedirs(root)
     simulate.create(root, topofile.load("vendor-8card"))
     config = plugin_config.PluginConfig(host_root=root)
+    if shared_slices:
+        config = plugin_config.PluginConfig(
+            host_root=root,
+            resources=("gcu", "shared-gcu"),
+            shared_cards=(SHARED_CARD,),
+            sharing=sharing.SharingSettings(slices=shared_slices),
+        )
     inventory = devices.discover(root)
     monitor = health.HealthMonitor(root, inventory.cards, driver_version=inventory.driver_version)
     _, assignment = resources.build(inventory, config)
     return inventory, monitor.report, assignment, config
 
 
-async def add_nodes(client: Any, count: int) -> list[str]:
+async def add_nodes(client: Any, count: int, shared_slices: int = 0) -> list[str]:
     from lightkube.resources.core_v1 import Namespace, Node, NodeStatus, ServiceAccount
 
     await client.create(Namespace.from_dict({"metadata": {"name": NAMESPACE}}))
@@ -403,6 +509,8 @@ async def add_nodes(client: Any, count: int) -> list[str]:
     names = [f"gcu-node-{i:03d}" for i in range(count)]
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", GCU: str(CARDS_PER_NODE)}
+    if shared_slices:
+        capacity = {**capacity, GCU: str(CARDS_PER_NODE - 1), SHARED: str(shared_slices)}
 
     async def one(name: str) -> None:
         await client.create(
@@ -457,8 +565,8 @@ async def one_run(
         client = AsyncClient(config=config, field_manager="bench-cluster")
         api = node_annotation.LightkubeNodeApi(plane.kubeconfig)
         try:
-            names = await add_nodes(client, options.nodes)
-            inventory, report, assignment, plugin = vendor_node(work)
+            names = await add_nodes(client, options.nodes, options.shared_slices)
+            inventory, report, assignment, plugin = vendor_node(work, options.shared_slices)
             standins = {
                 n: StandIn(
                     n,
@@ -470,7 +578,15 @@ async def one_run(
                 )
                 for n in names
             }
+            rng = random.Random(options.seed)  # noqa: S311 (seeded read phases)
+            for standin in standins.values():
+                standin.interval = options.interval
+                standin.admission_delay = options.admission_delay
             writers = [asyncio.ensure_future(s.annotator.run()) for s in standins.values()]
+            writers += [
+                asyncio.ensure_future(s.feed(rng.uniform(0, options.interval)))
+                for s in standins.values()
+            ]
             while sum(s.annotator.writes for s in standins.values()) < len(standins):
                 await asyncio.sleep(0.2)
             if port is not None:
@@ -491,7 +607,13 @@ async def one_run(
             plane.with_scheduler = True
             start_scheduler(plane)
             trace = make_trace(
-                options.seed, load, options.nodes, options.lifetime, options.duration
+                options.seed,
+                load,
+                options.nodes,
+                options.lifetime,
+                options.warmup + options.measure,
+                warmup=options.warmup,
+                shared_slices=options.shared_slices,
             )
             result = await Run(client, standins, trace).play()
             if port is not None:
@@ -499,7 +621,7 @@ async def one_run(
             for task in writers:
                 task.cancel()
             await asyncio.gather(*writers, return_exceptions=True)
-            return {"load": load, "extender": with_extender, **result}
+            return {"load": load, "seed": options.seed, "extender": with_extender, **result}
         finally:
             if extender is not None:
                 extender.terminate()
@@ -564,10 +686,12 @@ def serve_states(nodes: int, directory: str, port: int) -> None:
     for index in range(nodes):
         busy = set(rng.sample(range(8), rng.randint(0, 8)))
         cards = tuple(dataclasses.replace(c, free=c.minor not in busy) for c in base.cards)
-        text = dataclasses.replace(base, cards=cards).to_json()
+        text = dataclasses.replace(base, cards=cards, observed=time.time()).to_json()
         cache.set_node(f"n{index}", {node_state.ANNOTATION: text})
     http_server = server.ExtenderServer(("127.0.0.1", port), decisions.Decisions(cache))
-    http_server.serve_forever()
+    http_server.start()
+    while True:
+        time.sleep(3600)
 
 
 def http_prioritize(nodes: int, calls: int, directory: str) -> dict[str, Any]:
@@ -630,16 +754,57 @@ def cluster_binaries() -> str | None:
     return None
 
 
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per load and arm, each figure's mean, min and max over the seeds (per-seed figures are
+    in ``runs``)."""
+
+    def figures(run: dict[str, Any]) -> dict[str, float | None]:
+        two = run["locality"].get("2_cards_steady", {})
+        return {
+            "2_card_switch_local_share": two.get("switch_local_share"),
+            "pending_mean": run["pending_mean"],
+            "pending_at_end": run["pending_at_end"],
+            "steady_pods_never_bound": run["steady_pods_never_bound"],
+            "create_to_bound_p50_ms": run["create_to_bound_ms"]["p50"],
+            "create_to_bound_p99_ms": run["create_to_bound_ms"]["p99"],
+            "prioritize_p99_ms": run.get("extender_ms", {}).get("prioritize", {}).get("p99_ms"),
+        }
+
+    result: dict[str, Any] = {}
+    for run in runs:
+        arm = f"load {run['load']}, {'with' if run['extender'] else 'without'} extender"
+        entry = result.setdefault(arm, {"seeds": [], "figures": {}})
+        entry["seeds"].append(run["seed"])
+        for name, value in figures(run).items():
+            entry["figures"].setdefault(name, []).append(value)
+    for entry in result.values():
+        for name, values in list(entry["figures"].items()):
+            known = [v for v in values if v is not None]
+            entry["figures"][name] = {
+                "per_seed": values,
+                "mean": round(statistics.fmean(known), 4) if known else None,
+                "min": min(known) if known else None,
+                "max": max(known) if known else None,
+            }
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=200)
-    parser.add_argument("--loads", default="0.6,0.8,0.9")
-    parser.add_argument("--lifetime", type=float, default=90.0)
-    parser.add_argument("--duration", type=float, default=75.0)
-    parser.add_argument("--seed", type=int, default=25)
+    parser.add_argument("--loads", default="0.8")
+    parser.add_argument("--lifetime", type=float, default=60.0)
+    parser.add_argument("--warmup", type=float, default=None, help="default: 3 lifetimes")
+    parser.add_argument("--measure", type=float, default=120.0)
+    parser.add_argument("--seeds", default="25,26,27,28,29")
+    parser.add_argument("--interval", type=float, default=5.0, help="PodResources reads, s")
+    parser.add_argument("--admission-delay", type=float, default=1.0)
+    parser.add_argument("--shared-slices", type=int, default=6, help="gcu7 as K slices; 0: off")
     parser.add_argument("--modes", default="without,with")
     parser.add_argument("--http-calls", type=int, default=2000)
     options = parser.parse_args(argv)
+    if options.warmup is None:
+        options.warmup = 3 * options.lifetime
     results: dict[str, Any] = {
         "benchmark": "cluster",
         "machine": {
@@ -648,7 +813,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         },
         "settings": {
-            k: getattr(options, k) for k in ("nodes", "loads", "lifetime", "duration", "seed")
+            k: getattr(options, k)
+            for k in (
+                "nodes",
+                "loads",
+                "lifetime",
+                "warmup",
+                "measure",
+                "seeds",
+                "interval",
+                "admission_delay",
+                "shared_slices",
+                "modes",
+            )
         },
     }
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as directory:
@@ -664,12 +841,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             runs = []
             for load in (float(x) for x in options.loads.split(",")):
-                for mode in options.modes.split(","):
-                    work = os.path.join(directory, f"run-{load}-{mode}")
-                    os.makedirs(work)
-                    runs.append(asyncio.run(one_run(bin_dir, work, load, mode == "with", options)))
-                    print(json.dumps(runs[-1]), file=sys.stderr)
+                for seed in (int(x) for x in options.seeds.split(",")):
+                    options.seed = seed
+                    for mode in options.modes.split(","):
+                        work = os.path.join(directory, f"run-{load}-{seed}-{mode}")
+                        os.makedirs(work)
+                        run = asyncio.run(one_run(bin_dir, work, load, mode == "with", options))
+                        runs.append(run)
+                        print(json.dumps(run), file=sys.stderr)
             results["runs"] = runs
+            results["summary"] = summarize(runs)
     print(json.dumps(results, indent=1))
     return 0
 

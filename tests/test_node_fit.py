@@ -6,10 +6,13 @@ The vendor machine: switches {0,1} {2} {3} {4,5} {6} {7}; root ports (= NUMA nod
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import random
 
 import pytest
 
-from enflame_gcu import devices, node_fit, node_state
+from enflame_gcu import devices, node_fit, node_state, sharing
+from enflame_gcu.errors import AllocationError
 
 WHOLE = [f"gcu{i}" for i in range(8)]
 
@@ -70,9 +73,13 @@ def test_a_node_with_a_free_pair_beats_one_with_only_split_cards(
     assert "switch" in pair.reason and "switch" not in split.reason
 
 
-def shared(*cards: tuple[str, int, int]) -> node_state.NodeState:
+def shared(
+    *cards: tuple[str, int, int], policy: str = "packed", cap: int = 0
+) -> node_state.NodeState:
     return node_state.NodeState(
-        shared=tuple(node_state.SharedCard(n, int(n[3:]), s, f) for n, s, f in cards)
+        shared=tuple(node_state.SharedCard(n, int(n[3:]), s, f) for n, s, f in cards),
+        policy=policy,
+        max_per_container=cap,
     )
 
 
@@ -81,12 +88,12 @@ def shared(*cards: tuple[str, int, int]) -> node_state.NodeState:
     [
         ((2,), (), True, 10),  # gcu6 has exactly 2 free: no idle card started
         ((1,), (), True, 9),  # gcu6, one slice left over
-        ((3,), (), True, 7),  # only the idle gcu7 has 3
-        ((7,), (), False, 0),  # no card has 7
-        ((4, 4), (), False, 0),  # one card each: only gcu7 has 4
+        ((3,), (), True, 7),  # packed: the idle gcu7, not gcu6's two and one of gcu7
+        ((7,), (), True, 7),  # packed spans cards: gcu6's two and five of gcu7
+        ((9,), (), False, 0),  # 8 free slices in all
+        ((4, 4), (), True, 7),
         ((2, 2), (), True, 7),  # gcu6 and then the idle gcu7
         ((2,), ((2,),), True, 7),  # a bound pod takes gcu6's two first
-        ((6,), ((1,),), True, 7),  # the bound pod goes to gcu6 (best fit), gcu7 stays whole
     ],
 )
 def test_shared_slice_fits(
@@ -100,7 +107,91 @@ def test_shared_slice_fits(
     assert (fit.fits, fit.score) == (fits, score), fit.reason
 
 
-def test_a_spread_node_names_its_free_slices() -> None:
-    fit = node_fit.shared_slices(shared(("gcu0", 6, 2), ("gcu1", 6, 2)), (), (3,))
+def test_a_pod_spanning_cards_fits_as_the_packed_policy_gives_it() -> None:
+    """Two cards with one free slice each and a 2-slice pod: the plugin gives
+    gcu0-slice5 + gcu1-slice5, so the extender must not filter the node out."""
+    fit = node_fit.shared_slices(shared(("gcu0", 6, 1), ("gcu1", 6, 1)), (), (2,))
+    assert fit.fits, fit.reason
+    assert fit.reason.startswith("slices on gcu0+gcu1")
+
+
+def test_the_per_container_cap_is_replayed() -> None:
+    fit = node_fit.shared_slices(shared(("gcu0", 6, 6), cap=2), (), (3,))
     assert not fit.fits
-    assert fit.reason == "no card has 3 free slices (free: gcu0 2, gcu1 2)"
+    assert "at most 2 per container" in fit.reason
+
+
+def test_a_full_node_names_its_free_slices() -> None:
+    fit = node_fit.shared_slices(shared(("gcu0", 6, 1), ("gcu1", 6, 1)), (), (3,))
+    assert not fit.fits
+    assert fit.reason == "2 free slice(s) for 3 after bound pods (free: gcu0 1, gcu1 1)"
+
+
+def _plugin_serves(
+    cards: list[tuple[str, int, list[int]]],
+    policy_name: str,
+    cap: int,
+    pods: list[tuple[int, ...]],
+) -> tuple[bool, set[str]]:
+    """The plugin's side, as the kubelet drives it: per container, the free slice IDs the
+    kubelet still has (the real, scattered indexes), the node's policy choosing, and the
+    cap enforced by ``sharing.grant`` at Allocate. Whether the last pod is served, and the
+    cards it was given."""
+    slices_of = {name: count for name, count, _ in cards}
+    policy = sharing.policy_by_name(policy_name, slices_of)
+    available = [sharing.slice_id(name, index) for name, _, free in cards for index in free]
+    used: set[str] = set()
+    for number, pod in enumerate(pods):
+        last = number == len(pods) - 1
+        for count in pod:
+            if count > len(available):
+                if last:
+                    return False, used
+                taken = []
+            else:
+                taken = policy.choose(available, [], count)
+                try:
+                    sharing.grant(taken, slices_of, cap)
+                except AllocationError:
+                    if last:
+                        return False, used
+                    continue
+            available = [d for d in available if d not in taken]
+            if last:
+                used |= {sharing.parse_slice_id(d)[0] for d in taken}
+    return True, used
+
+
+def test_the_extender_agrees_with_the_plugins_own_policies() -> None:
+    """A table of node states, policies, caps and pods: the extender's filter answer is the
+    plugin's, and the cards it reports are the ones the plugin would use."""
+    chance = random.Random(35)  # noqa: S311 (a seeded table, not a secret)
+    cases = 0
+    for policy_name, cap in itertools.product(sharing.SLICE_POLICIES, (0, 2, 4)):
+        for _ in range(60):
+            cards = []
+            for minor in range(chance.randint(1, 4)):
+                total = chance.choice((2, 4, 6, 8))
+                free = sorted(chance.sample(range(total), chance.randint(0, total)))
+                cards.append((f"gcu{minor}", total, free))
+            bound = tuple(
+                tuple(chance.randint(1, cap or 4) for _ in range(chance.randint(1, 2)))
+                for _ in range(chance.randint(0, 2))
+            )
+            pod = tuple(chance.randint(1, 6) for _ in range(chance.randint(1, 2)))
+            state = shared(
+                *((name, total, len(free)) for name, total, free in cards),
+                policy=policy_name,
+                cap=cap,
+            )
+            fit = node_fit.shared_slices(state, bound, pod)
+            served, used = _plugin_serves(cards, policy_name, cap, [*bound, pod])
+            where = f"{policy_name} cap {cap} cards {cards} bound {bound} pod {pod}: {fit.reason}"
+            if any(cap and count > cap for count in pod):
+                assert not fit.fits, where
+                continue
+            assert fit.fits == served, where
+            if served:
+                assert fit.reason.startswith(f"slices on {'+'.join(sorted(used))} "), where
+            cases += 1
+    assert cases > 200

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from enflame_gcu import devices, holders, node_state
+from enflame_gcu import devices, holders, node_state, sharing
 from enflame_gcu.errors import NodeStateError
 
 GCU, _VGCU, SHARED = holders.DEFAULT_RESOURCES
@@ -59,9 +59,24 @@ def test_the_text_round_trips_and_equal_states_give_equal_text(vendor_node: str)
     assert json.loads(text)["version"] == node_state.VERSION
 
 
+def test_the_slice_policy_cap_and_observed_time_are_published(vendor_node: str) -> None:
+    inventory = devices.discover(vendor_node)
+    settings = sharing.SharingSettings(policy="distributed", max_slices_per_container=3)
+    state = node_state.build(
+        inventory, [], whole=WHOLE[:7], shared={"gcu7": 6}, settings=settings, observed=1234.5
+    )
+    document = json.loads(state.to_json())
+    assert document["sharing"] == {"policy": "distributed", "maxSlicesPerContainer": 3}
+    assert document["observed"] == 1234.5
+    again = node_state.parse(state.to_json())
+    assert (again.policy, again.max_per_container, again.observed) == ("distributed", 3, 1234.5)
+
+
 def _good() -> dict[str, object]:
     return {
-        "version": 1,
+        "version": 2,
+        "observed": 1796000000.5,
+        "sharing": {"policy": "packed", "maxSlicesPerContainer": 0},
         "cards": [
             {"name": "gcu0", "minor": 0, "switch": "s", "port": "p", "numa": "n", "free": True}
         ],
@@ -84,7 +99,12 @@ def document_root(path: tuple[object, ...], value: object) -> object:
     [
         ("{not json", "not JSON"),
         ("[]", "not an object"),
-        (json.dumps(document_root(("version",), 2)), "version 2 is not known"),
+        (json.dumps(document_root(("version",), 1)), "version 1 is not known"),
+        (json.dumps(document_root(("observed",), "now")), "observed is 'now'"),
+        (json.dumps(document_root(("observed",), True)), "observed is True"),
+        (json.dumps(document_root(("sharing",), None)), "sharing is a NoneType"),
+        (json.dumps(document_root(("sharing", "policy"), "fair")), "not one this reader"),
+        (json.dumps(document_root(("sharing", "maxSlicesPerContainer"), -1)), "maxSlices"),
         (json.dumps(document_root(("version",), None)), "version None"),
         (json.dumps(document_root(("cards",), {})), "'cards' is a dict"),
         (json.dumps(document_root(("cards", 0, "free"), "yes")), "cards[0].free"),

@@ -15,15 +15,17 @@ group somewhere):
     one root port          6..5    an intact NUMA node or a node with every card free
     one NUMA node          4..3    a node with every card free
     wider                  2..1    a node with every card free
-    not enough free cards  0       (the default scheduler may still admit it: no opinion)
+    not enough free cards  0       (the default scheduler may still admit it)
     =====================  ======  =====================================================
 
 A group is intact when every card it has is free; breaking it means taking some of its cards
-but not all. Shared slices (``enflame.com/shared-gcu``): each container needs one card with
-enough free slices (as gcushare's scheduler asks); cards are given best fit, largest container
-first. A node that fits scores 10 when it uses only cards already in use with nothing left
+but not all. Shared slices (``enflame.com/shared-gcu``): the node's own slice policy (``packed``
+or ``distributed``, published in its state with its per-container cap) is replayed container
+by container, exactly as the plugin will choose; a container may span cards when the policy
+does. A node that fits scores 10 when it uses only cards already in use with nothing left
 over on them, 9 when only cards already in use, 7 when it must start an idle card; a node that
-does not fit is filtered out. Every answer is a pure function of its arguments and cached.
+does not fit is filtered out. A node whose state is unknown scores ``NEUTRAL`` (5), never the
+"does not fit" 0. Every answer is a pure function of its arguments and cached.
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from enflame_gcu import allocation, holders, node_state, topology
+from enflame_gcu import allocation, holders, node_state, sharing, topology
 
 MAX_SCORE = 10
-NO_OPINION = 0
+NO_FIT = 0  # the pod does not fit here (whole cards: the default scheduler may still admit it)
+# A node the extender knows nothing current about (no state, unreadable, unknown version, too
+# old): mid-scale, so it neither wins nor loses against nodes whose state is known.
+NEUTRAL = 5
 _BASE = {"single": 7, "switch": 7, "root_port": 5, "numa": 3, "spread": 1}
 _PENALTIES = {"single": 3, "switch": 3, "root_port": 1, "numa": 1, "spread": 1}
 
@@ -84,7 +89,7 @@ def _score(
         taken = policy.choose(left, [], count) if 0 < count <= len(left) else left
         left = [name for name in left if name not in taken]
     if size > len(left):
-        return Fit(NO_OPINION, False, f"{len(left)} free card(s) for {size} after bound pods")
+        return Fit(NO_FIT, False, f"{len(left)} free card(s) for {size} after bound pods")
     chosen = policy.choose(left, [], size)
     topo = _topology(places)
     where = holders.locality(topo, chosen)
@@ -121,33 +126,70 @@ def _broken(
 def shared_slices(
     state: node_state.NodeState, pending: Sequence[Sequence[int]], containers: Sequence[int]
 ) -> Fit:
-    """Whether each container gets one card with enough free slices, after ``pending`` pods."""
-    free = {card.name: card.free for card in state.shared}
-    total = {card.name: card.slices for card in state.shared}
-    for pod in pending:
-        _place_slices(free, [count for count in pod if count > 0])
+    """Whether the plugin would give each container its slices, after ``pending`` pods: the
+    node's own slice policy (``state.policy``) replayed container by container, as the kubelet
+    asks the plugin, over the free slices the state counts."""
+    cards = tuple((card.name, card.slices, card.free) for card in state.shared)
+    return _slices(
+        state.policy,
+        state.max_per_container,
+        cards,
+        tuple(tuple(pod) for pod in pending),
+        tuple(containers),
+    )
+
+
+@functools.lru_cache(maxsize=65536)
+def _slices(
+    policy_name: str,
+    cap: int,
+    cards: tuple[tuple[str, int, int], ...],
+    pending: tuple[tuple[int, ...], ...],
+    containers: tuple[int, ...],
+) -> Fit:
     wanted = [count for count in containers if count > 0]
-    before = dict(free)
-    if not _place_slices(free, wanted):
-        shown = ", ".join(f"{name} {count}" for name, count in before.items()) or "none"
+    if cap and any(count > cap for count in wanted):
         return Fit(
-            NO_OPINION, False, f"no card has {max(wanted)} free slices (free: {shown})"
-        )  # fmt: skip
-    used = [name for name in free if free[name] != before[name]]
-    idle = any(before[name] == total[name] for name in used)
-    exact = all(free[name] == 0 for name in used)
+            NO_FIT,
+            False,
+            f"a container asks for {max(wanted)} slices; this node allows at most {cap} "
+            "per container (sharing.maxSlicesPerContainer)",
+        )
+    total = {name: slices for name, slices, _ in cards}
+    policy = sharing.policy_by_name(policy_name, total)
+    available = [sharing.slice_id(name, index) for name, _, free in cards for index in range(free)]
+    for pod in pending:
+        for count in pod:
+            taken = policy.choose(available, [], count) if 0 < count <= len(available) else []
+            available = [slice for slice in available if slice not in taken]
+    before = _per_card(available)
+    chosen: list[str] = []
+    for count in wanted:
+        if count > len(available):
+            shown = ", ".join(f"{name} {free}" for name, free in before.items()) or "none"
+            return Fit(
+                NO_FIT,
+                False,
+                f"{len(available)} free slice(s) for {count} after bound pods (free: {shown})",
+            )
+        taken = policy.choose(available, [], count)
+        chosen += taken
+        available = [slice for slice in available if slice not in taken]
+    after = _per_card(available)
+    used = sorted({sharing.parse_slice_id(slice)[0] for slice in chosen}, key=_card_minor)
+    idle = any(before.get(name) == total[name] for name in used)
+    exact = all(after.get(name, 0) == 0 for name in used)
     score = 7 if idle else MAX_SCORE if exact else MAX_SCORE - 1
-    return Fit(score, True, f"slices on {'+'.join(used)}")
+    return Fit(score, True, f"slices on {'+'.join(used)} ({policy_name})")
 
 
-def _place_slices(free: dict[str, int], containers: Sequence[int]) -> bool:
-    """Best fit, largest container first; False (free unchanged) when one does not fit."""
-    trial = dict(free)
-    for count in sorted(containers, reverse=True):
-        fitting = [name for name, have in trial.items() if have >= count]
-        if not fitting:
-            return False
-        best = min(fitting, key=lambda name: (trial[name], name))
-        trial[best] -= count
-    free.update(trial)
-    return True
+def _per_card(available: Sequence[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for slice in available:
+        card = sharing.parse_slice_id(slice)[0]
+        counts[card] = counts.get(card, 0) + 1
+    return counts
+
+
+def _card_minor(name: str) -> int:
+    return int(name[3:]) if name[3:].isdigit() else 1 << 30

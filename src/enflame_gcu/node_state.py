@@ -3,10 +3,12 @@
 Written by the device plugin on its own Node (only when it changes), read by the scheduler
 extender. One JSON object, compact, keys sorted so that equal states give equal text::
 
-    {"version": 1,
+    {"version": 2,
+     "observed": 1796000000.0,
      "cards":  [{"name": "gcu0", "minor": 0, "switch": "...", "port": "...", "numa": "numa0",
                  "free": true}, ...],
      "shared": [{"name": "gcu3", "minor": 3, "slices": 6, "free": 4}, ...],
+     "sharing": {"policy": "packed", "maxSlicesPerContainer": 0},
      "pods":   ["namespace/name", ...]}
 
 ``cards`` lists every whole card the plugin serves (free or not: group sizes need them all);
@@ -14,7 +16,11 @@ extender. One JSON object, compact, keys sorted so that equal states give equal 
 group keys (:class:`topology.Placement`), equal keys meaning the same group. ``shared`` lists the
 cards served as ``enflame.com/shared-gcu`` slices with their slice count and free slices (0
 while the card is unhealthy). ``pods`` are the pods the kubelet reports holding any of the
-node's devices, so a reader can tell which bound pods the state already counts.
+node's devices, so a reader can tell which bound pods the state already counts. ``sharing``
+is the plugin's slice policy (:data:`sharing.SLICE_POLICIES`) and its per-container cap (0: none),
+so a reader replays exactly the choice the plugin will make. ``observed`` is when the plugin last
+read who holds what (seconds since the epoch, the plugin's clock); the plugin refreshes it even
+when nothing changed, so a reader can tell a silent plugin from a quiet node.
 
 Beside it the plugin writes the vendor's gcushare annotation ``enflame.com/gcu-shared-capacity``
 (card minor -> free slices, e.g. ``{"3": 4}``) when the node shares cards.
@@ -32,12 +38,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from enflame_gcu import devices, holders, topology
+from enflame_gcu import devices, holders, sharing, topology
 from enflame_gcu.errors import NodeStateError
 
 ANNOTATION = "enflame.com/gcu-node-state"
 SHARED_CAPACITY_ANNOTATION = "enflame.com/gcu-shared-capacity"
-VERSION = 1
+VERSION = 2  # 2: ``observed`` and ``sharing`` (version 1 had neither)
 # Bounds a reader holds any annotation to: a node has a few dozen cards, not thousands.
 MAX_TEXT = 256 * 1024
 MAX_CARDS = 256
@@ -104,6 +110,9 @@ class NodeState:
     cards: tuple[CardState, ...] = ()
     shared: tuple[SharedCard, ...] = ()
     pods: frozenset[str] = frozenset()
+    policy: str = "packed"
+    max_per_container: int = 0
+    observed: float = 0.0
     # Derived once (a reader scores every node on every scheduling call): the names of the
     # free whole cards, and every whole card's place in minor order (hashable: a cache key).
     free: frozenset[str] = field(init=False, compare=False, repr=False)
@@ -120,6 +129,8 @@ class NodeState:
         """The annotation's text."""
         document = {
             "version": VERSION,
+            "observed": round(self.observed, 3),
+            "sharing": {"policy": self.policy, "maxSlicesPerContainer": self.max_per_container},
             "cards": [
                 {
                     "name": c.name,
@@ -154,9 +165,13 @@ def build(
     shared: Mapping[str, int],
     health: Mapping[str, tuple[bool, str]] | None = None,
     resources: Iterable[str] = holders.DEFAULT_RESOURCES,
+    settings: sharing.SharingSettings | None = None,
+    observed: float = 0.0,
 ) -> NodeState:
     """The state of a node: ``whole`` names the cards served whole, ``shared`` maps the cards
-    served as slices to their slice counts; ``health`` as for :func:`holders.build`."""
+    served as slices to their slice counts; ``health`` as for :func:`holders.build`;
+    ``settings`` the plugin's slice policy and cap; ``observed`` when ``holdings`` were read."""
+    settings = settings or sharing.SharingSettings()
     view = holders.build(inventory, holdings, resources=resources, health=health)
     by_name = {card_view.card.name: card_view for card_view in view.cards}
     cards = []
@@ -179,7 +194,14 @@ def build(
         sliced.append(SharedCard(name, card_view.card.minor, shared[name], left))
     pods = frozenset(f"{h.namespace}/{h.pod}" for v in view.cards for h in v.holders)
     pods |= {f"{h.namespace}/{h.pod}" for h in view.unplaced}
-    return NodeState(tuple(cards), tuple(sliced), pods)
+    return NodeState(
+        tuple(cards),
+        tuple(sliced),
+        pods,
+        settings.policy,
+        settings.max_slices_per_container,
+        observed,
+    )
 
 
 def _minor(name: str) -> tuple[int, str]:
@@ -206,10 +228,23 @@ def parse(text: str) -> NodeState:
     cards = _list(document, "cards", MAX_CARDS)
     shared = _list(document, "shared", MAX_CARDS)
     pods = _list(document, "pods", MAX_PODS)
+    observed = document.get("observed")
+    if isinstance(observed, bool) or not isinstance(observed, (int, float)) or observed < 0:
+        raise NodeStateError(f"node state observed is {observed!r:.80}, not seconds since 1970")
+    settings = _object(document.get("sharing"), "sharing", {"policy", "maxSlicesPerContainer"})
+    policy = settings["policy"]
+    if policy not in sharing.SLICE_POLICIES:
+        raise NodeStateError(
+            f"node state sharing.policy is {policy!r:.80}, not one this reader replays "
+            f"({', '.join(sharing.SLICE_POLICIES)})"
+        )
     state = NodeState(
         tuple(_card(item, i) for i, item in enumerate(cards)),
         tuple(_shared(item, i) for i, item in enumerate(shared)),
         frozenset(_text(item, f"pods[{i}]") for i, item in enumerate(pods)),
+        policy,
+        _count(settings["maxSlicesPerContainer"], "sharing.maxSlicesPerContainer", 1 << 12),
+        float(observed),
     )
     for what, names in (("cards", [c.name for c in state.cards]),
                         ("shared", [s.name for s in state.shared])):  # fmt: skip

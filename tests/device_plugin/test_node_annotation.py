@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from enflame_gcu import devices, health, holders, node_state
+from enflame_gcu import devices, health, holders, node_state, sharing
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import node_annotation, resources
 from enflame_gcu.errors import ConfigError
@@ -119,3 +119,61 @@ def test_a_failed_write_is_retried_and_logged_once(
 def test_node_state_settings_are_checked(layer: dict[str, str], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         plugin_config.resolve([layer])
+
+
+def test_an_unchanged_state_is_refreshed_with_a_new_observed_time(vendor_node: str) -> None:
+    config = plugin_config.PluginConfig(host_root=vendor_node)
+    inventory = devices.discover(vendor_node)
+    api = RecordingApi()
+    now = [1000.0]
+    annotator = node_annotation.NodeAnnotator(api, "node-a", refresh=60, clock=lambda: now[0])
+    _, assignment = resources.build(inventory, config)
+    monitor = health.HealthMonitor(
+        config.host_root, inventory.cards, driver_version=inventory.driver_version
+    )
+    annotator.set_node(inventory, monitor.report, assignment, config)
+
+    async def scenario() -> None:
+        annotator.set_holdings([])
+        await annotator.write_once()
+        now[0] += 5
+        annotator.set_holdings([])  # the next PodResources read: same holders
+        await annotator.write_once()  # nothing changed, refresh not due: no write
+        now[0] += 60
+        annotator.set_holdings([])
+        await annotator.write_once()  # due: the same state with the newer time
+
+    asyncio.run(scenario())
+    times = [node_state.parse(p[node_state.ANNOTATION] or "").observed for _, p in api.patches]
+    assert times == [1000.0, 1065.0]
+
+
+def test_a_clean_shutdown_removes_the_state(vendor_node: str) -> None:
+    config = plugin_config.PluginConfig(host_root=vendor_node)
+    api, annotator = setup(vendor_node, config)
+    annotator.set_holdings([])
+
+    async def scenario() -> None:
+        await annotator.write_once()
+        await annotator.clear()
+
+    asyncio.run(scenario())
+    assert api.patches[-1] == (
+        "node-a",
+        {node_state.ANNOTATION: None, node_state.SHARED_CAPACITY_ANNOTATION: None},
+    )
+
+
+def test_the_published_state_names_the_plugins_slice_policy(vendor_node: str) -> None:
+    config = plugin_config.PluginConfig(
+        host_root=vendor_node,
+        resources=("gcu", "shared-gcu"),
+        shared_cards=("gcu7",),
+        sharing=sharing.SharingSettings(policy="distributed", max_slices_per_container=2),
+    )
+    api, annotator = setup(vendor_node, config)
+    annotator.set_holdings([])
+    asyncio.run(annotator.write_once())
+    state = node_state.parse(api.patches[0][1][node_state.ANNOTATION] or "")
+    assert (state.policy, state.max_per_container) == ("distributed", 2)
+    assert state.observed > 0

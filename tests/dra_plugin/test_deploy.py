@@ -32,6 +32,7 @@ def test_static_manifest_is_schema_valid(version: str) -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "DaemonSet",
+        "NetworkPolicy",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
@@ -165,15 +166,31 @@ def test_real_helm_lint_accepts_the_seamless_upgrade_variant(tmp_path: Any) -> N
 def test_the_daemonset_probes_the_driver_on_its_http_address() -> None:
     (container,) = documents()["DaemonSet"]["spec"]["template"]["spec"]["containers"]
     args = dra_config.parse([*container["args"], "--node-name", "n"], environ={}).http_address
-    assert args == ":8082"
+    assert args == "$(POD_IP):8082"  # the pod's own address, not every address
+    env = {item["name"]: item.get("valueFrom") for item in container["env"]}
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert container["ports"] == [{"name": "http", "containerPort": 8082}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     chart = read(TEMPLATES, "daemonset-dra-plugin.yaml")
     for line in (
-        "- --http-address=:{{ $dra.httpPort }}",
+        "- --http-address=$(POD_IP):{{ $dra.httpPort }}",
         "path: /healthz",
         "path: /readyz",
         "- --drs={{ . }}",
     ):
         assert line in chart
+
+
+def test_only_prometheus_may_reach_the_drivers_port() -> None:
+    policy = documents()["NetworkPolicy"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "enflame-dra-plugin"
+    }
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 8082, "protocol": "TCP"}]
+    assert [peer["podSelector"]["matchLabels"] for peer in rule["from"]] == [
+        {"app.kubernetes.io/name": "prometheus"}
+    ]
+    chart = read(TEMPLATES, "networkpolicy-dra-plugin.yaml")
+    assert "port: {{ $.Values.dra.httpPort }}" in chart

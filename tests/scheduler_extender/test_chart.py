@@ -3,6 +3,7 @@ node-state wiring."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import yaml
 from kubernetes_validate import utils as kv
 
 from tests.deploy import helm_render
+from tests.deploy.helpers import CHART_DIR
 from tests.scheduler_extender.test_deploy import one
 
 
@@ -51,6 +53,11 @@ def test_separate_scheduler_matches_the_static_manifest(tmp_path: Any) -> None:
         assert set(theirs.get("args", [])) <= set(ours.get("args", []))
     for doc in docs:
         kv.validate(doc, kv.latest_version(), strict=True)
+    # No host network here: the kubelet's httpGet would reach the pod IP, where nothing listens.
+    probe = container(spec, "enflame-scheduler-extender")["readinessProbe"]
+    assert "httpGet" not in probe
+    assert probe["exec"]["command"][:2] == ["enflame-scheduler-extender", "--check-ready"]
+    assert "hostNetwork" not in spec
 
 
 @pytest.mark.parametrize("version", ["kubescheduler.config.k8s.io/v1"])
@@ -71,10 +78,25 @@ def test_daemonset_mode_beside_the_clusters_scheduler(tmp_path: Any) -> None:
     static = one("enflame-scheduler-extender.yaml", "DaemonSet")["spec"]["template"]["spec"]
     for key in ("hostNetwork", "affinity", "tolerations", "securityContext"):
         assert spec[key] == static[key], key
+    probe = container(spec, "enflame-scheduler-extender")["readinessProbe"]
+    assert probe["httpGet"]["host"] == "127.0.0.1"  # host network: the node's loopback is ours
     assert (
         kind(docs, "ClusterRole")["rules"]
         == one("enflame-scheduler-extender.yaml", "ClusterRole")["rules"]
     )
+
+
+def test_the_admission_policy_follows_what_the_cluster_serves_by_default(tmp_path: Any) -> None:
+    template = os.path.join(CHART_DIR, "templates", "rbac-node-state.yaml")
+    with open(template, encoding="utf-8") as handle:
+        text = handle.read()
+    # auto (the default): rendered when the API server serves ValidatingAdmissionPolicy v1.
+    assert 'APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"' in text
+    # Helm's offline capabilities (no cluster) do not list it: nothing the cluster cannot take.
+    docs = rendered(tmp_path)["rbac-node-state.yaml"]
+    assert "ValidatingAdmissionPolicy" not in [doc["kind"] for doc in docs]
+    forced = rendered(tmp_path / "on", admissionPolicy=True)["rbac-node-state.yaml"]
+    assert kind(forced, "ValidatingAdmissionPolicyBinding")["spec"]["validationActions"] == ["Deny"]
 
 
 def test_the_plugin_writes_its_node_state(tmp_path: Any) -> None:

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu import devices, node_state
+from enflame_gcu import devices, node_fit, node_state
 from enflame_gcu.scheduler_extender import cache as extender_cache
 from enflame_gcu.scheduler_extender import decisions, protocol, server
+from enflame_gcu.scheduler_extender import main as extender_main
 
 WHOLE = [f"gcu{i}" for i in range(8)]
 
@@ -29,8 +30,14 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> node_state.NodeState:
 
 
 def busy(state: node_state.NodeState, *minors: int) -> str:
+    """The state with ``minors`` held, observed now."""
     cards = tuple(dataclasses.replace(c, free=c.minor not in minors) for c in state.cards)
-    return dataclasses.replace(state, cards=cards).to_json()
+    return dataclasses.replace(state, cards=cards, observed=time.time()).to_json()
+
+
+def waiting(p: dict[str, Any]) -> dict[str, Any]:
+    """``p`` as the extender's watch of pods not yet bound shows it."""
+    return {**p, "spec": {**p["spec"], "nodeName": ""}}
 
 
 Extender = tuple[extender_cache.ClusterCache, server.ExtenderServer]
@@ -39,11 +46,10 @@ Extender = tuple[extender_cache.ClusterCache, server.ExtenderServer]
 @pytest.fixture
 def extender() -> Iterator[Extender]:
     cache = extender_cache.ClusterCache()
-    http_server = server.ExtenderServer(("127.0.0.1", 0), decisions.Decisions(cache), workers=2)
+    http_server = server.ExtenderServer(("127.0.0.1", 0), decisions.Decisions(cache))
     http_server.start()
     yield cache, http_server
-    http_server.shutdown()
-    http_server.server_close()
+    http_server.stop()
 
 
 def post(port: int, verb: str, body: bytes | dict[str, Any]) -> tuple[int, Any]:
@@ -102,20 +108,23 @@ def test_filter_keeps_every_node_for_whole_cards_and_answers_names(
     assert answer == {"NodeNames": ["full", "unknown"], "FailedNodes": {}, "Error": ""}
 
 
-def test_filter_drops_nodes_whose_slices_are_spread(extender: Extender) -> None:
+def test_filter_drops_nodes_without_the_slices_and_keeps_spread_ones(extender: Extender) -> None:
     cache, http_server = extender
     spread = node_state.NodeState(
-        shared=(node_state.SharedCard("gcu0", 0, 6, 2), node_state.SharedCard("gcu1", 1, 6, 2))
+        shared=(node_state.SharedCard("gcu0", 0, 6, 2), node_state.SharedCard("gcu1", 1, 6, 2)),
+        observed=time.time(),
     )
-    whole = node_state.NodeState(shared=(node_state.SharedCard("gcu0", 0, 6, 4),))
+    little = node_state.NodeState(
+        shared=(node_state.SharedCard("gcu0", 0, 6, 2),), observed=time.time()
+    )
     cache.set_node("spread", {node_state.ANNOTATION: spread.to_json()})
-    cache.set_node("whole", {node_state.ANNOTATION: whole.to_json()})
+    cache.set_node("little", {node_state.ANNOTATION: little.to_json()})
     status, answer = post(
-        http_server.port, "filter", args(pod("s", slices=(3,)), "spread", "whole")
+        http_server.port, "filter", args(pod("s", slices=(3,)), "spread", "little")
     )
     assert status == 200
-    assert answer["NodeNames"] == ["whole"]
-    assert "no card has 3 free slices" in answer["FailedNodes"]["spread"]
+    assert answer["NodeNames"] == ["spread"]  # packed gives 2 of gcu0 and 1 of gcu1
+    assert "2 free slice(s) for 3" in answer["FailedNodes"]["little"]
 
 
 def test_whole_node_objects_come_back_as_node_objects(fresh: node_state.NodeState) -> None:
@@ -151,10 +160,13 @@ def test_a_burst_does_not_send_two_pods_to_one_free_pair_before_a_binding_is_see
     cache, http_server = extender
     cache.set_node("pair", {node_state.ANNOTATION: busy(fresh, 2, 3, 4, 5, 6, 7)})  # exact fit
     cache.set_node("fresh", {node_state.ANNOTATION: busy(fresh)})
+    for name in ("p0", "p1"):
+        cache.set_pod(waiting(pod(name, 2)))
     _, first = post(http_server.port, "prioritize", args(pod("p0", 2), "pair", "fresh"))
     assert scores(first) == {"pair": 10, "fresh": 8}  # ranked first alone: held there
     _, second = post(http_server.port, "prioritize", args(pod("p1", 2), "pair", "fresh"))
-    assert scores(second) == {"pair": 0, "fresh": 8}
+    # The guess fills the pair: lowest of the nodes that fit, never "does not fit".
+    assert scores(second) == {"pair": 1, "fresh": 8}
 
 
 def test_tied_nodes_hold_no_guess(extender: Extender, fresh: node_state.NodeState) -> None:
@@ -187,7 +199,17 @@ def test_the_state_listing_a_pod_ends_its_pending_count(
     [
         ("{broken", "not JSON"),
         (json.dumps({"version": 99, "cards": []}), "version 99 is not known"),
-        (json.dumps({"version": 1, "cards": "all"}), "'cards' is a str"),
+        (
+            json.dumps(
+                {
+                    "version": 2,
+                    "observed": 1.0,
+                    "sharing": {"policy": "packed", "maxSlicesPerContainer": 0},
+                    "cards": "all",
+                }
+            ),
+            "'cards' is a str",
+        ),
     ],
 )
 def test_a_bad_annotation_is_one_log_line_and_a_neutral_score(
@@ -206,7 +228,7 @@ def test_a_bad_annotation_is_one_log_line_and_a_neutral_score(
     assert len(lines) == 1 and logged in lines[0] and "neutral" in lines[0]
     status, answer = post(http_server.port, "prioritize", args(pod("p", 2), "bad", "good"))
     assert status == 200
-    assert scores(answer) == {"bad": 0, "good": 8}
+    assert scores(answer) == {"bad": node_fit.NEUTRAL, "good": 8}
     status, answer = post(http_server.port, "filter", args(pod("s", slices=(2,)), "bad"))
     assert (status, answer["NodeNames"]) == (200, ["bad"])
 
@@ -268,7 +290,7 @@ def test_an_oversized_body_is_refused_before_it_is_read(extender: Extender) -> N
     _, http_server = extender
     connection = http.client.HTTPConnection("127.0.0.1", http_server.port, timeout=10)
     connection.putrequest("POST", "/prioritize")
-    connection.putheader("Content-Length", str(protocol.MAX_BODY + 1))
+    connection.putheader("Content-Length", str(server.MAX_BODY + 1))
     connection.endheaders()
     response = connection.getresponse()
     assert response.status == 413
@@ -296,14 +318,32 @@ def test_keep_alive_probes_and_stats(extender: Extender, fresh: node_state.NodeS
 
 def test_closing_ends_kept_alive_connections_at_once(fresh: node_state.NodeState) -> None:
     cache = extender_cache.ClusterCache()
-    http_server = server.ExtenderServer(("127.0.0.1", 0), decisions.Decisions(cache), workers=2)
+    http_server = server.ExtenderServer(("127.0.0.1", 0), decisions.Decisions(cache))
     http_server.start()
     connection = http.client.HTTPConnection("127.0.0.1", http_server.port, timeout=10)
     connection.request("GET", "/healthz")
     assert connection.getresponse().read() == b"ok\n"  # the connection stays open, idle
     started = time.monotonic()
-    http_server.shutdown()
-    http_server.server_close()
+    http_server.stop()
     assert time.monotonic() - started < 5  # not the 30 s idle timeout
     assert connection.sock is not None and connection.sock.recv(1) == b""
     connection.close()
+
+
+def test_the_exec_probe_asks_readyz_from_inside_the_pod() -> None:
+    ready = [False]
+    cache = extender_cache.ClusterCache()
+    http_server = server.ExtenderServer(
+        ("127.0.0.1", 0),
+        decisions.Decisions(cache),
+        ready=lambda: (ready[0], "ok" if ready[0] else "not listed yet: nodes"),
+    )
+    http_server.start()
+    try:
+        probe = ["--check-ready", "--bind-address=127.0.0.1", f"--port={http_server.port}"]
+        assert extender_main.main(probe) == 1
+        ready[0] = True
+        assert extender_main.main(probe) == 0
+    finally:
+        http_server.stop()
+    assert extender_main.main(probe) == 1  # nothing listens any more

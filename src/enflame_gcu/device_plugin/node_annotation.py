@@ -3,21 +3,25 @@
 The state (:mod:`enflame_gcu.node_state`) comes from what the plugin already knows: the cards,
 their health, which cards it serves whole or as slices, and the holders the kubelet's
 PodResources API reports. It is written as a JSON merge patch of the two annotations only when
-its text changed, never while the holders are unknown (a stale state is safer than one that
-calls held cards free: the extender counts bound pods the state does not list yet). A failed
-write is one WARNING (then DEBUG while it keeps failing) and is tried again after ``retry``
-seconds; the plugin keeps serving the kubelet throughout.
+its content changed, and otherwise every ``refresh`` seconds with a new ``observed`` time (the
+last PodResources read), so the extender can tell a plugin that stopped writing from a quiet
+node. Never while the holders are unknown: the state then ages, and the extender treats a state
+older than its bound as unknown (neutral). A failed write is one WARNING (then DEBUG while it
+keeps failing) and is tried again after ``retry`` seconds; the plugin keeps serving the kubelet
+throughout. On a clean shutdown :meth:`NodeAnnotator.clear` removes both annotations.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from enflame_gcu import devices, health, holders, node_state
+from enflame_gcu import devices, health, holders, node_state, sharing
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import resources
 
@@ -68,10 +72,24 @@ class LightkubeNodeApi:
 class NodeAnnotator:
     """The state last seen and last written; :meth:`run` writes whenever they differ."""
 
-    def __init__(self, api: NodeApi, node_name: str, *, retry: float = 5.0) -> None:
+    def __init__(
+        self,
+        api: NodeApi,
+        node_name: str,
+        *,
+        retry: float = 5.0,
+        refresh: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.api = api
         self.node_name = node_name
         self.retry = retry
+        self.refresh = refresh
+        self._clock = clock
+        self._sharing = sharing.SharingSettings()
+        self._observed = 0.0
+        self._content: str | None = None  # the last written state's text without its time
+        self._written_at = 0.0
         self.writes = 0
         self._inventory: devices.Inventory | None = None
         self._health: dict[str, tuple[bool, str]] = {}
@@ -99,35 +117,62 @@ class NodeAnnotator:
             for card in assignment.shared
         }
         self._resources = tuple(config.resource_names().values())
+        self._sharing = config.sharing
         self._changed.set()
 
     def set_holdings(self, holdings: Sequence[holders.Holding] | None) -> None:
         """Who holds what per PodResources; None when it could not be read."""
         self._holdings = None if holdings is None else tuple(holdings)
+        if holdings is not None:
+            self._observed = self._clock()
         self._changed.set()
 
-    def wanted(self) -> dict[str, str | None] | None:
-        """The annotations the node should carry now; None while something is unknown."""
+    def _state(self) -> node_state.NodeState | None:
         if self._inventory is None or self._holdings is None:
             return None
-        state = node_state.build(
+        return node_state.build(
             self._inventory,
             self._holdings,
             whole=self._whole,
             shared=self._shared,
             health=self._health,
             resources=self._resources,
+            settings=self._sharing,
+            observed=self._observed,
         )
+
+    def wanted(self) -> dict[str, str | None] | None:
+        """The annotations the node should carry now; None while something is unknown."""
+        state = self._state()
+        if state is None:
+            return None
         return {
             node_state.ANNOTATION: state.to_json(),
             node_state.SHARED_CAPACITY_ANNOTATION: state.shared_capacity(),
         }
 
+    def _due(self) -> tuple[dict[str, str | None], str] | None:
+        """What to write now (annotations, content without time); None when nothing is."""
+        state = self._state()
+        if state is None:
+            return None
+        content = dataclasses.replace(state, observed=0.0).to_json()
+        fresh = self._clock() - self._written_at < self.refresh
+        if content == self._content and fresh:
+            return None
+        wanted = {
+            node_state.ANNOTATION: state.to_json(),
+            node_state.SHARED_CAPACITY_ANNOTATION: state.shared_capacity(),
+        }
+        return (wanted, content) if wanted != self._written else None
+
     async def write_once(self) -> bool:
-        """Write the wanted state if it changed; False when the write failed."""
-        wanted = self.wanted()
-        if wanted is None or wanted == self._written:
+        """Write the wanted state if its content changed or its time is due for a refresh;
+        False when the write failed."""
+        due = self._due()
+        if due is None:
             return True
+        wanted, content = due
         try:
             await self.api.patch_annotations(self.node_name, wanted)
         except Exception as exc:  # any API or network failure: try again later
@@ -146,13 +191,30 @@ class NodeAnnotator:
             log.info("node %s annotated again", self.node_name)
             self._trouble = ""
         self._written = wanted
+        self._content = content
+        self._written_at = self._clock()
         self.writes += 1
         return True
 
+    async def clear(self) -> None:
+        """Remove both annotations (a clean shutdown: no state is better than a stale one)."""
+        if self._written is None:
+            return
+        removal = dict.fromkeys(self._written)
+        try:
+            await self.api.patch_annotations(self.node_name, removal)
+        except Exception as exc:  # the node keeps its last state; the extender ages it out
+            log.warning("cannot remove the node state of %s on shutdown: %s", self.node_name, exc)
+            return
+        self._written = self._content = None
+        log.info("node state of %s removed", self.node_name)
+
     async def run(self) -> None:
-        """Write after every change (and retry failures) until cancelled."""
+        """Write after every change and every ``refresh`` seconds (and retry failures) until
+        cancelled."""
         while True:
-            await self._changed.wait()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), self.refresh)
             await asyncio.sleep(SETTLE)
             self._changed.clear()
             if not await self.write_once():

@@ -487,6 +487,8 @@ async def _serve(
                 with contextlib.suppress(asyncio.CancelledError):
                     await monitor_task
             if outcome == "stop":
+                if annotator is not None:
+                    await annotator.clear()  # a clean stop: no state rather than a stale one
                 log.info("stopped")
                 return 0
             signals.restart.clear()

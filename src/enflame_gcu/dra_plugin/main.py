@@ -66,7 +66,7 @@ async def run(settings: dra_config.DraConfig) -> int:
     if settings.http_address:
         try:
             http = observability.start(exported, settings.http_address)
-        except (OSError, ValueError) as exc:
+        except (ConfigError, OSError, ValueError) as exc:
             log.error("cannot serve --http-address %s: %s", settings.http_address, exc)
             await client.close()
             return 1
@@ -91,8 +91,7 @@ async def run(settings: dra_config.DraConfig) -> int:
         results = await asyncio.gather(*tasks, health, return_exceptions=True)
         await asyncio.gather(beat, return_exceptions=True)
         if http is not None:
-            http.shutdown()
-            http.server_close()
+            http.stop()
         await client.close()
     failures = [r for r in results if isinstance(r, Exception)]
     for failure in failures:

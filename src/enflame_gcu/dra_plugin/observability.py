@@ -16,23 +16,23 @@ enflame_dra_slices_published_generation    gauge      (the pool generation last 
 ``/healthz`` is 200 while the event loop answers (a heartbeat younger than
 :data:`STALL_SECONDS`); ``/readyz`` is 200 once the kubelet registered the driver and, when
 publishing, the slices are published.
+
+Served by :mod:`enflame_gcu.bounded_http`, the device plugin's bounded server: one thread
+whatever arrives, a per-peer connection rate and cap, a request head of at most 8 KiB within
+5 s in total, GET and HEAD only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import socket
-import socketserver
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
-from wsgiref import simple_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, exposition
 
-from enflame_gcu import resourceslices
+from enflame_gcu import bounded_http, resourceslices
 from enflame_gcu.errors import ClaimError, ConfigError, EfsmiError, InvalidRequestError
 
 log = logging.getLogger(__name__)
@@ -163,41 +163,21 @@ class DriverMetrics:
             await asyncio.sleep(HEARTBEAT)
 
 
-class _Server(socketserver.ThreadingMixIn, simple_server.WSGIServer):
-    daemon_threads = True
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _Quiet(simple_server.WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """Probes every few seconds would drown the driver's own log."""
-
-
-def app(exported: DriverMetrics) -> Callable[..., Iterable[bytes]]:
-    """WSGI: the probes by path, ``/metrics`` the exposition, anything else 404."""
-    scrape = make_wsgi_app(exported.registry)
+def handler(exported: DriverMetrics) -> bounded_http.Handler:
+    """The probes by path, ``/metrics`` the exposition, anything else 404."""
     probes = {"/healthz": exported.live, "/readyz": exported.ready}
 
-    def serve(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "")
-        if path == "/metrics":
-            result: Iterable[bytes] = scrape(environ, start_response)
-            return result
-        probe = probes.get(path)
+    def answer(request: bounded_http.Request) -> bounded_http.Response:
+        if request.path == "/metrics":
+            encoder, content_type = exposition.choose_encoder(request.headers.get("accept", ""))
+            return bounded_http.Response(200, encoder(exported.registry), content_type)
+        probe = probes.get(request.path)
         if probe is None:
-            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"not found: /metrics, /healthz, /readyz\n"]
+            return bounded_http.Response(404, "not found: /metrics, /healthz, /readyz\n")
         ok, reason = probe()
-        start_response(
-            "200 OK" if ok else "503 Service Unavailable",
-            [("Content-Type", "text/plain; charset=utf-8")],
-        )
-        return [f"{reason}\n".encode()]
+        return bounded_http.Response(200 if ok else 503, f"{reason}\n")
 
-    return serve
+    return answer
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -208,11 +188,20 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - ":port" means every address
 
 
-def start(exported: DriverMetrics, address: str) -> _Server:
-    """Serve in a daemon thread; the server (``server.server_address`` has the real port)."""
+def start(
+    exported: DriverMetrics, address: str, limits: bounded_http.Limits | None = None
+) -> bounded_http.BoundedServer:
+    """Serve in a daemon thread; the server (``server.address`` has the real port).
+
+    ConfigError when the port cannot be had; ValueError when ``address`` is not HOST:PORT."""
     host, port = parse_address(address)
-    server_class = _Server6 if ":" in host else _Server
-    server: _Server = simple_server.make_server(host, port, app(exported), server_class, _Quiet)
-    threading.Thread(target=server.serve_forever, name="dra-http", daemon=True).start()
+    server = bounded_http.serve(
+        handler(exported),
+        "" if host == "0.0.0.0" else host,  # noqa: S104 (":port" asks for every address)
+        port,
+        limits,
+        name="dra-http",
+        what="--http-address",
+    )
     log.info("serving /metrics, /healthz and /readyz on %s", address)
     return server

@@ -1,12 +1,19 @@
-"""What the extender knows of the cluster: each node's state and the GCU pods bound to nodes.
+"""What the extender knows of the cluster: each node's state and the GCU pods of the cluster.
 
 Fed by the API watches (:mod:`.watch`) and read by the HTTP handlers from other threads, so
-every method takes the one lock and copies out what it returns. A pod bound to a node but not
-yet listed in the node's state (the kubelet has not admitted it, or the plugin has not written
-since) is *pending* there: its cards are counted against the node, in the order the pods were
-bound, for at most ``pending_ttl`` seconds. Between a prioritize and the binding's watch event,
-the node this extender ranked first for the pod holds a *guess* for ``guess_ttl`` seconds, so a
-burst of pods does not all land on the same free pair before any binding is seen.
+every method takes the one lock and copies out what it returns.
+
+A node's state is *unknown* (scored neutrally, never filtered) when it is missing, unreadable,
+of an unknown version, or older than ``max_age`` seconds (its ``observed`` time, which the
+plugin refreshes even when nothing changes, against this process's clock). A pod bound to a node
+but not yet listed in the node's state (the kubelet has not admitted it, or the plugin has not
+written since) is *pending* there: its GCUs are counted against the node, in the order the pods
+were bound, until the state lists it or was observed more than ``admission_grace`` seconds after
+the extender saw the binding. Between a prioritize and the binding's watch event, the node this
+extender ranked first for a pod holds a *guess* for ``guess_ttl`` seconds, so a burst of pods
+does not all land on the same free pair. A guess is made only for a pod the extender's own watch
+shows waiting to be scheduled, with the GCUs that watch shows (a caller cannot plant one for a
+made-up pod or size); guesses only lower scores, never fail a filter.
 """
 
 from __future__ import annotations
@@ -28,23 +35,28 @@ MAX_PODS = 200_000
 
 @dataclass(frozen=True, slots=True)
 class BoundPod:
-    """A GCU pod on a node: what it asks for and since when the extender knows."""
+    """A GCU pod: where it is bound (or guessed, or "" while waiting), what it asks for, and
+    since when the extender knows (monotonic, and wall clock for comparing with node states)."""
 
     node: str
     key: str
     cards: int
     slices: tuple[int, ...]
     since: float
+    seen_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
-    """One node as a handler sees it: its state (or why there is none) and pending pods."""
+    """One node as a handler sees it: its state (or why there is none), the pods bound there
+    that the state does not count yet, and the guessed ones."""
 
     state: node_state.NodeState | None
     problem: str
     pending_cards: tuple[int, ...]
     pending_slices: tuple[tuple[int, ...], ...]
+    guessed_cards: tuple[int, ...] = ()
+    guessed_slices: tuple[tuple[int, ...], ...] = ()
 
 
 class ClusterCache:
@@ -55,17 +67,21 @@ class ClusterCache:
         resource: str = "enflame.com/gcu",
         shared: str = "enflame.com/shared-gcu",
         *,
-        pending_ttl: float = 30.0,
+        max_age: float = 180.0,
+        admission_grace: float = 10.0,
         guess_ttl: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.resource, self.shared = resource, shared
-        self.pending_ttl, self.guess_ttl = pending_ttl, guess_ttl
+        self.max_age, self.admission_grace, self.guess_ttl = max_age, admission_grace, guess_ttl
         self._clock = clock
+        self._wall = wall
         self._lock = threading.Lock()
         self._texts: dict[str, str | None] = {}
         self._states: dict[str, node_state.NodeState | str] = {}
         self._bound: dict[str, BoundPod] = {}
+        self._waiting: dict[str, BoundPod] = {}
         self._guesses: dict[str, BoundPod] = {}
 
     # --- nodes ------------------------------------------------------------------------------
@@ -103,10 +119,12 @@ class ClusterCache:
     # --- pods -------------------------------------------------------------------------------
 
     def set_pod(self, pod: Mapping[str, Any]) -> None:
-        """A pod was added or changed: kept when it is bound, asks for GCUs and is not done."""
+        """A pod was added or changed: kept when it asks for GCUs and is not done, as bound
+        (with a node) or waiting (without)."""
         meta, spec, status = (_dict(pod.get(key)) for key in ("metadata", "spec", "status"))
         uid = str(meta.get("uid") or "")
         node = spec.get("nodeName")
+        node = node if isinstance(node, str) else ""
         if not uid:
             return
         try:
@@ -116,9 +134,19 @@ class ClusterCache:
             cards, slices = 0, []
         done = status.get("phase") in ("Succeeded", "Failed")
         with self._lock:
-            if not node or done or not (cards or slices):
+            if done or not (cards or slices):
                 self._bound.pop(uid, None)
+                self._waiting.pop(uid, None)
                 return
+            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            if not node:
+                if uid not in self._bound and uid not in self._waiting:
+                    if len(self._waiting) >= MAX_PODS:
+                        log.warning("more than %d GCU pods waiting; %s not tracked", MAX_PODS, uid)
+                        return
+                    self._waiting[uid] = BoundPod("", key, cards, tuple(slices), self._clock())
+                return
+            self._waiting.pop(uid, None)
             self._guesses.pop(uid, None)
             old = self._bound.get(uid)
             if old is not None and old.node == node:
@@ -126,17 +154,24 @@ class ClusterCache:
             if len(self._bound) >= MAX_PODS:
                 log.warning("more than %d GCU pods bound; %s not tracked", MAX_PODS, uid)
                 return
-            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-            self._bound[uid] = BoundPod(node, key, cards, tuple(slices), self._clock())
+            self._bound[uid] = BoundPod(
+                node, key, cards, tuple(slices), self._clock(), self._wall()
+            )  # fmt: skip
 
     def delete_pod(self, uid: str) -> None:
         """A pod is gone."""
         with self._lock:
             self._bound.pop(uid, None)
+            self._waiting.pop(uid, None)
             self._guesses.pop(uid, None)
 
+    def unwait(self, uid: str) -> None:
+        """A pod left the waiting watch (it was bound, or deleted)."""
+        with self._lock:
+            self._waiting.pop(uid, None)
+
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
-        """A fresh listing of pods: exactly these."""
+        """A fresh listing of bound pods: exactly these."""
         listed = list(pods)
         uids = {str(_dict(p.get("metadata")).get("uid") or "") for p in listed}
         with self._lock:
@@ -145,57 +180,101 @@ class ClusterCache:
         for pod in listed:
             self.set_pod(pod)
 
-    def guess(self, pod: protocol.PodRequest, node: str) -> None:
-        """The extender ranked ``node`` first for ``pod``: count it there until it is bound."""
-        if not pod.uid:
-            return
+    def replace_waiting(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """A fresh listing of pods not bound yet: exactly these."""
+        listed = list(pods)
+        uids = {str(_dict(p.get("metadata")).get("uid") or "") for p in listed}
         with self._lock:
-            if pod.uid in self._bound:
+            for gone in set(self._waiting) - uids:
+                del self._waiting[gone]
+        for pod in listed:
+            self.set_pod(pod)
+
+    def guess(self, uid: str, node: str) -> None:
+        """The extender ranked ``node`` first for the pod ``uid``: count it there until it is
+        bound. Only for a pod this extender's watch shows waiting, with the GCUs it asks for
+        there; anything else (a made-up or already bound uid) is ignored."""
+        with self._lock:
+            waiting = self._waiting.get(uid)
+            if waiting is None:
                 return
-            self._guesses[pod.uid] = BoundPod(
-                node, pod.key, pod.cards, pod.slices, self._clock()
+            self._guesses[uid] = BoundPod(
+                node, waiting.key, waiting.cards, waiting.slices, self._clock()
             )  # fmt: skip
-            if len(self._guesses) > 10_000:
-                oldest = min(self._guesses, key=lambda uid: self._guesses[uid].since)
-                del self._guesses[oldest]
 
     # --- reading ----------------------------------------------------------------------------
 
-    def views(self, names: Iterable[str], exclude: str = "") -> dict[str, NodeView]:
-        """Each named node's view; ``exclude`` is the uid of the pod being scheduled."""
-        now = self._clock()
+    def views(
+        self,
+        names: Iterable[str],
+        exclude: str = "",
+        sent: Mapping[str, node_state.NodeState | str] | None = None,
+    ) -> dict[str, NodeView]:
+        """Each named node's view; ``exclude`` is the uid of the pod being scheduled; ``sent``
+        replaces the cache's state of a node (the scheduler sent whole Node objects)."""
+        now, wall = self._clock(), self._wall()
         wanted = set(names)
         pending: dict[str, list[BoundPod]] = {}
+        guessed: dict[str, list[BoundPod]] = {}
         with self._lock:
             states = {name: self._states.get(name) for name in wanted}
             for uid, bound in self._bound.items():
-                if bound.node in wanted and uid != exclude and now - bound.since < self.pending_ttl:
+                if bound.node in wanted and uid != exclude:
                     pending.setdefault(bound.node, []).append(bound)
-            for uid, guessed in list(self._guesses.items()):
-                if now - guessed.since >= self.guess_ttl:
+            for uid, guess in list(self._guesses.items()):
+                if now - guess.since >= self.guess_ttl:
                     del self._guesses[uid]
-                elif guessed.node in wanted and uid != exclude:
-                    pending.setdefault(guessed.node, []).append(guessed)
+                elif guess.node in wanted and uid != exclude:
+                    guessed.setdefault(guess.node, []).append(guess)
+        if sent:
+            states.update({name: value for name, value in sent.items() if name in wanted})
+        oldest = wall - self.max_age
         result = {}
         for name in wanted:
             state = states[name]
             if not isinstance(state, node_state.NodeState):
                 problem = state or "no node state known (no annotation, or node not seen yet)"
                 result[name] = NodeView(None, problem, (), ())
-                continue
-            if name not in pending:
-                result[name] = NodeView(state, "", (), ())
-                continue
-            waiting = sorted(
-                (p for p in pending[name] if p.key not in state.pods), key=lambda p: p.since
-            )
-            result[name] = NodeView(
-                state,
-                "",
-                tuple(p.cards for p in waiting if p.cards),
-                tuple(p.slices for p in waiting if p.slices),
-            )
+            elif state.observed < oldest:
+                problem = (
+                    f"node {name}: state observed {wall - state.observed:.0f} s ago, more than "
+                    f"{self.max_age:g} s (the device plugin stopped writing it): unknown"
+                )
+                result[name] = NodeView(None, problem, (), ())
+            elif state.observed > wall + self.max_age:
+                # A clock this far ahead would keep a dead plugin's state fresh for ever.
+                problem = (
+                    f"node {name}: state observed {state.observed - wall:.0f} s in the future "
+                    "(is the node's clock set?): unknown"
+                )
+                result[name] = NodeView(None, problem, (), ())
+            elif name not in pending and name not in guessed:
+                result[name] = NodeView(state, "", (), ())  # most nodes: nothing in flight
+            else:
+                result[name] = self._in_flight(state, pending.get(name, ()), guessed.get(name, ()))
         return result
+
+    def _in_flight(
+        self, state: node_state.NodeState, bound: Iterable[BoundPod], guessed: Iterable[BoundPod]
+    ) -> NodeView:
+        """A node's view with the bound pods its state does not count yet, and its guesses."""
+        waiting = sorted(
+            (
+                pod
+                for pod in bound
+                if pod.key not in state.pods and state.observed < pod.seen_at + self.admission_grace
+            ),
+            key=lambda pod: pod.since,
+        )
+        guesses = sorted(guessed, key=lambda pod: pod.since)
+        return NodeView(
+            state,
+            "",
+            tuple(p.cards for p in waiting if p.cards),
+            tuple(p.slices for p in waiting if p.slices),
+            tuple(p.cards for p in guesses if p.cards),
+            tuple(p.slices for p in guesses if p.slices),
+        )
 
     def counts(self) -> dict[str, int]:
         """How much is cached (for /readyz and logs)."""
@@ -205,6 +284,7 @@ class ClusterCache:
                 "nodes": len(self._texts),
                 "nodes_with_state": good,
                 "bound_pods": len(self._bound),
+                "waiting_pods": len(self._waiting),
                 "guesses": len(self._guesses),
             }
 

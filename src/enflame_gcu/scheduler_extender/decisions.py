@@ -3,8 +3,9 @@
 Nothing here raises to the HTTP layer. A call that cannot be read is one WARNING line and a
 neutral answer: prioritize gives no scores (the scheduler adds nothing), filter passes every
 node it can name (and, when it cannot name any, answers ``Error``, which an ``ignorable``
-extender's scheduler skips). A node whose state is unknown or unreadable scores
-``node_fit.NO_OPINION`` and is never filtered out.
+extender's scheduler skips). A node whose state is unknown, unreadable or too old scores
+``node_fit.NEUTRAL`` (mid-scale) and is never filtered out. Guessed pods (see :mod:`.cache`)
+lower a node's score, never filter it out: a node they would overfill scores 1.
 """
 
 from __future__ import annotations
@@ -32,28 +33,22 @@ class Decisions:
         return protocol.parse_args(body, self.cache.resource, self.cache.shared)
 
     def _views(self, args: protocol.ExtenderArgs) -> dict[str, extender_cache.NodeView]:
-        views = self.cache.views(args.node_names, exclude=args.pod.uid)
-        if args.nodes is None:
-            return views
+        sent: dict[str, node_state.NodeState | str] = {}
         # Whole Node objects were sent: their annotations are newer than the cache's.
-        for name in args.node_names:
+        for name in args.node_names if args.nodes is not None else ():
             text = args.annotations(name).get(node_state.ANNOTATION)
             if not isinstance(text, str):
                 continue
             try:
-                state = node_state.parse(text)
+                sent[name] = node_state.parse(text)
             except NodeStateError as exc:
-                views[name] = extender_cache.NodeView(None, str(exc), (), ())
-                continue
-            old = views[name]
-            views[name] = extender_cache.NodeView(
-                state, "", old.pending_cards, old.pending_slices
-            )  # fmt: skip
-        return views
+                sent[name] = f"node {name}: {exc}"
+        return self.cache.views(args.node_names, exclude=args.pod.uid, sent=sent)
 
     def filter(self, body: bytes) -> bytes:
-        """``ExtenderArgs`` -> ``ExtenderFilterResult``: shared-slice pods lose the nodes where
-        no card has the slices a container asks for; whole-card pods lose nothing."""
+        """``ExtenderArgs`` -> ``ExtenderFilterResult``: shared-slice pods lose the nodes whose
+        own slice policy would not give them their slices after the pods bound there (never
+        for guesses); whole-card pods lose nothing."""
         try:
             args = self._read(body)
         except protocol.ProtocolError as exc:
@@ -89,25 +84,38 @@ class Decisions:
             top = [name for name, score in scores.items() if score == best]
             # Only a node ranked first alone is a safe guess: among tied nodes the scheduler's
             # other plugins choose, and a wrong guess makes a node look fuller than it is.
-            if best > node_fit.NO_OPINION and len(top) == 1:
-                self.cache.guess(args.pod, top[0])
+            if best > node_fit.NEUTRAL and len(top) == 1:
+                self.cache.guess(args.pod.uid, top[0])
         return protocol.priority_list(scores)
 
     def scores(self, args: protocol.ExtenderArgs) -> dict[str, int]:
         """Each candidate's score for the call's pod."""
-        pod = args.pod
-        result = {}
-        for name, view in self._views(args).items():
-            if view.state is None:
-                result[name] = node_fit.NO_OPINION
-            elif pod.cards:
-                result[name] = node_fit.whole_cards(view.state, view.pending_cards, pod.cards).score
-            elif pod.slices:
-                fit = node_fit.shared_slices(view.state, view.pending_slices, pod.slices)
-                result[name] = fit.score
-            else:
-                result[name] = node_fit.NO_OPINION
+        result = {name: _score(view, args.pod) for name, view in self._views(args).items()}
         return {name: result[name] for name in args.node_names if name in result}
+
+
+def _score(view: extender_cache.NodeView, pod: protocol.PodRequest) -> int:
+    """One node's score: with its guessed pods counted after its pending ones, unless they
+    would leave no room for this pod while the pending ones alone do (then 1: guesses come
+    from the scheduler's calls and must not make a node that fits look full)."""
+    state = view.state
+    if state is None or not (pod.cards or pod.slices):
+        return node_fit.NEUTRAL
+    if pod.cards:
+        fit = node_fit.whole_cards(
+            state, view.pending_cards + view.guessed_cards, pod.cards
+        )  # fmt: skip
+        if fit.fits or not view.guessed_cards:
+            return fit.score
+        alone = node_fit.whole_cards(state, view.pending_cards, pod.cards)
+    else:
+        fit = node_fit.shared_slices(
+            state, view.pending_slices + view.guessed_slices, pod.slices
+        )  # fmt: skip
+        if fit.fits or not view.guessed_slices:
+            return fit.score
+        alone = node_fit.shared_slices(state, view.pending_slices, pod.slices)
+    return 1 if alone.fits else alone.score
 
 
 def _unfiltered(body: bytes) -> tuple[dict[str, Any], int] | None:

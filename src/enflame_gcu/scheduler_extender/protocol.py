@@ -111,8 +111,10 @@ def container_requests(pod: Mapping[str, Any], resource: str, shared: str) -> tu
     cards = max([sum(c for c, _ in apps), *(c for c, _ in inits)])
     slices = [s for _, s in apps if s]
     biggest_init = max((s for _, s in inits), default=0)
-    if biggest_init > max(slices, default=0):
-        slices.append(biggest_init)  # an init container runs alone, before the others
+    if biggest_init > sum(slices):
+        # The kubelet gives the app containers the init container's slices again: the pod
+        # holds the larger of the two, and the init container's is chosen alone, first.
+        slices = [biggest_init]
     return cards, slices
 
 

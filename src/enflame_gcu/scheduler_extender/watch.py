@@ -1,4 +1,5 @@
-"""Keeps the cache current from the API server: a list, then a watch, of Nodes and bound Pods.
+"""Keeps the cache current from the API server: a list, then a watch, of Nodes, bound Pods and
+Pods waiting to be scheduled (the only pods the extender will hold a guess for).
 
 One task per kind. A watch that ends with an error (the API server restarted, a resource version
 expired with 410) is logged once and followed by a fresh list after a short pause, so the cache
@@ -21,6 +22,7 @@ from enflame_gcu.scheduler_extender import cache as extender_cache
 log = logging.getLogger(__name__)
 RETRY_SECONDS = 2.0
 BOUND: FieldSelector = {"spec.nodeName": operators.not_equal("")}
+WAITING: FieldSelector = {"spec.nodeName": operators.equal("")}
 
 
 def connect(kubeconfig: str = "") -> AsyncClient:
@@ -50,22 +52,26 @@ class Watcher:
     def __init__(self, client: AsyncClient, cache: extender_cache.ClusterCache) -> None:
         self.client = client
         self.cache = cache
-        self.synced = {"nodes": asyncio.Event(), "pods": asyncio.Event()}
+        self.synced = {
+            "nodes": asyncio.Event(),
+            "pods": asyncio.Event(),
+            "waiting": asyncio.Event(),
+        }
 
     def ready(self) -> tuple[bool, str]:
-        """Ready when both kinds have been listed at least once."""
+        """Ready when every kind has been listed at least once."""
         missing = [kind for kind, done in self.synced.items() if not done.is_set()]
         return (False, f"not listed yet: {', '.join(missing)}") if missing else (True, "ok")
 
     async def run(self) -> None:
-        """Follow nodes and pods until cancelled."""
-        await asyncio.gather(self._follow("nodes"), self._follow("pods"))
+        """Follow nodes, bound and waiting pods until cancelled."""
+        await asyncio.gather(*(self._follow(kind) for kind in self.synced))
 
     async def _follow(self, kind: str) -> None:
         trouble = ""
         while True:
             try:
-                version = await (self._list_nodes() if kind == "nodes" else self._list_pods())
+                version = await self._list(kind)
                 self.synced[kind].set()
                 if trouble:
                     log.info("watching %s again", kind)
@@ -86,11 +92,17 @@ class Watcher:
         self.cache.replace_nodes(nodes)
         return str(listing.resourceVersion or "")
 
-    async def _list_pods(self) -> str:
-        listing = self.client.list(Pod, namespace="*", fields=BOUND)
+    async def _list_pods(self, fields: FieldSelector) -> tuple[list[dict[str, Any]], str]:
+        listing = self.client.list(Pod, namespace="*", fields=fields)
         pods = [pod.to_dict() async for pod in listing]
-        self.cache.replace_pods(pods)
-        return str(listing.resourceVersion or "")
+        return pods, str(listing.resourceVersion or "")
+
+    async def _list(self, kind: str) -> str:
+        if kind == "nodes":
+            return await self._list_nodes()
+        pods, version = await self._list_pods(BOUND if kind == "pods" else WAITING)
+        (self.cache.replace_pods if kind == "pods" else self.cache.replace_waiting)(pods)
+        return version
 
     async def _watch(self, kind: str, version: str) -> None:
         if kind == "nodes":
@@ -100,12 +112,14 @@ class Watcher:
                 else:
                     self.cache.set_node(_name(node), _annotations(node))
         else:
+            fields = BOUND if kind == "pods" else WAITING
             events = self.client.watch(
-                Pod, namespace="*", fields=BOUND, resource_version=version or None
+                Pod, namespace="*", fields=fields, resource_version=version or None
             )
             async for event, pod in events:
+                uid = str((pod.metadata.uid if pod.metadata is not None else None) or "")
                 if event == "DELETED":
-                    uid = pod.metadata.uid if pod.metadata is not None else None
-                    self.cache.delete_pod(str(uid or ""))
+                    # Leaving the waiting selection means bound (or gone): not a deletion.
+                    (self.cache.delete_pod if kind == "pods" else self.cache.unwait)(uid)
                 else:
                     self.cache.set_pod(pod.to_dict())

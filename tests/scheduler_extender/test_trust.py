@@ -1,0 +1,140 @@
+"""What the extender trusts: node states only while fresh, bound pods until the state counts
+them, and guesses only for pods its own watch shows waiting (never a caller's word)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from enflame_gcu import devices, node_fit, node_state
+from enflame_gcu.scheduler_extender import cache as extender_cache
+from enflame_gcu.scheduler_extender import decisions
+
+WHOLE = [f"gcu{i}" for i in range(8)]
+
+
+class Clocks:
+    """The cache's two clocks (monotonic and wall), moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> node_state.NodeState:
+    from enflame_gcu.simulation import simulate, topofile
+
+    root = str(tmp_path_factory.mktemp("vendor"))
+    simulate.create(root, topofile.load("vendor-8card"))
+    return node_state.build(devices.discover(root), [], whole=WHOLE, shared={})
+
+
+def text(state: node_state.NodeState, observed: float, *held: int, **changes: Any) -> str:
+    cards = tuple(dataclasses.replace(c, free=c.minor not in held) for c in state.cards)
+    return dataclasses.replace(state, cards=cards, observed=observed, **changes).to_json()
+
+
+def pod(name: str, cards: int = 0, slices: int = 0, node: str | None = None) -> dict[str, Any]:
+    limits = {"enflame.com/gcu": str(cards)} if cards else {"enflame.com/shared-gcu": str(slices)}
+    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"limits": limits}}]}
+    if node is not None:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"}, "spec": spec}
+
+
+def call(decide: decisions.Decisions, verb: str, p: dict[str, Any], *names: str) -> Any:
+    body = json.dumps({"Pod": p, "NodeNames": list(names)}).encode()
+    return json.loads(getattr(decide, verb)(body))
+
+
+def scores(answer: list[dict[str, Any]]) -> dict[str, int]:
+    return {entry["Host"]: entry["Score"] for entry in answer}
+
+
+def setup() -> tuple[Clocks, extender_cache.ClusterCache, decisions.Decisions]:
+    clock = Clocks()
+    cache = extender_cache.ClusterCache(clock=clock, wall=clock)
+    return clock, cache, decisions.Decisions(cache)
+
+
+def test_a_node_without_state_scores_neutral_not_as_a_node_that_does_not_fit(
+    fresh: node_state.NodeState,
+) -> None:
+    clock, cache, decide = setup()
+    cache.set_node("full", {node_state.ANNOTATION: text(fresh, clock.now, *range(8))})
+    cache.set_node("plain", {})
+    ranked = scores(call(decide, "prioritize", pod("p", 2), "full", "plain", "unseen"))
+    assert ranked == {"full": node_fit.NO_FIT, "plain": node_fit.NEUTRAL, "unseen": 5}
+    assert 0 < node_fit.NEUTRAL < node_fit.MAX_SCORE
+
+
+def test_a_state_the_plugin_stopped_refreshing_becomes_unknown(
+    fresh: node_state.NodeState,
+) -> None:
+    clock, cache, decide = setup()
+    cache.set_node("a", {node_state.ANNOTATION: text(fresh, clock.now, *range(8))})
+    assert scores(call(decide, "prioritize", pod("p", 2), "a")) == {"a": 0}
+    clock.now += cache.max_age + 1  # no refresh since: the plugin crashed or lost its RBAC
+    assert scores(call(decide, "prioritize", pod("p", 2), "a")) == {"a": node_fit.NEUTRAL}
+    ahead = text(fresh, clock.now + cache.max_age + 60, *range(8))  # a clock far ahead
+    cache.set_node("c", {node_state.ANNOTATION: ahead})
+    assert scores(call(decide, "prioritize", pod("p", 2), "c")) == {"c": node_fit.NEUTRAL}
+    shared_state = text(fresh, clock.now - cache.max_age - 1, shared=())
+    cache.set_node("b", {node_state.ANNOTATION: shared_state})
+    answer = call(decide, "filter", pod("s", slices=2), "b")
+    assert answer["NodeNames"] == ["b"]  # unknown is never filtered out
+
+
+def test_a_bound_pod_counts_until_the_state_lists_it_or_is_newer(
+    fresh: node_state.NodeState,
+) -> None:
+    clock, cache, decide = setup()
+    cache.set_node("a", {node_state.ANNOTATION: text(fresh, clock.now, 2, 3, 4, 5, 6, 7)})
+    cache.set_pod(pod("first", 2, node="a"))
+    clock.now += 60  # longer than any fixed time-to-live: the plugin has not read again
+    cache.set_node("a", {node_state.ANNOTATION: text(fresh, clock.now - 59, 2, 3, 4, 5, 6, 7)})
+    assert scores(call(decide, "prioritize", pod("second", 2), "a")) == {"a": 0}
+    # A state read well after the binding that still shows the pair free: the pod is not there.
+    cache.set_node("a", {node_state.ANNOTATION: text(fresh, clock.now, 2, 3, 4, 5, 6, 7)})
+    assert scores(call(decide, "prioritize", pod("second", 2), "a")) == {"a": 10}
+
+
+def test_made_up_prioritize_calls_plant_no_guess_and_never_fail_filter() -> None:
+    clock, cache, decide = setup()
+    one_card = node_state.NodeState(
+        shared=(node_state.SharedCard("gcu0", 0, 6, 6),), observed=clock.now
+    )
+    other = node_state.NodeState(
+        shared=(node_state.SharedCard("gcu0", 0, 6, 1),), observed=clock.now
+    )
+    cache.set_node("a", {node_state.ANNOTATION: one_card.to_json()})
+    cache.set_node("b", {node_state.ANNOTATION: other.to_json()})
+    for index in range(8):  # a caller inventing pods: nothing the watch has seen waiting
+        call(decide, "prioritize", pod(f"fake{index}", slices=6), "a", "b")
+    assert cache.counts()["guesses"] == 0
+    assert call(decide, "filter", pod("real", slices=6), "a", "b")["NodeNames"] == ["a"]
+
+
+def test_a_guess_takes_the_watched_request_and_only_lowers_scores() -> None:
+    clock, cache, decide = setup()
+    card = node_state.NodeState(
+        shared=(node_state.SharedCard("gcu0", 0, 6, 6),), observed=clock.now
+    )
+    cache.set_node("a", {node_state.ANNOTATION: card.to_json()})
+    cache.set_node("b", {node_state.ANNOTATION: card.to_json()})
+    cache.set_node("c", {node_state.ANNOTATION: dataclasses.replace(card, shared=()).to_json()})
+    cache.set_pod(pod("big", slices=6, node=""))  # the watch: it asks for 6 slices
+    # The call claims 1 slice for the same pod; "a" is ranked first alone.
+    call(decide, "prioritize", pod("big", slices=1), "a", "c")
+    assert cache.counts()["guesses"] == 1
+    # The guess counts 6 slices on "a" (the watched request), so another pod sees it fuller,
+    ranked = scores(call(decide, "prioritize", pod("next", slices=2), "a", "b"))
+    assert ranked["a"] < ranked["b"]
+    # but the filter never drops a node for a guess.
+    assert call(decide, "filter", pod("next", slices=6), "a", "b")["NodeNames"] == ["a", "b"]
