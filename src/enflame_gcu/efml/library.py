@@ -155,14 +155,20 @@ class Library:
         raise EfmlError("dlopen", 4, types.code_name(4), detail)
 
     def function(self, name: str) -> Callable[..., int]:
-        """The exported function ``name``; EfmlNotSupported when the library lacks it."""
+        """The exported function ``name`` with its argument types from :data:`types.SIGNATURES`
+        (a name missing there is a bug: ValueError); EfmlNotSupported when the library lacks it."""
+        try:
+            argtypes = types.SIGNATURES[name]
+        except KeyError:
+            raise ValueError(f"{name} has no signature in efml.types.SIGNATURES") from None
         try:
             found = getattr(self.handle, name)
         except AttributeError:
             raise EfmlNotSupported(
                 name, types.NOT_SUPPORTED, "not supported by this libefml", self.path
             ) from None
-        found.restype = ctypes.c_int
+        found.argtypes = argtypes
+        found.restype = None if name == "EfmlShutdown" else ctypes.c_int
         return found  # type: ignore[no-any-return]
 
     def has(self, name: str) -> bool:
@@ -194,10 +200,8 @@ class Library:
 
     def shutdown(self) -> None:
         """EfmlShutdown (returns void)."""
-        shut = getattr(self.handle, "EfmlShutdown", None)
-        if shut is not None:
-            shut.restype = None
-            shut()
+        if self.has("EfmlShutdown"):
+            self.function("EfmlShutdown")()
 
     def _text(self, name: str, *args: Any) -> str:
         buffer = ctypes.create_string_buffer(types.MAX_CHAR_BUFF_LEN)
@@ -298,15 +302,37 @@ class Library:
         return Clocks(int(info.cur_dtu_clock), int(info.cur_hbm_clock))
 
     def temperatures(self, index: int, arch: int | None) -> Temperatures:
-        """EfmlGetDevTempV2 on GCU300 (or when the arch is unknown and V2 exists), else the
-        legacy EfmlGetDevTemp (asic = dev, mem = hbm0), as gcu-exporter chooses."""
-        if (arch is None or arch >= types.GCU300) and self.has("EfmlGetDevTempV2"):
-            v2 = self._struct("EfmlGetDevTempV2", types.ThermalInfoV2(), index)
-            return Temperatures(
-                float(v2.cur_asic_temp), float(v2.cur_mem_temp), float(v2.cur_board_temp)
-            )
+        """EfmlGetDevTempV2 on a GCU300 only (the vendor's binding calls it nowhere else),
+        falling back to the legacy EfmlGetDevTemp (asic = dev, mem = hbm0) when V2 is not
+        supported; every other card, and one whose architecture is unknown, reads the legacy."""
+        if arch == types.GCU300:
+            try:
+                v2 = self._struct("EfmlGetDevTempV2", types.ThermalInfoV2(), index)
+            except EfmlNotSupported:
+                pass
+            else:
+                return Temperatures(
+                    float(v2.cur_asic_temp), float(v2.cur_mem_temp), float(v2.cur_board_temp)
+                )
         old = self._struct("EfmlGetDevTemp", types.ThermalInfo(), index)
         return Temperatures(float(old.cur_dev_temp), float(old.cur_hbm0_temp), None)
+
+    def max_clock(self, index: int) -> int:
+        """EfmlGetMaxFreq: the DTU's maximum clock in MHz (declared in efml.h, not in the Go
+        binding; a library without it is NOT_SUPPORTED)."""
+        return self._u32("EfmlGetMaxFreq", index)
+
+    def event(self, timeout_ms: int) -> tuple[int, int, str] | None:
+        """EfmlGetEvent: the next node-wide event as (card id, type, message), or None when none
+        arrives within ``timeout_ms`` (the library answers TIMEOUT)."""
+        event = types.Event()
+        try:
+            self.call("EfmlGetEvent", ctypes.c_int(timeout_ms), ctypes.byref(event))
+        except EfmlError as exc:
+            if exc.code == types.TIMEOUT:
+                return None
+            raise
+        return int(event.event_id), int(event.event_type), event.event_msg.decode(errors="replace")
 
     def power(self, index: int) -> Power:
         """EfmlGetDevPwr."""
