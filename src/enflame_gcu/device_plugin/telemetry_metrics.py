@@ -209,6 +209,11 @@ CARD_METRICS: tuple[CardMetric, ...] = (
         lambda r: r.virt_mode,
     ),
     CardMetric(
+        "enflame_gcu_max_clock",
+        "The DTU's maximum clock in MHz (EfmlGetMaxFreq; absent where the library lacks it)",
+        lambda r: r.max_clock,
+    ),
+    CardMetric(
         "enflame_gcu_memory_clock",
         "HBM clock, probably MHz (EfmlGetDevClk cur_hbm_clock; efml.h states no unit)",
         lambda r: None if r.clocks is None else r.clocks.hbm,
@@ -266,9 +271,10 @@ class TelemetryMetrics(Collector):
         self.collector = collector
         self.view = view
         self.host = host or hostname()
-        # The families of the last (pass, view) pair: both are replaced whole, never changed, so
-        # scrapes between two passes reuse them instead of rebuilding every series.
-        self._cached: tuple[object, object, bool, list[Metric]] | None = None
+        # The card families of the last (readings, view) content: compared by value, so a new
+        # pass or holders view with the same content reuses them instead of rebuilding every
+        # series; the per-pass families (timings, totals) are built on each scrape.
+        self._cached: tuple[object, list[Metric]] | None = None
 
     def describe(self) -> Iterator[Metric]:
         """No fixed description: the families depend on the cards."""
@@ -278,25 +284,33 @@ class TelemetryMetrics(Collector):
         """The families for one scrape (never calls libefml)."""
         snap = self.collector.snapshot
         node, known = self.view()
-        cached = self._cached
-        if cached is not None and cached[0] is snap and cached[1] is node and cached[2] == known:
-            yield from cached[3]
+        by_bdf = {c.card.bdf: c for c in node.cards} if node is not None else {}
+        yield from self._pass(snap, by_bdf)
+        if not snap.up:
             return
-        families: list[Metric] = list(self._build(snap, node, known))
-        self._cached = (snap, node, known, families)
+        key = (snap.count, snap.cards, snap.failures, node, known)
+        cached = self._cached
+        if cached is not None and cached[0] == key:
+            yield from cached[1]
+            return
+        families: list[Metric] = list(self._build(snap, node, known, by_bdf))
+        self._cached = (key, families)
         yield from families
 
-    def _build(
-        self, snap: telemetry.Snapshot, node: holders.NodeView | None, known: bool
+    def _pass(
+        self, snap: telemetry.Snapshot, by_bdf: dict[str, holders.CardView]
     ) -> Iterator[Metric]:
-        by_bdf = {c.card.bdf: c for c in node.cards} if node is not None else {}
+        """What changes on every pass: up, timings, and the running totals."""
         out = _Families()
         host = [self.host]
         out.add(
             "enflame_gcu_exporter_up",
-            "1 when libefml is loaded and initialised (card telemetry on)",
-            ["Hostname"],
-            host,
+            (
+                "1 when libefml is loaded and initialised (card telemetry on); 0 with the reason:"
+                " not_collected_yet, no_library, init_failed:<error>, no_answer:<error>"
+            ),
+            ["Hostname", "reason"],
+            [self.host, "" if snap.up else snap.cause or "unknown"],
             1 if snap.up else 0,
         )
         out.add(
@@ -313,9 +327,64 @@ class TelemetryMetrics(Collector):
             host,
             snap.finished,
         )
-        if not snap.up:
-            yield from out.found.values()
-            return
+        out.add(
+            "enflame_gcu_telemetry_library_inits_total",
+            "Times libefml was initialised (again after a driver reload or repeated node errors)",
+            ["Hostname"],
+            host,
+            snap.inits,
+            counter=True,
+        )
+        for kind, count in snap.events:
+            out.add(
+                "enflame_gcu_events_total",
+                "libefml events (EfmlGetEvent, the XID analogue) by type",
+                ["type", "Hostname"],
+                [kind, self.host],
+                count,
+                counter=True,
+            )
+        for index, bdf, call, reason, count in snap.reading_errors:
+            view = by_bdf.get(bdf)
+            out.add(
+                "enflame_gcu_telemetry_reading_errors_total",
+                (
+                    "Optional readings a libefml call refused (an error but NOT_SUPPORTED): only"
+                    " that reading is left out, the card stays"
+                ),
+                ["card", "efml_index", "pci_bus_id", "call", "reason", "Hostname"],
+                ["" if view is None else view.card.name, str(index), bdf, call, reason, self.host],
+                count,
+                counter=True,
+            )
+        readings = {card.identity.bdf: card for card in snap.cards}
+        for bdf, joules in snap.energy:
+            card = readings.get(bdf)
+            if card is None:
+                continue
+            out.add(
+                "enflame_gcu_energy_joules_total",
+                (
+                    "Energy in joules, integrated from EfmlGetDevPwr over the collection passes"
+                    " (libefml has no energy counter; assumes the power reading is in watts)"
+                ),
+                CARD_LABELS,
+                self._base(card, by_bdf.get(bdf)),
+                joules,
+                counter=True,
+            )
+        yield from out.found.values()
+
+    def _build(
+        self,
+        snap: telemetry.Snapshot,
+        node: holders.NodeView | None,
+        known: bool,
+        by_bdf: dict[str, holders.CardView],
+    ) -> Iterator[Metric]:
+        del node
+        out = _Families()
+        host = [self.host]
         out.add(
             "enflame_gcu_count",
             "Cards libefml sees (EfmlGetDevCount)",
@@ -338,40 +407,28 @@ class TelemetryMetrics(Collector):
             host,
             vgcus,
         )
+        error_labels = ["card", "efml_index", "pci_bus_id", "UUID", "reason", "Hostname"]
+        error_help = (
+            "1 for a card left out of the last pass (its identity could not be read), with the "
+            "libefml error (timeout: the call hung); 0 for a card that was read"
+        )
         for failure in snap.failures:
             view = by_bdf.get(failure.bdf)
             name = view.card.name if view is not None else ""
-            labels = ["card", "efml_index", "pci_bus_id", "reason", "Hostname"]
-            values = [name, str(failure.index), failure.bdf, failure.reason, self.host]
-            out.add(
-                "enflame_gcu_telemetry_card_error",
-                (
-                    "1 for a card left out of the last pass, with the libefml error (timeout: the"
-                    " call hung)"
-                ),
-                labels,
-                values,
-                1,
-            )
+            uuid = f"GCU-{failure.uuid}" if failure.uuid else ""
+            values = [name, str(failure.index), failure.bdf, uuid, failure.reason, self.host]
+            out.add("enflame_gcu_telemetry_card_error", error_help, error_labels, values, 1)
         for card in snap.cards:
             view = by_bdf.get(card.identity.bdf)
             values = [
                 "" if view is None else view.card.name,
                 str(card.index),
                 card.identity.bdf,
+                f"GCU-{card.uuid}" if card.uuid else "",
                 "",
                 self.host,
             ]
-            out.add(
-                "enflame_gcu_telemetry_card_error",
-                (
-                    "1 for a card left out of the last pass, with the libefml error (timeout: the"
-                    " call hung)"
-                ),
-                ["card", "efml_index", "pci_bus_id", "reason", "Hostname"],
-                values,
-                0,
-            )
+            out.add("enflame_gcu_telemetry_card_error", error_help, error_labels, values, 0)
         yield from out.found.values()
 
     def _base(self, card: reading.CardReading, view: holders.CardView | None) -> list[str]:

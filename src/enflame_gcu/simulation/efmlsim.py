@@ -57,6 +57,7 @@ def card_values(index: int, card: SimCard) -> dict[str, str]:
         "pgs": "0",
         "hbm_clock_mhz": "1600",
         "dtu_clock_mhz": "1400",
+        "max_dtu_clock_mhz": "1500",
         "asic_temp": "38",
         "mem_temp": "36",
         "board_temp": "33",
