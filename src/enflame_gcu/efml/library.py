@@ -22,7 +22,7 @@ from typing import Any
 
 from enflame_gcu import fileio
 from enflame_gcu.efml import types
-from enflame_gcu.errors import EfmlError, EfmlNotSupported
+from enflame_gcu.errors import EfmlError, EfmlNotSupported, PathOutsideRootError
 
 NAMES = (
     "libefml.so",
@@ -47,6 +47,17 @@ def candidates(host_root: str = "/", explicit: str | None = None) -> list[str]:
     for folder in DIRS:
         found += [folder + name for name in NAMES]
     return found
+
+
+def locate(host_root: str, path: str) -> str:
+    """``path`` with its links followed hop by hop, a path under the host root kept inside it
+    (an absolute link target such as ``/usr/local/efsmi/...`` is the host's, found under the
+    host root, never this container's own); other paths as the OS resolves them."""
+    if os.path.normpath(host_root) != "/":
+        base = os.path.abspath(host_root).rstrip("/") + "/"
+        if os.path.abspath(path).startswith(base):
+            return fileio.resolve(host_root, "/" + os.path.relpath(path, base))
+    return os.path.realpath(path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,18 +149,32 @@ class Library:
 
     @classmethod
     def load(cls, host_root: str = "/", explicit: str | None = None) -> Library:
-        """The first library that loads; EfmlError LIBRARY_NOT_FOUND lists what was tried."""
-        tried = []
+        """The first library that loads; EfmlError LIBRARY_NOT_FOUND lists what was tried and
+        names every dangling candidate (a link whose target is not there)."""
+        tried, dangling = [], []
         for path in candidates(host_root, explicit):
-            if "/" in path and not os.path.exists(path):
-                continue
+            target = path
+            if "/" in path:
+                try:
+                    target = locate(host_root, path)
+                except PathOutsideRootError as exc:
+                    dangling.append(str(exc))
+                    continue
+                if not os.path.exists(target):
+                    if os.path.lexists(path):
+                        dangling.append(
+                            f"{path} -> {os.readlink(path)} (dangling: {target} missing)"
+                        )
+                    continue
             try:
-                handle = ctypes.CDLL(path, mode=os.RTLD_LAZY | os.RTLD_GLOBAL)
+                handle = ctypes.CDLL(target, mode=os.RTLD_LAZY | os.RTLD_GLOBAL)
             except OSError as exc:
                 tried.append(f"{path}: {exc}")
                 continue
-            return cls(handle, path)
+            return cls(handle, target)
         detail = "tried " + ", ".join(candidates(host_root, explicit)[:8]) + " and the rest"
+        if dangling:
+            detail += "; dangling: " + "; ".join(dangling[:3])
         if tried:
             detail += "; failed to load: " + "; ".join(tried[:3])
         raise EfmlError("dlopen", 4, types.code_name(4), detail)

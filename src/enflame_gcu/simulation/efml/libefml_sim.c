@@ -8,7 +8,9 @@
  * "driver_ver" in the node file is a driver reload: every call but EfmlGetDriverVer answers
  * UNINITIALIZED until EfmlInit runs again. "event_seq N" with "event_id", "event_type" and
  * "event_msg" in the node file is the next event EfmlGetEvent hands out (once per new N). The root is where the library sits: <root>/usr/lib/libefml.so, or
- * $EFML_SIM_ROOT when it is loaded from anywhere else. Built by enflame_gcu.simulation.efmlsim
+ * $EFML_SIM_ROOT when it is loaded from anywhere else (installed as the vendor installs it, under
+ * <root>/usr/local/efsmi/lib and linked from <root>/usr/lib, it finds the root from its
+ * resolved path). Built by enflame_gcu.simulation.efmlsim
  * with the system compiler; -DEFML_SIM_LEGACY leaves out the optional and GCU300-only calls, as
  * an older library would. */
 #define _GNU_SOURCE
@@ -41,6 +43,12 @@ static void find_root(void) {
         if (n > s && strcmp(info.dli_fname + n - s, suffix) == 0 && n - s < sizeof g_root) {
             memcpy(g_root, info.dli_fname, n - s);
             g_root[n - s] = '\0';
+            return;
+        }
+        const char *vendor = strstr(info.dli_fname, "/usr/local/efsmi/lib/");
+        if (vendor && (size_t)(vendor - info.dli_fname) < sizeof g_root) {
+            memcpy(g_root, info.dli_fname, (size_t)(vendor - info.dli_fname));
+            g_root[vendor - info.dli_fname] = '\0';
             return;
         }
     }
@@ -159,9 +167,16 @@ static double nth(const char *text, const char *key, uint32_t n) {
     efmlReturn_t rc = enter((idx), fn, text);       \
     if (rc != EFML_SUCCESS) return rc
 
+#ifdef EFML_SIM_DEP
+int efsmi_sim_dep_ready(void); /* efsmi_dep.c, a separate library next to this one */
+#endif
+
 EXPORT efmlReturn_t EfmlInit(bool no_driver) {
     char text[FILE_MAX], value[BUF];
     (void)no_driver;
+#ifdef EFML_SIM_DEP
+    if (!efsmi_sim_dep_ready()) return EFML_ERROR_LIBRARY_NOT_FOUND;
+#endif
     find_root();
     if (read_file("node", text) != 0) return EFML_ERROR_DRIVER_NOT_LOADED;
     if (lookup(text, "init_fail", value, sizeof value) == 0) return (efmlReturn_t)atoi(value);
