@@ -56,9 +56,23 @@ def collection(topology: str) -> dict[str, Any]:
     }
 
 
-def scrape(port: int) -> int:
+def scrape(port: int) -> tuple[int, int]:
+    """Bytes and series (sample lines) of one scrape."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-        return len(answer.read())
+        body = answer.read()
+    series = sum(1 for line in body.split(b"\n") if line and not line.startswith(b"#"))
+    return len(body), series
+
+
+def telemetry_series(text: str) -> int:
+    """Sample lines of the telemetry families (enflame_gcu_*/enflame_vgcu_* but the plugin's
+    own allocation families) in one scrape."""
+    own = (b"enflame_gcu_card", b"enflame_gcu_cards", b"enflame_gcu_allocation_info")
+    return sum(
+        1
+        for line in text.encode().split(b"\n")
+        if line.startswith((b"enflame_gcu_", b"enflame_vgcu_")) and not line.startswith(own)
+    )
 
 
 async def plugin(telemetry_on: bool) -> dict[str, Any]:
@@ -83,7 +97,9 @@ async def plugin(telemetry_on: bool) -> dict[str, Any]:
             sizes.append(await asyncio.to_thread(scrape, port))
 
         result["scrape"] = summary(await measure(SCRAPES, one))
-        result["scrape_bytes"] = sizes[-1]
+        result["scrape_bytes"], result["series"] = sizes[-1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            result["telemetry_series"] = telemetry_series(answer.read().decode())
         result["rss_mb_after_scrapes"] = rss_mb(pid)
     return result
 
@@ -104,6 +120,7 @@ async def main() -> dict[str, Any]:
             "rss_mb": round(on["rss_mb_after_scrapes"] - off["rss_mb_after_scrapes"], 1),
             "scrape_p50_ms": round(on["scrape"]["p50_ms"] - off["scrape"]["p50_ms"], 3),
             "scrape_bytes": on["scrape_bytes"] - off["scrape_bytes"],
+            "series": on["series"] - off["series"],
             "idle_cpu_ms_per_s": round(on["idle_cpu_ms_per_s"] - off["idle_cpu_ms_per_s"], 2),
         },
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

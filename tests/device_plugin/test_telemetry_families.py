@@ -4,6 +4,9 @@ that keep one series when a card changes hands (the holder joined through
 
 from __future__ import annotations
 
+import os
+import re
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -13,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from enflame_gcu import devices, holders
 from enflame_gcu.device_plugin import card_metrics, telemetry, telemetry_metrics
 from enflame_gcu.simulation import efmlsim
-from tests.conftest import MakeNode
+from tests.conftest import PROJECT_ROOT, MakeNode
 from tests.deploy import promtool
 
 # gcu-exporter's names, kept for compatibility (EFML.md §4): promtool dislikes "_total_count" on
@@ -129,3 +132,53 @@ def test_promtool_check_metrics_is_clean_for_every_family_of_ours(render: Render
         if line.strip():
             problems.append(line)
     assert problems == []
+
+
+def documented_types(path: str) -> dict[str, str]:
+    """``{family: type}`` from the tables of a metrics doc (first cell names, second the type)."""
+    found: dict[str, str] = {}
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if not line.startswith("| `"):
+                continue
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            if len(cells) < 3 or cells[1] not in ("gauge", "counter"):
+                continue
+            for name in re.findall(r"`(enflame_v?gcu_[a-z0-9_{},]+)`", cells[0]):
+                found[name] = cells[1]
+    return found
+
+
+@pytest.mark.parametrize("doc", ["metrics.md", "metrics.zh-CN.md"])
+def test_the_metrics_doc_lists_every_family_with_its_type(make_node: MakeNode, doc: str) -> None:
+    root = make_node("vgcu-2card")
+    efmlsim.install(root)
+    efmlsim.set_values(root, "card1", {"refuse": "EfmlGetDevPwr=254"})
+    collector = telemetry.TelemetryCollector(root, 10, 5)
+    try:
+        collector.collect_once()  # libefml initialised: events from now on are handed out
+        efmlsim.set_values(root, "node", {"event_seq": "1", "event_type": "3", "event_msg": "x"})
+        deadline = time.monotonic() + 10
+        while not collector.snapshot.events and time.monotonic() < deadline:
+            collector.snapshot = collector.collect_once()
+            time.sleep(0.05)
+        cards = card_metrics.CardCollector(host="n1")
+        cards.update(holders.build(devices.discover(root), [holding("a", "vgcu1")]), known=True)
+        registry = CollectorRegistry()
+        registry.register(cards)
+        registry.register(telemetry_metrics.TelemetryMetrics(collector, cards.current, host="n1"))
+        text = generate_latest(registry).decode()
+    finally:
+        collector.stop()
+    own = {"enflame_gcu_cards", "enflame_gcu_card_healthy", "enflame_gcu_card_unhealthy",
+           "enflame_gcu_card_allocated", "enflame_gcu_cards_allocated"}  # fmt: skip
+    rendered = {
+        (f"{f.name}_total" if f.type == "counter" else f.name): f.type
+        for f in text_string_to_metric_families(text)
+        if f.name not in own
+    }
+    assert {"enflame_gcu_events_total", "enflame_gcu_telemetry_reading_errors_total"} <= set(
+        rendered
+    )
+    documented = documented_types(os.path.join(PROJECT_ROOT, "docs", doc))
+    assert {name: documented.get(name) for name in rendered} == rendered

@@ -103,3 +103,16 @@ def test_sim_efml_refuses_bad_input_and_changes_nothing(
     result = ctk("sim", "efml", action, root, card, *rest)
     assert result.returncode == 1 and message in result.stderr, result.stderr
     assert efmlsim.read_values(root, "card1") == before
+
+
+def test_a_driver_version_change_is_a_reload_for_the_simulated_libefml(root: str) -> None:
+    lib = loaded(root)
+    try:
+        assert ctk("sim", "set-driver-version", root, "1.2.4").returncode == 0
+        with pytest.raises(EfmlError, match="EFML_ERROR_UNINITIALIZED"):
+            lib.device_count()
+        assert lib.driver_version() == "1.2.4"
+        lib.init()
+        assert lib.device_count() == 2
+    finally:
+        lib.shutdown()

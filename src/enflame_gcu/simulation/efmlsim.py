@@ -144,6 +144,13 @@ def set_values(root: str, name: str, changes: Mapping[str, str | None]) -> None:
     fileio.atomic_write_text(os.path.join(_folder(root), name), _render(values))
 
 
+def driver_reloaded(root: str, version: str) -> None:
+    """Tell the simulated libefml the driver was (re)loaded at ``version``: its calls answer
+    UNINITIALIZED until EfmlInit runs again. Nothing to do on a node without its values."""
+    if os.path.exists(os.path.join(_folder(root), "node")):
+        set_values(root, "node", {"driver_ver": version})
+
+
 def source_dir() -> str:
     """Where the C source and header are (inside the installed package)."""
     return str(resources.files("enflame_gcu.simulation").joinpath("efml"))
