@@ -62,6 +62,17 @@ def test_a_driver_reload_reinitialises_libefml(node: Node) -> None:
     assert node.samples("enflame_gcu_telemetry_library_inits_total")[0][1] == 2
 
 
+def test_repeated_node_level_errors_reinitialise_libefml(node: Node) -> None:
+    assert node.collect().up
+    efmlsim.set_values(node.root, "node", {"count_fail": "254"})
+    passes = [node.collect() for _ in range(telemetry.REINIT_AFTER)]
+    assert [p.up for p in passes] == [False] * telemetry.REINIT_AFTER
+    assert passes[0].cause == "no_answer:EFML_ERROR_FAIL"
+    assert [p.inits for p in passes] == [1] * (telemetry.REINIT_AFTER - 1) + [2]
+    efmlsim.set_values(node.root, "node", {"count_fail": None})
+    assert node.collect().up
+
+
 def test_a_refused_reading_is_counted_per_call_and_the_card_stays(node: Node) -> None:
     efmlsim.set_values(node.root, "card1", {"refuse": "EfmlGetDevPwr=254", "usage": "7"})
     node.collect()
@@ -81,6 +92,10 @@ def test_a_refused_reading_is_counted_per_call_and_the_card_stays(node: Node) ->
 
 def test_events_are_counted_by_type_on_their_own_thread(node: Node) -> None:
     node.collector.start()
+    deadline = time.monotonic() + 10
+    while not node.collector.snapshot.up:  # libefml initialised: later events are handed out
+        assert time.monotonic() < deadline, node.collector.snapshot
+        time.sleep(0.05)
     for seq in (1, 2):
         efmlsim.set_values(
             node.root, "node", {"event_seq": str(seq), "event_type": "10", "event_msg": "x"}

@@ -213,8 +213,11 @@ EXPORT efmlReturn_t EfmlGetLibVer(char *out) { return node_str("lib_ver", out); 
 EXPORT efmlReturn_t EfmlGetDriverAccessPoint(char *out) { return node_str("access_point", out); }
 
 EXPORT efmlReturn_t EfmlGetDevCount(uint32_t *count) {
+    char text[FILE_MAX], value[BUF];
     if (!g_initialized || reloaded()) return EFML_ERROR_UNINITIALIZED;
     if (!count) return EFML_ERROR_INVALID_ARGUMENT;
+    if (read_file("node", text) == 0 && lookup(text, "count_fail", value, sizeof value) == 0)
+        return (efmlReturn_t)atoi(value);
     *count = (uint32_t)card_count();
     return EFML_SUCCESS;
 }
