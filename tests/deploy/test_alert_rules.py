@@ -200,3 +200,19 @@ def test_alert_rule_scenario(name: str, rules_file: str, tmp_path: Any) -> None:
     path.write_text(yaml.safe_dump(test, allow_unicode=True), encoding="utf-8")
     result = promtool.run("test", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("ci", "outcome"), [("true", pytest.fail.Exception), ("", pytest.skip.Exception)]
+)
+def test_a_missing_promtool_fails_under_ci_and_skips_elsewhere(
+    ci: str, outcome: type[BaseException], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    real_exists = os.path.exists
+    monkeypatch.setattr(
+        "os.path.exists", lambda path: False if "promtool" in path else real_exists(path)
+    )
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="no promtool"):
+        promtool.binary()
