@@ -40,6 +40,10 @@ def fired(severity: str, summary: str, **labels: str) -> dict[str, Any]:
 IDLE = "Pod ml/{pod} has held GCU gcu0 on n1 with usage below 1 for 2h"
 ECC = "GCU gcu0 on n1 had new uncorrectable (double-bit) ECC errors in 30 minutes"
 HOT = "GCU gcu0 on n1 has been above 85 °C for 10 minutes"
+RESET = (
+    "libefml reported reset_start events on n1 in the last 10 minutes (the plugin's log has"
+    " each message)"
+)
 # name -> (input series, alert expectations)
 SCENARIOS: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
     "idle_for_the_whole_window_fires": (
@@ -111,6 +115,33 @@ SCENARIOS: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
     "ecc_error_while_the_card_was_out_of_telemetry_fires": (
         [series("enflame_gcu_ecc_double_bit_errors_total", "2x10 _x10 3x10")],
         [alert("25m", "EnflameGCUEccErrorsRising", fired("warning", ECC))],
+    ),
+    "a_reset_event_fires_and_a_reset_finish_does_not": (
+        # The counters start at 0 when the events thread starts, so the first event counts.
+        [
+            {
+                "series": 'enflame_gcu_events_total{node="n1", type="reset_start"}',
+                "values": "0x5 1x20",
+            },
+            {
+                "series": 'enflame_gcu_events_total{node="n1", type="reset_finish"}',
+                "values": "0x5 1x20",
+            },
+        ],
+        [
+            alert("4m", "EnflameGCUResetEvents"),
+            {
+                "eval_time": "8m",
+                "alertname": "EnflameGCUResetEvents",
+                "exp_alerts": [
+                    {
+                        "exp_labels": {"node": "n1", "type": "reset_start", "severity": "warning"},
+                        "exp_annotations": {"summary": RESET},
+                    }
+                ],
+            },
+            alert("20m", "EnflameGCUResetEvents"),  # older than the 10-minute window
+        ],
     ),
     "hot_for_ten_minutes_fires_across_a_handover": (
         [

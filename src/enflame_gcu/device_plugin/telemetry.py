@@ -270,6 +270,9 @@ class TelemetryCollector:
     def _start_events(self, lib: library.Library) -> None:
         if self._events_thread is not None or not lib.has("EfmlGetEvent"):
             return
+        with self._events_lock:  # every known type from 0, so increase() sees the first event
+            for name in types.EVENT_TYPES.values():
+                self._events.setdefault(name, 0)
         self._events_thread = threading.Thread(
             target=self._read_events, args=(lib,), name="efml-events", daemon=True
         )
