@@ -22,7 +22,7 @@ def _ready(text: str) -> bool:
         'pod_name="vpod"',
         "enflame_gcu_card_unhealthy{",
         'reason="EFML_ERROR_FAIL"',
-        "enflame_gcu_ecc_double_bit_error_total_count{",
+        "enflame_gcu_ecc_double_bit_errors_total{",
     )
     return all(part in text for part in wanted) and 'reason="EFML_ERROR_FAIL"} 1.0' in text
 

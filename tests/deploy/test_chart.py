@@ -176,6 +176,14 @@ def plugin_args(vals: dict[str, Any]) -> list[str]:
             args.append(f"--metrics-bind-address={metrics['bindAddress']}")
         if not metrics["podResources"]:
             args.append("--pod-resources-interval=0")
+        telemetry = metrics["telemetry"]
+        if telemetry["enabled"]:
+            args.append(f"--telemetry-interval={telemetry['interval']}")
+            args.append(f"--telemetry-timeout={telemetry['timeout']}")
+            if telemetry["isolation"] == "process":
+                args.append("--telemetry-isolation=process")
+        else:
+            args.append("--telemetry-interval=0")
     if vals["nodeLabels"]["enabled"]:
         args.append("--feature-file=/host/nfd/enflame-gcu")
     return args

@@ -61,7 +61,8 @@ def test_rendered_telemetry_mounts_the_library_and_hands_the_plugin_the_cards(
 ) -> None:
     rendered = helm_render.render(
         str(tmp_path),
-        {"metrics": {"telemetry": {"enabled": True, "interval": 15, "libraryDir": "/usr/lib64"},
+        {"metrics": {"telemetry": {"enabled": True, "interval": 15, "libraryDir": "/usr/lib64",
+                                   "isolation": "process"},
                      "dashboard": {"enabled": True}}},
     )  # fmt: skip
     plugin = helm_render.daemonset(rendered, "daemonset-device-plugin.yaml")
@@ -75,8 +76,13 @@ def test_rendered_telemetry_mounts_the_library_and_hands_the_plugin_the_cards(
     assert mounts["host-libefml"] == {
         "name": "host-libefml", "mountPath": "/host/usr/lib64", "readOnly": True
     }  # fmt: skip
+    assert mounts["host-efsmi"] == {
+        "name": "host-efsmi", "mountPath": "/host/usr/local/efsmi", "readOnly": True
+    }  # fmt: skip
     volumes = {v["name"]: v for v in plugin["spec"]["template"]["spec"]["volumes"]}
     assert volumes["host-libefml"]["hostPath"] == {"path": "/usr/lib64", "type": "Directory"}
+    assert volumes["host-efsmi"]["hostPath"]["path"] == "/usr/local/efsmi"
+    assert "--telemetry-isolation=process" in container["args"]
     [config_map] = [
         doc
         for doc in helm_render.objects(rendered, "ConfigMap")
@@ -94,6 +100,8 @@ def test_rendered_defaults_keep_the_plugin_away_from_the_cards(tmp_path: Any) ->
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["ENFLAME_VISIBLE_DEVICES"] == "void" and "NODE_NAME" not in env
     assert "host-libefml" not in {m["name"] for m in container["volumeMounts"]}
+    # Telemetry off as the chart says: the plugin's own default (10 s) would look for libefml.
+    assert "--telemetry-interval=0" in container["args"]
     assert not helm_render.objects(rendered, "PrometheusRule")
     names = [doc["metadata"]["name"] for doc in helm_render.objects(rendered, "ConfigMap")]
     assert not [name for name in names if "dashboard" in name]

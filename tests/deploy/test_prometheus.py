@@ -296,4 +296,5 @@ def check(server: Prometheus, root: str, pm_job: str) -> None:
         "EnflameGCUTemperatureHigh",
         "EnflameGCUTelemetryCardDown",
         "EnflameGCUAllocatedButIdle",
+        "EnflameGCUResetEvents",
     }

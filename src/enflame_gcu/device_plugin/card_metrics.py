@@ -7,6 +7,8 @@ containers (slices, vGCUs) has one series per container; a free card one with em
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily
@@ -32,7 +34,9 @@ def _who(view: holders.CardView) -> list[tuple[str, str, str]]:
 class CardCollector(Collector):
     """Yields the ``enflame_gcu_card*`` families from the latest view."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str | None = None) -> None:
+        # The Hostname label the telemetry families carry, for joins without relabeling.
+        self.host = host or os.environ.get("NODE_NAME") or socket.gethostname()
         self._view: holders.NodeView | None = None
         self._known = False
 
@@ -76,6 +80,12 @@ class CardCollector(Collector):
         held = GaugeMetricFamily(
             "enflame_gcu_cards_allocated", "Cards any container holds now (PodResources)"
         )
+        info = GaugeMetricFamily(
+            "enflame_gcu_allocation_info",
+            "1 for each device (a card, vGCU or slice) a container holds now, naming the card; "
+            "join per-card counters to their holder on (node, card) or (Hostname, card)",
+            labels=["card", "device", "resource", "Hostname", *POD_LABELS],
+        )
         for card in view.cards:
             base = [card.card.name, card.card.model]
             for who in _who(card) if known else [("", "", "")]:
@@ -89,6 +99,11 @@ class CardCollector(Collector):
                     counts[key] = counts.get(key, 0) + 1
                 for key, count in (counts or {("", "", "", ""): 0}).items():
                     allocated.add_metric([*base, *key], count)
+                held_by = dict.fromkeys(
+                    (h.device, h.resource, h.namespace, h.pod, h.container) for h in card.holders
+                )
+                for device, resource, *pod_labels in held_by:
+                    info.add_metric([card.card.name, device, resource, self.host, *pod_labels], 1)
         total = len(view.cards)
         good = sum(1 for card in view.cards if card.healthy)
         cards.add_metric(["Healthy"], good)
@@ -96,5 +111,5 @@ class CardCollector(Collector):
         families = [cards, healthy, unhealthy]
         if known:
             held.add_metric([], sum(1 for card in view.cards if not card.free))
-            families += [allocated, held]
+            families += [allocated, held, info]
         yield from families

@@ -78,6 +78,8 @@ class PluginConfig:
     telemetry_interval: float = 10.0
     telemetry_timeout: float = 5.0
     efml_library: str | None = None
+    # "thread": libefml in this process; "process": in a child whose snapshots this reads.
+    telemetry_isolation: str = "thread"
     # The node-state annotation for the scheduler extender (node_annotation); needs node_name.
     node_state: bool = False
     node_name: str = ""
@@ -457,6 +459,13 @@ OPTIONS: tuple[Option, ...] = (
         None,
         _deadline,
         "seconds one card's libefml calls may take before the card is left out as hung",
+    ),
+    Option(
+        "telemetry_isolation",
+        None,
+        _OneOf(("thread", "process")),
+        "where libefml runs: thread (in this process) or process (a child whose snapshots the "
+        "plugin reads, so a libefml crash cannot take allocation down)",
     ),
     Option(
         "efml_library",

@@ -241,7 +241,9 @@ def _reloaded(
             "%s: new metrics, PodResources or log format settings take effect only after a restart",
             why,
         )
-    telemetry_settings = ("telemetry_interval", "telemetry_timeout", "efml_library")
+    telemetry_settings = (
+        "telemetry_interval", "telemetry_timeout", "efml_library", "telemetry_isolation"
+    )  # fmt: skip
     if any(getattr(new, name) != getattr(config, name) for name in telemetry_settings):
         log.warning("%s: new card telemetry settings take effect only after a restart", why)
     return new
@@ -316,13 +318,20 @@ def _telemetry(config: plugin_config.PluginConfig, exported: metrics.Metrics) ->
     from enflame_gcu.device_plugin import telemetry, telemetry_metrics  # noqa: PLC0415
     from enflame_gcu.efml import library as efml_library  # noqa: PLC0415
 
-    collector = telemetry.TelemetryCollector(
+    settings = (
         config.host_root, config.telemetry_interval, config.telemetry_timeout, config.efml_library
-    )
+    )  # fmt: skip
+    collector: Any
+    if config.telemetry_isolation == "process":
+        from enflame_gcu.device_plugin import telemetry_child  # noqa: PLC0415
+
+        collector = telemetry_child.ChildCollector(*settings)
+    else:
+        collector = telemetry.TelemetryCollector(*settings)
+        efml_library.ignore_user_signals()  # before the library loads, as gcu-exporter does
     exported.registry.register(
         telemetry_metrics.TelemetryMetrics(collector, exported.cards.current)
     )
-    efml_library.ignore_user_signals()  # before the library loads, as gcu-exporter does
     collector.start()
     return collector
 

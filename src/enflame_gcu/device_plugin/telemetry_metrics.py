@@ -6,7 +6,10 @@ Labels follow dcgm-exporter (``gpu``, ``UUID``, ``pci_bus_id``, ``modelName``, `
 plus our ``card``; the holder is ``pod_namespace``/``pod_name``/``container_name`` (gcu-exporter's
 own names), which the Prometheus Operator's target labels (``namespace``, ``pod``,
 ``container``, ``service``, ``endpoint``) can never overwrite. A card several containers hold
-has one series per container; a free card one series with empty holder labels.
+has one series per container; a free card one series with empty holder labels. Counts that
+must survive a change of holder (ECC errors, PCIe NAKs) are Prometheus counters with one series
+per card and no holder labels; the holder is joined through ``enflame_gcu_allocation_info``
+(card_metrics.py), as kube-state-metrics joins a pod's owner.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from enflame_gcu import devices, holders
@@ -31,12 +34,16 @@ Value = Callable[[reading.CardReading], "float | None"]
 
 @dataclass(frozen=True, slots=True)
 class CardMetric:
-    """One per-card gauge: name, help, and how to get its value from a reading."""
+    """One per-card family: name, help, and how to get its value from a reading."""
 
     name: str
     help: str
     value: Value
     vgcu: bool = False  # also emitted per vGCU with the parent card's value (gcu-exporter)
+    # False: one series per card without holder labels (a count that must survive a change of
+    # holder; join the holder through enflame_gcu_allocation_info).
+    holder: bool = True
+    counter: bool = False  # a Prometheus counter (its name ends in _total)
 
 
 def _ratio(used: float, total: float) -> float:
@@ -105,19 +112,23 @@ CARD_METRICS: tuple[CardMetric, ...] = (
         "enflame_gcu_ecc_single_bit_error_total_count",
         (
             "Corrected (single-bit) ECC errors since the driver loaded (EfmlGetDevEccStatus); a "
-            "gauge, as gcu-exporter has it"
+            "gauge under gcu-exporter's name, kept for compatibility: alert on the counter "
+            "enflame_gcu_ecc_single_bit_errors_total"
         ),
         lambda r: None if r.ecc is None else r.ecc.single_bit,
         vgcu=True,
+        holder=False,
     ),
     CardMetric(
         "enflame_gcu_ecc_double_bit_error_total_count",
         (
             "Uncorrected (double-bit) ECC errors (EfmlGetDevEccStatus, else EfmlGetDevRmaDetails'"
-            " dbe_count)"
+            " dbe_count); gcu-exporter's gauge, kept for compatibility: alert on the counter "
+            "enflame_gcu_ecc_double_bit_errors_total"
         ),
         lambda r: None if r.ecc is None else r.ecc.double_bit,
         vgcu=True,
+        holder=False,
     ),
     CardMetric(
         "enflame_gcu_ecc_enabled",
@@ -159,14 +170,35 @@ CARD_METRICS: tuple[CardMetric, ...] = (
         lambda r: None if r.pcie_throughput is None else r.pcie_throughput.rx,
     ),
     CardMetric(
-        "enflame_gcu_pcie_tx_nak_total_count",
-        "PCIe transmit NAKs (EfmlGetPcieThroughput tx_nak)",
+        "enflame_gcu_pcie_tx_naks_total",
+        "PCIe transmit NAKs since the driver loaded (EfmlGetPcieThroughput tx_nak)",
         lambda r: None if r.pcie_throughput is None else r.pcie_throughput.tx_nak,
+        holder=False,
+        counter=True,
     ),
     CardMetric(
-        "enflame_gcu_pcie_rx_nak_total_count",
-        "PCIe receive NAKs (EfmlGetPcieThroughput rx_nak)",
+        "enflame_gcu_pcie_rx_naks_total",
+        "PCIe receive NAKs since the driver loaded (EfmlGetPcieThroughput rx_nak)",
         lambda r: None if r.pcie_throughput is None else r.pcie_throughput.rx_nak,
+        holder=False,
+        counter=True,
+    ),
+    CardMetric(
+        "enflame_gcu_ecc_single_bit_errors_total",
+        "Corrected (single-bit) ECC errors since the driver loaded (EfmlGetDevEccStatus)",
+        lambda r: None if r.ecc is None else r.ecc.single_bit,
+        holder=False,
+        counter=True,
+    ),
+    CardMetric(
+        "enflame_gcu_ecc_double_bit_errors_total",
+        (
+            "Uncorrected (double-bit) ECC errors since the driver loaded (EfmlGetDevEccStatus, "
+            "else EfmlGetDevRmaDetails' dbe_count)"
+        ),
+        lambda r: None if r.ecc is None else r.ecc.double_bit,
+        holder=False,
+        counter=True,
     ),
     CardMetric(
         "enflame_gcu_virt_mode",
@@ -175,6 +207,11 @@ CARD_METRICS: tuple[CardMetric, ...] = (
             "(EfmlGetGcuVirtStatus)"
         ),
         lambda r: r.virt_mode,
+    ),
+    CardMetric(
+        "enflame_gcu_max_clock",
+        "The DTU's maximum clock in MHz (EfmlGetMaxFreq; absent where the library lacks it)",
+        lambda r: r.max_clock,
     ),
     CardMetric(
         "enflame_gcu_memory_clock",
@@ -204,14 +241,21 @@ class _Families:
     """The families of one scrape, created on first use so an empty pass yields none."""
 
     def __init__(self) -> None:
-        self.found: dict[str, GaugeMetricFamily] = {}
+        self.found: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
 
-    def add(
-        self, name: str, doc: str, labels: Sequence[str], values: Sequence[str], value: float
+    def add(  # noqa: PLR0917 (name, help, labels, values, value: the family's own order)
+        self,
+        name: str,
+        doc: str,
+        labels: Sequence[str],
+        values: Sequence[str],
+        value: float,
+        counter: bool = False,
     ) -> None:
         family = self.found.get(name)
         if family is None:
-            family = self.found[name] = GaugeMetricFamily(name, doc, labels=list(labels))
+            kind = CounterMetricFamily if counter else GaugeMetricFamily
+            family = self.found[name] = kind(name, doc, labels=list(labels))
         family.add_metric(list(values), value)
 
 
@@ -227,37 +271,46 @@ class TelemetryMetrics(Collector):
         self.collector = collector
         self.view = view
         self.host = host or hostname()
-        # The families of the last (pass, view) pair: both are replaced whole, never changed, so
-        # scrapes between two passes reuse them instead of rebuilding every series.
-        self._cached: tuple[object, object, bool, list[GaugeMetricFamily]] | None = None
+        # The card families of the last (readings, view) content: compared by value, so a new
+        # pass or holders view with the same content reuses them instead of rebuilding every
+        # series; the per-pass families (timings, totals) are built on each scrape.
+        self._cached: tuple[object, list[Metric]] | None = None
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
+    def describe(self) -> Iterator[Metric]:
         """No fixed description: the families depend on the cards."""
         return iter(())
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         """The families for one scrape (never calls libefml)."""
         snap = self.collector.snapshot
         node, known = self.view()
-        cached = self._cached
-        if cached is not None and cached[0] is snap and cached[1] is node and cached[2] == known:
-            yield from cached[3]
+        by_bdf = {c.card.bdf: c for c in node.cards} if node is not None else {}
+        yield from self._pass(snap, by_bdf)
+        if not snap.up:
             return
-        families = list(self._build(snap, node, known))
-        self._cached = (snap, node, known, families)
+        key = (snap.count, snap.cards, snap.failures, node, known)
+        cached = self._cached
+        if cached is not None and cached[0] == key:
+            yield from cached[1]
+            return
+        families: list[Metric] = list(self._build(snap, node, known, by_bdf))
+        self._cached = (key, families)
         yield from families
 
-    def _build(
-        self, snap: telemetry.Snapshot, node: holders.NodeView | None, known: bool
-    ) -> Iterator[GaugeMetricFamily]:
-        by_bdf = {c.card.bdf: c for c in node.cards} if node is not None else {}
+    def _pass(
+        self, snap: telemetry.Snapshot, by_bdf: dict[str, holders.CardView]
+    ) -> Iterator[Metric]:
+        """What changes on every pass: up, timings, and the running totals."""
         out = _Families()
         host = [self.host]
         out.add(
             "enflame_gcu_exporter_up",
-            "1 when libefml is loaded and initialised (card telemetry on)",
-            ["Hostname"],
-            host,
+            (
+                "1 when libefml is loaded and initialised (card telemetry on); 0 with the reason:"
+                " not_collected_yet, no_library, init_failed:<error>, no_answer:<error>"
+            ),
+            ["Hostname", "reason"],
+            [self.host, "" if snap.up else snap.cause or "unknown"],
             1 if snap.up else 0,
         )
         out.add(
@@ -274,9 +327,64 @@ class TelemetryMetrics(Collector):
             host,
             snap.finished,
         )
-        if not snap.up:
-            yield from out.found.values()
-            return
+        out.add(
+            "enflame_gcu_telemetry_library_inits_total",
+            "Times libefml was initialised (again after a driver reload or repeated node errors)",
+            ["Hostname"],
+            host,
+            snap.inits,
+            counter=True,
+        )
+        for kind, count in snap.events:
+            out.add(
+                "enflame_gcu_events_total",
+                "libefml events (EfmlGetEvent, the XID analogue) by type",
+                ["type", "Hostname"],
+                [kind, self.host],
+                count,
+                counter=True,
+            )
+        for index, bdf, call, reason, count in snap.reading_errors:
+            view = by_bdf.get(bdf)
+            out.add(
+                "enflame_gcu_telemetry_reading_errors_total",
+                (
+                    "Optional readings a libefml call refused (an error but NOT_SUPPORTED): only"
+                    " that reading is left out, the card stays"
+                ),
+                ["card", "efml_index", "pci_bus_id", "call", "reason", "Hostname"],
+                ["" if view is None else view.card.name, str(index), bdf, call, reason, self.host],
+                count,
+                counter=True,
+            )
+        readings = {card.identity.bdf: card for card in snap.cards}
+        for bdf, joules in snap.energy:
+            card = readings.get(bdf)
+            if card is None:
+                continue
+            out.add(
+                "enflame_gcu_energy_joules_total",
+                (
+                    "Energy in joules, integrated from EfmlGetDevPwr over the collection passes"
+                    " (libefml has no energy counter; assumes the power reading is in watts)"
+                ),
+                CARD_LABELS,
+                self._base(card, by_bdf.get(bdf)),
+                joules,
+                counter=True,
+            )
+        yield from out.found.values()
+
+    def _build(
+        self,
+        snap: telemetry.Snapshot,
+        node: holders.NodeView | None,
+        known: bool,
+        by_bdf: dict[str, holders.CardView],
+    ) -> Iterator[Metric]:
+        del node
+        out = _Families()
+        host = [self.host]
         out.add(
             "enflame_gcu_count",
             "Cards libefml sees (EfmlGetDevCount)",
@@ -299,40 +407,28 @@ class TelemetryMetrics(Collector):
             host,
             vgcus,
         )
+        error_labels = ["card", "efml_index", "pci_bus_id", "UUID", "reason", "Hostname"]
+        error_help = (
+            "1 for a card left out of the last pass (its identity could not be read), with the "
+            "libefml error (timeout: the call hung); 0 for a card that was read"
+        )
         for failure in snap.failures:
             view = by_bdf.get(failure.bdf)
             name = view.card.name if view is not None else ""
-            labels = ["card", "efml_index", "pci_bus_id", "reason", "Hostname"]
-            values = [name, str(failure.index), failure.bdf, failure.reason, self.host]
-            out.add(
-                "enflame_gcu_telemetry_card_error",
-                (
-                    "1 for a card left out of the last pass, with the libefml error (timeout: the"
-                    " call hung)"
-                ),
-                labels,
-                values,
-                1,
-            )
+            uuid = f"GCU-{failure.uuid}" if failure.uuid else ""
+            values = [name, str(failure.index), failure.bdf, uuid, failure.reason, self.host]
+            out.add("enflame_gcu_telemetry_card_error", error_help, error_labels, values, 1)
         for card in snap.cards:
             view = by_bdf.get(card.identity.bdf)
             values = [
                 "" if view is None else view.card.name,
                 str(card.index),
                 card.identity.bdf,
+                f"GCU-{card.uuid}" if card.uuid else "",
                 "",
                 self.host,
             ]
-            out.add(
-                "enflame_gcu_telemetry_card_error",
-                (
-                    "1 for a card left out of the last pass, with the libefml error (timeout: the"
-                    " call hung)"
-                ),
-                ["card", "efml_index", "pci_bus_id", "reason", "Hostname"],
-                values,
-                0,
-            )
+            out.add("enflame_gcu_telemetry_card_error", error_help, error_labels, values, 0)
         yield from out.found.values()
 
     def _base(self, card: reading.CardReading, view: holders.CardView | None) -> list[str]:
@@ -369,10 +465,14 @@ class TelemetryMetrics(Collector):
         )
         healthy = view is None or view.healthy
         message = "" if healthy else (view.reason if view is not None else "")
+        for metric in CARD_METRICS:
+            value = None if metric.holder else metric.value(card)
+            if value is not None:
+                out.add(metric.name, metric.help, CARD_LABELS, base, value, metric.counter)
         for who in whos:
             values = [*base, *who]
             for metric in CARD_METRICS:
-                value = metric.value(card)
+                value = metric.value(card) if metric.holder else None
                 if value is not None:
                     out.add(metric.name, metric.help, labels, values, value)
             if card.temperatures is not None:
@@ -436,6 +536,16 @@ class TelemetryMetrics(Collector):
         base: list[str],
     ) -> None:
         labels = [*CARD_LABELS, "vindex", *POD_LABELS]
+        for metric in CARD_METRICS:
+            value = metric.value(card) if metric.vgcu and not metric.holder else None
+            if value is not None:
+                out.add(
+                    metric.name.replace("enflame_gcu_", "enflame_vgcu_"),
+                    f"The parent card's {metric.name}",
+                    [*CARD_LABELS, "vindex"],
+                    [*base, str(vgcu.index)],
+                    value,
+                )
         for who in _who(view, known, f"vgcu{vgcu.index}"):
             values = [*base, str(vgcu.index), *who]
             if vgcu.usage is not None:
@@ -470,7 +580,7 @@ class TelemetryMetrics(Collector):
                     _ratio(memory.used_bytes, memory.total_bytes),
                 )
             for metric in CARD_METRICS:
-                value = metric.value(card) if metric.vgcu else None
+                value = metric.value(card) if metric.vgcu and metric.holder else None
                 if value is not None:
                     out.add(
                         metric.name.replace("enflame_gcu_", "enflame_vgcu_"),

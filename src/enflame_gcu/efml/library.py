@@ -22,7 +22,7 @@ from typing import Any
 
 from enflame_gcu import fileio
 from enflame_gcu.efml import types
-from enflame_gcu.errors import EfmlError, EfmlNotSupported
+from enflame_gcu.errors import EfmlError, EfmlNotSupported, PathOutsideRootError
 
 NAMES = (
     "libefml.so",
@@ -47,6 +47,17 @@ def candidates(host_root: str = "/", explicit: str | None = None) -> list[str]:
     for folder in DIRS:
         found += [folder + name for name in NAMES]
     return found
+
+
+def locate(host_root: str, path: str) -> str:
+    """``path`` with its links followed hop by hop, a path under the host root kept inside it
+    (an absolute link target such as ``/usr/local/efsmi/...`` is the host's, found under the
+    host root, never this container's own); other paths as the OS resolves them."""
+    if os.path.normpath(host_root) != "/":
+        base = os.path.abspath(host_root).rstrip("/") + "/"
+        if os.path.abspath(path).startswith(base):
+            return fileio.resolve(host_root, "/" + os.path.relpath(path, base))
+    return os.path.realpath(path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,31 +149,51 @@ class Library:
 
     @classmethod
     def load(cls, host_root: str = "/", explicit: str | None = None) -> Library:
-        """The first library that loads; EfmlError LIBRARY_NOT_FOUND lists what was tried."""
-        tried = []
+        """The first library that loads; EfmlError LIBRARY_NOT_FOUND lists what was tried and
+        names every dangling candidate (a link whose target is not there)."""
+        tried, dangling = [], []
         for path in candidates(host_root, explicit):
-            if "/" in path and not os.path.exists(path):
-                continue
+            target = path
+            if "/" in path:
+                try:
+                    target = locate(host_root, path)
+                except PathOutsideRootError as exc:
+                    dangling.append(str(exc))
+                    continue
+                if not os.path.exists(target):
+                    if os.path.lexists(path):
+                        dangling.append(
+                            f"{path} -> {os.readlink(path)} (dangling: {target} missing)"
+                        )
+                    continue
             try:
-                handle = ctypes.CDLL(path, mode=os.RTLD_LAZY | os.RTLD_GLOBAL)
+                handle = ctypes.CDLL(target, mode=os.RTLD_LAZY | os.RTLD_GLOBAL)
             except OSError as exc:
                 tried.append(f"{path}: {exc}")
                 continue
-            return cls(handle, path)
+            return cls(handle, target)
         detail = "tried " + ", ".join(candidates(host_root, explicit)[:8]) + " and the rest"
+        if dangling:
+            detail += "; dangling: " + "; ".join(dangling[:3])
         if tried:
             detail += "; failed to load: " + "; ".join(tried[:3])
         raise EfmlError("dlopen", 4, types.code_name(4), detail)
 
     def function(self, name: str) -> Callable[..., int]:
-        """The exported function ``name``; EfmlNotSupported when the library lacks it."""
+        """The exported function ``name`` with its argument types from :data:`types.SIGNATURES`
+        (a name missing there is a bug: ValueError); EfmlNotSupported when the library lacks it."""
+        try:
+            argtypes = types.SIGNATURES[name]
+        except KeyError:
+            raise ValueError(f"{name} has no signature in efml.types.SIGNATURES") from None
         try:
             found = getattr(self.handle, name)
         except AttributeError:
             raise EfmlNotSupported(
                 name, types.NOT_SUPPORTED, "not supported by this libefml", self.path
             ) from None
-        found.restype = ctypes.c_int
+        found.argtypes = argtypes
+        found.restype = None if name == "EfmlShutdown" else ctypes.c_int
         return found  # type: ignore[no-any-return]
 
     def has(self, name: str) -> bool:
@@ -194,10 +225,8 @@ class Library:
 
     def shutdown(self) -> None:
         """EfmlShutdown (returns void)."""
-        shut = getattr(self.handle, "EfmlShutdown", None)
-        if shut is not None:
-            shut.restype = None
-            shut()
+        if self.has("EfmlShutdown"):
+            self.function("EfmlShutdown")()
 
     def _text(self, name: str, *args: Any) -> str:
         buffer = ctypes.create_string_buffer(types.MAX_CHAR_BUFF_LEN)
@@ -298,15 +327,37 @@ class Library:
         return Clocks(int(info.cur_dtu_clock), int(info.cur_hbm_clock))
 
     def temperatures(self, index: int, arch: int | None) -> Temperatures:
-        """EfmlGetDevTempV2 on GCU300 (or when the arch is unknown and V2 exists), else the
-        legacy EfmlGetDevTemp (asic = dev, mem = hbm0), as gcu-exporter chooses."""
-        if (arch is None or arch >= types.GCU300) and self.has("EfmlGetDevTempV2"):
-            v2 = self._struct("EfmlGetDevTempV2", types.ThermalInfoV2(), index)
-            return Temperatures(
-                float(v2.cur_asic_temp), float(v2.cur_mem_temp), float(v2.cur_board_temp)
-            )
+        """EfmlGetDevTempV2 on a GCU300 only (the vendor's binding calls it nowhere else),
+        falling back to the legacy EfmlGetDevTemp (asic = dev, mem = hbm0) when V2 is not
+        supported; every other card, and one whose architecture is unknown, reads the legacy."""
+        if arch == types.GCU300:
+            try:
+                v2 = self._struct("EfmlGetDevTempV2", types.ThermalInfoV2(), index)
+            except EfmlNotSupported:
+                pass
+            else:
+                return Temperatures(
+                    float(v2.cur_asic_temp), float(v2.cur_mem_temp), float(v2.cur_board_temp)
+                )
         old = self._struct("EfmlGetDevTemp", types.ThermalInfo(), index)
         return Temperatures(float(old.cur_dev_temp), float(old.cur_hbm0_temp), None)
+
+    def max_clock(self, index: int) -> int:
+        """EfmlGetMaxFreq: the DTU's maximum clock in MHz (declared in efml.h, not in the Go
+        binding; a library without it is NOT_SUPPORTED)."""
+        return self._u32("EfmlGetMaxFreq", index)
+
+    def event(self, timeout_ms: int) -> tuple[int, int, str] | None:
+        """EfmlGetEvent: the next node-wide event as (card id, type, message), or None when none
+        arrives within ``timeout_ms`` (the library answers TIMEOUT)."""
+        event = types.Event()
+        try:
+            self.call("EfmlGetEvent", ctypes.c_int(timeout_ms), ctypes.byref(event))
+        except EfmlError as exc:
+            if exc.code == types.TIMEOUT:
+                return None
+            raise
+        return int(event.event_id), int(event.event_type), event.event_msg.decode(errors="replace")
 
     def power(self, index: int) -> Power:
         """EfmlGetDevPwr."""

@@ -28,11 +28,14 @@ SUCCESS = 0
 NOT_SUPPORTED = 3
 TIMEOUT = 253
 MAX_CHAR_BUFF_LEN = 128
-VDEV_LIST_LEN = 32  # the wrapper's vdev list buffer
+# EfmlGetVdevList takes no capacity: the list must hold the vendor's maximum (GCU_VDEV_MAX 128,
+# EFML.md section 1), not the Go wrapper's 32, or a card with more vGCUs writes past it.
+VDEV_LIST_LEN = 128
 HW_ARCH = {0: "GCU200", 1: "GCU210", 2: "GCU300"}
 GCU300 = 2
 VIRT_MODES = {0: "host", 1: "vgcu", 2: "mdev", 3: "sriov_pf", 4: "sriov_vf"}
 POWER_MODES = {1: "active", 5: "suspend", 7: "sleep"}
+EVENT_TYPES = {0: "unknown", 3: "dtu_suspend", 10: "reset_start", 11: "reset_finish", 20: "dtu_eid"}
 
 
 def code_name(code: int) -> str:
@@ -177,4 +180,54 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "efmlRmaDetails_t": RmaDetails,
     "efmlEvent_t": Event,
     "efmlProcessInfo_t": ProcessInfo,
+}
+
+
+# Every function the binding calls, with its argument types (efml.h; EFML.md section 2): one table,
+# applied as ``argtypes`` whenever a function is looked up, so a wrong argument is a Python error
+# and never a C call with a mis-sized value.
+_U32 = ctypes.c_uint32
+_P = ctypes.POINTER
+_TEXT = (_U32, ctypes.c_char_p)  # (dev_idx, char[128] out)
+SIGNATURES: dict[str, tuple[type, ...]] = {
+    "EfmlInit": (ctypes.c_bool,),
+    "EfmlShutdown": (),
+    "EfmlErrorString": (ctypes.c_int, ctypes.c_char_p),
+    "EfmlGetDriverVer": (ctypes.c_char_p,),
+    "EfmlGetLibVer": (ctypes.c_char_p,),
+    "EfmlGetDevCount": (_P(_U32),),
+    "EfmlGetDevName": _TEXT,
+    "EfmlGetDevUuid": _TEXT,
+    "EfmlGetDevSn": _TEXT,
+    "EfmlGetDevPn": _TEXT,
+    "EfmlGetDevSKU": _TEXT,
+    "EfmlGetFwVersion": _TEXT,
+    "EfmlGetDevSlotOamName": _TEXT,
+    "EfmlGetDevInfo": (_U32, _P(DeviceInfo)),
+    "EfmlGetHwArch": (_U32, _P(ctypes.c_int32)),
+    "EfmlGetDevMem": (_U32, _P(MemInfo)),
+    "EfmlGetVdevMem": (_U32, _U32, _P(MemInfo)),
+    "EfmlGetDevDtuUsageAsync": (_U32, _P(ctypes.c_float)),
+    "EfmlGetDevSipUsage": (_U32, _P(ctypes.c_float)),
+    "EfmlGetClusterCount": (_U32, _P(_U32)),
+    "EfmlGetDevClusterUsage": (_U32, _U32, _P(ctypes.c_float)),
+    "EfmlGetPGCount": (_U32, _P(_U32)),
+    "EfmlGetDevPGUsageAsync": (_U32, _U32, _P(ctypes.c_float)),
+    "EfmlGetVdevDtuUsage": (_U32, _U32, _P(ctypes.c_float)),
+    "EfmlGetVdevList": (_U32, _P(_U32), _P(_U32)),
+    "EfmlGetDevClk": (_U32, _P(ClockInfo)),
+    "EfmlGetMaxFreq": (_U32, _P(_U32)),
+    "EfmlGetMemClk": (_U32, _P(_U32)),
+    "EfmlGetDevTempV2": (_U32, _P(ThermalInfoV2)),
+    "EfmlGetDevTemp": (_U32, _P(ThermalInfo)),
+    "EfmlGetDevPwr": (_U32, _P(PowerInfo)),
+    "EfmlGetPowerMode": (_U32, _P(ctypes.c_int32)),
+    "EfmlGetDevIsLowPowerMode": (_U32, _P(ctypes.c_bool)),
+    "EfmlGetDevEccStatus": (_U32, _P(EccStatus)),
+    "EfmlGetDevRmaDetails": (_U32, _P(RmaDetails)),
+    "EfmlGetPcieLinkInfo": (_U32, _P(PcieLinkInfo)),
+    "EfmlGetPcieThroughput": (_U32, _P(PcieThroughputInfo)),
+    "EfmlGetGcuVirtStatus": (_U32, _P(ctypes.c_int32)),
+    "EfmlGetEvent": (ctypes.c_int, _P(Event)),
+    "EfmlGetEventV2": (_U32, _P(Event)),
 }

@@ -57,6 +57,7 @@ def card_values(index: int, card: SimCard) -> dict[str, str]:
         "pgs": "0",
         "hbm_clock_mhz": "1600",
         "dtu_clock_mhz": "1400",
+        "max_dtu_clock_mhz": "1500",
         "asic_temp": "38",
         "mem_temp": "36",
         "board_temp": "33",
@@ -143,38 +144,82 @@ def set_values(root: str, name: str, changes: Mapping[str, str | None]) -> None:
     fileio.atomic_write_text(os.path.join(_folder(root), name), _render(values))
 
 
+def driver_reloaded(root: str, version: str) -> None:
+    """Tell the simulated libefml the driver was (re)loaded at ``version``: its calls answer
+    UNINITIALIZED until EfmlInit runs again. Nothing to do on a node without its values."""
+    if os.path.exists(os.path.join(_folder(root), "node")):
+        set_values(root, "node", {"driver_ver": version})
+
+
 def source_dir() -> str:
     """Where the C source and header are (inside the installed package)."""
     return str(resources.files("enflame_gcu.simulation").joinpath("efml"))
 
 
-def build(target: str, *, legacy: bool = False) -> str:
-    """Compile the library to ``target`` (cached by source hash); ``legacy`` leaves out the
-    optional and GCU300-only calls. SimulationError names the compiler's complaint."""
+def _compile(source: str, flags: list[str], libs: list[str]) -> str:
+    """``source`` compiled to a shared library in the temp dir, cached by content and flags."""
     folder = source_dir()
     digest = hashlib.sha256()
-    for name in ("libefml_sim.c", "efml_types.h"):
+    for name in (source, "efml_types.h"):
         with open(os.path.join(folder, name), "rb") as handle:
             digest.update(handle.read())
-    digest.update(b"legacy" if legacy else b"full")
-    cache = os.path.join(tempfile.gettempdir(), f"enflame-libefml-sim-{digest.hexdigest()[:16]}.so")
+    digest.update(" ".join([*flags, *libs]).encode())
+    stem = os.path.splitext(source)[0]
+    cache = os.path.join(tempfile.gettempdir(), f"enflame-{stem}-{digest.hexdigest()[:16]}.so")
     if not os.path.exists(cache):
         if shutil.which(CC) is None:
             raise SimulationError(f"no C compiler {CC!r}: install gcc (scripts/bootstrap.sh does)")
-        flags = ["-DEFML_SIM_LEGACY"] if legacy else []
         partial = f"{cache}.{os.getpid()}"
-        source = os.path.join(folder, "libefml_sim.c")
         command = [CC, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror",
-                   "-fvisibility=hidden", *flags, "-o", partial, source]  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+                   "-fvisibility=hidden", *flags, "-o", partial,
+                   os.path.join(folder, source), *libs]  # fmt: skip
+        try:
+            result = subprocess.run(
+                command, capture_output=True, text=True, check=False, timeout=120
+            )
+        except OSError as exc:
+            raise SimulationError(f"building the simulated libefml: {CC}: {exc}") from exc
         if result.returncode != 0:
             raise SimulationError(f"building the simulated libefml failed: {result.stderr[-2000:]}")
         os.replace(partial, cache)
+    return cache
+
+
+def build(target: str, *, legacy: bool = False) -> str:
+    """Compile the library to ``target`` (cached by source hash); ``legacy`` leaves out the
+    optional and GCU300-only calls. SimulationError names the compiler's complaint."""
+    cache = _compile("libefml_sim.c", ["-DEFML_SIM_LEGACY"] if legacy else [], [])
     os.makedirs(os.path.dirname(target), exist_ok=True)
     shutil.copyfile(cache, target)
     return target
 
 
-def install(root: str, *, legacy: bool = False) -> str:
-    """Build the library into ``<root>/usr/lib/libefml.so`` (where a node's libefml lives)."""
-    return build(fileio.host_path(root, LIBRARY_PATH), legacy=legacy)
+VENDOR_DIR = "/usr/local/efsmi/lib"
+VENDOR_NAME = "libefml.so.1.2.3"
+DEP_NAME = "libefsmi_sim.so"
+
+
+def install(root: str, *, legacy: bool = False, vendor_layout: bool = False) -> str:
+    """Build the library into ``<root>/usr/lib/libefml.so`` (where a node's libefml lives).
+
+    ``vendor_layout``: as the vendor installs it, the library and a library it depends on under
+    ``<root>/usr/local/efsmi/lib`` and ``/usr/lib/libefml.so`` a link to it (an absolute target,
+    as on a host): a container that mounts only /usr/lib sees a dangling link.
+    """
+    link = fileio.host_path(root, LIBRARY_PATH)
+    if not vendor_layout:
+        return build(link, legacy=legacy)
+    folder = fileio.host_path(root, VENDOR_DIR)
+    os.makedirs(folder, exist_ok=True)
+    dep = _compile("efsmi_dep.c", [f"-Wl,-soname,{DEP_NAME}"], [])
+    shutil.copyfile(dep, os.path.join(folder, DEP_NAME))
+    flags = ["-DEFML_SIM_DEP", *(["-DEFML_SIM_LEGACY"] if legacy else [])]
+    # Needed by its soname, found next to the library ($ORIGIN), as an installed library is.
+    libs = [f"-L{os.path.dirname(dep)}", f"-l:{os.path.basename(dep)}", "-Wl,-rpath,$ORIGIN"]
+    built = _compile("libefml_sim.c", flags, libs)
+    shutil.copyfile(built, os.path.join(folder, VENDOR_NAME))
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    if os.path.lexists(link):
+        os.unlink(link)
+    os.symlink(f"{VENDOR_DIR}/{VENDOR_NAME}", link)
+    return link

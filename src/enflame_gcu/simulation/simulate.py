@@ -214,6 +214,7 @@ def load_driver(root: str, version: str | None = None) -> None:
             _bind(root, topo, card, state)
     _write(fileio.host_path(root, naming.DRIVER_VERSION_FILE), state.driver_version)
     _save(root, topo, state)
+    efmlsim.driver_reloaded(root, state.driver_version)
 
 
 def set_driver_version(root: str, version: str) -> None:
@@ -223,3 +224,4 @@ def set_driver_version(root: str, version: str) -> None:
         raise SimulationError("the driver is not loaded; use 'sim load-driver --version' instead")
     fileio.atomic_write_text(fileio.host_path(root, naming.DRIVER_VERSION_FILE), version + "\n")
     _save(root, topo, dataclasses.replace(state, driver_version=version))
+    efmlsim.driver_reloaded(root, version)

@@ -3,9 +3,14 @@
  *   <root>/.enflame-sim/efml/node      "driver_ver X", "lib_ver X", "init_fail CODE"
  *   <root>/.enflame-sim/efml/card<I>   one "key value" line per reading of card index I
  * A card file may also say "fail CODE" (every call on the card returns CODE), "hang 1" (every
- * call blocks until the line goes away: a hung card) or "unsupported Name Name" (those functions
- * return NOT_SUPPORTED). The root is where the library sits: <root>/usr/lib/libefml.so, or
- * $EFML_SIM_ROOT when it is loaded from anywhere else. Built by enflame_gcu.simulation.efmlsim
+ * call blocks until the line goes away: a hung card), "unsupported Name Name" (those functions
+ * return NOT_SUPPORTED) or "refuse Name=CODE Name=CODE" (those functions return CODE). A new
+ * "driver_ver" in the node file is a driver reload: every call but EfmlGetDriverVer answers
+ * UNINITIALIZED until EfmlInit runs again. "event_seq N" with "event_id", "event_type" and
+ * "event_msg" in the node file is the next event EfmlGetEvent hands out (once per new N). The root is where the library sits: <root>/usr/lib/libefml.so, or
+ * $EFML_SIM_ROOT when it is loaded from anywhere else (installed as the vendor installs it, under
+ * <root>/usr/local/efsmi/lib and linked from <root>/usr/lib, it finds the root from its
+ * resolved path). Built by enflame_gcu.simulation.efmlsim
  * with the system compiler; -DEFML_SIM_LEGACY leaves out the optional and GCU300-only calls, as
  * an older library would. */
 #define _GNU_SOURCE
@@ -25,6 +30,8 @@
 
 static char g_root[4096];
 static int g_initialized;
+static char g_driver[BUF];   /* the node's driver_ver when EfmlInit ran */
+static long g_event_seq;     /* the last event handed out */
 
 static void find_root(void) {
     const char *env = getenv("EFML_SIM_ROOT");
@@ -36,6 +43,12 @@ static void find_root(void) {
         if (n > s && strcmp(info.dli_fname + n - s, suffix) == 0 && n - s < sizeof g_root) {
             memcpy(g_root, info.dli_fname, n - s);
             g_root[n - s] = '\0';
+            return;
+        }
+        const char *vendor = strstr(info.dli_fname, "/usr/local/efsmi/lib/");
+        if (vendor && (size_t)(vendor - info.dli_fname) < sizeof g_root) {
+            memcpy(g_root, info.dli_fname, (size_t)(vendor - info.dli_fname));
+            g_root[vendor - info.dli_fname] = '\0';
             return;
         }
     }
@@ -89,10 +102,18 @@ static int card_count(void) {
     return n;
 }
 
+/* Whether the driver was reloaded (its version changed) since EfmlInit. */
+static int reloaded(void) {
+    char text[FILE_MAX], value[BUF];
+    if (read_file("node", text) != 0) return 1;
+    if (lookup(text, "driver_ver", value, sizeof value) != 0) value[0] = '\0';
+    return strcmp(value, g_driver) != 0;
+}
+
 /* Every per-card call starts here: initialised, a known card, and the card's injected faults. */
 static efmlReturn_t enter(uint32_t idx, const char *fn, char *text) {
     char name[32], value[BUF];
-    if (!g_initialized) return EFML_ERROR_UNINITIALIZED;
+    if (!g_initialized || reloaded()) return EFML_ERROR_UNINITIALIZED;
     snprintf(name, sizeof name, "card%u", idx);
     if (read_file(name, text) != 0) return EFML_ERROR_INVALID_ARGUMENT;
     for (long waited = 0; lookup(text, "hang", value, sizeof value) == 0; waited += 20) {
@@ -101,6 +122,12 @@ static efmlReturn_t enter(uint32_t idx, const char *fn, char *text) {
         if (read_file(name, text) != 0) return EFML_ERROR_INVALID_ARGUMENT;
     }
     if (lookup(text, "fail", value, sizeof value) == 0) return (efmlReturn_t)atoi(value);
+    if (lookup(text, "refuse", value, sizeof value) == 0) {
+        char *tok, *save = NULL;
+        size_t n = strlen(fn);
+        for (tok = strtok_r(value, " ", &save); tok; tok = strtok_r(NULL, " ", &save))
+            if (strncmp(tok, fn, n) == 0 && tok[n] == '=') return (efmlReturn_t)atoi(tok + n + 1);
+    }
     if (lookup(text, "unsupported", value, sizeof value) == 0) {
         char *tok, *save = NULL;
         for (tok = strtok_r(value, " ", &save); tok; tok = strtok_r(NULL, " ", &save))
@@ -127,7 +154,7 @@ static int has(const char *text, const char *key) {
 
 /* The n-th number of a space-separated list value; -1 when missing. */
 static double nth(const char *text, const char *key, uint32_t n) {
-    char value[BUF], *tok, *save = NULL;
+    char value[1024], *tok, *save = NULL; /* room for 128 vGCU indexes */
     uint32_t i = 0;
     if (lookup(text, key, value, sizeof value) != 0) return -1;
     for (tok = strtok_r(value, " ", &save); tok; tok = strtok_r(NULL, " ", &save), i++)
@@ -140,12 +167,21 @@ static double nth(const char *text, const char *key, uint32_t n) {
     efmlReturn_t rc = enter((idx), fn, text);       \
     if (rc != EFML_SUCCESS) return rc
 
+#ifdef EFML_SIM_DEP
+int efsmi_sim_dep_ready(void); /* efsmi_dep.c, a separate library next to this one */
+#endif
+
 EXPORT efmlReturn_t EfmlInit(bool no_driver) {
     char text[FILE_MAX], value[BUF];
     (void)no_driver;
+#ifdef EFML_SIM_DEP
+    if (!efsmi_sim_dep_ready()) return EFML_ERROR_LIBRARY_NOT_FOUND;
+#endif
     find_root();
     if (read_file("node", text) != 0) return EFML_ERROR_DRIVER_NOT_LOADED;
     if (lookup(text, "init_fail", value, sizeof value) == 0) return (efmlReturn_t)atoi(value);
+    if (lookup(text, "driver_ver", g_driver, sizeof g_driver) != 0) g_driver[0] = '\0';
+    g_event_seq = (long)num(text, "event_seq", 0);
     g_initialized = 1;
     return EFML_SUCCESS;
 }
@@ -177,8 +213,11 @@ EXPORT efmlReturn_t EfmlGetLibVer(char *out) { return node_str("lib_ver", out); 
 EXPORT efmlReturn_t EfmlGetDriverAccessPoint(char *out) { return node_str("access_point", out); }
 
 EXPORT efmlReturn_t EfmlGetDevCount(uint32_t *count) {
-    if (!g_initialized) return EFML_ERROR_UNINITIALIZED;
+    char text[FILE_MAX], value[BUF];
+    if (!g_initialized || reloaded()) return EFML_ERROR_UNINITIALIZED;
     if (!count) return EFML_ERROR_INVALID_ARGUMENT;
+    if (read_file("node", text) == 0 && lookup(text, "count_fail", value, sizeof value) == 0)
+        return (efmlReturn_t)atoi(value);
     *count = (uint32_t)card_count();
     return EFML_SUCCESS;
 }
@@ -345,7 +384,8 @@ EXPORT efmlReturn_t EfmlGetVdevList(uint32_t idx, uint32_t *ids, uint32_t *count
     CARD_CALL("EfmlGetVdevList", idx);
     if (!ids || !count) return EFML_ERROR_INVALID_ARGUMENT;
     uint32_t n = 0;
-    for (double v; n < 32 && (v = nth(text, "vdevs", n)) >= 0; n++) ids[n] = (uint32_t)v;
+    /* No capacity is passed: the vendor's maximum, 128 (GCU_VDEV_MAX), is what a caller sizes. */
+    for (double v; n < 128 && (v = nth(text, "vdevs", n)) >= 0; n++) ids[n] = (uint32_t)v;
     *count = n;
     return EFML_SUCCESS;
 }
@@ -377,6 +417,35 @@ EXPORT efmlReturn_t EfmlGetVdevMem(uint32_t idx, uint32_t vdev, efmlDevMemInfo_t
     snprintf(key, sizeof key, "vgcu%u_mem_used_mib", vdev);
     mem->mem_used = (uint32_t)num(text, key, 0);
     return EFML_SUCCESS;
+}
+
+EXPORT efmlReturn_t EfmlGetMaxFreq(uint32_t idx, uint32_t *mhz) {
+    CARD_CALL("EfmlGetMaxFreq", idx);
+    if (!mhz) return EFML_ERROR_INVALID_ARGUMENT;
+    if (!has(text, "max_dtu_clock_mhz")) return EFML_ERROR_NOT_SUPPORTED;
+    *mhz = (uint32_t)num(text, "max_dtu_clock_mhz", 0);
+    return EFML_SUCCESS;
+}
+
+/* The node's next event (a new event_seq), or TIMEOUT after timeout_ms (-1: wait on). */
+EXPORT efmlReturn_t EfmlGetEvent(int timeout_ms, efmlEvent_t *event) {
+    char text[FILE_MAX];
+    if (!event) return EFML_ERROR_INVALID_ARGUMENT;
+    for (long waited = 0;; waited += 20) {
+        if (!g_initialized) return EFML_ERROR_UNINITIALIZED;
+        if (read_file("node", text) != 0) return EFML_ERROR_DRIVER_NOT_LOADED;
+        long seq = (long)num(text, "event_seq", 0);
+        if (seq > g_event_seq) {
+            g_event_seq = seq;
+            memset(event, 0, sizeof *event);
+            event->event_id = (uint32_t)num(text, "event_id", 0);
+            event->event_type = (uint32_t)num(text, "event_type", 0);
+            lookup(text, "event_msg", event->event_msg, sizeof event->event_msg);
+            return EFML_SUCCESS;
+        }
+        if (timeout_ms >= 0 && waited >= timeout_ms) return EFML_ERROR_TIMEOUT;
+        sleep_ms(20);
+    }
 }
 
 #ifndef EFML_SIM_LEGACY
