@@ -518,3 +518,19 @@ def test_no_verdict_is_left_for_a_config_the_front_cannot_follow(
     assert front.render(os.path.join(tmp, "c.toml"), "present", ("runc", "/x")) == (
         f"{front.FORMAT}\n{tmp}/c.toml\npresent\nrunc\n/x\n"
     )
+
+
+def test_no_verdict_for_a_config_that_is_not_a_regular_file(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verdict = os.path.join(str(tmp_path), "v", "verdict")
+    # An empty config the front cannot vouch for (it only trusts regular files).
+    monkeypatch.setenv(runtime_config.PATH_ENV, os.devnull)
+    front.update(verdict, runtime_config.load())
+    assert not os.path.exists(os.path.dirname(verdict))  # no verdict, not even its directory
+
+
+def test_doctor_can_name_the_python_a_front_starts() -> None:
+    text = launcher.render("/opt/python/bin/python3", "/pkg")
+    assert launcher.front_python(text) == "/opt/python/bin/python3"
+    assert launcher.front_python("#!/usr/bin/python3 -IS\nimport sys\n") is None

@@ -89,6 +89,13 @@ def update(verdict: str, config: runtime_config.RuntimeConfig) -> None:
         return
     before = _identity(path)
     if state == "present":
+        try:  # the front only ever trusts a regular file (not /dev/null, not a FIFO)
+            regular = stat.S_ISREG(os.stat(path).st_mode)
+        except OSError:
+            regular = False
+        if not regular:
+            discard(verdict)
+            return
         # Read again after taking the file's identity: if the identity is the same after the
         # verdict is written, the verdict describes exactly this file.
         try:

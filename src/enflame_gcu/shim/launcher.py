@@ -148,6 +148,15 @@ exec "$_efr_runtime" "$@"
 """
 
 
+def front_python(text: str) -> str | None:
+    """The interpreter a front written by :func:`render` starts, or None for another script."""
+    for line in text.splitlines():
+        if line.startswith("_efr_py() { exec "):
+            words = shlex.split(line[len("_efr_py() { exec ") :], comments=False, posix=True)
+            return words[0] if words else None
+    return None
+
+
 def default_package_dir() -> str:
     """The directory that contains the installed ``enflame_gcu`` package."""
     return os.path.dirname(os.path.dirname(os.path.abspath(enflame_gcu.__file__)))
