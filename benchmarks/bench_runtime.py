@@ -13,10 +13,12 @@ in-process (no interpreter start, no runc), where a change of a fraction of a mi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -45,13 +47,27 @@ sys.exit(main())
 """
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
-    """Milliseconds for one call; fails loudly when the call fails."""
+# CPU time (user + system) of each call's processes, by variant: on a busy machine wall time
+# mostly measures the wait for a CPU, CPU time what the call itself costs.
+CPU_MS: dict[str, list[float]] = {}
+
+
+def _children_cpu_ms() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (usage.ru_utime + usage.ru_stime) * 1000
+
+
+def timed(argv: list[str], env: dict[str, str], cpu_key: str = "") -> float:
+    """Milliseconds for one call; fails loudly when the call fails. With ``cpu_key``, the
+    call's CPU time is kept in CPU_MS under that name."""
+    cpu = _children_cpu_ms()
     start = time.perf_counter()
     result = subprocess.run(argv, capture_output=True, env=env, check=False)
     elapsed = (time.perf_counter() - start) * 1000
     if result.returncode != 0:
         raise SystemExit(f"benchmark call failed: {argv}: {result.stderr.decode()}")
+    if cpu_key:
+        CPU_MS.setdefault(cpu_key, []).append(_children_cpu_ms() - cpu)
     return elapsed
 
 
@@ -203,13 +219,17 @@ def main() -> int:
             stderr=subprocess.DEVNULL,
         )
         state_args = ["--root", state, "state", "bench-state"]
-        variants["runc_state"] = lambda: timed([runc, *state_args], env)
-        variants["launcher_state"] = lambda: timed([wrapper, *state_args], env)
-        variants["python_only_state"] = lambda: timed([python_only, *state_args], env)
-        variants["console_script_state"] = lambda: timed([CONSOLE_SCRIPT, *state_args], env)
+        for name, binary in (
+            ("runc_state", runc),
+            ("launcher_state", wrapper),
+            ("python_only_state", python_only),
+            ("console_script_state", CONSOLE_SCRIPT),
+        ):
+            variants[name] = functools.partial(timed, [binary, *state_args], env, name)
         in_process = in_process_create_ms(node, prepared, work)
         for call in variants.values():  # warm caches (pyc, page cache) once
             call()
+        CPU_MS.clear()
         samples: dict[str, list[float]] = {name: [] for name in variants}
         order = list(variants)
         shuffle = random.Random(42).shuffle  # noqa: S311 - ordering, not security
@@ -255,6 +275,13 @@ def main() -> int:
                 medians["console_script_state"] - medians["runc_state"], 2
             ),
         },
+        "pass_through_cpu_ms": {name: median(values) for name, values in CPU_MS.items()},
+        "pass_through_cpu_added_ms": {
+            name: round(median(values) - median(CPU_MS["runc_state"]), 2)
+            for name, values in CPU_MS.items()
+            if name != "runc_state"
+        },
+        "loadavg_at_end": os.getloadavg()[0],
         "targets": {"no_cards_ratio": 1.8, "8_cards_ratio": 2.0, "pass_through_added_ms": 1.5},
     }
     print(json.dumps(result, indent=2))
