@@ -18,6 +18,7 @@ Python until Python has checked it and written a new verdict.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -30,9 +31,11 @@ from enflame_gcu.shim import main as runtime_main
 
 # How the front starts the Python wrapper: argv[0] is the front's own path (so the wrapper
 # never picks itself as the low-level runtime), the rest runc's arguments, unchanged.
+# String literals in JSON's spelling (valid Python): no single quote, so the code reads
+# unbroken inside the sh single quotes around it.
 _PYTHON_CODE = (
-    "import sys; sys.path.insert(0, {package_dir!r}); "
-    "from enflame_gcu.shim.main import main; sys.exit(main(sys.argv[1:], front={verdict!r}))"
+    "import sys; sys.path.insert(0, {package_dir}); "
+    "from enflame_gcu.shim.main import main; sys.exit(main(sys.argv[1:], front={verdict}))"
 )
 
 # One sh function per decision; ``$@`` is never shifted, so it is runc's argv as given.
@@ -168,7 +171,7 @@ def render(python: str, package_dir: str, verdict: str = front.DEFAULT_VERDICT) 
         raise ValueError(f"python must be an absolute path without spaces, got {python!r}")
     if not os.path.isabs(verdict) or "\n" in verdict:
         raise ValueError(f"verdict must be an absolute path on one line, got {verdict!r}")
-    code = _PYTHON_CODE.format(package_dir=package_dir, verdict=verdict)
+    code = _PYTHON_CODE.format(package_dir=json.dumps(package_dir), verdict=json.dumps(verdict))
     return TEMPLATE.format(
         python=python,
         python_q=shlex.quote(python),
