@@ -51,11 +51,12 @@ _efr_py() {{ exec {python_q} -IS -c {code_q} "$0" "$@"; }}
 case $0 in */*) ;; *) _efr_py "$@" ;; esac
 _efr_verdict={verdict_q}
 _efr_cfg=${{{config_env}:-{config_default_q}}}
-# The runtimes the Python wrapper found in this config, trusted while the config is unchanged.
+# The runtimes the Python wrapper found in this config, trusted while the config is unchanged
+# (stderr quiet: a verdict removed meanwhile must not add a line the wrapper would not print).
 [ -f "$_efr_verdict" ] && [ ! -L "$_efr_verdict" ] && [ -O "$_efr_verdict" ] || _efr_py "$@"
 {{ IFS= read -r _efr_format && IFS= read -r _efr_path && IFS= read -r _efr_state &&
   _efr_names= && while IFS= read -r _efr_name; do _efr_names="$_efr_names$_efr_name
-"; done; }} <"$_efr_verdict" || _efr_py "$@"
+"; done; }} 2>/dev/null <"$_efr_verdict" || _efr_py "$@"
 [ "$_efr_format" = {format_q} ] && [ "$_efr_path" = "$_efr_cfg" ] || _efr_py "$@"
 case $_efr_state in
 present) [ "$_efr_verdict" -nt "$_efr_cfg" ] && [ -f "$_efr_cfg" ] && [ ! -L "$_efr_cfg" ] ||
