@@ -1,7 +1,9 @@
 """Container runtime benchmark: the wrapper's cost in front of the real runc; JSON out.
 
 Each iteration runs every variant once, in a shuffled order so drift hits all alike:
-``runc run`` of busybox ``true`` directly; through the minimal-start launcher (``python -IS``)
+``runc run`` of busybox ``true`` directly; through the installed front (``launcher``: POSIX
+``sh``, which execs runc itself unless the spec names a GCU, else ``python -IS``), through the
+Python wrapper alone (``python_only``: the ``python -IS`` launcher installed before the front)
 and through pip's console script, with no GCU and with all 8 cards of a simulated vendor node
 (answered from the prepared edits file, and with no such file, i.e. by discovery);
 and a pass-through ``state`` call on an existing container, plain and wrapped. Medians, and
@@ -11,10 +13,12 @@ in-process (no interpreter start, no runc), where a change of a fraction of a mi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -33,16 +37,74 @@ RUNS = int(os.environ.get("BENCH_RUNS", "30"))
 # In-process create timings: many cheap repetitions, so the median is stable on a busy machine.
 IN_PROCESS_RUNS = int(os.environ.get("BENCH_IN_PROCESS_RUNS", "300"))
 CONSOLE_SCRIPT = os.path.join(os.path.dirname(sys.executable), "enflame-container-runtime")
+PACKAGE_DIR = launcher.default_package_dir()
+# The launcher installed before the sh front: every call starts Python.
+PYTHON_ONLY = """#!{python} -IS
+import sys
+sys.path.insert(0, {package!r})
+from enflame_gcu.shim.main import main
+sys.exit(main())
+"""
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
-    """Milliseconds for one call; fails loudly when the call fails."""
+# CPU time (user + system) of each call's processes, by variant: on a busy machine wall time
+# mostly measures the wait for a CPU, CPU time what the call itself costs.
+CPU_MS: dict[str, list[float]] = {}
+
+
+def _children_cpu_ms() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (usage.ru_utime + usage.ru_stime) * 1000
+
+
+def timed(argv: list[str], env: dict[str, str], cpu_key: str = "") -> float:
+    """Milliseconds for one call; fails loudly when the call fails. With ``cpu_key``, the
+    call's CPU time is kept in CPU_MS under that name."""
+    cpu = _children_cpu_ms()
     start = time.perf_counter()
     result = subprocess.run(argv, capture_output=True, env=env, check=False)
     elapsed = (time.perf_counter() - start) * 1000
     if result.returncode != 0:
         raise SystemExit(f"benchmark call failed: {argv}: {result.stderr.decode()}")
+    if cpu_key:
+        CPU_MS.setdefault(cpu_key, []).append(_children_cpu_ms() - cpu)
     return elapsed
+
+
+def pass_through_focused(
+    binaries: dict[str, str], work: str, env: dict[str, str], runs: int = 200
+) -> dict[str, Any]:
+    """Only the pass-through cost: ``state`` of a container that does not exist (runc answers
+    at once, exit 1), through ``binaries`` (runc, the front, the Python-only launcher),
+    interleaved; median wall and CPU ms and what each adds to runc's."""
+    root = os.path.join(work, "focused-root")
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in binaries}
+
+    def once(binary: str) -> tuple[float, float]:
+        cpu = _children_cpu_ms()
+        start = time.perf_counter()
+        argv = [binary, "--root", root, "state", "nope"]
+        subprocess.run(argv, env=env, capture_output=True, check=False)  # exit 1: no container
+        return (time.perf_counter() - start) * 1000, _children_cpu_ms() - cpu
+
+    for binary in binaries.values():
+        once(binary)  # leaves the front its verdict, warms the caches
+    order = list(binaries)
+    shuffle = random.Random(7).shuffle  # noqa: S311 - ordering, not security
+    for _ in range(runs):
+        shuffle(order)
+        for name in order:
+            samples[name].append(once(binaries[name]))
+    wall = {name: median([w for w, _ in values]) for name, values in samples.items()}
+    cpu = {name: median([c for _, c in values]) for name, values in samples.items()}
+    return {
+        "runs": runs,
+        "wall_ms": wall,
+        "cpu_ms": cpu,
+        "added_wall_ms": {n: round(wall[n] - wall["runc"], 2) for n in ("front", "python_only")},
+        "added_cpu_ms": {n: round(cpu[n] - cpu["runc"], 2) for n in ("front", "python_only")},
+        "loadavg_after": round(os.getloadavg()[0], 2),
+    }
 
 
 def make_bundle(work: str, runc: str, busybox: str, name: str, env: list[str]) -> str:
@@ -122,7 +184,19 @@ def main() -> int:
                     f'prepared-edits = "{prepared_path}"\n'
                 )
         wrapper = os.path.join(work, "enflame-container-runtime")
-        launcher.write_launcher(wrapper, sys.executable)
+        launcher.write_launcher(wrapper, sys.executable, verdict=os.path.join(work, "verdict"))
+        # One config per node in real life: the discovery config gets its own front (and
+        # verdict), so the two configs do not take turns invalidating one verdict.
+        wrapper_discovery = os.path.join(work, "discovery", "enflame-container-runtime")
+        os.mkdir(os.path.dirname(wrapper_discovery))
+        launcher.write_launcher(
+            wrapper_discovery, sys.executable, verdict=os.path.join(work, "verdict-discovery")
+        )
+        python_only = os.path.join(work, "python-only", "enflame-container-runtime")
+        os.mkdir(os.path.dirname(python_only))
+        with open(python_only, "w", encoding="utf-8") as handle:
+            handle.write(PYTHON_ONLY.format(python=sys.executable, package=PACKAGE_DIR))
+        os.chmod(python_only, 0o755)  # noqa: S103 - an executable script, like runc
         env = dict(os.environ, ENFLAME_CONTAINER_RUNTIME_CONFIG=configs["prepared"])
         env_discovery = dict(os.environ, ENFLAME_CONTAINER_RUNTIME_CONFIG=configs["discovery"])
         state = os.path.join(work, "state")
@@ -163,8 +237,10 @@ def main() -> int:
             "launcher_run_no_cards": lambda: run(wrapper, "none", originals["none"]),
             "launcher_run_8_cards_prepared": lambda: run(wrapper, "all", originals["all"]),
             "launcher_run_8_cards_discovery": lambda: run(
-                wrapper, "all", originals["all"], env_discovery
+                wrapper_discovery, "all", originals["all"], env_discovery
             ),
+            "python_only_run_no_cards": lambda: run(python_only, "none", originals["none"]),
+            "python_only_run_8_cards_prepared": lambda: run(python_only, "all", originals["all"]),
             "console_script_run_no_cards": lambda: run(CONSOLE_SCRIPT, "none", originals["none"]),
             "console_script_run_8_cards_prepared": lambda: run(
                 CONSOLE_SCRIPT, "all", originals["all"]
@@ -179,12 +255,20 @@ def main() -> int:
             stderr=subprocess.DEVNULL,
         )
         state_args = ["--root", state, "state", "bench-state"]
-        variants["runc_state"] = lambda: timed([runc, *state_args], env)
-        variants["launcher_state"] = lambda: timed([wrapper, *state_args], env)
-        variants["console_script_state"] = lambda: timed([CONSOLE_SCRIPT, *state_args], env)
+        for name, binary in (
+            ("runc_state", runc),
+            ("launcher_state", wrapper),
+            ("python_only_state", python_only),
+            ("console_script_state", CONSOLE_SCRIPT),
+        ):
+            variants[name] = functools.partial(timed, [binary, *state_args], env, name)
         in_process = in_process_create_ms(node, prepared, work)
+        focused = pass_through_focused(
+            {"runc": runc, "front": wrapper, "python_only": python_only}, work, env
+        )
         for call in variants.values():  # warm caches (pyc, page cache) once
             call()
+        CPU_MS.clear()
         samples: dict[str, list[float]] = {name: [] for name in variants}
         order = list(variants)
         shuffle = random.Random(42).shuffle  # noqa: S311 - ordering, not security
@@ -213,6 +297,10 @@ def main() -> int:
             "launcher_8_cards_discovery": round(
                 medians["launcher_run_8_cards_discovery"] / base, 2
             ),
+            "python_only_no_cards": round(medians["python_only_run_no_cards"] / base, 2),
+            "python_only_8_cards_prepared": round(
+                medians["python_only_run_8_cards_prepared"] / base, 2
+            ),
             "console_script_no_cards": round(medians["console_script_run_no_cards"] / base, 2),
             "console_script_8_cards": round(
                 medians["console_script_run_8_cards_prepared"] / base, 2
@@ -221,11 +309,20 @@ def main() -> int:
         },
         "pass_through_added_ms": {
             "launcher_state": round(medians["launcher_state"] - medians["runc_state"], 2),
+            "python_only_state": round(medians["python_only_state"] - medians["runc_state"], 2),
             "console_script_state": round(
                 medians["console_script_state"] - medians["runc_state"], 2
             ),
         },
-        "targets": {"no_cards_ratio": 1.8, "8_cards_ratio": 2.0, "pass_through_added_ms": 15},
+        "pass_through_focused": focused,
+        "pass_through_cpu_ms": {name: median(values) for name, values in CPU_MS.items()},
+        "pass_through_cpu_added_ms": {
+            name: round(median(values) - median(CPU_MS["runc_state"]), 2)
+            for name, values in CPU_MS.items()
+            if name != "runc_state"
+        },
+        "loadavg_at_end": os.getloadavg()[0],
+        "targets": {"no_cards_ratio": 1.8, "8_cards_ratio": 2.0, "pass_through_added_ms": 1.5},
     }
     print(json.dumps(result, indent=2))
     return 0

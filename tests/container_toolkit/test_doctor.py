@@ -12,6 +12,7 @@ import pytest
 from enflame_gcu import node_modes
 from enflame_gcu.container_toolkit import dev_char, doctor, engines
 from enflame_gcu.container_toolkit.cli import main
+from enflame_gcu.shim import launcher
 from enflame_gcu.simulation import simulate
 from tests.conftest import MakeNode
 from tests.container_toolkit import installer_fixtures as fx
@@ -112,6 +113,22 @@ def test_runtime_binary_missing_or_without_interpreter(healthy: str) -> None:
     result = _result(healthy, "runtime-binary")
     assert result.status == "fail" and "does not exist" in result.detail
     assert "install.sh" in result.fix
+
+
+def test_runtime_front_without_its_python_fails(healthy: str) -> None:
+    # The installed runtime is the sh front: /bin/sh is there, the python it starts is not.
+    text = launcher.render("/opt/gone/bin/python3", "/opt/enflame-gcu/lib")
+    fx.write(
+        healthy,
+        "/usr/bin/enflame-container-runtime",
+        text.replace("#!/bin/sh", "#!/usr/bin/sh"),
+        0o755,
+    )
+    result = _result(healthy, "runtime-binary")
+    assert result.status == "fail"
+    assert "needs /opt/gone/bin/python3, which does not exist" in result.detail
+    fx.write(healthy, "/opt/gone/bin/python3", "stands in for the host's python", 0o755)
+    assert _result(healthy, "runtime-binary").status == "pass"
 
 
 def test_malformed_runtime_config_fails(healthy: str) -> None:

@@ -49,7 +49,8 @@ def test_install_links_runtime_and_merges_engine_configs(host: str) -> None:
     )
     assert os.readlink(os.path.join(host, "usr/bin/enflame-ctk")) == f"{DEV_ENV}/bin/enflame-ctk"
     launcher = _read(host, "/opt/enflame-gcu/bin/enflame-container-runtime")
-    assert launcher.startswith(f"#!{DEV_ENV}/bin/python -IS\n")
+    assert launcher.startswith("#!/bin/sh\n")  # the sh front
+    assert f"exec {DEV_ENV}/bin/python -IS -c " in launcher
     daemon = json.loads(_read(host, "/etc/docker/daemon.json"))
     assert daemon["runtimes"]["enflame"]["path"] == "/usr/bin/enflame-container-runtime"
     assert daemon["default-runtime"] == "enflame"
@@ -146,7 +147,8 @@ def test_full_install_builds_a_venv_and_uninstall_removes_it(host: str) -> None:
     )
     assert ctk.returncode == 0 and ctk.stdout.startswith("enflame-ctk "), ctk.stderr
     launcher = _read(host, "/opt/enflame-gcu/bin/enflame-container-runtime")
-    assert launcher.startswith("#!/opt/enflame-gcu/venv/bin/python -IS\n")
+    assert launcher.startswith("#!/bin/sh\n")  # the sh front
+    assert "exec /opt/enflame-gcu/venv/bin/python -IS -c " in launcher
     assert "/opt/enflame-gcu/venv/lib/python3." in launcher
     # Every node command the guides show works from this install (issue 23 item 1).
     scratch = tempfile.mkdtemp(dir=os.path.dirname(host), prefix="node-commands-")

@@ -8,6 +8,7 @@ runtime's ``state``/``delete`` through the installed launcher the whole time.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from enflame_gcu.shim import launcher
 from tests.conftest import PROJECT_ROOT
 from tests.container_toolkit import installer_fixtures as fx
 
@@ -51,21 +53,25 @@ class RuntimeLoop:
     def __init__(self, host: str) -> None:
         with open(os.path.join(host, LAUNCHER.lstrip("/")), encoding="utf-8") as handle:
             text = handle.read()
-        shebang, _, body = text.partition("\n")
-        python = shebang[2:].split()[0]
+        python = launcher.front_python(text)  # the sh front's python: what an upgrade moves
+        assert python, text[:300]
         self.python = os.path.join(host, python.lstrip("/"))
-        # The launcher as it is, its host paths seen from here (the same venv link).
+        # The front's Python part as it is, its host paths seen from here (the same venv link).
+        package = re.search(r'sys\.path\.insert\(0, "([^"]+)"\)', text)
+        assert package, text
+        body = (
+            f"import sys\nsys.path.insert(0, {json.dumps(host + package[1])})\n"
+            "from enflame_gcu.shim.main import main\nsys.exit(main())\n"
+        )
         self.script = os.path.join(host, "launcher-seen-from-here.py")
         with open(self.script, "w", encoding="utf-8") as handle:
-            handle.write(body.replace(f"'{PREFIX}/", f"'{host}{PREFIX}/"))
+            handle.write(body)
         self.calls = 0
         self.failures: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         # Between runtime calls too: the module the launcher imports, polled every millisecond
         # (pip replacing the package in place leaves it missing for a moment).
-        package = re.search(r"sys\.path\.insert\(0, '([^']+)'\)", body)
-        assert package, body
         self.module = os.path.join(host + package[1], "enflame_gcu", "shim", "main.py")
         self.missing = 0
         self._poller = threading.Thread(target=self._poll, daemon=True)

@@ -57,8 +57,9 @@ def test_install_copies_runtime_and_configures_every_detected_engine(host: str) 
     backups = [n for n in os.listdir(_local(host, "/etc/docker")) if ".enflame-backup-" in n]
     assert len(backups) == 1
     launcher = _read(host, RUNTIME)
-    assert launcher.startswith("#!/usr/bin/python3 -IS\n")
-    assert "sys.path.insert(0, '/opt/enflame-gcu/lib')" in launcher
+    assert launcher.startswith("#!/bin/sh\n")  # the sh front, over the host's python3
+    assert "exec /usr/bin/python3 -IS -c " in launcher
+    assert 'sys.path.insert(0, "/opt/enflame-gcu/lib")' in launcher
     assert os.access(_local(host, RUNTIME), os.X_OK)
     assert os.path.isfile(_local(host, "/opt/enflame-gcu/lib/enflame_gcu/shim/main.py"))
     assert "log-file" in _read(host, "/etc/enflame-container-runtime/config.toml")

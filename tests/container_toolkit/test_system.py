@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -73,8 +74,9 @@ def test_launcher_starts_minimally_and_runs_the_runtime(tmp_path: os.PathLike[st
     assert cli.main(["system", "install-runtime-launcher", "--output", path]) == 0
     with open(path, encoding="utf-8") as handle:
         text = handle.read()
-    assert text.startswith(f"#!{sys.executable} -IS\n")
-    assert repr(launcher.default_package_dir()) in text
+    assert text.startswith("#!/bin/sh\n")  # the sh front, which runs python -IS when needed
+    assert f"exec {sys.executable} -IS -c " in text
+    assert f"sys.path.insert(0, {json.dumps(launcher.default_package_dir())})" in text
     assert os.stat(path).st_mode & 0o777 == 0o755
     # No runtime can be found with an empty PATH: the launcher ran our main and said so.
     env = {"PATH": str(tmp_path), "ENFLAME_CONTAINER_RUNTIME_CONFIG": "/dev/null"}

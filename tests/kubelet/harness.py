@@ -175,7 +175,9 @@ class Containerd:
         annotations passed through)."""
         with open(self.config, "w", encoding="utf-8") as handle:
             handle.write(containerd_base_config(self.directory, f"{self.directory}/runc"))
-        launcher.write_launcher(self.launcher, sys.executable)
+        launcher.write_launcher(
+            self.launcher, sys.executable, verdict=os.path.join(self.directory, "front-verdict")
+        )
         result = subprocess.run(
             [
                 os.path.join(BIN, "enflame-ctk"),

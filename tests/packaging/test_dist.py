@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import enflame_gcu
+from enflame_gcu.shim import front as shim_front
 from enflame_gcu.simulation import simulate, topofile
 from tests.packaging import node_commands, rpm_root
 
@@ -30,6 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 VERSION = enflame_gcu.__version__
 PACKAGE = "enflame-container-toolkit"
 NODE_LIB = "/usr/lib/enflame-gcu/python"
+VERDICT = shim_front.DEFAULT_VERDICT  # what the installed wrapper writes for the front
 NODE_DEPENDS = {"python3 (>= 3.10)", "python3-yaml (>= 6.0)", "python3-tomlkit (>= 0.11.7)"}
 PLUGIN_ONLY = ("grpc", "google", "lightkube", "prometheus_client")
 
@@ -198,6 +200,13 @@ def test_deb_installs_runs_and_removes_with_dpkg(
         assert runtime.returncode == 0, runtime.stderr
         assert runtime.stdout.startswith(f"enflame-container-runtime version {VERSION}\n")
         assert "runc version" in runtime.stdout
+        # The shipped runtime is the sh front over the package's interpreter; the wrapper
+        # left it a verdict for the packaged config, which removal takes away again.
+        with open("/usr/bin/enflame-container-runtime", encoding="utf-8") as handle:
+            front = handle.read()
+        assert front.startswith("#!/bin/sh\n"), front[:80]
+        assert "exec /usr/lib/enflame-gcu/python3 -IS -c " in front
+        assert os.path.isfile(VERDICT)
         # Everything shipped imports with the node's dependencies alone (no grpc & co.).
         walk = run(
             "/usr/bin/python3", "-I", "-c",
@@ -226,6 +235,7 @@ def test_deb_installs_runs_and_removes_with_dpkg(
         assert not os.path.exists("/usr/bin/enflame-ctk")
         assert not os.path.exists("/usr/bin/enflame-container-runtime")
         assert not os.path.exists(NODE_LIB)  # byte-code from postinst is gone too
+        assert not os.path.exists(VERDICT)
         # dpkg -r keeps conffiles (the operator's edits); purge removes them.
         assert os.path.exists("/etc/enflame-container-runtime/config.toml")
     finally:

@@ -1,4 +1,4 @@
-"""Start the runtime the way it is installed: the minimal launcher, or pip's console script."""
+"""Start the runtime the way it is installed: the sh front, or pip's console script."""
 
 from __future__ import annotations
 
@@ -14,10 +14,16 @@ CONSOLE_SCRIPT = os.path.join(os.path.dirname(sys.executable), "enflame-containe
 
 
 def write_launcher(directory: str, name: str = "enflame-container-runtime") -> str:
-    """Write the ``python -IS`` launcher for this interpreter and checkout; returns its path."""
+    """Write the installed front (``sh``, then ``python -IS``) for this interpreter and checkout,
+    with its verdict file in ``directory``; returns its path."""
     path = os.path.join(directory, name)
-    launcher.write_launcher(path, sys.executable)
+    launcher.write_launcher(path, sys.executable, verdict=verdict_path(directory))
     return path
+
+
+def verdict_path(directory: str) -> str:
+    """Where the front written by :func:`write_launcher` in ``directory`` keeps its verdict."""
+    return os.path.join(directory, "front-verdict", "verdict")
 
 
 def run(

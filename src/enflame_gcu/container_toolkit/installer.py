@@ -4,7 +4,8 @@ Every step is recorded in the install manifest (``install_manifest``) *before* i
 :func:`uninstall` can undo it after a crash at any point, and a second install adds only what
 is missing. What the host gets:
 
-- ``<toolkit-dir>/bin/enflame-container-runtime``: a ``python -IS`` launcher (see ``launcher``).
+- ``<toolkit-dir>/bin/enflame-container-runtime``: the ``sh`` front that runs the Python wrapper
+  (``python -IS``) only for GCU requests (see ``launcher``).
   The host's own interpreter runs it, because the engine execs the runtime on the host, outside
   any container. Without ``package_dir`` the pure-Python package is copied to
   ``<toolkit-dir>/lib`` (the runtime imports only the standard library), so the host needs
@@ -146,7 +147,10 @@ def _write_launcher(run: InstallRun, options: InstallOptions, package_dir: str) 
     run.remember(path)
     if not run.dry_run:
         fileio.atomic_write_text(local, text, 0o755)
-    run.lines.append(f"{path} {run.verb}written (runs {options.python} -IS, package {package_dir})")
+    run.lines.append(
+        f"{path} {run.verb}written (sh front; runs {options.python} -IS, package {package_dir}, "
+        "for GCU requests)"
+    )
 
 
 def _read(path: str) -> str | None:

@@ -11,11 +11,17 @@ import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from enflame_gcu import __version__, naming
 from enflame_gcu.device_plugin import config as plugin_config
-from enflame_gcu.device_plugin import config_file, kubelet, logs, named_configs, runner
+from enflame_gcu.device_plugin import kubelet, logs, runner
 from enflame_gcu.errors import ConfigError
+
+if TYPE_CHECKING:
+    # Imported where used (a config file, --config-dir): yaml and prometheus_client are not
+    # needed by a plugin started from flags and the environment (bench_plugin_startup.py).
+    from enflame_gcu.device_plugin import named_configs
 
 log = logging.getLogger("enflame_gcu.device_plugin")
 
@@ -75,6 +81,8 @@ def load_config(
     env = plugin_config.env_layer(environ, warnings)
     layers: list[Mapping[str, object]] = [args, env]
     given = plugin_config.resolve(layers)
+    if given.config_file is not None or (given.config_dir is not None and named):
+        from enflame_gcu.device_plugin import config_file  # noqa: PLC0415 - yaml, when used
     if given.config_file is not None:
         layers.append(config_file.load(given.config_file))
     elif given.config_dir is not None and named:
@@ -116,7 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("%s", warning)
     log.info("enflame-device-plugin %s starting: %s", __version__, config.describe())
     environ = dict(os.environ)
-    named = None if config.config_dir is None else named_configs.NamedConfigs(config)
+    named = None
+    if config.config_dir is not None:
+        from enflame_gcu.device_plugin import named_configs  # noqa: PLC0415 - when used
+
+        named = named_configs.NamedConfigs(config)
 
     def reload() -> plugin_config.PluginConfig:
         # Same command line and environment; only the file (or the node's label) can change.

@@ -23,25 +23,19 @@ import gc
 import logging
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from enflame_gcu import devices, efsmi, health
 from enflame_gcu.device_plugin import config as plugin_config
-from enflame_gcu.device_plugin import (
-    drs_instances,
-    feature_file,
-    holdings_feed,
-    http_server,
-    kubelet,
-    metrics,
-    named_configs,
-    node_annotation,
-    resources,
-    service,
-)
+from enflame_gcu.device_plugin import drs_instances, kubelet, resources, service
 from enflame_gcu.device_plugin import state as plugin_state
 from enflame_gcu.errors import ConfigError, EfsmiError, EnflameError, KubeletApiError
-from enflame_gcu.kubelet_api import podresources
+
+if TYPE_CHECKING:
+    # Imported where used: with the default config (no metrics port, feature file, node
+    # state or named configs) start-up needs none of them, and prometheus_client with
+    # http.server is a large share of the time to registration.
+    from enflame_gcu.device_plugin import metrics, named_configs, node_annotation
 
 log = logging.getLogger(__name__)
 Reload = Callable[[], plugin_config.PluginConfig]
@@ -278,7 +272,7 @@ class NodeWatchers:
     ) -> None:
         self.exported = exported
         self.annotator = annotator
-        self.feature: feature_file.FeatureFile | None = None
+        self.feature: Any = None  # feature_file.FeatureFile, imported when configured
 
     def configure(self, config: plugin_config.PluginConfig) -> None:
         """Follow a (new) config's feature file setting."""
@@ -286,6 +280,8 @@ class NodeWatchers:
         if path is None:
             self.feature = None
         elif self.feature is None or self.feature.path != path:
+            from enflame_gcu.device_plugin import feature_file  # noqa: PLC0415 - when used
+
             counter = None if self.exported is None else self.exported.feature_file_writes.inc
             self.feature = feature_file.FeatureFile(path, counter)
 
@@ -346,6 +342,8 @@ def _background(
     tasks = [] if exported is None else [asyncio.ensure_future(_heartbeat(exported))]
     sinks = [] if annotator is None else [annotator.set_holdings]
     if config.pod_resources_interval > 0 and (exported is not None or sinks):
+        from enflame_gcu.device_plugin import holdings_feed  # noqa: PLC0415 - when used
+
         feed = holdings_feed.HoldingsFeed(
             exported, config.pod_resources_socket, config.pod_resources_interval, sinks
         )
@@ -361,6 +359,8 @@ async def _release_drs(
     instances: drs_instances.DrsInstances, config: plugin_config.PluginConfig
 ) -> None:
     """Destroy DRS instances whose slices no container holds (PodResources, every few s)."""
+    from enflame_gcu.kubelet_api import podresources  # noqa: PLC0415 - DRS only
+
     client = podresources.Client(config.pod_resources_socket)
     trouble = ""
     interval = config.pod_resources_interval or 5.0
@@ -397,6 +397,8 @@ async def run(
     config it chooses; a label change later reloads as SIGHUP does."""
     api = None
     if config.node_state or named is not None:
+        from enflame_gcu.device_plugin import node_annotation  # noqa: PLC0415 - when used
+
         api = node_annotation.LightkubeNodeApi(config.kubeconfig)
     try:
         if named is not None and api is not None:
@@ -425,6 +427,8 @@ async def _serve(
     background: list[Any] = []
     collector: Any = None  # telemetry.TelemetryCollector, imported only when used
     if config.metrics_port:
+        from enflame_gcu.device_plugin import http_server, metrics  # noqa: PLC0415 - when used
+
         exported = metrics.Metrics()
         try:
             http_server.start(exported, config.metrics_port, config.metrics_bind_address)
@@ -434,11 +438,15 @@ async def _serve(
         collector = _telemetry(config, exported)
     annotator = None
     if config.node_state and api is not None:
+        from enflame_gcu.device_plugin import node_annotation  # noqa: PLC0415 - when used
+
         annotator = node_annotation.NodeAnnotator(api, config.node_name)
         log.info("keeping node %s's %s annotation current", config.node_name, "node-state")
     background = _background(config, exported, annotator)
     if named is not None and api is not None:
         if exported is not None:
+            from enflame_gcu.device_plugin import named_configs  # noqa: PLC0415 - when used
+
             named_configs.export(exported.registry, named)
         named.applied_now(config.config_name)
         background.append(asyncio.ensure_future(named.run(api, signals.restart.set)))

@@ -89,22 +89,40 @@ def may_request_devices(bundle: str) -> bool:
     return any(marker in raw for marker in REQUEST_MARKERS)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: parse, edit the spec for create/run, then exec the low-level runtime."""
+def _leave_verdict(front: str | None, config: runtime_config.RuntimeConfig | None) -> None:
+    """Tell the sh front what this config says (or that it cannot be trusted)."""
+    if front is None:
+        return
+    from enflame_gcu.shim import front as runtime_front
+
+    if config is None:
+        runtime_front.discard(front)
+    else:
+        runtime_front.update(front, config)
+
+
+def main(argv: list[str] | None = None, front: str | None = None) -> int:
+    """Entry point: parse, edit the spec for create/run, then exec the low-level runtime.
+
+    ``front``: the verdict file of the ``sh`` front that started us (see :mod:`launcher`).
+    """
     argv = list(sys.argv if argv is None else argv)
     invocation = runtime_invocation.parse_argv(argv)
     try:
         if invocation.edits_spec:
             # create/run must not start a container on a config it cannot read.
             config = runtime_config.load()
+            _leave_verdict(front, config)
         else:
             # Anything else (state, kill, delete, start, ...) only needs runc found: a
             # malformed or newer config must not stop the engine from managing containers.
             config, problem = runtime_config.load_for_passthrough()
             if problem:
                 runtime_invocation.warn(problem)
+            _leave_verdict(front, None if problem else config)
         runtime = find_low_level_runtime(config.runtimes, _self_path(argv))
     except EnflameError as exc:
+        _leave_verdict(front, None)
         runtime_invocation.report_error(invocation, str(exc))
         return 1
     if invocation.version:

@@ -171,7 +171,10 @@ class Engine:
             handle.write(base_config(self.directory))
         if self.mode in ("device-specs", "cdi"):
             return ""  # no wrapper, no engine change
-        launcher.write_launcher(self.launcher, sys.executable)
+        # Its own verdict file: engines of different modes use different runtime configs.
+        launcher.write_launcher(
+            self.launcher, sys.executable, verdict=os.path.join(self.directory, "front-verdict")
+        )
         options = engines.RuntimeOptions(
             runtime_path=self.launcher, set_as_default=self.mode == "default-runtime"
         )

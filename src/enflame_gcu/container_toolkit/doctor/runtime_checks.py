@@ -19,6 +19,7 @@ from enflame_gcu.container_toolkit.doctor.model import Node, Result
 from enflame_gcu.container_toolkit.engines import base
 from enflame_gcu.errors import EnflameError
 from enflame_gcu.shim import config as runtime_config
+from enflame_gcu.shim import launcher
 
 RUNTIME_PATH = base.DEFAULT_RUNTIME_PATH
 RUNC_PATHS = ("/usr/bin/runc", "/usr/sbin/runc", "/usr/local/bin/runc", "/usr/local/sbin/runc")
@@ -152,9 +153,15 @@ def check_runtime_binary(node: Node) -> list[Result]:
             problems.append(f"{path} is not executable")
         else:
             with open(local, "rb") as handle:
-                first = handle.readline(200)
+                head = handle.read(1 << 16)
+            first = head.split(b"\n", 1)[0]
+            needed = []
             if first.startswith(b"#!"):
-                interpreter = first[2:].split()[0].decode("utf-8", "replace")
+                needed.append(first[2:].split()[0].decode("utf-8", "replace"))
+                # The sh front (shim.launcher) also needs the python it hands GCU requests to.
+                python = launcher.front_python(head.decode("utf-8", "replace"))
+                needed += [python] if python else []
+            for interpreter in needed:
                 if not os.path.exists(node.path(interpreter)):
                     problems.append(f"{path} needs {interpreter}, which does not exist")
     if problems:
