@@ -52,6 +52,8 @@ class ApiError(Exception):
 
 
 NOT_FOUND = 404
+# No answer: connection refused or reset, or no reply within the client's timeout.
+UNREACHABLE = 0
 CONFLICT = 409
 
 

@@ -1,4 +1,10 @@
-"""enflame-gcu-operator: leader election, then reconcile every GcuResource every few seconds."""
+"""enflame-gcu-operator: leader election, then reconcile every GcuResource every few seconds.
+
+API trouble never ends the process: a refused or unanswered request (an API-server restart, a
+network cut, a timeout) is logged once when it starts and once when it ends, and the loop retries
+with a doubling delay; the Lease is renewed on its own thread, and passes stop writing as soon
+as it has not been renewed within the renew deadline.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from enflame_gcu.gcu_operator import api, leader, runner
@@ -46,6 +52,18 @@ def _parser() -> argparse.ArgumentParser:
         default=15,
         help="seconds a Lease stays valid without renewal (default 15)",
     )
+    parser.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=10.0,
+        help="seconds without a renewal after which this replica stops writing (default 10)",
+    )
+    parser.add_argument(
+        "--retry-period",
+        type=float,
+        default=2.0,
+        help="seconds between attempts to take or renew the Lease (default 2)",
+    )
     parser.add_argument("--once", action="store_true", help="one pass, then exit (no election)")
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
@@ -54,13 +72,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cluster(kubeconfig: str) -> kube_module.LightkubeApi:
+    import httpx2  # noqa: PLC0415 - lightkube's HTTP client
     import lightkube  # noqa: PLC0415 - the CLI's --help needs no client
     from lightkube.config.kubeconfig import KubeConfig  # noqa: PLC0415
 
     from enflame_gcu.gcu_operator import kube  # noqa: PLC0415
 
     config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account()
-    return kube.LightkubeApi(lightkube.Client(config, field_manager="enflame-gcu-operator"))
+    return kube.LightkubeApi(
+        lightkube.Client(
+            config, field_manager="enflame-gcu-operator", timeout=httpx2.Timeout(REQUEST_TIMEOUT)
+        )
+    )
+
+
+# Seconds one API request may take: a server that stops answering is a failed call, not a hang.
+REQUEST_TIMEOUT = 20.0
+# The longest wait between attempts while the API server is unreachable or refusing.
+MAX_BACKOFF = 60.0
 
 
 # The HTTP client logs every request at INFO: a few lines a second, drowning the operator's own.
@@ -85,35 +114,117 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster.close()
 
 
+class Trouble:
+    """Says once that the API is in trouble and once that it is over, however long it lasts."""
+
+    def __init__(self, what: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._what = what
+        self._clock = clock
+        self._since: float | None = None
+        self.failures = 0
+
+    def failed(self, exc: Exception) -> None:
+        """One more failure; logged only when it is the first of a run."""
+        self.failures += 1
+        if self._since is None:
+            self._since = self._clock()
+            LOG.warning("%s failed: %s (retrying with backoff; said once)", self._what, exc)
+        else:
+            LOG.debug("%s failed again: %s", self._what, exc)
+
+    def ok(self) -> None:
+        """A success: ends a run of failures."""
+        if self._since is not None:
+            LOG.info(
+                "%s works again after %.0f s and %d failed attempts",
+                self._what,
+                self._clock() - self._since,
+                self.failures,
+            )
+        self._since = None
+        self.failures = 0
+
+    def delay(self, base: float) -> float:
+        """``base`` doubled per failure in a row, at most MAX_BACKOFF."""
+        if not self.failures:
+            return base
+        return float(min(MAX_BACKOFF, base * 2 ** min(self.failures, 16)))
+
+
 def _run(args: argparse.Namespace, cluster: kube_module.LightkubeApi) -> int:
-    operator = runner.Operator(cluster)
     if args.once:
-        results = operator.run_once()
+        results = runner.Operator(cluster).run_once()
         return 1 if any(r.error for r in results) else 0
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    elector = leader.LeaderElector(cluster, args.namespace, args.identity, args.lease_duration)
+    serve(args, cluster, stop)
+    return 0
+
+
+def _renew(
+    elector: leader.LeaderElector,
+    stop: threading.Event,
+    period: float,
+    clock: Callable[[], float],
+) -> None:
+    """Take or renew the Lease every ``period`` seconds until ``stop``."""
+    trouble = Trouble("taking or renewing the Lease")
+    while not stop.is_set():
+        try:
+            elector.try_acquire(clock())
+            trouble.ok()
+        except api.ApiError as exc:
+            trouble.failed(exc)
+        stop.wait(period)
+
+
+def serve(
+    args: argparse.Namespace,
+    cluster: api.ClusterApi,
+    stop: threading.Event,
+    clock: Callable[[], float] = time.time,
+) -> None:
+    """Elect, and reconcile while leading, until ``stop`` is set; API failures never end it."""
+    elector = leader.LeaderElector(
+        cluster,
+        args.namespace,
+        args.identity,
+        args.lease_duration,
+        renew_deadline=args.renew_deadline,
+    )
+    operator = runner.Operator(cluster, clock=clock, may_write=lambda: elector.leading(clock()))
     LOG.info(
         "enflame-gcu-operator %s starting (Lease %s/%s)",
         args.identity,
         args.namespace,
         leader.LEASE_NAME,
     )
+    renewer = threading.Thread(
+        target=_renew,
+        args=(elector, stop, args.retry_period, clock),
+        name="lease",
+        daemon=True,
+    )
+    renewer.start()
+    trouble = Trouble("reconcile pass")
     try:
         while not stop.is_set():
+            if not elector.leading(clock()):
+                stop.wait(args.retry_period)
+                continue
             try:
-                leading = elector.try_acquire(time.time())
-                if leading:
-                    for result in operator.run_once():
-                        if result.actions:
-                            LOG.info("%s: %d actions", result.resource, result.actions)
+                for result in operator.run_once():
+                    if result.actions:
+                        LOG.info("%s: %d actions", result.resource, result.actions)
+                trouble.ok()
             except api.ApiError as exc:
-                LOG.warning("pass failed: %s (retrying)", exc)
-            stop.wait(args.interval if leading else args.lease_duration / 3)
+                trouble.failed(exc)
+            stop.wait(trouble.delay(args.interval))
     finally:
+        stop.set()
+        renewer.join()
         elector.release()
-    return 0
 
 
 if __name__ == "__main__":

@@ -44,12 +44,29 @@ def _labelled(resource: Mapping[str, Any]) -> dict[str, str]:
     return {names.RESOURCE_LABEL: str(resource["metadata"]["uid"])}
 
 
-class Operator:
-    """Reconciles every GcuResource of both groups; stateless between passes."""
+class NotLeading(api.ApiError):
+    """This replica's Lease was not renewed within the deadline: it must not write."""
 
-    def __init__(self, cluster: api.ClusterApi, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self) -> None:
+        super().__init__(api.UNREACHABLE, "not leading: the Lease was not renewed in time")
+
+
+class Operator:
+    """Reconciles every GcuResource of both groups; stateless between passes.
+
+    ``may_write`` is asked before every write (the leader elector's renew deadline): a pass that
+    outlives the Lease stops at its next write instead of racing the new leader.
+    """
+
+    def __init__(
+        self,
+        cluster: api.ClusterApi,
+        clock: Callable[[], float] = time.time,
+        may_write: Callable[[], bool] = lambda: True,
+    ) -> None:
         self._api = cluster
         self._clock = clock
+        self._may_write = may_write
         self._dra_served: bool | None = None
 
     def observe(self, kind: api.Kind, resource: Mapping[str, Any]) -> reconcile.Observed:
@@ -82,6 +99,8 @@ class Operator:
 
     def apply(self, kind: api.Kind, resource: Obj, action: Action) -> None:
         """Carry out one action."""
+        if not self._may_write():
+            raise NotLeading()
         if isinstance(action, Create):
             try:
                 self._api.create(api.BY_KIND[action.obj["kind"]], action.obj)
