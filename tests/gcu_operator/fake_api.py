@@ -227,8 +227,13 @@ class FakeApi:
 class FakeCluster:
     """Controllers and kubelets over a FakeApi: step() moves the world on by one tick."""
 
-    def __init__(self, fake: FakeApi, node_names: list[str], gcu: bool = True) -> None:
+    def __init__(
+        self, fake: FakeApi, node_names: list[str], gcu: bool = True, ready_after: int = 1
+    ) -> None:
         self.api = fake
+        # Ticks a new pod takes to become ready (or to finish, for a validator pod).
+        self.ready_after = ready_after
+        self._ticks: dict[str, int] = {}
         self.broken_images: set[str] = set()
         self.bad_nodes: set[str] = set()
         self.undo_log: list[str] = []
@@ -315,8 +320,19 @@ class FakeCluster:
         for pod in list(fake.store.values()):
             if pod["kind"] != "Pod" or pod["metadata"].get("deletionTimestamp"):
                 continue
-            if pods.phase(pod) != "Pending":
+            uid = pod["metadata"]["uid"]
+            starting = pods.phase(pod) == "Pending" or (
+                uid in self._ticks and pods.phase(pod) == "Running" and not pods.ready(pod)
+            )
+            if not starting:
                 continue
+            self._ticks[uid] = self._ticks.get(uid, 0) + 1
+            if self._ticks[uid] < self.ready_after:
+                if pod["spec"].get("restartPolicy") != "Never":
+                    pod["status"] = {"phase": "Running", "conditions": []}
+                    pod["metadata"]["resourceVersion"] = str(next(fake._rv))
+                continue
+            self._ticks.pop(uid)
             container = pod["spec"]["containers"][0]
             if pod["spec"].get("restartPolicy") == "Never":
                 bad = pods.node_of(pod) in self.bad_nodes

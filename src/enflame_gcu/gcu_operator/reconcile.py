@@ -62,6 +62,8 @@ class _Work:
     )
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
     conflicts: list[str] = dataclasses.field(default_factory=list)
+    # Pod deletions of a rollout: carried out only after the nodes' intent is written.
+    after_intent: list[Action] = dataclasses.field(default_factory=list)
 
 
 def _name(observed: Observed) -> str:
@@ -215,7 +217,7 @@ def _drained(observed: Observed, view: nodes.NodeView, work: _Work) -> bool:
     ]
     for pod in left:
         if not pod["metadata"].get("deletionTimestamp"):
-            work.actions.append(Evict(pod["metadata"]["namespace"], pod["metadata"]["name"]))
+            work.after_intent.append(Evict(pod["metadata"]["namespace"], pod["metadata"]["name"]))
     return not left
 
 
@@ -253,6 +255,13 @@ def _roll(
             return st.validation_message or "validation failed"
         return ""
 
+    def available(view: nodes.NodeView) -> bool:
+        target = view.running_target()
+        st = states[view.name]
+        return view.all_ready() and (
+            not validating or (st.validated_target == target and st.validated_ok)
+        )
+
     in_progress: list[nodes.NodeView] = []
     pending: list[nodes.NodeView] = []
     for view in views:
@@ -265,10 +274,21 @@ def _roll(
         elif view.outdated(hashes):
             pending.append(view)
     failed = [(v.name, r) for v in in_progress if (r := failing(v))]
-    budget = max_unavailable(spec.upgrade.max_unavailable, len(views)) - len(in_progress)
+    # maxUnavailable holds at every moment: nodes being upgraded and nodes that are down for
+    # any other reason (not ready, not validated) both count, and a node's pods are deleted
+    # only after its intent (upgrading) is written (see plan(): after_intent).
+    limit = max_unavailable(spec.upgrade.max_unavailable, len(views))
+    down = {v.name for v in in_progress} | {v.name for v in views if not available(v)}
     # Broken nodes first: a rollback repairs the node that failed before touching healthy ones.
     pending.sort(key=lambda v: (v.all_ready(), v.name))
-    started = [] if failed else pending[: max(0, budget)]
+    started: list[nodes.NodeView] = []
+    for view in [] if failed else pending:
+        # A node that is down already costs nothing more; a healthy one needs room.
+        if view.name not in down:
+            if len(down) >= limit:
+                continue
+            down.add(view.name)
+        started.append(view)
     for view in started:
         states[view.name] = dataclasses.replace(
             states[view.name], upgrading=view.desired_target(hashes), cordoned=spec.upgrade.drain
@@ -291,7 +311,7 @@ def _roll(
             if key != rs.TOOLKIT and not toolkit_current:
                 continue
             pod = view.pods[key]
-            work.actions.append(
+            work.after_intent.append(
                 Delete("v1", "Pod", pod["metadata"]["namespace"], pod["metadata"]["name"])
             )
     waiting = [v.name for v in pending if v not in started]
@@ -384,6 +404,7 @@ def plan(observed: Observed) -> Plan:
             gone = nodes.NodeView(name, node, "none", "", (), {}, state)
             _set_node(work, gone, dict.fromkeys(state.labels), nodestate.NodeState())
     _node_patch_actions(observed, work, by_name)
+    work.actions.extend(work.after_intent)
     report = status.build(
         observed.resource,
         spec=spec,
