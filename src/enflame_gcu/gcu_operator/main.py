@@ -153,7 +153,11 @@ class Trouble:
 
 def _run(args: argparse.Namespace, cluster: kube_module.LightkubeApi) -> int:
     if args.once:
-        results = runner.Operator(cluster).run_once()
+        try:
+            results = runner.Operator(cluster).run_once()
+        except api.ApiError as exc:
+            LOG.error("pass failed: %s", exc)
+            return 1
         return 1 if any(r.error for r in results) else 0
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -142,6 +142,8 @@ class Operator:
                 self.apply(kind, resource, action)
                 result.actions += 1
         except api.ApiError as exc:
+            if exc.status == api.UNREACHABLE:
+                raise  # the whole pass stops; the main loop says so once and backs off
             result.error = str(exc)
             LOG.warning("reconcile of %s stopped: %s (next pass retries)", result.resource, exc)
         return result
