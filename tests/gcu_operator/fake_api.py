@@ -135,7 +135,7 @@ class FakeApi:
         self, kind: api.Kind, namespace: str | None = None, labels: Mapping[str, str] | None = None
     ) -> list[Obj]:
         self._call("list", kind)
-        if kind == api.DEVICE_CLASS and not self.dra_served:
+        if kind in (api.DEVICE_CLASS, api.RESOURCE_CLAIM_TEMPLATE) and not self.dra_served:
             raise api.ApiError(404, "the server could not find the requested resource")
         out = []
         for obj in self.objects(kind):
@@ -155,6 +155,12 @@ class FakeApi:
         for field in ("uid", "resourceVersion", "deletionTimestamp"):
             if field in meta:
                 raise api.ApiError(400, f"metadata.{field} must not be set on create")
+        if kind in (api.DEVICE_CLASS, api.RESOURCE_CLAIM_TEMPLATE) and not self.dra_served:
+            raise api.ApiError(404, "the server could not find the requested resource")
+        runtime_class = (obj.get("spec") or {}).get("runtimeClassName")
+        if kind == api.POD and runtime_class and not self.find(api.RUNTIME_CLASS, runtime_class):
+            # The RuntimeClass admission plugin, as kube-apiserver runs it.
+            raise api.ApiError(403, f'pod rejected: RuntimeClass "{runtime_class}" not found')
         return self.put(kind, obj)
 
     def _current(self, kind: api.Kind, obj: Obj) -> Obj:
@@ -243,6 +249,114 @@ class FakeCluster:
                 labels["enflame.com/gcu.present"] = "true"
             fake.put(api.NODE, {"metadata": {"name": name, "labels": labels}, "spec": {}})
 
+    # --- what the scheduler and the kubelet refuse ------------------------------------------
+    def _ready_component(self, node: str, component: str) -> Obj | None:
+        for pod in self.api.objects(api.POD):
+            labels = pod["metadata"].get("labels") or {}
+            if (
+                labels.get("enflame.com/gcu.component") == component
+                and pods.node_of(pod) == node
+                and pods.ready(pod)
+            ):
+                return pod
+        return None
+
+    def _node_mode(self, node: str) -> str:
+        """The node mode the toolkit on ``node`` installed (its --mode argument)."""
+        toolkit = self._ready_component(node, "containerToolkit")
+        if toolkit is None:
+            return ""
+        command = toolkit["spec"]["containers"][0].get("command") or []
+        return str(command[command.index("--mode") + 1]) if "--mode" in command else ""
+
+    def _claims_allocatable(self, pod: Obj, node: str) -> bool:
+        """Every claim of ``pod`` comes from a template of the GCU DeviceClass, and ``node``
+        runs a ready DRA driver."""
+        if self._ready_component(node, "dra") is None:
+            return False
+        for claim in pod["spec"].get("resourceClaims") or []:
+            template = self.api.find(
+                api.RESOURCE_CLAIM_TEMPLATE,
+                str(claim.get("resourceClaimTemplateName")),
+                pod["metadata"]["namespace"],
+            )
+            if template is None:
+                return False
+            for request in template["spec"]["spec"]["devices"]["requests"]:
+                if (request.get("exactly") or {}).get("deviceClassName") != "gcu.enflame.com":
+                    return False
+        return True
+
+    def _schedule(self) -> None:
+        """The scheduler: binds an unbound pod to the node its affinity names, allocating its
+        claims there (a claim is only ever allocated here, never for a pod bound by nodeName)."""
+        for pod in list(self.api.store.values()):
+            if (
+                pod["kind"] != "Pod"
+                or pods.node_of(pod)
+                or pod["metadata"].get("deletionTimestamp")
+            ):
+                continue
+            terms = (
+                ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+                .get("nodeSelectorTerms", [])
+            )
+            names_ = [
+                v
+                for term in terms
+                for field in term.get("matchFields") or []
+                if field.get("key") == "metadata.name"
+                for v in field.get("values") or []
+            ]
+            for node in names_:
+                if self._claims_allocatable(pod, node):
+                    pod["spec"]["nodeName"] = node
+                    pod["status"] = {
+                        "phase": "Pending",
+                        "resourceClaimStatuses": [
+                            {"name": c["name"], "resourceClaimName": f"{pod['metadata']['name']}-x"}
+                            for c in pod["spec"].get("resourceClaims") or []
+                        ],
+                    }
+                    pod["metadata"]["resourceVersion"] = str(next(self.api._rv))
+                    break
+
+    def _admit(self, pod: Obj) -> Obj | None:
+        """The kubelet's admission: the failed status it gives ``pod``, or None to run it."""
+        node = pods.node_of(pod)
+        for container in pod["spec"]["containers"]:
+            wanted = ((container.get("resources") or {}).get("limits") or {}).get("enflame.com/gcu")
+            if wanted and self._ready_component(node, "devicePlugin") is None:
+                return {
+                    "phase": "Failed",
+                    "reason": "OutOfenflame.com/gcu",
+                    "message": "Pod Node didn't have enough resource: enflame.com/gcu, "
+                    f"requested: {wanted}, used: 0, capacity: 0",
+                }
+        claims = pod["spec"].get("resourceClaims") or []
+        if claims and not pod.get("status", {}).get("resourceClaimStatuses"):
+            # Bound by nodeName, so the scheduler never allocated its claim: it waits forever.
+            return {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "ContainersReady",
+                        "status": "False",
+                        "message": "resource claim is not allocated",
+                    }
+                ],
+            }
+        return None
+
+    def _gets_devices(self, pod: Obj) -> bool:
+        """Whether the runtime gives the pod its GCUs: on a runtimeclass node, only through
+        RuntimeClass enflame."""
+        node = pods.node_of(pod)
+        if self._node_mode(node) == "runtimeclass":
+            return bool(pod["spec"].get("runtimeClassName") == "enflame")
+        return True
+
     def node_labels(self, name: str) -> dict[str, str]:
         node = self.api.find(api.NODE, name)
         assert node is not None
@@ -317,9 +431,12 @@ class FakeCluster:
                 elif not fits:
                     for p in here:
                         fake._mark_deleted(fake._key(api.POD, p["metadata"]["name"], ns))
+        self._schedule()
         for pod in list(fake.store.values()):
             if pod["kind"] != "Pod" or pod["metadata"].get("deletionTimestamp"):
                 continue
+            if not pods.node_of(pod):
+                continue  # unschedulable: nothing runs it
             uid = pod["metadata"]["uid"]
             starting = pods.phase(pod) == "Pending" or (
                 uid in self._ticks and pods.phase(pod) == "Running" and not pods.ready(pod)
@@ -334,7 +451,27 @@ class FakeCluster:
                 continue
             self._ticks.pop(uid)
             container = pod["spec"]["containers"][0]
-            if pod["spec"].get("restartPolicy") == "Never":
+            refused = self._admit(pod)
+            if refused is not None:
+                pod["status"] = refused
+                pod["metadata"]["resourceVersion"] = str(next(fake._rv))
+                continue
+            if pod["spec"].get("restartPolicy") == "Never" and not self._gets_devices(pod):
+                pod["status"] = {
+                    "phase": "Failed",
+                    "containerStatuses": [
+                        {
+                            "name": "validator",
+                            "state": {
+                                "terminated": {
+                                    "exitCode": 1,
+                                    "message": "ENFLAME_VISIBLE_DEVICES is not set",
+                                }
+                            },
+                        }
+                    ],
+                }
+            elif pod["spec"].get("restartPolicy") == "Never":
                 bad = pods.node_of(pod) in self.bad_nodes
                 pod["status"] = {
                     "phase": "Failed" if bad else "Succeeded",

@@ -19,6 +19,14 @@ from enflame_gcu.gcu_operator import resource as rs
 
 Obj = dict[str, Any]
 METRICS_PORT = 9402
+# The RuntimeClass of node mode runtimeclass (deploy/yaml/enflame-runtimeclass.yaml: the same
+# name and handler), and the DRA DeviceClass a validator's claim asks a whole GCU of.
+RUNTIME_CLASS = "enflame"
+DRA_DEVICE_CLASS = "gcu.enflame.com"
+# Keys of desired() that are not components: objects the validator (and the workloads) need.
+RUNTIME_CLASS_KEY = "runtimeClass"
+VALIDATOR_CLAIM_KEY = "validatorClaim"
+EXTRA_KEYS = (RUNTIME_CLASS_KEY, VALIDATOR_CLAIM_KEY)
 TOLERATIONS = [
     {"key": "CriticalAddonsOnly", "operator": "Exists"},
     {"key": "enflame.com/gcu", "operator": "Exists", "effect": "NoSchedule"},
@@ -254,8 +262,55 @@ def _exporter_service(
     }
 
 
-def desired(resource: Mapping[str, Any], spec: rs.ResourceSpec) -> dict[str, Obj]:
-    """Every object the resource's components consist of, by component key."""
+def runtime_class(resource: Mapping[str, Any]) -> Obj:
+    """RuntimeClass ``enflame`` (node mode runtimeclass: only pods naming it get GCUs)."""
+    return {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {
+            "name": RUNTIME_CLASS,
+            # Removed with the toolkit, which configures the runtime it names.
+            "labels": labels(resource, rs.TOOLKIT, "enflame-runtimeclass"),
+            "ownerReferences": [owner_reference(resource)],
+        },
+        "handler": RUNTIME_CLASS,
+    }
+
+
+def validator_claim(resource: Mapping[str, Any], component: rs.Component) -> Obj:
+    """The ResourceClaimTemplate a validator pod on a DRA node takes one whole GCU through."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": component.name,
+            "namespace": component.namespace,
+            "labels": labels(resource, rs.VALIDATOR, component.name),
+            "ownerReferences": [owner_reference(resource)],
+        },
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gcu",
+                            "exactly": {
+                                "deviceClassName": DRA_DEVICE_CLASS,
+                                "allocationMode": "ExactCount",
+                                "count": 1,
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def desired(
+    resource: Mapping[str, Any], spec: rs.ResourceSpec, dra_served: bool = False
+) -> dict[str, Obj]:
+    """Every object the resource's components consist of, by component key (and EXTRA_KEYS)."""
     out: dict[str, Obj] = {}
     comps = spec.components
     if rs.TOOLKIT in comps:
@@ -303,13 +358,63 @@ def desired(resource: Mapping[str, Any], spec: rs.ResourceSpec) -> dict[str, Obj
         )
     if rs.EXPORTER in comps:
         out[rs.EXPORTER] = _exporter_service(resource, comps[rs.EXPORTER], comps[rs.DEVICE_PLUGIN])
+    if spec.node_mode == "runtimeclass" and rs.TOOLKIT in comps:
+        out[RUNTIME_CLASS_KEY] = runtime_class(resource)
+    if rs.VALIDATOR in comps and rs.DRA in comps and dra_served:
+        out[VALIDATOR_CLAIM_KEY] = validator_claim(resource, comps[rs.VALIDATOR])
     return out
 
 
 def validator_pod(
-    resource: Mapping[str, Any], component: rs.Component, node: str, target: str
+    resource: Mapping[str, Any],
+    component: rs.Component,
+    node: str,
+    target: str,
+    *,
+    mode: str = "device-plugin",
+    node_mode: str = "auto",
 ) -> Obj:
-    """A short pod on ``node`` that asks for one GCU and checks what it got."""
+    """A short pod on ``node`` that asks for one GCU and checks what it got.
+
+    Device-plugin nodes: bound with ``nodeName``, one ``enflame.com/gcu`` asked as an extended
+    resource. DRA nodes serve no such resource, and a claim is allocated only by the scheduler:
+    the pod takes one GCU through the validator's ResourceClaimTemplate and is placed by node
+    affinity. Node mode runtimeclass: only pods naming RuntimeClass ``enflame`` get GCUs.
+    """
+    container: Obj = {
+        "name": "validator",
+        "image": component.image,
+        "imagePullPolicy": component.pull_policy,
+        "command": ["sh", "-c", VALIDATOR_SCRIPT],
+        "env": _env(component, []),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "tolerations": TOLERATIONS,
+    }
+    if mode == "dra":
+        container["resources"] = {"claims": [{"name": "gcu"}]}
+        pod_spec["resourceClaims"] = [{"name": "gcu", "resourceClaimTemplateName": component.name}]
+        pod_spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+    else:
+        container["resources"] = {"limits": {"enflame.com/gcu": "1"}}
+        pod_spec["nodeName"] = node
+    if node_mode == "runtimeclass":
+        pod_spec["runtimeClassName"] = RUNTIME_CLASS
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -323,23 +428,7 @@ def validator_pod(
             "annotations": {names.VALIDATES_ANNOTATION: target},
             "ownerReferences": [owner_reference(resource)],
         },
-        "spec": {
-            "nodeName": node,
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "tolerations": TOLERATIONS,
-            "containers": [
-                {
-                    "name": "validator",
-                    "image": component.image,
-                    "imagePullPolicy": component.pull_policy,
-                    "command": ["sh", "-c", VALIDATOR_SCRIPT],
-                    "env": _env(component, []),
-                    "terminationMessagePolicy": "FallbackToLogsOnError",
-                    "resources": {"limits": {"enflame.com/gcu": "1"}},
-                }
-            ],
-        },
+        "spec": {**pod_spec, "containers": [container]},
     }
 
 

@@ -126,7 +126,7 @@ def _sync_objects(observed: Observed, want: Mapping[str, Obj], work: _Work) -> s
     uid = _uid(observed)
     conflicted: set[str] = set()
     wanted_keys = set()
-    for key in rs.ORDER:
+    for key in (*rs.ORDER, *components.EXTRA_KEYS):
         obj = want.get(key)
         if obj is None:
             continue
@@ -135,6 +135,8 @@ def _sync_objects(observed: Observed, want: Mapping[str, Obj], work: _Work) -> s
         have = observed.objects.get(k)
         if have is None:
             work.actions.append(Create(obj))
+        elif key == components.RUNTIME_CLASS_KEY and have.get("handler") == obj["handler"]:
+            continue  # the chart's or a hand-made RuntimeClass enflame: the same thing, kept
         elif not objects.owned_by(have, uid):
             conflicted.add(key)
             work.conflicts.append(
@@ -200,7 +202,14 @@ def _validate(
         return state
     if ready and component is not None and state.validated_target != target:
         live = {p["metadata"]["name"] for p in validator_pods}
-        pod_obj = components.validator_pod(observed.resource, component, view.name, target)
+        pod_obj = components.validator_pod(
+            observed.resource,
+            component,
+            view.name,
+            target,
+            mode=view.mode,
+            node_mode=spec.node_mode,
+        )
         if pod_obj["metadata"]["name"] not in live:
             work.actions.append(Create(pod_obj))
     return state
@@ -362,7 +371,7 @@ def plan(observed: Observed) -> Plan:
     if rs.FINALIZER not in finalizers:
         work.actions.append(SetFinalizers((*finalizers, rs.FINALIZER)))
     spec = rs.parse(observed.resource.get("spec"))
-    want = components.desired(observed.resource, spec)
+    want = components.desired(observed.resource, spec, observed.dra_served)
     conflicted = _sync_objects(observed, want, work)
     hashes = {
         key: obj["spec"]["template"]["metadata"]["annotations"][names.TEMPLATE_HASH]

@@ -73,17 +73,20 @@ class Operator:
         """Read what one reconcile needs."""
         spec = rs.parse(resource.get("spec"))
         found: dict[objects.Key, Obj] = {}
-        for obj_kind in (api.DAEMONSET, api.SERVICE):
+        if self._dra_served is None:
+            self._dra_served = self._api.served(api.DEVICE_CLASS)
+        kinds = [api.DAEMONSET, api.SERVICE, api.RUNTIME_CLASS]
+        if self._dra_served:
+            kinds.append(api.RESOURCE_CLAIM_TEMPLATE)
+        for obj_kind in kinds:
             for obj in self._api.list(obj_kind, labels=_labelled(resource)):
                 found[objects.key(obj)] = obj
-        for obj in components.desired(resource, spec).values():
+        for obj in components.desired(resource, spec, self._dra_served).values():
             k = objects.key(obj)
             if k not in found:
                 have = self._api.get(api.BY_KIND[k[0]], k[2], k[1] or None)
                 if have is not None:
                     found[k] = have
-        if self._dra_served is None:
-            self._dra_served = self._api.served(api.DEVICE_CLASS)
         gcu_pods: list[Obj] = []
         if spec.upgrade.drain:
             gcu_pods = [p for p in self._api.list(api.POD) if _uses_gcu(p)]
