@@ -289,18 +289,38 @@ def test_drain_cordons_evicts_gcu_pods_first_and_uncordons_after_validation() ->
     assert status(fake, resource)["phase"] == "Running"
 
 
-def test_same_name_in_both_groups_are_two_resources() -> None:
+def test_a_second_resource_for_the_same_nodes_is_ignored_until_the_first_is_gone() -> None:
+    """One owner per component and node (as NVIDIA's ClusterPolicy): the same name in the other
+    group, created later, deploys nothing and says why; once the first is deleted (its toolkit
+    undone on each node once), the second takes over."""
     vendor = vendor_example()
     mine = ours()
     mine["metadata"]["name"] = vendor["metadata"]["name"]
     fake, cluster, operator = _start(vendor, nodes=["node-a", "node-b"])
+    fake.now += 1
     fake.put(api.GCU_RESOURCE, mine)
     converge(operator, cluster)
     assert status(fake, vendor)["phase"] == "Running"
-    assert status(fake, mine)["phase"] == "Running"
-    assert len(fake.objects(api.DAEMONSET)) == 4
+    ignored = status(fake, mine)
+    assert ignored["phase"] == "Ignored"
+    condition = ignored["conditions"][0]
+    assert condition["reason"] == "Conflict"
+    assert "containerToolkit on node-a" in condition["message"]
+    assert vendor["metadata"]["name"] in condition["message"]
+    uid = fake.find(api.GCU_RESOURCE, mine["metadata"]["name"])["metadata"]["uid"]  # type: ignore[index]
+    assert len(fake.objects(api.DAEMONSET)) == 2  # the first resource's toolkit and plugin
+    assert all(
+        d["metadata"]["labels"][names.RESOURCE_LABEL] != uid for d in fake.objects(api.DAEMONSET)
+    )
+    toolkits = [
+        p
+        for p in fake.objects(api.POD)
+        if (p["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL) == rs.TOOLKIT
+    ]
+    assert sorted(p["spec"]["nodeName"] for p in toolkits) == ["node-a", "node-b"]
     fake.delete(api.LEGACY_GCU_RESOURCE, vendor["metadata"]["name"])
     converge(operator, cluster)
+    assert cluster.undo_log == ["node-a", "node-b"]  # the first's toolkit, undone once per node
     assert {d["metadata"]["name"] for d in fake.objects(api.DAEMONSET)} == {
         "enflame-container-toolkit",
         "enflame-k8s-device-plugin",

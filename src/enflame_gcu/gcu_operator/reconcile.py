@@ -42,6 +42,8 @@ class Observed:
     now: float
     # Pods that use GCUs (read only when drain is on), for cordon + drain.
     gcu_pods: Sequence[Mapping[str, Any]] = ()
+    # Why this resource must deploy nothing: an older resource owns its components' nodes.
+    conflict: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -365,6 +367,10 @@ def plan(observed: Observed) -> Plan:
     """The actions that move the cluster towards the resource, and the status to report."""
     if observed.resource["metadata"].get("deletionTimestamp"):
         return _plan_removal(observed)
+    if observed.conflict:
+        report = status.ignored(observed.resource, observed.conflict, observed.now)
+        same = report == observed.resource.get("status")
+        return Plan(() if same else (status.write(report),), report)
     work = _Work()
     resource = _name(observed)
     finalizers = tuple(observed.resource["metadata"].get("finalizers") or ())

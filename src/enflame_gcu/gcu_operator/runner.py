@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from enflame_gcu.gcu_operator import api, components, names, objects, pods, reconcile
+from enflame_gcu.gcu_operator import api, components, names, nodes, objects, pods, reconcile
 from enflame_gcu.gcu_operator import resource as rs
 from enflame_gcu.gcu_operator.actions import (
     Action,
@@ -136,11 +136,12 @@ class Operator:
                 current["status"] = action.status
                 self._api.replace_status(kind, current)
 
-    def reconcile(self, kind: api.Kind, resource: Obj) -> PassResult:
-        """Observe, plan and apply for one resource."""
+    def reconcile(self, kind: api.Kind, resource: Obj, conflict: str = "") -> PassResult:
+        """Observe, plan and apply for one resource (``conflict``: why it must deploy nothing)."""
         result = PassResult(str(resource["metadata"]["name"]))
         try:
-            plan = reconcile.plan(self.observe(kind, resource))
+            observed = dataclasses.replace(self.observe(kind, resource), conflict=conflict)
+            plan = reconcile.plan(observed)
             for action in plan.actions:
                 self.apply(kind, resource, action)
                 result.actions += 1
@@ -152,19 +153,73 @@ class Operator:
         return result
 
     def run_once(self) -> list[PassResult]:
-        """One pass over every GcuResource in both groups."""
-        results = []
+        """One pass over every GcuResource in both groups, oldest first: the first resource to
+        want a component on a node owns it there; a later one that wants the same is ignored
+        (status Ignored, reason Conflict) and deploys nothing until the owner is gone."""
+        found: list[tuple[api.Kind, Obj]] = []
         for kind in GROUPS:
             try:
-                found = self._api.list(kind)
+                listed = self._api.list(kind)
             except api.ApiError as exc:
                 if exc.status == api.NOT_FOUND:
                     continue  # that group's CRD is not installed
                 raise
-            for resource in found:
+            for resource in listed:
                 resource.setdefault("apiVersion", kind.api_version)
-                results.append(self.reconcile(kind, resource))
+                found.append((kind, resource))
+        if not found:
+            return []
+        found.sort(key=lambda item: ownership_order(item[1]))
+        gcu_nodes = [n for n in self._api.list(api.NODE) if nodes.is_gcu_node(n)]
+        owners: list[tuple[str, set[tuple[str, str]]]] = []
+        results = []
+        for kind, resource in found:
+            wants = claims(resource, gcu_nodes)
+            conflict = ""
+            for owner, owned in owners:
+                both = sorted(wants & owned)
+                if both:
+                    shown = ", ".join(f"{key} on {node}" for key, node in both[:5])
+                    more = f" and {len(both) - 5} more" if len(both) > 5 else ""
+                    conflict = (
+                        f"{owner} (created earlier) already deploys {shown}{more}; this resource "
+                        "deploys nothing until that one is deleted or no longer wants them"
+                    )
+                    break
+            if not conflict:
+                owners.append((_display(resource), wants))
+            results.append(self.reconcile(kind, resource, conflict))
         return results
+
+
+def _display(resource: Mapping[str, Any]) -> str:
+    group = str(resource.get("apiVersion", "")).rpartition("/")[0]
+    return f"GcuResource {resource['metadata']['name']} ({group})"
+
+
+def ownership_order(resource: Mapping[str, Any]) -> tuple[float, str, str]:
+    """Older first; same second: by name, then group (a stable order on every replica)."""
+    meta = resource["metadata"]
+    created = pods.timestamp(meta.get("creationTimestamp"))
+    return (
+        created if created is not None else float("inf"),
+        str(meta.get("name")),
+        str(resource.get("apiVersion")),
+    )
+
+
+def claims(resource: Mapping[str, Any], gcu_nodes: list[Obj]) -> set[tuple[str, str]]:
+    """(component, node) pairs the resource's node daemons would run on."""
+    spec = rs.parse(resource.get("spec"))
+    out: set[tuple[str, str]] = set()
+    for key in nodes.DAEMON_KEYS:
+        component = spec.components.get(key)
+        if component is None:
+            continue
+        for node in gcu_nodes:
+            if nodes.in_scope(node, component):
+                out.add((key, str(node["metadata"]["name"])))
+    return out
 
 
 def _uses_gcu(pod: Mapping[str, Any]) -> bool:

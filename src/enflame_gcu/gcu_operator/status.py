@@ -174,6 +174,27 @@ def build(
     }
 
 
+def ignored(resource: Mapping[str, Any], message: str, now: float) -> Obj:
+    """The status of a resource that deploys nothing: an older one owns its nodes."""
+    old = dict(resource.get("status") or {})
+    condition = {
+        "action": "deploy",
+        "status": "ignored",
+        "progress": 0,
+        "reason": "Conflict",
+        "message": message,
+    }
+    return {
+        "observedGeneration": int(resource["metadata"].get("generation") or 0),
+        "phase": "Ignored",
+        "readyResource": "0/0",
+        "clusterGCUNodes": [],
+        "conditions": [_keep_time(old, condition, now)],
+        "resourceStatuses": [],
+        "nodes": [],
+    }
+
+
 def removing(resource: Mapping[str, Any], done: int, stages: int, now: float) -> Obj:
     """The status while the resource's components are being removed."""
     old = dict(resource.get("status") or {})
