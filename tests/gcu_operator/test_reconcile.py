@@ -328,3 +328,43 @@ def test_a_second_resource_for_the_same_nodes_is_ignored_until_the_first_is_gone
     assert status(fake, mine)["phase"] == "Running"
     for name in ("node-a", "node-b"):
         assert cluster.node_labels(name)[names.deploy_label(rs.DEVICE_PLUGIN)] == "true"
+
+
+def _edit_daemonset(fake: FakeApi, name: str, edit: Any) -> None:
+    ds = fake.find(api.DAEMONSET, name, "kube-system")
+    assert ds is not None
+    edit(ds["spec"]["template"]["spec"])
+    fake.replace(api.DAEMONSET, ds)
+
+
+def test_hand_edits_of_an_owned_daemonset_are_undone() -> None:
+    resource = ours()
+    fake, cluster, operator = _start(resource)
+    converge(operator, cluster)
+    before = fake.find(api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system")
+    assert before is not None
+    want_image = before["spec"]["template"]["spec"]["containers"][0]["image"]
+
+    def image(spec: dict[str, Any]) -> None:
+        spec["containers"][0]["image"] = "evil.example/plugin:1"
+
+    def selector(spec: dict[str, Any]) -> None:
+        spec["nodeSelector"]["kubernetes.io/hostname"] = "node-a"
+
+    def server_defaults(spec: dict[str, Any]) -> None:
+        spec["dnsPolicy"] = "ClusterFirst"
+        spec["containers"][0]["terminationMessagePath"] = "/dev/termination-log"
+
+    for edit in (image, selector):
+        _edit_daemonset(fake, "enflame-k8s-device-plugin", edit)
+        converge(operator, cluster)
+        after = fake.find(api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system")
+        assert after is not None
+        spec = after["spec"]["template"]["spec"]
+        assert spec["containers"][0]["image"] == want_image, edit.__name__
+        assert spec["nodeSelector"] == before["spec"]["template"]["spec"]["nodeSelector"]
+    # What the API server adds by itself is not drift: no write for it.
+    _edit_daemonset(fake, "enflame-k8s-device-plugin", server_defaults)
+    writes = fake.writes()
+    operator.run_once()
+    assert fake.writes() == writes
