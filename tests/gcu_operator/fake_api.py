@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, TypeVar, cast
 
@@ -30,6 +31,43 @@ def _copy(obj: T) -> T:
     server (an object that is not plain JSON fails here as it would there). Also much cheaper
     than a deep copy under coverage's tracer, which the restart sweeps call thousands of times."""
     return cast(T, json.loads(json.dumps(obj)))
+
+
+# Label values as kube-apiserver validates them (at most 63 characters).
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+
+
+def _label_maps(obj: Obj) -> list[tuple[str, Mapping[str, Any]]]:
+    spec = obj.get("spec") or {}
+    template = spec.get("template") or {}
+    found = [
+        ("metadata.labels", (obj.get("metadata") or {}).get("labels")),
+        ("spec.nodeSelector", spec.get("nodeSelector")),
+        ("spec.selector.matchLabels", (spec.get("selector") or {}).get("matchLabels")),
+        ("spec.template.metadata.labels", (template.get("metadata") or {}).get("labels")),
+        ("spec.template.spec.nodeSelector", (template.get("spec") or {}).get("nodeSelector")),
+    ]
+    return [(path, m) for path, m in found if isinstance(m, Mapping)]
+
+
+def validate(kind: api.Kind, obj: Obj) -> None:
+    """What kube-apiserver refuses of an object the operator writes: a namespace that does not
+    exist (404) and label values that are not label values (422)."""
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    if kind.namespaced and namespace and namespace not in NAMESPACES:
+        raise api.ApiError(404, f'namespaces "{namespace}" not found')
+    for path, labels in _label_maps(obj):
+        for value in labels.values():
+            text = str(value)
+            if len(text) > 63 or not LABEL_VALUE.match(text):
+                raise api.ApiError(
+                    422,
+                    f'{kind.kind} "{meta.get("name")}" is invalid: {path}: Invalid value: '
+                    f'"{text}": a valid label must be an empty string or consist of '
+                    "alphanumeric characters, '-', '_' or '.', at most 63 characters",
+                )
 
 
 class Crash(Exception):
@@ -155,6 +193,7 @@ class FakeApi:
         for field in ("uid", "resourceVersion", "deletionTimestamp"):
             if field in meta:
                 raise api.ApiError(400, f"metadata.{field} must not be set on create")
+        validate(kind, obj)
         if kind in (api.DEVICE_CLASS, api.RESOURCE_CLAIM_TEMPLATE) and not self.dra_served:
             raise api.ApiError(404, "the server could not find the requested resource")
         runtime_class = (obj.get("spec") or {}).get("runtimeClassName")
@@ -177,6 +216,7 @@ class FakeApi:
     def replace(self, kind: api.Kind, obj: Obj) -> Obj:
         self._call("replace", kind)
         have = self._current(kind, obj)
+        validate(kind, obj)
         new = _copy(obj)
         for field in ("uid", "creationTimestamp", "deletionTimestamp", "generation"):
             if field in have["metadata"]:
@@ -207,6 +247,7 @@ class FakeApi:
         if wanted_rv is not None and wanted_rv != have["metadata"]["resourceVersion"]:
             raise api.ApiError(409, "the object has been modified")
         new = merge_patch(have, patch)
+        validate(kind, new)
         new["metadata"]["resourceVersion"] = str(next(self._rv))
         self.store[key] = new
         self._finish(kind, new)
@@ -244,7 +285,8 @@ class FakeCluster:
         self.bad_nodes: set[str] = set()
         self.undo_log: list[str] = []
         for name in node_names:
-            labels = {"kubernetes.io/hostname": name}
+            # A node name may run to 253 characters; a label value only to 63.
+            labels = {"kubernetes.io/hostname": name} if len(name) <= 63 else {}
             if gcu:
                 labels["enflame.com/gcu.present"] = "true"
             fake.put(api.NODE, {"metadata": {"name": name, "labels": labels}, "spec": {}})

@@ -39,13 +39,14 @@ GCU_RESOURCE = Kind(f"{rs.GROUP}/{rs.VERSION}", rs.KIND, rs.PLURAL, namespaced=F
 LEGACY_GCU_RESOURCE = Kind(f"{rs.LEGACY_GROUP}/{rs.VERSION}", rs.KIND, rs.PLURAL, namespaced=False)
 # The DRA API the DRA driver needs; served means this cluster can run it.
 DEVICE_CLASS = Kind("resource.k8s.io/v1", "DeviceClass", "deviceclasses", namespaced=False)
+EVENT = Kind("v1", "Event", "events", namespaced=True)
 RUNTIME_CLASS = Kind("node.k8s.io/v1", "RuntimeClass", "runtimeclasses", namespaced=False)
 RESOURCE_CLAIM_TEMPLATE = Kind(
     "resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", namespaced=True
 )
 BY_KIND = {
     k.kind: k
-    for k in (NODE, POD, SERVICE, DAEMONSET, LEASE, RUNTIME_CLASS, RESOURCE_CLAIM_TEMPLATE)
+    for k in (NODE, POD, SERVICE, DAEMONSET, LEASE, EVENT, RUNTIME_CLASS, RESOURCE_CLAIM_TEMPLATE)
 }
 
 

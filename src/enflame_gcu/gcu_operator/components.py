@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,8 @@ from enflame_gcu.gcu_operator import resource as rs
 
 Obj = dict[str, Any]
 METRICS_PORT = 9402
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+LABEL_VALUE_MAX = 63
 # The RuntimeClass of node mode runtimeclass (deploy/yaml/enflame-runtimeclass.yaml: the same
 # name and handler), and the DRA DeviceClass a validator's claim asks a whole GCU of.
 RUNTIME_CLASS = "enflame"
@@ -423,13 +426,17 @@ def validator_pod(
             "namespace": component.namespace,
             "labels": {
                 **labels(resource, rs.VALIDATOR, component.name),
-                "enflame.com/gcu.node": node,
+                **({names.VALIDATOR_NODE: node} if _label_value(node) else {}),
             },
-            "annotations": {names.VALIDATES_ANNOTATION: target},
+            "annotations": {names.VALIDATES_ANNOTATION: target, names.VALIDATOR_NODE: node},
             "ownerReferences": [owner_reference(resource)],
         },
         "spec": {**pod_spec, "containers": [container]},
     }
+
+
+def _label_value(text: str) -> bool:
+    return len(text) <= LABEL_VALUE_MAX and bool(LABEL_VALUE.match(text))
 
 
 def validator_name(component: rs.Component, node: str, target: str) -> str:

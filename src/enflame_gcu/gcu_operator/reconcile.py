@@ -390,7 +390,10 @@ def plan(observed: Observed) -> Plan:
     for pod in observed.pods:
         pod_labels = pod["metadata"].get("labels") or {}
         if pod_labels.get(names.COMPONENT_LABEL) == rs.VALIDATOR:
-            validators.setdefault(str(pod_labels.get("enflame.com/gcu.node")), []).append(pod)
+            node = (pod["metadata"].get("annotations") or {}).get(
+                names.VALIDATOR_NODE, pod_labels.get(names.VALIDATOR_NODE)
+            )
+            validators.setdefault(str(node), []).append(pod)
         else:
             pods_by_node.setdefault(pods.node_of(pod), []).append(pod)
     views = [

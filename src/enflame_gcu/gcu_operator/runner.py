@@ -24,11 +24,25 @@ from enflame_gcu.gcu_operator.actions import (
     Replace,
     SetFinalizers,
     WriteStatus,
+    describe,
 )
 
 LOG = logging.getLogger(__name__)
 Obj = dict[str, Any]
 GROUPS = (api.GCU_RESOURCE, api.LEGACY_GCU_RESOURCE)
+# A refused resource waits this long before its next try, doubling up to MAX_BACKOFF.
+BACKOFF_START = 5.0
+MAX_BACKOFF = 300.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Backoff:
+    """A resource whose last action was refused: when to try again."""
+
+    generation: int
+    failures: int
+    next_try: float
+    message: str
 
 
 @dataclasses.dataclass(slots=True)
@@ -68,6 +82,7 @@ class Operator:
         self._clock = clock
         self._may_write = may_write
         self._dra_served: bool | None = None
+        self._backoff: dict[str, _Backoff] = {}
 
     def observe(self, kind: api.Kind, resource: Mapping[str, Any]) -> reconcile.Observed:
         """Read what one reconcile needs."""
@@ -137,8 +152,23 @@ class Operator:
                 self._api.replace_status(kind, current)
 
     def reconcile(self, kind: api.Kind, resource: Obj, conflict: str = "") -> PassResult:
-        """Observe, plan and apply for one resource (``conflict``: why it must deploy nothing)."""
-        result = PassResult(str(resource["metadata"]["name"]))
+        """Observe, plan and apply for one resource (``conflict``: why it must deploy nothing).
+
+        An action the API server refuses (a namespace that does not exist, an invalid label) is
+        not retried every pass: the resource's status says which object and why (condition
+        reason Refused), an Event says it once, and the resource waits a doubling delay (from
+        one pass up to MAX_BACKOFF seconds) before it is tried again; a spec change (a new
+        generation) retries at once.
+        """
+        meta = resource["metadata"]
+        result = PassResult(str(meta["name"]))
+        backoff = self._backoff.get(str(meta.get("uid")))
+        generation = int(meta.get("generation") or 0)
+        waiting = backoff is not None and backoff.generation == generation
+        if backoff is not None and waiting and self._clock() < backoff.next_try:
+            result.error = backoff.message
+            return result
+        action: Action | None = None
         try:
             observed = dataclasses.replace(self.observe(kind, resource), conflict=conflict)
             plan = reconcile.plan(observed)
@@ -149,8 +179,90 @@ class Operator:
             if exc.status == api.UNREACHABLE:
                 raise  # the whole pass stops; the main loop says so once and backs off
             result.error = str(exc)
-            LOG.warning("reconcile of %s stopped: %s (next pass retries)", result.resource, exc)
+            if exc.status == api.CONFLICT or action is None:
+                # A lost race (stale resourceVersion) or a failed read: the next pass re-reads.
+                LOG.warning("reconcile of %s stopped: %s (next pass retries)", result.resource, exc)
+                return result
+            self._refused(
+                kind,
+                resource=resource,
+                report=plan.status,
+                action=action,
+                exc=exc,
+                generation=generation,
+            )
+            return result
+        self._backoff.pop(str(meta.get("uid")), None)
         return result
+
+    def _refused(
+        self,
+        kind: api.Kind,
+        *,
+        resource: Obj,
+        report: Obj,
+        action: Action,
+        exc: api.ApiError,
+        generation: int,
+    ) -> None:
+        meta = resource["metadata"]
+        uid = str(meta.get("uid"))
+        message = f"the API server refused to {describe(action)}: {exc}"
+        previous = self._backoff.get(uid)
+        failures = previous.failures + 1 if previous and previous.generation == generation else 1
+        delay = min(MAX_BACKOFF, BACKOFF_START * 2 ** (failures - 1))
+        self._backoff[uid] = _Backoff(generation, failures, self._clock() + delay, message)
+        if previous is not None and previous.message == message:
+            LOG.debug("%s: %s (again; next try in %.0f s)", meta["name"], message, delay)
+        else:
+            LOG.warning("%s: %s (next try in %.0f s)", meta["name"], message, delay)
+        condition = {
+            "action": "deploy",
+            "status": "failed",
+            "progress": 0,
+            "reason": "Refused",
+            "message": message,
+            "lastUpdateTime": pods.rfc3339(self._clock()),
+        }
+        try:
+            current = self._api.get(kind, str(meta["name"]))
+            if current is not None:
+                old = [c for c in (current.get("status") or {}).get("conditions") or []]
+                if not any(c.get("message") == message for c in old):
+                    current["status"] = {**report, "phase": "Failed", "conditions": [condition]}
+                    self._api.replace_status(kind, current)
+                    self._event(resource, message)
+        except api.ApiError as again:
+            LOG.warning("%s: could not report the refusal: %s", meta["name"], again)
+
+    def _event(self, resource: Obj, message: str) -> None:
+        """A Warning Event on the resource (cluster-scoped: the Event lives in default)."""
+        meta = resource["metadata"]
+        now = pods.rfc3339(self._clock())
+        self._api.create(
+            api.EVENT,
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {
+                    "name": f"{meta['name']}.{int(self._clock() * 1000):x}",
+                    "namespace": "default",
+                },
+                "involvedObject": {
+                    "apiVersion": resource.get("apiVersion"),
+                    "kind": rs.KIND,
+                    "name": meta["name"],
+                    "uid": meta.get("uid"),
+                },
+                "reason": "Refused",
+                "message": message[:1024],
+                "type": "Warning",
+                "source": {"component": names.OPERATOR},
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            },
+        )
 
     def run_once(self) -> list[PassResult]:
         """One pass over every GcuResource in both groups, oldest first: the first resource to
