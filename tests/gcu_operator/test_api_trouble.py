@@ -290,3 +290,29 @@ def test_the_lease_is_renewed_while_a_pass_outlasts_it() -> None:
         stop.set()
         thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+# --- point 4: the liveness endpoint ------------------------------------------------------------
+
+
+def test_healthz_answers_200_while_the_loop_comes_round_and_503_when_it_hangs() -> None:
+    import urllib.error
+    import urllib.request
+
+    now = {"t": 0.0}
+    health = main.Health(stale_after=60, clock=lambda: now["t"])
+    server = main.serve_health(health, 0, host="127.0.0.1")
+    url = f"http://127.0.0.1:{server.server_address[1]}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            assert answer.status == 200
+        now["t"] = 61.0
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(url, timeout=5)
+        assert caught.value.code == 503
+        health.beat()
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            assert answer.status == 200
+    finally:
+        server.shutdown()
+        server.server_close()

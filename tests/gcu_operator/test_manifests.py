@@ -97,3 +97,51 @@ def test_operator_off_renders_no_operator(tmp_path: Any) -> None:
     rendered = helm_render.render(str(tmp_path))
     assert not [d for d in rendered.get("operator.yaml", []) if d]
     assert [d for d in rendered["daemonset-device-plugin.yaml"] if d]
+
+
+def _allowed(role: dict[str, Any], group: str, resource: str, verb: str) -> bool:
+    return any(
+        group in rule.get("apiGroups", [])
+        and resource in rule.get("resources", [])
+        and verb in rule.get("verbs", [])
+        for rule in role["rules"]
+    )
+
+
+@needs_helm
+def test_operator_rbac_probe_pdb_and_spread_as_users_run_it(tmp_path: Any) -> None:
+    rendered = helm_render.render(
+        str(tmp_path),
+        {
+            "operator": {
+                "enabled": True,
+                "tolerations": [{"key": "infra", "operator": "Exists"}],
+                "nodeSelector": {"role": "infra"},
+            }
+        },
+    )
+    docs = [d for d in rendered.get("operator.yaml", []) if d]
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    for group, resource, verb in [
+        (rs.GROUP, "gcuresources/finalizers", "update"),  # blockOwnerDeletion
+        ("", "events", "create"),
+        ("", "events", "patch"),
+        ("node.k8s.io", "runtimeclasses", "create"),
+        ("resource.k8s.io", "resourceclaimtemplates", "create"),
+        ("", "pods/eviction", "create"),
+    ]:
+        assert _allowed(role, group, resource, verb), (group, resource, verb)
+    # Write access to gcuresources is root on every GCU node: never aggregated to admin/edit.
+    assert not any("aggregate-to" in k for k in role["metadata"].get("labels", {}))
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "--health-port=8081" in container["args"]
+    assert pod["tolerations"] == [{"key": "infra", "operator": "Exists"}]
+    assert pod["nodeSelector"] == {"role": "infra"}
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]

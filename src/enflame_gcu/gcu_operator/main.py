@@ -9,6 +9,7 @@ as it has not been renewed within the renew deadline.
 from __future__ import annotations
 
 import argparse
+import http.server
 import logging
 import os
 import signal
@@ -64,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
         default=2.0,
         help="seconds between attempts to take or renew the Lease (default 2)",
     )
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=0,
+        help="serve /healthz on this port (0: none): 200 while the loop comes round, else 503",
+    )
     parser.add_argument("--once", action="store_true", help="one pass, then exit (no election)")
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
@@ -112,6 +119,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args, cluster)
     finally:
         cluster.close()
+
+
+class Health:
+    """The liveness answer: healthy while the main loop comes round within ``stale_after``
+    seconds (a pass that hangs, not one that fails, is what a restart can cure)."""
+
+    def __init__(self, stale_after: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._stale_after = stale_after
+        self._clock = clock
+        self._beat = clock()
+
+    def beat(self) -> None:
+        """The loop came round."""
+        self._beat = self._clock()
+
+    def healthy(self) -> bool:
+        """Whether the loop came round recently enough."""
+        return self._clock() - self._beat <= self._stale_after
+
+
+def serve_health(health: Health, port: int, host: str = "") -> http.server.ThreadingHTTPServer:
+    """/healthz on ``port`` in a daemon thread; the caller shuts the server down."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ok = self.path == "/healthz" and health.healthy()
+            body = b"ok\n" if ok else b"stale\n" if self.path == "/healthz" else b"not found\n"
+            self.send_response(200 if ok else 503 if self.path == "/healthz" else 404)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
+    return server
 
 
 class Trouble:
@@ -212,8 +259,12 @@ def serve(
     )
     renewer.start()
     trouble = Trouble("reconcile pass")
+    health = Health(stale_after=max(60.0, 4 * args.interval) + MAX_BACKOFF)
+    port = getattr(args, "health_port", 0)
+    server = serve_health(health, port) if port else None
     try:
         while not stop.is_set():
+            health.beat()
             if not elector.leading(clock()):
                 stop.wait(args.retry_period)
                 continue
@@ -227,6 +278,9 @@ def serve(
             stop.wait(trouble.delay(args.interval))
     finally:
         stop.set()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         renewer.join()
         elector.release()
 
