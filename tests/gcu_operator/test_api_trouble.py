@@ -310,6 +310,7 @@ def test_healthz_answers_200_while_the_loop_comes_round_and_503_when_it_hangs() 
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(url, timeout=5)
         assert caught.value.code == 503
+        caught.value.close()
         health.beat()
         with urllib.request.urlopen(url, timeout=5) as answer:
             assert answer.status == 200

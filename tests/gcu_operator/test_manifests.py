@@ -74,13 +74,14 @@ def test_operator_enabled_installs_crds_rbac_and_two_replicas_and_no_daemonsets(
     )
     docs = [d for d in rendered.get("operator.yaml", []) if d]
     kinds = [d["kind"] for d in docs]
-    assert kinds.count("CustomResourceDefinition") == 2
+    # The CRDs come from crds/ (installed first, never upgraded or deleted by Helm).
+    assert "CustomResourceDefinition" not in kinds
     assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Deployment"} <= set(
         kinds
     )
-    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    chart_crds = REPO / "deploy" / "helm" / "enflame-gcu" / "crds" / "gcuresource-crd.yaml"
     on_disk = list(yaml.safe_load_all((REPO / "deploy" / "operator" / "crd.yaml").read_text()))
-    assert crds == on_disk
+    assert list(yaml.safe_load_all(chart_crds.read_text())) == on_disk
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["template"]["spec"]["containers"][0]["command"] == [
@@ -88,6 +89,14 @@ def test_operator_enabled_installs_crds_rbac_and_two_replicas_and_no_daemonsets(
     ]
     resource = next(d for d in docs if d["kind"] == "GcuResource")
     assert resource["apiVersion"] == f"{rs.GROUP}/v1"
+    # A release object, not a hook: `helm upgrade` patches it in place instead of deleting and
+    # recreating it (which tore every component down and redeployed it on every node).
+    assert "helm.sh/hook" not in (resource["metadata"].get("annotations") or {})
+    job = next(d for d in docs if d["kind"] == "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][0] == "--remove-resources"
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert _allowed(role, rs.GROUP, "gcuresources", "delete")
     for template in ("daemonset-device-plugin.yaml", "daemonset-container-toolkit.yaml"):
         assert not [d for d in rendered.get(template, []) if d], template
 

@@ -73,6 +73,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--once", action="store_true", help="one pass, then exit (no election)")
     parser.add_argument(
+        "--remove-resources",
+        action="store_true",
+        help="delete every GcuResource (both groups) and wait until the running operator has "
+        "removed their components and they are gone (the chart's pre-delete hook)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds --remove-resources waits (default 600)",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     return parser
@@ -199,6 +211,8 @@ class Trouble:
 
 
 def _run(args: argparse.Namespace, cluster: kube_module.LightkubeApi) -> int:
+    if args.remove_resources:
+        return remove_resources(cluster, args.timeout)
     if args.once:
         try:
             results = runner.Operator(cluster).run_once()
@@ -211,6 +225,48 @@ def _run(args: argparse.Namespace, cluster: kube_module.LightkubeApi) -> int:
         signal.signal(signum, lambda *_: stop.set())
     serve(args, cluster, stop)
     return 0
+
+
+def remove_resources(
+    cluster: api.ClusterApi,
+    timeout: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Delete every GcuResource and wait until all are gone (their finalizer lifted by the
+    operator once it removed their components in reverse order): 0, or 1 naming those left."""
+    deadline = clock() + timeout
+    left: list[str] = []
+    while True:
+        left = []
+        try:
+            for kind in runner.GROUPS:
+                try:
+                    found = cluster.list(kind)
+                except api.ApiError as exc:
+                    if exc.status == api.NOT_FOUND:
+                        continue
+                    raise
+                for resource in found:
+                    meta = resource["metadata"]
+                    left.append(f"{kind.group}/{meta['name']}")
+                    if not meta.get("deletionTimestamp"):
+                        cluster.delete(kind, str(meta["name"]))
+                        LOG.info("deleting GcuResource %s (%s)", meta["name"], kind.group)
+        except api.ApiError as exc:
+            LOG.warning("removing GcuResources: %s (retrying)", exc)
+            left = left or ["(could not list)"]
+        if not left:
+            LOG.info("no GcuResource left")
+            return 0
+        if clock() >= deadline:
+            LOG.error(
+                "GcuResources still present after %.0f s: %s (is the operator running?)",
+                timeout,
+                ", ".join(left),
+            )
+            return 1
+        sleep(2.0)
 
 
 def _renew(
