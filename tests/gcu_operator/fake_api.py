@@ -99,6 +99,8 @@ class FakeApi:
         self._rv = itertools.count(1)
         self._uid = itertools.count(1)
         self.deleted: list[Key] = []
+        # Pods ("namespace/name") a PodDisruptionBudget keeps: their eviction is a 429.
+        self.pdb_protected: set[str] = set()
 
     # --- bookkeeping -------------------------------------------------------------------
     def _call(self, verb: str, kind: api.Kind) -> None:
@@ -264,6 +266,10 @@ class FakeApi:
 
     def evict(self, namespace: str, name: str) -> None:
         self._call("evict", api.POD)
+        if f"{namespace}/{name}" in self.pdb_protected:
+            raise api.ApiError(
+                429, "Cannot evict pod as it would violate the pod's disruption budget."
+            )
         self._mark_deleted(self._key(api.POD, name, namespace))
 
     def served(self, kind: api.Kind) -> bool:
@@ -282,6 +288,8 @@ class FakeCluster:
         self.ready_after = ready_after
         self._ticks: dict[str, int] = {}
         self.broken_images: set[str] = set()
+        # Nodes whose kubelet is gone (NotReady): nothing there starts or finishes terminating.
+        self.down_nodes: set[str] = set()
         self.bad_nodes: set[str] = set()
         self.undo_log: list[str] = []
         for name in node_names:
@@ -423,7 +431,13 @@ class FakeCluster:
     def step(self, seconds: float = 5.0) -> None:
         fake = self.api
         fake.now += seconds
+        for name in self.down_nodes:
+            node = fake.store.get(fake._key(api.NODE, name, None))
+            if node is not None:
+                node["status"] = {"conditions": [{"type": "Ready", "status": "Unknown"}]}
         for key, pod in list(fake.store.items()):
+            if pods.node_of(pod) in self.down_nodes:
+                continue
             if pod["kind"] == "Pod" and pod["metadata"].get("deletionTimestamp"):
                 component = (pod["metadata"].get("labels") or {}).get("enflame.com/gcu.component")
                 if component == "containerToolkit":
@@ -477,8 +491,8 @@ class FakeCluster:
         for pod in list(fake.store.values()):
             if pod["kind"] != "Pod" or pod["metadata"].get("deletionTimestamp"):
                 continue
-            if not pods.node_of(pod):
-                continue  # unschedulable: nothing runs it
+            if not pods.node_of(pod) or pods.node_of(pod) in self.down_nodes:
+                continue  # unschedulable, or no kubelet to run it
             uid = pod["metadata"]["uid"]
             starting = pods.phase(pod) == "Pending" or (
                 uid in self._ticks and pods.phase(pod) == "Running" and not pods.ready(pod)

@@ -63,6 +63,8 @@ NOT_FOUND = 404
 # No answer: connection refused or reset, or no reply within the client's timeout.
 UNREACHABLE = 0
 CONFLICT = 409
+# An eviction a PodDisruptionBudget does not allow now.
+TOO_MANY_REQUESTS = 429
 
 
 class ClusterApi(Protocol):

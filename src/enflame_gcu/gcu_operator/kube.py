@@ -23,6 +23,8 @@ from enflame_gcu.gcu_operator import api
 
 Obj = dict[str, Any]
 T = TypeVar("T")
+EVICTION_V1 = "policy/v1"
+EVICTION_V1BETA1 = "policy/v1beta1"
 
 
 def _resource(kind: api.Kind) -> Any:
@@ -89,6 +91,7 @@ class LightkubeApi:
 
     def __init__(self, client: lightkube.Client) -> None:
         self._client = client
+        self._eviction_version = EVICTION_V1
 
     def close(self) -> None:
         """Close the client's connections."""
@@ -166,18 +169,33 @@ class LightkubeApi:
         return _plain(_request(lambda: self._client.replace(body)))
 
     def evict(self, namespace: str, name: str) -> None:
-        """Evict (policy/v1beta1 body: Kubernetes 1.20 has no policy/v1 Eviction)."""
+        """Evict through policy/v1 (policy/v1beta1 is gone since Kubernetes 1.25); a server
+        older than 1.22, which has only policy/v1beta1, gets that body instead."""
         from lightkube.resources.core_v1 import Pod  # noqa: PLC0415 - only when draining
 
-        body = {
-            "apiVersion": "policy/v1beta1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": namespace},
-        }
-        eviction: Any = Pod.Eviction.from_dict(body)
-        try:
+        def send(version: str) -> None:
+            body = {
+                "apiVersion": version,
+                "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace},
+            }
+            eviction: Any = Pod.Eviction.from_dict(body)
             _request(lambda: self._client.create(eviction, name=name, namespace=namespace))
+
+        try:
+            send(self._eviction_version)
         except api.ApiError as exc:
+            unknown_version = (
+                exc.status in (400, api.NOT_FOUND) and "policy/v1" in exc.message
+            ) or "could not find the requested resource" in exc.message
+            if self._eviction_version == EVICTION_V1 and unknown_version:
+                self._eviction_version = EVICTION_V1BETA1
+                try:
+                    send(self._eviction_version)
+                except api.ApiError as again:
+                    if again.status != api.NOT_FOUND:
+                        raise
+                return
             if exc.status != api.NOT_FOUND:
                 raise
 

@@ -44,6 +44,8 @@ class Observed:
     gcu_pods: Sequence[Mapping[str, Any]] = ()
     # Why this resource must deploy nothing: an older resource owns its components' nodes.
     conflict: str = ""
+    # Evictions the API refused last pass (429: a PodDisruptionBudget), by "namespace/name".
+    blocked: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,6 +68,8 @@ class _Work:
     conflicts: list[str] = dataclasses.field(default_factory=list)
     # Pod deletions of a rollout: carried out only after the nodes' intent is written.
     after_intent: list[Action] = dataclasses.field(default_factory=list)
+    drain_failed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    drain_blocked: list[str] = dataclasses.field(default_factory=list)
 
 
 def _name(observed: Observed) -> str:
@@ -302,13 +306,33 @@ def _roll(
         started.append(view)
     for view in started:
         states[view.name] = dataclasses.replace(
-            states[view.name], upgrading=view.desired_target(hashes), cordoned=spec.upgrade.drain
+            states[view.name],
+            upgrading=view.desired_target(hashes),
+            cordoned=spec.upgrade.drain,
+            since=observed.now,
         )
     failed_names = {name for name, _ in failed}
     for view in [*in_progress, *started]:
         if view.name in failed_names:
             continue
         if spec.upgrade.drain and not _drained(observed, view, work):
+            left = _left_on(observed, view)
+            blocked = [p for p in left if p in observed.blocked]
+            started_at = states[view.name].since
+            timeout = spec.upgrade.drain_timeout
+            if timeout and started_at and observed.now - started_at > timeout:
+                work.drain_failed.append(
+                    (
+                        view.name,
+                        f"drain timed out after {timeout} s; GCU pods still there: "
+                        + ", ".join(left)
+                        + (" (evictions blocked by a PodDisruptionBudget)" if blocked else ""),
+                    )
+                )
+            elif blocked:
+                work.drain_blocked.append(
+                    f"drain of {view.name} blocked by a PodDisruptionBudget: {', '.join(blocked)}"
+                )
             continue
         outdated = view.outdated(hashes)
         toolkit_pod = view.pods.get(rs.TOOLKIT)
@@ -329,8 +353,19 @@ def _roll(
     return status.Rollout(
         upgrading=tuple(sorted(v.name for v in [*in_progress, *started])),
         waiting=tuple(waiting),
-        failed=tuple(failed),
+        failed=tuple(failed) + tuple(work.drain_failed),
+        blocked=tuple(work.drain_blocked),
     )
+
+
+def _left_on(observed: Observed, view: nodes.NodeView) -> list[str]:
+    return [
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        for p in observed.gcu_pods
+        if pods.node_of(p) == view.name
+        and pods.requests_gcu(p)
+        and pods.phase(p) in ("Pending", "Running")
+    ]
 
 
 def _desired_labels(
@@ -441,11 +476,27 @@ def plan(observed: Observed) -> Plan:
     return Plan(tuple(actions), report)
 
 
+# Seconds a removal waits for component pods on NotReady nodes before it leaves them behind.
+REMOVAL_GRACE = 300.0
+
+
+def _node_ready(node: Mapping[str, Any] | None) -> bool:
+    if node is None:
+        return False
+    conditions = (node.get("status") or {}).get("conditions")
+    if not conditions:
+        return True  # no kubelet report at all (a node object without status): not judged
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
 def _plan_removal(observed: Observed) -> Plan:
     """Deleting: components in reverse order, the toolkit (its undo) last, then the finalizer."""
     work = _Work()
     resource, uid = _name(observed), _uid(observed)
     stages = ((rs.VALIDATOR, rs.GFD, rs.EXPORTER), (rs.DRA, rs.DEVICE_PLUGIN), (rs.TOOLKIT,))
+    stuck: list[str] = []
+    deleted_at = pods.timestamp(observed.resource["metadata"].get("deletionTimestamp"))
+    deleting_for = observed.now - deleted_at if deleted_at is not None else 0.0
     by_name = {str(n["metadata"]["name"]): n for n in observed.nodes}
     done_stages = 0
     for stage in stages:
@@ -460,6 +511,16 @@ def _plan_removal(observed: Observed) -> Plan:
             for p in observed.pods
             if (p["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL) in stage
         ]
+        # A pod on a NotReady node never finishes terminating (no kubelet confirms it): named
+        # in the status, and after REMOVAL_GRACE seconds left behind, saying so.
+        unreachable = [p for p in live if not _node_ready(by_name.get(pods.node_of(p)))]
+        if unreachable:
+            stuck.extend(
+                f"{p['metadata']['namespace']}/{p['metadata']['name']} on {pods.node_of(p)}"
+                for p in unreachable
+            )
+            if deleting_for > REMOVAL_GRACE:
+                live = [p for p in live if p not in unreachable]
         for obj in owned:
             k = objects.key(obj)
             work.actions.append(Delete(str(obj["apiVersion"]), k[0], k[1] or None, k[2]))
@@ -496,7 +557,14 @@ def _plan_removal(observed: Observed) -> Plan:
             f for f in observed.resource["metadata"].get("finalizers") or () if f != rs.FINALIZER
         )
         return Plan((SetFinalizers(finalizers),), dict(observed.resource.get("status") or {}))
-    report = status.removing(observed.resource, done_stages, len(stages), observed.now)
+    report = status.removing(
+        observed.resource,
+        done_stages,
+        len(stages),
+        observed.now,
+        stuck=stuck,
+        given_up=deleting_for > REMOVAL_GRACE,
+    )
     actions = work.actions
     if report != observed.resource.get("status"):
         actions.append(status.write(report))

@@ -83,6 +83,8 @@ class Operator:
         self._may_write = may_write
         self._dra_served: bool | None = None
         self._backoff: dict[str, _Backoff] = {}
+        # Evictions a PodDisruptionBudget refused in the last pass, per resource uid.
+        self._blocked: dict[str, dict[str, str]] = {}
 
     def observe(self, kind: api.Kind, resource: Mapping[str, Any]) -> reconcile.Observed:
         """Read what one reconcile needs."""
@@ -132,7 +134,15 @@ class Operator:
         elif isinstance(action, PatchNode):
             self._api.patch(api.NODE, action.name, action.patch)
         elif isinstance(action, Evict):
-            self._api.evict(action.namespace, action.name)
+            try:
+                self._api.evict(action.namespace, action.name)
+            except api.ApiError as exc:
+                if exc.status != api.TOO_MANY_REQUESTS:
+                    raise
+                # A PodDisruptionBudget says not now: the drain waits (and says so), the pass
+                # goes on to write the status.
+                blocked = self._blocked.setdefault(str(resource["metadata"].get("uid")), {})
+                blocked[f"{action.namespace}/{action.name}"] = exc.message
         elif isinstance(action, SetFinalizers):
             meta = resource["metadata"]
             self._api.patch(
@@ -170,7 +180,11 @@ class Operator:
             return result
         action: Action | None = None
         try:
-            observed = dataclasses.replace(self.observe(kind, resource), conflict=conflict)
+            observed = dataclasses.replace(
+                self.observe(kind, resource),
+                conflict=conflict,
+                blocked=self._blocked.pop(str(meta.get("uid")), {}),
+            )
             plan = reconcile.plan(observed)
             for action in plan.actions:
                 self.apply(kind, resource, action)
