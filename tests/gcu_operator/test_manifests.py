@@ -136,10 +136,28 @@ def test_operator_rbac_probe_pdb_and_spread_as_users_run_it(tmp_path: Any) -> No
         ("", "events", "create"),
         ("", "events", "patch"),
         ("node.k8s.io", "runtimeclasses", "create"),
-        ("resource.k8s.io", "resourceclaimtemplates", "create"),
         ("", "pods/eviction", "create"),
     ]:
         assert _allowed(role, group, resource, verb), (group, resource, verb)
+    # Writing components is allowed only in the component namespaces, through Roles.
+    for group, resource in [
+        ("apps", "daemonsets"),
+        ("", "pods"),
+        ("", "services"),
+        ("resource.k8s.io", "resourceclaimtemplates"),
+    ]:
+        assert not _allowed(role, group, resource, "create"), resource
+    writers = {
+        d["metadata"]["namespace"]: d
+        for d in docs
+        if d["kind"] == "Role" and d["metadata"]["name"].endswith("-components")
+    }
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    release_ns = deployment["metadata"]["namespace"]  # empty in lint, the release's in a cluster
+    assert set(writers) == {release_ns, "kube-system"}
+    for writer in writers.values():
+        assert _allowed(writer, "apps", "daemonsets", "create")
+        assert _allowed(writer, "resource.k8s.io", "resourceclaimtemplates", "create")
     # Write access to gcuresources is root on every GCU node: never aggregated to admin/edit.
     assert not any("aggregate-to" in k for k in role["metadata"].get("labels", {}))
     deployment = next(d for d in docs if d["kind"] == "Deployment")
@@ -147,6 +165,7 @@ def test_operator_rbac_probe_pdb_and_spread_as_users_run_it(tmp_path: Any) -> No
     container = pod["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert "--health-port=8081" in container["args"]
+    assert f"--allowed-namespaces={release_ns or ''},kube-system" in container["args"]
     assert pod["tolerations"] == [{"key": "infra", "operator": "Exists"}]
     assert pod["nodeSelector"] == {"role": "infra"}
     anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]

@@ -368,3 +368,34 @@ def test_hand_edits_of_an_owned_daemonset_are_undone() -> None:
     writes = fake.writes()
     operator.run_once()
     assert fake.writes() == writes
+
+
+def test_a_user_node_selector_cannot_replace_the_operators_deploy_label() -> None:
+    key = names.deploy_label(rs.DEVICE_PLUGIN)
+    resource = ours(devicePlugin={"nodeSelector": {key: "false", "zone": "a"}})
+    fake, cluster, operator = _start(resource)
+    converge(operator, cluster)
+    ds = fake.find(api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system")
+    assert ds is not None
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {key: "true", "zone": "a"}
+    fields = [u["field"] for u in status(fake, resource)["unsupported"]]
+    assert f"spec.devicePlugin.nodeSelector.{key}" in fields
+
+
+def test_a_component_outside_the_allowed_namespaces_is_reported_not_deployed() -> None:
+    resource = ours(devicePlugin={"namespace": "default"})
+    fake = FakeApi()
+    cluster = FakeCluster(fake, NODES)
+    fake.put(api.GCU_RESOURCE, resource)
+    operator = runner.Operator(
+        fake, clock=lambda: fake.now, allowed_namespaces=frozenset({"kube-system"})
+    )
+    converge(operator, cluster)
+    assert [d["metadata"]["name"] for d in fake.objects(api.DAEMONSET)] == [
+        "enflame-container-toolkit"
+    ]
+    st = status(fake, resource)
+    assert st["phase"] == "Failed"
+    assert (
+        "spec.devicePlugin.namespace default is not a namespace" in st["conditions"][0]["message"]
+    )

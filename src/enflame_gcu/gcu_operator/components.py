@@ -210,7 +210,9 @@ def _daemonset(
 ) -> Obj:
     own = labels(resource, component.key, app)
     selector = {names.APP_NAME: app, names.RESOURCE_LABEL: own[names.RESOURCE_LABEL]}
-    node_selector = {names.deploy_label(component.key): "true", **dict(component.node_selector)}
+    # The user's selector narrows where the component runs; the operator's own deploy label
+    # comes last, so no user key can replace it (rs.parse drops such keys and reports them).
+    node_selector = {**dict(component.node_selector), names.deploy_label(component.key): "true"}
     pod_spec = {
         "priorityClassName": "system-node-critical",
         "automountServiceAccountToken": False,

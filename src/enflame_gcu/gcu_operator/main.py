@@ -66,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds between attempts to take or renew the Lease (default 2)",
     )
     parser.add_argument(
+        "--allowed-namespaces",
+        default="",
+        help="comma-separated namespaces components may be deployed to (default: any); a "
+        "component elsewhere is reported, not deployed",
+    )
+    parser.add_argument(
         "--health-port",
         type=int,
         default=0,
@@ -215,7 +221,9 @@ def _run(args: argparse.Namespace, cluster: kube_module.LightkubeApi) -> int:
         return remove_resources(cluster, args.timeout)
     if args.once:
         try:
-            results = runner.Operator(cluster).run_once()
+            results = runner.Operator(
+                cluster, allowed_namespaces=allowed_namespaces(args)
+            ).run_once()
         except api.ApiError as exc:
             LOG.error("pass failed: %s", exc)
             return 1
@@ -225,6 +233,12 @@ def _run(args: argparse.Namespace, cluster: kube_module.LightkubeApi) -> int:
         signal.signal(signum, lambda *_: stop.set())
     serve(args, cluster, stop)
     return 0
+
+
+def allowed_namespaces(args: argparse.Namespace) -> frozenset[str]:
+    """--allowed-namespaces as a set (empty: any namespace)."""
+    text = str(getattr(args, "allowed_namespaces", "") or "")
+    return frozenset(n.strip() for n in text.split(",") if n.strip())
 
 
 def remove_resources(
@@ -300,7 +314,12 @@ def serve(
         args.lease_duration,
         renew_deadline=args.renew_deadline,
     )
-    operator = runner.Operator(cluster, clock=clock, may_write=lambda: elector.leading(clock()))
+    operator = runner.Operator(
+        cluster,
+        clock=clock,
+        may_write=lambda: elector.leading(clock()),
+        allowed_namespaces=allowed_namespaces(args),
+    )
     LOG.info(
         "enflame-gcu-operator %s starting (Lease %s/%s)",
         args.identity,

@@ -44,6 +44,8 @@ class Observed:
     gcu_pods: Sequence[Mapping[str, Any]] = ()
     # Why this resource must deploy nothing: an older resource owns its components' nodes.
     conflict: str = ""
+    # Namespaces this operator may deploy components to (empty: any).
+    allowed_namespaces: frozenset[str] = frozenset()
     # Evictions the API refused last pass (429: a PodDisruptionBudget), by "namespace/name".
     blocked: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -155,6 +157,25 @@ def _sync_objects(observed: Observed, want: Mapping[str, Obj], work: _Work) -> s
         if k not in wanted_keys and objects.owned_by(have, uid):
             work.actions.append(Delete(str(have["apiVersion"]), k[0], k[1] or None, k[2]))
     return conflicted
+
+
+def _forbidden(observed: Observed, spec: rs.ResourceSpec, work: _Work) -> set[str]:
+    """Components whose namespace this operator may not deploy to (reported, not deployed)."""
+    allowed = observed.allowed_namespaces
+    out = set()
+    for key, component in spec.components.items():
+        if allowed and component.namespace not in allowed:
+            out.add(key)
+            work.conflicts.append(
+                f"spec.{key}.namespace {component.namespace} is not a namespace this operator "
+                f"deploys to (allowed: {', '.join(sorted(allowed))}; the chart's "
+                "operator.componentNamespaces)"
+            )
+    return out
+
+
+def _namespaces_of(spec: rs.ResourceSpec, keys: set[str]) -> set[str]:
+    return {spec.components[k].namespace for k in keys}
 
 
 def _removal_rank(obj: Mapping[str, Any]) -> int:
@@ -413,7 +434,18 @@ def plan(observed: Observed) -> Plan:
         work.actions.append(SetFinalizers((*finalizers, rs.FINALIZER)))
     spec = rs.parse(observed.resource.get("spec"))
     want = components.desired(observed.resource, spec, observed.dra_served)
-    conflicted = _sync_objects(observed, want, work)
+    forbidden = _forbidden(observed, spec, work)
+    if forbidden:
+        want = {
+            k: v
+            for k, v in want.items()
+            if k not in forbidden
+            and (v["metadata"].get("namespace") or "") not in _namespaces_of(spec, forbidden)
+        }
+        spec = dataclasses.replace(
+            spec, components={k: c for k, c in spec.components.items() if k not in forbidden}
+        )
+    conflicted = _sync_objects(observed, want, work) | forbidden
     hashes = {
         key: obj["spec"]["template"]["metadata"]["annotations"][names.TEMPLATE_HASH]
         for key, obj in want.items()

@@ -77,10 +77,12 @@ class Operator:
         cluster: api.ClusterApi,
         clock: Callable[[], float] = time.time,
         may_write: Callable[[], bool] = lambda: True,
+        allowed_namespaces: frozenset[str] = frozenset(),
     ) -> None:
         self._api = cluster
         self._clock = clock
         self._may_write = may_write
+        self._allowed_namespaces = allowed_namespaces
         self._dra_served: bool | None = None
         self._backoff: dict[str, _Backoff] = {}
         # Evictions a PodDisruptionBudget refused in the last pass, per resource uid.
@@ -183,6 +185,7 @@ class Operator:
             observed = dataclasses.replace(
                 self.observe(kind, resource),
                 conflict=conflict,
+                allowed_namespaces=self._allowed_namespaces,
                 blocked=self._blocked.pop(str(meta.get("uid")), {}),
             )
             plan = reconcile.plan(observed)
