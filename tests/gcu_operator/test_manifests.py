@@ -15,9 +15,7 @@ from tests.deploy import helm_render
 from tests.deploy.helpers import YAML_DIR, load_all
 from tests.gcu_operator.helpers import REPO, ours
 
-needs_helm = pytest.mark.skipif(
-    not os.path.exists(helm_render.HELM_SDK), reason=helm_render.NO_HELM_SDK
-)
+needs_helm = pytest.mark.skipif(helm_render.helm_missing(), reason=helm_render.NO_HELM_SDK)
 
 
 def _static(manifest: str) -> dict[str, Any]:
