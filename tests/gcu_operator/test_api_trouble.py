@@ -317,3 +317,41 @@ def test_healthz_answers_200_while_the_loop_comes_round_and_503_when_it_hangs() 
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- point 13: fewer API calls once converged -------------------------------------------------
+
+
+def test_idle_delay_doubles_once_converged_up_to_the_maximum() -> None:
+    assert main.idle_delay(5, 30, 0) == 5
+    assert [main.idle_delay(5, 30, n) for n in range(1, 5)] == [10, 20, 30, 30]
+
+
+def test_a_changed_resource_ends_the_idle_wait_at_once() -> None:
+    fake = FakeApi()
+    fake.put(api.GCU_RESOURCE, ours())
+    stop = threading.Event()
+    args = _args(interval=0.05, max_interval=30.0)
+    done = threading.Event()
+
+    def wait() -> None:
+        main._idle_wait(fake, stop, args, idle=5, clock=time.monotonic)
+        done.set()
+
+    thread = threading.Thread(target=wait)
+    started = time.monotonic()
+    thread.start()
+    try:
+        time.sleep(0.3)
+        assert not done.is_set()  # converged: no full pass for up to 30 s
+        resource = fake.find(api.GCU_RESOURCE, "gcu")
+        assert resource is not None
+        resource["spec"]["devicePlugin"] = {"version": "0.2.0"}
+        fake.replace(api.GCU_RESOURCE, resource)
+        assert done.wait(5), "the edit did not end the wait"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert time.monotonic() - started < 5
+    # While idle, only the GcuResources were read (one list per group per look).
+    assert {kind for _, kind in fake.calls} == {"GcuResource"}

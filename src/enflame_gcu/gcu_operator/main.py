@@ -48,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
         "--interval", type=float, default=5.0, help="seconds between reconcile passes (default 5)"
     )
     parser.add_argument(
+        "--max-interval",
+        type=float,
+        default=30.0,
+        help="seconds between full passes once converged (default 30): the wait doubles from "
+        "--interval; a changed GcuResource starts a pass at once",
+    )
+    parser.add_argument(
         "--lease-duration",
         type=int,
         default=15,
@@ -300,6 +307,60 @@ def _renew(
         stop.wait(period)
 
 
+def idle_delay(interval: float, max_interval: float, idle: int) -> float:
+    """Seconds to the next full pass after ``idle`` passes in a row that changed nothing:
+    ``interval`` while work is going on, then doubling up to ``max_interval``."""
+    if idle <= 0:
+        return interval
+    return float(min(max(interval, max_interval), interval * 2 ** min(idle, 16)))
+
+
+def fingerprint(cluster: api.ClusterApi) -> frozenset[tuple[str, str, str]]:
+    """Every GcuResource's (group, uid, resourceVersion): one cheap list per group."""
+    out = set()
+    for kind in runner.GROUPS:
+        try:
+            found = cluster.list(kind)
+        except api.ApiError as exc:
+            if exc.status == api.NOT_FOUND:
+                continue
+            raise
+        for resource in found:
+            meta = resource.get("metadata") or {}
+            out.add((kind.group, str(meta.get("uid")), str(meta.get("resourceVersion"))))
+    return frozenset(out)
+
+
+def _idle_wait(
+    cluster: api.ClusterApi,
+    stop: threading.Event,
+    args: argparse.Namespace,
+    idle: int,
+    clock: Callable[[], float],
+) -> None:
+    """Wait for the next pass: ``interval`` while working; when converged, up to
+    ``idle_delay`` seconds, looking every ``interval`` seconds only at the GcuResources
+    themselves and starting a pass at once when one changed (a spec edit is not delayed)."""
+    delay = idle_delay(args.interval, getattr(args, "max_interval", args.interval), idle)
+    if delay <= args.interval:
+        stop.wait(delay)
+        return
+    deadline = clock() + delay
+    try:
+        seen = fingerprint(cluster)
+    except api.ApiError:
+        stop.wait(args.interval)
+        return
+    while not stop.wait(min(args.interval, max(0.0, deadline - clock()))):
+        if clock() >= deadline:
+            return
+        try:
+            if fingerprint(cluster) != seen:
+                return
+        except api.ApiError:
+            return
+
+
 def serve(
     args: argparse.Namespace,
     cluster: api.ClusterApi,
@@ -334,6 +395,7 @@ def serve(
     )
     renewer.start()
     trouble = Trouble("reconcile pass")
+    idle = 0
     health = Health(stale_after=max(60.0, 4 * args.interval) + MAX_BACKOFF)
     port = getattr(args, "health_port", 0)
     server = serve_health(health, port) if port else None
@@ -343,14 +405,21 @@ def serve(
             if not elector.leading(clock()):
                 stop.wait(args.retry_period)
                 continue
+            converged = False
             try:
-                for result in operator.run_once():
+                results = operator.run_once()
+                for result in results:
                     if result.actions:
                         LOG.info("%s: %d actions", result.resource, result.actions)
+                converged = all(not r.actions and not r.error for r in results)
                 trouble.ok()
             except api.ApiError as exc:
                 trouble.failed(exc)
-            stop.wait(trouble.delay(args.interval))
+            if trouble.failures:
+                stop.wait(trouble.delay(args.interval))
+                continue
+            idle = idle + 1 if converged else 0
+            _idle_wait(cluster, stop, args, idle, clock=time.monotonic)
     finally:
         stop.set()
         if server is not None:
