@@ -355,3 +355,18 @@ def test_a_changed_resource_ends_the_idle_wait_at_once() -> None:
     assert time.monotonic() - started < 5
     # While idle, only the GcuResources were read (one list per group per look).
     assert {kind for _, kind in fake.calls} == {"GcuResource"}
+
+
+def test_a_pass_waiting_for_pods_is_not_settled() -> None:
+    """A rollout waiting on a pod does nothing in some passes, yet must not back off."""
+    fake = FakeApi()
+    cluster = FakeCluster(fake, ["node-a"], ready_after=3)
+    fake.put(api.GCU_RESOURCE, ours())
+    operator = runner.Operator(fake, clock=lambda: fake.now)
+    seen = []
+    for _ in range(30):
+        result = operator.run_once()[0]
+        seen.append((result.actions, result.settled))
+        cluster.step()
+    assert any(a == 0 and not settled for a, settled in seen)  # waiting, not settled
+    assert seen[-1] == (0, True)  # Running and quiet: settled

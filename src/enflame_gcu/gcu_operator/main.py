@@ -411,7 +411,7 @@ def serve(
                 for result in results:
                     if result.actions:
                         LOG.info("%s: %d actions", result.resource, result.actions)
-                converged = all(not r.actions and not r.error for r in results)
+                converged = all(r.settled and not r.error for r in results)
                 trouble.ok()
             except api.ApiError as exc:
                 trouble.failed(exc)

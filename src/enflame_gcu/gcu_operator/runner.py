@@ -30,6 +30,8 @@ from enflame_gcu.gcu_operator.actions import (
 LOG = logging.getLogger(__name__)
 Obj = dict[str, Any]
 GROUPS = (api.GCU_RESOURCE, api.LEGACY_GCU_RESOURCE)
+# Phases in which nothing moves until something changes (the main loop then backs off).
+SETTLED = frozenset({"Running", "Ignored", "Failed"})
 # A refused resource waits this long before its next try, doubling up to MAX_BACKOFF.
 BACKOFF_START = 5.0
 MAX_BACKOFF = 300.0
@@ -52,6 +54,8 @@ class PassResult:
     resource: str
     actions: int = 0
     error: str = ""
+    # Nothing in progress: Running, Ignored or a stopped (Failed) rollout, and nothing done.
+    settled: bool = False
 
 
 def _labelled(resource: Mapping[str, Any]) -> dict[str, str]:
@@ -192,6 +196,7 @@ class Operator:
             for action in plan.actions:
                 self.apply(kind, resource, action)
                 result.actions += 1
+            result.settled = not result.actions and plan.status.get("phase") in SETTLED
         except api.ApiError as exc:
             if exc.status == api.UNREACHABLE:
                 raise  # the whole pass stops; the main loop says so once and backs off
