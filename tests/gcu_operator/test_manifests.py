@@ -171,3 +171,31 @@ def test_operator_rbac_probe_pdb_and_spread_as_users_run_it(tmp_path: Any) -> No
     pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
     assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+
+
+@needs_helm
+def test_the_dra_daemonset_is_the_charts(tmp_path: Any) -> None:
+    """The operator's DRA driver container and volumes are what the chart renders with its
+    defaults (probes, --http-address, resources, unprivileged), the image aside."""
+    rendered = helm_render.render(str(tmp_path), {"dra": {"enabled": True}})
+    chart = helm_render.daemonset(rendered, "daemonset-dra-plugin.yaml")
+    resource = {**ours_with_uid(), "spec": {"dra": {}}}
+    spec = rs.parse(resource["spec"])
+    account = "test-release-enflame-gcu-dra-plugin"  # lint's release name
+    ours_ds = components.desired(resource, spec, True, account)[rs.DRA]
+    chart_pod, our_pod = chart["spec"]["template"]["spec"], ours_ds["spec"]["template"]["spec"]
+    skip = {"image", "imagePullPolicy"}
+    chart_container = {k: v for k, v in chart_pod["containers"][0].items() if k not in skip}
+    our_container = {k: v for k, v in our_pod["containers"][0].items() if k not in skip}
+    assert our_container == chart_container
+    assert our_pod["volumes"] == chart_pod["volumes"]
+    assert our_pod["securityContext"] == chart_pod["securityContext"]
+    assert our_pod["serviceAccountName"] == chart_pod["serviceAccountName"]
+
+
+def ours_with_uid() -> dict[str, Any]:
+    return {
+        "apiVersion": f"{rs.GROUP}/v1",
+        "kind": "GcuResource",
+        "metadata": {"name": "gcu", "uid": "u-1"},
+    }

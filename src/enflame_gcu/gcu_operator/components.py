@@ -176,30 +176,71 @@ def _plugin_volumes(spec: rs.ResourceSpec) -> list[Obj]:
     return volumes
 
 
+# The DRA driver's port for /healthz, /readyz and /metrics (the chart's dra.httpPort).
+DRA_HTTP_PORT = 8082
+# The chart's name for the driver's ServiceAccount is <release>-dra-plugin; the chart passes
+# it (--dra-service-account); deploy/dra/ names it so.
+DRA_SERVICE_ACCOUNT = "enflame-dra-plugin"
+
+
 def _dra_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
+    """The DRA driver's container as the chart's daemonset-dra-plugin.yaml renders it with its
+    default values (tests/gcu_operator/test_manifests.py compares the two)."""
     del spec
     return {
         "name": "enflame-dra-plugin",
         "image": component.image,
         "imagePullPolicy": component.pull_policy,
         "command": ["enflame-dra-plugin"],
-        "args": ["--host-root=/host", *component.args],
+        "args": [
+            "--host-root=/host",
+            "--cdi-dir=/var/run/cdi",
+            "--shared-slices=0",
+            "--unhealthy=taint",
+            "--health-interval=5",
+            f"--http-address=:{DRA_HTTP_PORT}",
+            *component.args,
+        ],
+        "ports": [{"name": "http", "containerPort": DRA_HTTP_PORT}],
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
         "env": _env(
             component,
             [
-                {"name": "ENFLAME_VISIBLE_DEVICES", "value": "void"},
                 {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                {"name": "ENFLAME_VISIBLE_DEVICES", "value": "void"},
             ],
         ),
-        "securityContext": {"privileged": True},
+        "securityContext": {
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsUser": 0,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
         "volumeMounts": [
             {"name": "plugins-registry", "mountPath": "/var/lib/kubelet/plugins_registry"},
-            {"name": "plugins", "mountPath": "/var/lib/kubelet/plugins"},
+            {"name": "plugin-data", "mountPath": "/var/lib/kubelet/plugins/gcu.enflame.com"},
             {"name": "cdi", "mountPath": "/var/run/cdi"},
             {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True},
             {"name": "host-dev", "mountPath": "/host/dev", "readOnly": True},
         ],
     }
+
+
+def _dra_volumes() -> list[Obj]:
+    return [
+        _host_path("plugins-registry", "/var/lib/kubelet/plugins_registry", "Directory"),
+        _host_path("plugin-data", "/var/lib/kubelet/plugins/gcu.enflame.com", "DirectoryOrCreate"),
+        _host_path("cdi", "/var/run/cdi", "DirectoryOrCreate"),
+        _host_path("host-sys", "/sys", "Directory"),
+        _host_path("host-dev", "/dev", "Directory"),
+    ]
 
 
 def _daemonset(
@@ -313,7 +354,10 @@ def validator_claim(resource: Mapping[str, Any], component: rs.Component) -> Obj
 
 
 def desired(
-    resource: Mapping[str, Any], spec: rs.ResourceSpec, dra_served: bool = False
+    resource: Mapping[str, Any],
+    spec: rs.ResourceSpec,
+    dra_served: bool = False,
+    dra_service_account: str = DRA_SERVICE_ACCOUNT,
 ) -> dict[str, Obj]:
     """Every object the resource's components consist of, by component key (and EXTRA_KEYS)."""
     out: dict[str, Obj] = {}
@@ -347,18 +391,11 @@ def desired(
             comps[rs.DRA],
             "enflame-dra-plugin",
             {
-                "serviceAccountName": "enflame-dra-plugin",
+                "serviceAccountName": dra_service_account,
                 "automountServiceAccountToken": True,
+                "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [_dra_container(comps[rs.DRA], spec)],
-                "volumes": [
-                    _host_path(
-                        "plugins-registry", "/var/lib/kubelet/plugins_registry", "Directory"
-                    ),
-                    _host_path("plugins", "/var/lib/kubelet/plugins", "DirectoryOrCreate"),
-                    _host_path("cdi", "/var/run/cdi", "DirectoryOrCreate"),
-                    _host_path("host-sys", "/sys", "Directory"),
-                    _host_path("host-dev", "/dev", "Directory"),
-                ],
+                "volumes": _dra_volumes(),
             },
         )
     if rs.EXPORTER in comps:

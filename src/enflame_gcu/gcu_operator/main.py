@@ -79,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
         "component elsewhere is reported, not deployed",
     )
     parser.add_argument(
+        "--dra-service-account",
+        default="enflame-dra-plugin",
+        help="ServiceAccount of the DRA driver's pods (the chart passes <release>-dra-plugin)",
+    )
+    parser.add_argument(
         "--health-port",
         type=int,
         default=0,
@@ -380,6 +385,7 @@ def serve(
         clock=clock,
         may_write=lambda: elector.leading(clock()),
         allowed_namespaces=allowed_namespaces(args),
+        dra_service_account=getattr(args, "dra_service_account", "enflame-dra-plugin"),
     )
     LOG.info(
         "enflame-gcu-operator %s starting (Lease %s/%s)",

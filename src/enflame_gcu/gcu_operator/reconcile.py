@@ -44,6 +44,8 @@ class Observed:
     gcu_pods: Sequence[Mapping[str, Any]] = ()
     # Why this resource must deploy nothing: an older resource owns its components' nodes.
     conflict: str = ""
+    # The DRA driver's ServiceAccount (the chart's <release>-dra-plugin).
+    dra_service_account: str = components.DRA_SERVICE_ACCOUNT
     # Namespaces this operator may deploy components to (empty: any).
     allowed_namespaces: frozenset[str] = frozenset()
     # Evictions the API refused last pass (429: a PodDisruptionBudget), by "namespace/name".
@@ -433,7 +435,9 @@ def plan(observed: Observed) -> Plan:
     if rs.FINALIZER not in finalizers:
         work.actions.append(SetFinalizers((*finalizers, rs.FINALIZER)))
     spec = rs.parse(observed.resource.get("spec"))
-    want = components.desired(observed.resource, spec, observed.dra_served)
+    want = components.desired(
+        observed.resource, spec, observed.dra_served, observed.dra_service_account
+    )
     forbidden = _forbidden(observed, spec, work)
     if forbidden:
         want = {

@@ -82,11 +82,13 @@ class Operator:
         clock: Callable[[], float] = time.time,
         may_write: Callable[[], bool] = lambda: True,
         allowed_namespaces: frozenset[str] = frozenset(),
+        dra_service_account: str = components.DRA_SERVICE_ACCOUNT,
     ) -> None:
         self._api = cluster
         self._clock = clock
         self._may_write = may_write
         self._allowed_namespaces = allowed_namespaces
+        self._dra_service_account = dra_service_account
         self._dra_served: bool | None = None
         self._backoff: dict[str, _Backoff] = {}
         # Evictions a PodDisruptionBudget refused in the last pass, per resource uid.
@@ -104,7 +106,9 @@ class Operator:
         for obj_kind in kinds:
             for obj in self._api.list(obj_kind, labels=_labelled(resource)):
                 found[objects.key(obj)] = obj
-        for obj in components.desired(resource, spec, self._dra_served).values():
+        for obj in components.desired(
+            resource, spec, self._dra_served, self._dra_service_account
+        ).values():
             k = objects.key(obj)
             if k not in found:
                 have = self._api.get(api.BY_KIND[k[0]], k[2], k[1] or None)
@@ -190,6 +194,7 @@ class Operator:
                 self.observe(kind, resource),
                 conflict=conflict,
                 allowed_namespaces=self._allowed_namespaces,
+                dra_service_account=self._dra_service_account,
                 blocked=self._blocked.pop(str(meta.get("uid")), {}),
             )
             plan = reconcile.plan(observed)
