@@ -143,6 +143,7 @@ def test_operator_rbac_probe_pdb_and_spread_as_users_run_it(tmp_path: Any) -> No
         ("", "pods"),
         ("", "services"),
         ("resource.k8s.io", "resourceclaimtemplates"),
+        ("networking.k8s.io", "networkpolicies"),
     ]:
         assert not _allowed(role, group, resource, "create"), resource
     writers = {
@@ -156,6 +157,7 @@ def test_operator_rbac_probe_pdb_and_spread_as_users_run_it(tmp_path: Any) -> No
     for writer in writers.values():
         assert _allowed(writer, "apps", "daemonsets", "create")
         assert _allowed(writer, "resource.k8s.io", "resourceclaimtemplates", "create")
+        assert _allowed(writer, "networking.k8s.io", "networkpolicies", "create")
     # Write access to gcuresources is root on every GCU node: never aggregated to admin/edit.
     assert not any("aggregate-to" in k for k in role["metadata"].get("labels", {}))
     deployment = next(d for d in docs if d["kind"] == "Deployment")
@@ -199,3 +201,13 @@ def ours_with_uid() -> dict[str, Any]:
         "kind": "GcuResource",
         "metadata": {"name": "gcu", "uid": "u-1"},
     }
+
+
+@needs_helm
+def test_the_plugin_network_policy_is_the_charts(tmp_path: Any) -> None:
+    rendered = helm_render.render(str(tmp_path))
+    [chart] = helm_render.objects(rendered, "NetworkPolicy")
+    resource = {**ours_with_uid(), "spec": {"devicePlugin": {}}}
+    mine = components.desired(resource, rs.parse(resource["spec"]))[components.PLUGIN_POLICY_KEY]
+    for field in ("policyTypes", "ingress"):
+        assert mine["spec"][field] == chart["spec"][field], field

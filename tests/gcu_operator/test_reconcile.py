@@ -399,3 +399,23 @@ def test_a_component_outside_the_allowed_namespaces_is_reported_not_deployed() -
     assert (
         "spec.devicePlugin.namespace default is not a namespace" in st["conditions"][0]["message"]
     )
+
+
+def test_operator_deployed_plugins_get_the_charts_network_policy() -> None:
+    resource = ours()
+    fake, cluster, operator = _start(resource)
+    converge(operator, cluster)
+    [policy] = fake.objects(api.NETWORK_POLICY)
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    plugins = [
+        p
+        for p in fake.objects(api.POD)
+        if (p["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL) == rs.DEVICE_PLUGIN
+    ]
+    assert plugins
+    for pod in plugins:
+        assert all(pod["metadata"]["labels"].get(k) == v for k, v in selector.items())
+    assert policy["spec"]["ingress"][0]["ports"] == [{"port": 9402, "protocol": "TCP"}]
+    fake.delete(api.GCU_RESOURCE, "gcu")
+    converge(operator, cluster)
+    assert fake.objects(api.NETWORK_POLICY) == []

@@ -40,13 +40,24 @@ LEGACY_GCU_RESOURCE = Kind(f"{rs.LEGACY_GROUP}/{rs.VERSION}", rs.KIND, rs.PLURAL
 # The DRA API the DRA driver needs; served means this cluster can run it.
 DEVICE_CLASS = Kind("resource.k8s.io/v1", "DeviceClass", "deviceclasses", namespaced=False)
 EVENT = Kind("v1", "Event", "events", namespaced=True)
+NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", namespaced=True)
 RUNTIME_CLASS = Kind("node.k8s.io/v1", "RuntimeClass", "runtimeclasses", namespaced=False)
 RESOURCE_CLAIM_TEMPLATE = Kind(
     "resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", namespaced=True
 )
 BY_KIND = {
     k.kind: k
-    for k in (NODE, POD, SERVICE, DAEMONSET, LEASE, EVENT, RUNTIME_CLASS, RESOURCE_CLAIM_TEMPLATE)
+    for k in (
+        NODE,
+        POD,
+        SERVICE,
+        DAEMONSET,
+        LEASE,
+        EVENT,
+        NETWORK_POLICY,
+        RUNTIME_CLASS,
+        RESOURCE_CLAIM_TEMPLATE,
+    )
 }
 
 

@@ -29,7 +29,16 @@ DRA_DEVICE_CLASS = "gcu.enflame.com"
 # Keys of desired() that are not components: objects the validator (and the workloads) need.
 RUNTIME_CLASS_KEY = "runtimeClass"
 VALIDATOR_CLAIM_KEY = "validatorClaim"
-EXTRA_KEYS = (RUNTIME_CLASS_KEY, VALIDATOR_CLAIM_KEY)
+PLUGIN_POLICY_KEY = "devicePluginNetworkPolicy"
+EXTRA_KEYS = (RUNTIME_CLASS_KEY, VALIDATOR_CLAIM_KEY, PLUGIN_POLICY_KEY)
+# Who may reach the device plugin's metrics port: Prometheus pods in any namespace, as the
+# chart's metrics.networkPolicy default (networkpolicy-device-plugin.yaml).
+PROMETHEUS_PEERS = [
+    {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }
+]
 TOLERATIONS = [
     {"key": "CriticalAddonsOnly", "operator": "Exists"},
     {"key": "enflame.com/gcu", "operator": "Exists", "effect": "NoSchedule"},
@@ -308,6 +317,34 @@ def _exporter_service(
     }
 
 
+def plugin_network_policy(resource: Mapping[str, Any], plugin: rs.Component) -> Obj:
+    """The chart's NetworkPolicy for the device plugin's pods: only the metrics port, only from
+    Prometheus (the kubelet's probes come from the node, which a NetworkPolicy never blocks)."""
+    own = labels(resource, rs.DEVICE_PLUGIN, "enflame-device-plugin")
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": plugin.name,
+            "namespace": plugin.namespace,
+            "labels": own,
+            "ownerReferences": [owner_reference(resource)],
+        },
+        "spec": {
+            "podSelector": {
+                "matchLabels": {
+                    names.APP_NAME: "enflame-device-plugin",
+                    names.RESOURCE_LABEL: own[names.RESOURCE_LABEL],
+                }
+            },
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"ports": [{"port": METRICS_PORT, "protocol": "TCP"}], "from": PROMETHEUS_PEERS}
+            ],
+        },
+    }
+
+
 def runtime_class(resource: Mapping[str, Any]) -> Obj:
     """RuntimeClass ``enflame`` (node mode runtimeclass: only pods naming it get GCUs)."""
     return {
@@ -400,6 +437,8 @@ def desired(
         )
     if rs.EXPORTER in comps:
         out[rs.EXPORTER] = _exporter_service(resource, comps[rs.EXPORTER], comps[rs.DEVICE_PLUGIN])
+    if rs.DEVICE_PLUGIN in comps:
+        out[PLUGIN_POLICY_KEY] = plugin_network_policy(resource, comps[rs.DEVICE_PLUGIN])
     if spec.node_mode == "runtimeclass" and rs.TOOLKIT in comps:
         out[RUNTIME_CLASS_KEY] = runtime_class(resource)
     if rs.VALIDATOR in comps and rs.DRA in comps and dra_served:
