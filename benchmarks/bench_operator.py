@@ -106,12 +106,43 @@ def rollout(nodes: int, max_unavailable: int | str) -> dict[str, Any]:
     }
 
 
+def calls_per_minute(
+    nodes: int, interval: float = 5.0, max_interval: float = 30.0
+) -> dict[str, Any]:
+    """API calls per minute once converged: a full pass every ``interval`` s (before), and
+    (after) a full pass every ``max_interval`` s with a look at the GcuResources alone every
+    ``interval`` s in between (enflame_gcu.gcu_operator.main._idle_wait)."""
+    from enflame_gcu.gcu_operator import main as operator_main
+
+    fake, cluster, operator = _cluster(nodes, 1)
+    converge(operator, cluster, passes=200)
+    before = len(fake.calls)
+    operator.run_once()
+    per_pass = len(fake.calls) - before
+    before = len(fake.calls)
+    operator_main.fingerprint(fake)
+    per_look = len(fake.calls) - before
+    passes_before = 60 / interval
+    passes_after = 60 / max_interval
+    looks_after = passes_before - passes_after
+    return {
+        "gcu_nodes": nodes,
+        "calls_per_full_pass": per_pass,
+        "calls_per_look": per_look,
+        "calls_per_minute_before": round(per_pass * passes_before, 1),
+        "calls_per_minute_after": round(per_pass * passes_after + per_look * looks_after, 1),
+        "full_lists_of_nodes_and_pods_per_minute_before": passes_before,
+        "full_lists_of_nodes_and_pods_per_minute_after": passes_after,
+    }
+
+
 def main() -> None:
     results: dict[str, Any] = {
         "benchmark": "operator",
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "steady_state": [steady(n) for n in NODE_COUNTS],
         "rollout": [rollout(3, 1), rollout(20, 1), rollout(20, "25%"), rollout(100, "10%")],
+        "converged_calls_per_minute": calls_per_minute(100),
     }
     json.dump(results, sys.stdout, indent=2)
     sys.stdout.write("\n")

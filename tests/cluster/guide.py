@@ -105,7 +105,8 @@ NOT_RUN = {
     "helm install enflame-gcu deploy/helm/enflame-gcu -n kube-system "
     "--set toolkit.enabled=true --set devicePlugin.passDeviceSpecs=true":
         "no helm binary here; scenario 5 runs Helm's install/upgrade/uninstall through "
-        "helm-sdkpy with the chart's defaults and one changed value (devicePlugin.healthInterval)",
+        "helm-python-sdk with the chart's defaults and one changed value "
+        "(devicePlugin.healthInterval)",
     "kubectl label node gcu-node-7 enflame.com/device-plugin.config=shared-6 --overwrite":
         "the tier's chart install has no config.map; the plugin process reads a Node's label "
         "from an API server stand-in in tests/device_plugin/test_named_configs.py",

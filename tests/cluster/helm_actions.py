@@ -1,7 +1,8 @@
-"""Helm's own install/upgrade/uninstall (Go, through helm-sdkpy) against a cluster; prints JSON.
+"""Helm's own install/upgrade/uninstall (Go, through helm-python-sdk) against a cluster; prints
+JSON.
 
-Run by the side interpreter ``.venv-helm/bin/python`` (helm-sdkpy needs Python >= 3.12; made by
-``make setup`` when such a Python exists), not imported by the suite::
+Run by the side interpreter ``.venv-helm/bin/python`` (scripts/bootstrap.sh builds it from the
+system's python3 with helm-python-sdk), not imported by the suite::
 
     helm_actions.py KUBECONFIG install|upgrade RELEASE CHART NAMESPACE VALUES_JSON
     helm_actions.py KUBECONFIG uninstall RELEASE NAMESPACE
@@ -10,38 +11,34 @@ Run by the side interpreter ``.venv-helm/bin/python`` (helm-sdkpy needs Python >
 Exit 0 with ``{"ok": true, "result": ...}``, 1 with ``{"ok": false, "error": ...}``.
 """
 
-import asyncio
 import json
 import sys
 from typing import Any
 
-from helm_sdkpy import Configuration, actions
+import helm_python
 
 
-async def main(argv: list[str]) -> dict[str, Any]:
+def main(argv: list[str]) -> Any:
     kubeconfig, action, release = argv[0], argv[1], argv[2]
-    if action in ("install", "upgrade"):
-        chart, namespace, values = argv[3], argv[4], json.loads(argv[5])
-        config = Configuration(namespace=namespace, kubeconfig=kubeconfig)
-        result: dict[str, Any]
-        if action == "install":
-            result = await actions.Install(config).run(release, chart, values=values, wait=False)
-        else:
-            result = await actions.Upgrade(config).run(release, chart, values=values, wait=False)
-        return result
-    namespace = argv[3]
-    config = Configuration(namespace=namespace, kubeconfig=kubeconfig)
-    if action == "uninstall":
-        done: dict[str, Any] = await actions.Uninstall(config).run(release, wait=True, timeout=180)
-        return done
-    if action == "status":
-        status: dict[str, Any] = await actions.Status(config).run(release)
-        return status
-    raise SystemExit(f"unknown action {action}")
+    namespace = argv[3] if action in ("uninstall", "status") else argv[4]
+    config = helm_python.Config(kubeconfig_path=kubeconfig, namespace=namespace)
+    try:
+        if action in ("install", "upgrade"):
+            chart, values = argv[3], json.loads(argv[5])
+            if action == "install":
+                return config.install(chart, release, values, namespace=namespace)
+            return config.upgrade(chart, release, values, namespace=namespace)
+        if action == "uninstall":
+            return config.uninstall(release, wait="watcher", timeout=180)
+        if action == "status":
+            return config.status(release)
+        raise SystemExit(f"unknown action {action}")
+    finally:
+        config.close()
 
 
 try:
-    outcome = asyncio.run(main(sys.argv[1:]))
+    outcome = main(sys.argv[1:])
     print(json.dumps({"ok": True, "result": outcome}, default=str))
 except Exception as exc:  # reported to the caller as JSON
     print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}))

@@ -13,9 +13,7 @@ import yaml
 from tests.deploy import helm_render
 from tests.deploy.helpers import CHART_DIR
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(helm_render.HELM_SDK), reason=helm_render.NO_HELM_SDK
-)
+pytestmark = pytest.mark.skipif(helm_render.helm_missing(), reason=helm_render.NO_HELM_SDK)
 PLUGIN = "daemonset-device-plugin.yaml"
 TOOLKIT = "daemonset-container-toolkit.yaml"
 DRA = "daemonset-dra-plugin.yaml"
@@ -95,7 +93,7 @@ def test_the_schema_refuses_bad_knobs(
 def test_objects_of_an_api_the_cluster_lacks_fail_the_install_by_name(
     tmp_path: os.PathLike[str], overrides: dict[str, Any], api: str
 ) -> None:
-    # Helm's lint knows the built-in APIs of its Kubernetes version only (1.37 for helm-sdkpy
+    # Helm's lint knows the built-in APIs of its Kubernetes version only (1.37 for Helm's library
     # 0.1.32): no Prometheus Operator CRDs. In lint mode Helm logs a template's fail
     # ("[INFO] Fail: ...") where an install stops with it.
     said = f"needs the API {api}, which this cluster does not serve"

@@ -16,9 +16,7 @@ from tests.deploy import helm_render
 from tests.deploy.test_chart import schema, values
 from tests.deploy.test_chart_component_knobs import _lint_output
 
-needs_helm = pytest.mark.skipif(
-    not os.path.exists(helm_render.HELM_SDK), reason=helm_render.NO_HELM_SDK
-)
+needs_helm = pytest.mark.skipif(helm_render.helm_missing(), reason=helm_render.NO_HELM_SDK)
 PLUGIN = "daemonset-device-plugin.yaml"
 POOLS = {
     "whole": "version: v1\n",

@@ -55,7 +55,7 @@ def test_schema_accepts_operator_relabel_configs() -> None:
     assert test_chart.validator().is_valid(values)
 
 
-@pytest.mark.skipif(not os.path.exists(helm_render.HELM_SDK), reason=helm_render.NO_HELM_SDK)
+@pytest.mark.skipif(helm_render.helm_missing(), reason=helm_render.NO_HELM_SDK)
 def test_rendered_telemetry_mounts_the_library_and_hands_the_plugin_the_cards(
     tmp_path: Any,
 ) -> None:
@@ -92,7 +92,7 @@ def test_rendered_telemetry_mounts_the_library_and_hands_the_plugin_the_cards(
     assert json.loads(config_map["data"]["enflame-gcu-dashboard.json"]) == dashboard.load()
 
 
-@pytest.mark.skipif(not os.path.exists(helm_render.HELM_SDK), reason=helm_render.NO_HELM_SDK)
+@pytest.mark.skipif(helm_render.helm_missing(), reason=helm_render.NO_HELM_SDK)
 def test_rendered_defaults_keep_the_plugin_away_from_the_cards(tmp_path: Any) -> None:
     rendered = helm_render.render(str(tmp_path), {})
     plugin = helm_render.daemonset(rendered, "daemonset-device-plugin.yaml")

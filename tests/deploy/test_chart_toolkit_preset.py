@@ -12,9 +12,7 @@ from enflame_gcu.container_toolkit.commands import install
 from enflame_gcu.container_toolkit.engines import hosts
 from tests.deploy import helm_render
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(helm_render.HELM_SDK), reason=helm_render.NO_HELM_SDK
-)
+pytestmark = pytest.mark.skipif(helm_render.helm_missing(), reason=helm_render.NO_HELM_SDK)
 TOOLKIT = "daemonset-container-toolkit.yaml"
 
 

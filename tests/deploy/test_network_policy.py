@@ -13,9 +13,7 @@ from kubernetes_validate import utils as kv
 from tests.deploy import helm_render, test_chart
 from tests.deploy.helpers import YAML_DIR, load_one
 
-needs_helm = pytest.mark.skipif(
-    not os.path.exists(helm_render.HELM_SDK), reason=helm_render.NO_HELM_SDK
-)
+needs_helm = pytest.mark.skipif(helm_render.helm_missing(), reason=helm_render.NO_HELM_SDK)
 TEMPLATE = "networkpolicy-device-plugin.yaml"
 PROMETHEUS = {
     "namespaceSelector": {},

@@ -182,7 +182,7 @@ def eventually(check: Any, what: str, timeout: float = 30) -> Any:
 
 @pytest.fixture(scope="module")
 def rendered() -> Iterator[dict[str, list[Any]]]:
-    if not os.path.exists(helm_render.HELM_SDK):
+    if helm_render.helm_missing():
         pytest.skip(helm_render.NO_HELM_SDK)
     with tempfile.TemporaryDirectory() as workdir:
         yield helm_render.render(workdir, OVERRIDES)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, TypeVar, cast
 
@@ -30,6 +31,43 @@ def _copy(obj: T) -> T:
     server (an object that is not plain JSON fails here as it would there). Also much cheaper
     than a deep copy under coverage's tracer, which the restart sweeps call thousands of times."""
     return cast(T, json.loads(json.dumps(obj)))
+
+
+# Label values as kube-apiserver validates them (at most 63 characters).
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+
+
+def _label_maps(obj: Obj) -> list[tuple[str, Mapping[str, Any]]]:
+    spec = obj.get("spec") or {}
+    template = spec.get("template") or {}
+    found = [
+        ("metadata.labels", (obj.get("metadata") or {}).get("labels")),
+        ("spec.nodeSelector", spec.get("nodeSelector")),
+        ("spec.selector.matchLabels", (spec.get("selector") or {}).get("matchLabels")),
+        ("spec.template.metadata.labels", (template.get("metadata") or {}).get("labels")),
+        ("spec.template.spec.nodeSelector", (template.get("spec") or {}).get("nodeSelector")),
+    ]
+    return [(path, m) for path, m in found if isinstance(m, Mapping)]
+
+
+def validate(kind: api.Kind, obj: Obj) -> None:
+    """What kube-apiserver refuses of an object the operator writes: a namespace that does not
+    exist (404) and label values that are not label values (422)."""
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    if kind.namespaced and namespace and namespace not in NAMESPACES:
+        raise api.ApiError(404, f'namespaces "{namespace}" not found')
+    for path, labels in _label_maps(obj):
+        for value in labels.values():
+            text = str(value)
+            if len(text) > 63 or not LABEL_VALUE.match(text):
+                raise api.ApiError(
+                    422,
+                    f'{kind.kind} "{meta.get("name")}" is invalid: {path}: Invalid value: '
+                    f'"{text}": a valid label must be an empty string or consist of '
+                    "alphanumeric characters, '-', '_' or '.', at most 63 characters",
+                )
 
 
 class Crash(Exception):
@@ -61,6 +99,8 @@ class FakeApi:
         self._rv = itertools.count(1)
         self._uid = itertools.count(1)
         self.deleted: list[Key] = []
+        # Pods ("namespace/name") a PodDisruptionBudget keeps: their eviction is a 429.
+        self.pdb_protected: set[str] = set()
 
     # --- bookkeeping -------------------------------------------------------------------
     def _call(self, verb: str, kind: api.Kind) -> None:
@@ -135,7 +175,7 @@ class FakeApi:
         self, kind: api.Kind, namespace: str | None = None, labels: Mapping[str, str] | None = None
     ) -> list[Obj]:
         self._call("list", kind)
-        if kind == api.DEVICE_CLASS and not self.dra_served:
+        if kind in (api.DEVICE_CLASS, api.RESOURCE_CLAIM_TEMPLATE) and not self.dra_served:
             raise api.ApiError(404, "the server could not find the requested resource")
         out = []
         for obj in self.objects(kind):
@@ -155,6 +195,13 @@ class FakeApi:
         for field in ("uid", "resourceVersion", "deletionTimestamp"):
             if field in meta:
                 raise api.ApiError(400, f"metadata.{field} must not be set on create")
+        validate(kind, obj)
+        if kind in (api.DEVICE_CLASS, api.RESOURCE_CLAIM_TEMPLATE) and not self.dra_served:
+            raise api.ApiError(404, "the server could not find the requested resource")
+        runtime_class = (obj.get("spec") or {}).get("runtimeClassName")
+        if kind == api.POD and runtime_class and not self.find(api.RUNTIME_CLASS, runtime_class):
+            # The RuntimeClass admission plugin, as kube-apiserver runs it.
+            raise api.ApiError(403, f'pod rejected: RuntimeClass "{runtime_class}" not found')
         return self.put(kind, obj)
 
     def _current(self, kind: api.Kind, obj: Obj) -> Obj:
@@ -171,6 +218,7 @@ class FakeApi:
     def replace(self, kind: api.Kind, obj: Obj) -> Obj:
         self._call("replace", kind)
         have = self._current(kind, obj)
+        validate(kind, obj)
         new = _copy(obj)
         for field in ("uid", "creationTimestamp", "deletionTimestamp", "generation"):
             if field in have["metadata"]:
@@ -201,6 +249,7 @@ class FakeApi:
         if wanted_rv is not None and wanted_rv != have["metadata"]["resourceVersion"]:
             raise api.ApiError(409, "the object has been modified")
         new = merge_patch(have, patch)
+        validate(kind, new)
         new["metadata"]["resourceVersion"] = str(next(self._rv))
         self.store[key] = new
         self._finish(kind, new)
@@ -217,6 +266,10 @@ class FakeApi:
 
     def evict(self, namespace: str, name: str) -> None:
         self._call("evict", api.POD)
+        if f"{namespace}/{name}" in self.pdb_protected:
+            raise api.ApiError(
+                429, "Cannot evict pod as it would violate the pod's disruption budget."
+            )
         self._mark_deleted(self._key(api.POD, name, namespace))
 
     def served(self, kind: api.Kind) -> bool:
@@ -227,16 +280,132 @@ class FakeApi:
 class FakeCluster:
     """Controllers and kubelets over a FakeApi: step() moves the world on by one tick."""
 
-    def __init__(self, fake: FakeApi, node_names: list[str], gcu: bool = True) -> None:
+    def __init__(
+        self, fake: FakeApi, node_names: list[str], gcu: bool = True, ready_after: int = 1
+    ) -> None:
         self.api = fake
+        # Ticks a new pod takes to become ready (or to finish, for a validator pod).
+        self.ready_after = ready_after
+        self._ticks: dict[str, int] = {}
         self.broken_images: set[str] = set()
+        # Nodes whose kubelet is gone (NotReady): nothing there starts or finishes terminating.
+        self.down_nodes: set[str] = set()
         self.bad_nodes: set[str] = set()
         self.undo_log: list[str] = []
         for name in node_names:
-            labels = {"kubernetes.io/hostname": name}
+            # A node name may run to 253 characters; a label value only to 63.
+            labels = {"kubernetes.io/hostname": name} if len(name) <= 63 else {}
             if gcu:
                 labels["enflame.com/gcu.present"] = "true"
             fake.put(api.NODE, {"metadata": {"name": name, "labels": labels}, "spec": {}})
+
+    # --- what the scheduler and the kubelet refuse ------------------------------------------
+    def _ready_component(self, node: str, component: str) -> Obj | None:
+        for pod in self.api.objects(api.POD):
+            labels = pod["metadata"].get("labels") or {}
+            if (
+                labels.get("enflame.com/gcu.component") == component
+                and pods.node_of(pod) == node
+                and pods.ready(pod)
+            ):
+                return pod
+        return None
+
+    def _node_mode(self, node: str) -> str:
+        """The node mode the toolkit on ``node`` installed (its --mode argument)."""
+        toolkit = self._ready_component(node, "containerToolkit")
+        if toolkit is None:
+            return ""
+        command = toolkit["spec"]["containers"][0].get("command") or []
+        return str(command[command.index("--mode") + 1]) if "--mode" in command else ""
+
+    def _claims_allocatable(self, pod: Obj, node: str) -> bool:
+        """Every claim of ``pod`` comes from a template of the GCU DeviceClass, and ``node``
+        runs a ready DRA driver."""
+        if self._ready_component(node, "dra") is None:
+            return False
+        for claim in pod["spec"].get("resourceClaims") or []:
+            template = self.api.find(
+                api.RESOURCE_CLAIM_TEMPLATE,
+                str(claim.get("resourceClaimTemplateName")),
+                pod["metadata"]["namespace"],
+            )
+            if template is None:
+                return False
+            for request in template["spec"]["spec"]["devices"]["requests"]:
+                if (request.get("exactly") or {}).get("deviceClassName") != "gcu.enflame.com":
+                    return False
+        return True
+
+    def _schedule(self) -> None:
+        """The scheduler: binds an unbound pod to the node its affinity names, allocating its
+        claims there (a claim is only ever allocated here, never for a pod bound by nodeName)."""
+        for pod in list(self.api.store.values()):
+            if (
+                pod["kind"] != "Pod"
+                or pods.node_of(pod)
+                or pod["metadata"].get("deletionTimestamp")
+            ):
+                continue
+            terms = (
+                ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+                .get("nodeSelectorTerms", [])
+            )
+            names_ = [
+                v
+                for term in terms
+                for field in term.get("matchFields") or []
+                if field.get("key") == "metadata.name"
+                for v in field.get("values") or []
+            ]
+            for node in names_:
+                if self._claims_allocatable(pod, node):
+                    pod["spec"]["nodeName"] = node
+                    pod["status"] = {
+                        "phase": "Pending",
+                        "resourceClaimStatuses": [
+                            {"name": c["name"], "resourceClaimName": f"{pod['metadata']['name']}-x"}
+                            for c in pod["spec"].get("resourceClaims") or []
+                        ],
+                    }
+                    pod["metadata"]["resourceVersion"] = str(next(self.api._rv))
+                    break
+
+    def _admit(self, pod: Obj) -> Obj | None:
+        """The kubelet's admission: the failed status it gives ``pod``, or None to run it."""
+        node = pods.node_of(pod)
+        for container in pod["spec"]["containers"]:
+            wanted = ((container.get("resources") or {}).get("limits") or {}).get("enflame.com/gcu")
+            if wanted and self._ready_component(node, "devicePlugin") is None:
+                return {
+                    "phase": "Failed",
+                    "reason": "OutOfenflame.com/gcu",
+                    "message": "Pod Node didn't have enough resource: enflame.com/gcu, "
+                    f"requested: {wanted}, used: 0, capacity: 0",
+                }
+        claims = pod["spec"].get("resourceClaims") or []
+        if claims and not pod.get("status", {}).get("resourceClaimStatuses"):
+            # Bound by nodeName, so the scheduler never allocated its claim: it waits forever.
+            return {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "ContainersReady",
+                        "status": "False",
+                        "message": "resource claim is not allocated",
+                    }
+                ],
+            }
+        return None
+
+    def _gets_devices(self, pod: Obj) -> bool:
+        """Whether the runtime gives the pod its GCUs: on a runtimeclass node, only through
+        RuntimeClass enflame."""
+        node = pods.node_of(pod)
+        if self._node_mode(node) == "runtimeclass":
+            return bool(pod["spec"].get("runtimeClassName") == "enflame")
+        return True
 
     def node_labels(self, name: str) -> dict[str, str]:
         node = self.api.find(api.NODE, name)
@@ -262,7 +431,13 @@ class FakeCluster:
     def step(self, seconds: float = 5.0) -> None:
         fake = self.api
         fake.now += seconds
+        for name in self.down_nodes:
+            node = fake.store.get(fake._key(api.NODE, name, None))
+            if node is not None:
+                node["status"] = {"conditions": [{"type": "Ready", "status": "Unknown"}]}
         for key, pod in list(fake.store.items()):
+            if pods.node_of(pod) in self.down_nodes:
+                continue
             if pod["kind"] == "Pod" and pod["metadata"].get("deletionTimestamp"):
                 component = (pod["metadata"].get("labels") or {}).get("enflame.com/gcu.component")
                 if component == "containerToolkit":
@@ -312,13 +487,47 @@ class FakeCluster:
                 elif not fits:
                     for p in here:
                         fake._mark_deleted(fake._key(api.POD, p["metadata"]["name"], ns))
+        self._schedule()
         for pod in list(fake.store.values()):
             if pod["kind"] != "Pod" or pod["metadata"].get("deletionTimestamp"):
                 continue
-            if pods.phase(pod) != "Pending":
+            if not pods.node_of(pod) or pods.node_of(pod) in self.down_nodes:
+                continue  # unschedulable, or no kubelet to run it
+            uid = pod["metadata"]["uid"]
+            starting = pods.phase(pod) == "Pending" or (
+                uid in self._ticks and pods.phase(pod) == "Running" and not pods.ready(pod)
+            )
+            if not starting:
                 continue
+            self._ticks[uid] = self._ticks.get(uid, 0) + 1
+            if self._ticks[uid] < self.ready_after:
+                if pod["spec"].get("restartPolicy") != "Never":
+                    pod["status"] = {"phase": "Running", "conditions": []}
+                    pod["metadata"]["resourceVersion"] = str(next(fake._rv))
+                continue
+            self._ticks.pop(uid)
             container = pod["spec"]["containers"][0]
-            if pod["spec"].get("restartPolicy") == "Never":
+            refused = self._admit(pod)
+            if refused is not None:
+                pod["status"] = refused
+                pod["metadata"]["resourceVersion"] = str(next(fake._rv))
+                continue
+            if pod["spec"].get("restartPolicy") == "Never" and not self._gets_devices(pod):
+                pod["status"] = {
+                    "phase": "Failed",
+                    "containerStatuses": [
+                        {
+                            "name": "validator",
+                            "state": {
+                                "terminated": {
+                                    "exitCode": 1,
+                                    "message": "ENFLAME_VISIBLE_DEVICES is not set",
+                                }
+                            },
+                        }
+                    ],
+                }
+            elif pod["spec"].get("restartPolicy") == "Never":
                 bad = pods.node_of(pod) in self.bad_nodes
                 pod["status"] = {
                     "phase": "Failed" if bad else "Succeeded",

@@ -21,7 +21,7 @@ from enflame_gcu.gcu_operator import resource as rs
 from tests.gcu_operator.helpers import REPO, vendor_example
 
 CRD_FILE = REPO / "deploy" / "operator" / "crd.yaml"
-CHART_CRD = REPO / "deploy" / "helm" / "enflame-gcu" / "files" / "gcuresource-crd.yaml"
+CHART_CRD = REPO / "deploy" / "helm" / "enflame-gcu" / "crds" / "gcuresource-crd.yaml"
 
 
 def _nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:

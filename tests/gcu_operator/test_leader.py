@@ -14,9 +14,10 @@ def test_two_replicas_one_leader_then_takeover_after_expiry() -> None:
     assert a.try_acquire(now)
     assert not b.try_acquire(now + 1)
     assert a.try_acquire(now + 10)  # renewal
-    assert not b.try_acquire(now + 20)  # renewed at +10, valid until +25
-    assert b.try_acquire(now + 26)  # a stopped renewing
-    assert not a.try_acquire(now + 27)
+    assert not b.try_acquire(now + 20)  # b sees the renewal at +20: valid until +35 for b
+    assert not b.try_acquire(now + 34)
+    assert b.try_acquire(now + 36)  # a stopped renewing
+    assert not a.try_acquire(now + 37)
     lease = fake.find(api.LEASE, leader.LEASE_NAME, "kube-system")
     assert lease is not None
     assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
@@ -32,6 +33,9 @@ def test_racing_for_an_expired_lease_only_one_wins() -> None:
     assert stale is not None
     # c read the Lease before b wrote it: its PUT carries a stale resourceVersion.
     original_get = fake.get
+    # Both saw the Lease at +1 and nothing changed for a Lease's duration.
+    assert not b.try_acquire(fake.now + 1)
+    assert not c.try_acquire(fake.now + 1)
     fake.get = lambda kind, name, namespace=None: stale  # type: ignore[method-assign]
     assert b.try_acquire(fake.now + 100)
     assert not c.try_acquire(fake.now + 100)

@@ -15,9 +15,7 @@ from tests.deploy import helm_render
 from tests.deploy.helpers import YAML_DIR, load_all
 from tests.gcu_operator.helpers import REPO, ours
 
-needs_helm = pytest.mark.skipif(
-    not os.path.exists(helm_render.HELM_SDK), reason=helm_render.NO_HELM_SDK
-)
+needs_helm = pytest.mark.skipif(helm_render.helm_missing(), reason=helm_render.NO_HELM_SDK)
 
 
 def _static(manifest: str) -> dict[str, Any]:
@@ -74,13 +72,14 @@ def test_operator_enabled_installs_crds_rbac_and_two_replicas_and_no_daemonsets(
     )
     docs = [d for d in rendered.get("operator.yaml", []) if d]
     kinds = [d["kind"] for d in docs]
-    assert kinds.count("CustomResourceDefinition") == 2
+    # The CRDs come from crds/ (installed first, never upgraded or deleted by Helm).
+    assert "CustomResourceDefinition" not in kinds
     assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Deployment"} <= set(
         kinds
     )
-    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    chart_crds = REPO / "deploy" / "helm" / "enflame-gcu" / "crds" / "gcuresource-crd.yaml"
     on_disk = list(yaml.safe_load_all((REPO / "deploy" / "operator" / "crd.yaml").read_text()))
-    assert crds == on_disk
+    assert list(yaml.safe_load_all(chart_crds.read_text())) == on_disk
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["template"]["spec"]["containers"][0]["command"] == [
@@ -88,6 +87,14 @@ def test_operator_enabled_installs_crds_rbac_and_two_replicas_and_no_daemonsets(
     ]
     resource = next(d for d in docs if d["kind"] == "GcuResource")
     assert resource["apiVersion"] == f"{rs.GROUP}/v1"
+    # A release object, not a hook: `helm upgrade` patches it in place instead of deleting and
+    # recreating it (which tore every component down and redeployed it on every node).
+    assert "helm.sh/hook" not in (resource["metadata"].get("annotations") or {})
+    job = next(d for d in docs if d["kind"] == "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][0] == "--remove-resources"
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert _allowed(role, rs.GROUP, "gcuresources", "delete")
     for template in ("daemonset-device-plugin.yaml", "daemonset-container-toolkit.yaml"):
         assert not [d for d in rendered.get(template, []) if d], template
 
@@ -97,3 +104,110 @@ def test_operator_off_renders_no_operator(tmp_path: Any) -> None:
     rendered = helm_render.render(str(tmp_path))
     assert not [d for d in rendered.get("operator.yaml", []) if d]
     assert [d for d in rendered["daemonset-device-plugin.yaml"] if d]
+
+
+def _allowed(role: dict[str, Any], group: str, resource: str, verb: str) -> bool:
+    return any(
+        group in rule.get("apiGroups", [])
+        and resource in rule.get("resources", [])
+        and verb in rule.get("verbs", [])
+        for rule in role["rules"]
+    )
+
+
+@needs_helm
+def test_operator_rbac_probe_pdb_and_spread_as_users_run_it(tmp_path: Any) -> None:
+    rendered = helm_render.render(
+        str(tmp_path),
+        {
+            "operator": {
+                "enabled": True,
+                "tolerations": [{"key": "infra", "operator": "Exists"}],
+                "nodeSelector": {"role": "infra"},
+            }
+        },
+    )
+    docs = [d for d in rendered.get("operator.yaml", []) if d]
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    for group, resource, verb in [
+        (rs.GROUP, "gcuresources/finalizers", "update"),  # blockOwnerDeletion
+        ("", "events", "create"),
+        ("", "events", "patch"),
+        ("node.k8s.io", "runtimeclasses", "create"),
+        ("", "pods/eviction", "create"),
+    ]:
+        assert _allowed(role, group, resource, verb), (group, resource, verb)
+    # Writing components is allowed only in the component namespaces, through Roles.
+    for group, resource in [
+        ("apps", "daemonsets"),
+        ("", "pods"),
+        ("", "services"),
+        ("resource.k8s.io", "resourceclaimtemplates"),
+        ("networking.k8s.io", "networkpolicies"),
+    ]:
+        assert not _allowed(role, group, resource, "create"), resource
+    writers = {
+        d["metadata"]["namespace"]: d
+        for d in docs
+        if d["kind"] == "Role" and d["metadata"]["name"].endswith("-components")
+    }
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    release_ns = deployment["metadata"]["namespace"]  # empty in lint, the release's in a cluster
+    assert set(writers) == {release_ns, "kube-system"}
+    for writer in writers.values():
+        assert _allowed(writer, "apps", "daemonsets", "create")
+        assert _allowed(writer, "resource.k8s.io", "resourceclaimtemplates", "create")
+        assert _allowed(writer, "networking.k8s.io", "networkpolicies", "create")
+    # Write access to gcuresources is root on every GCU node: never aggregated to admin/edit.
+    assert not any("aggregate-to" in k for k in role["metadata"].get("labels", {}))
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "--health-port=8081" in container["args"]
+    assert f"--allowed-namespaces={release_ns or ''},kube-system" in container["args"]
+    assert pod["tolerations"] == [{"key": "infra", "operator": "Exists"}]
+    assert pod["nodeSelector"] == {"role": "infra"}
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+
+
+@needs_helm
+def test_the_dra_daemonset_is_the_charts(tmp_path: Any) -> None:
+    """The operator's DRA driver container and volumes are what the chart renders with its
+    defaults (probes, --http-address, resources, unprivileged), the image aside."""
+    rendered = helm_render.render(str(tmp_path), {"dra": {"enabled": True}})
+    chart = helm_render.daemonset(rendered, "daemonset-dra-plugin.yaml")
+    resource = {**ours_with_uid(), "spec": {"dra": {}}}
+    spec = rs.parse(resource["spec"])
+    account = "test-release-enflame-gcu-dra-plugin"  # lint's release name
+    ours_ds = components.desired(resource, spec, True, account)[rs.DRA]
+    chart_pod, our_pod = chart["spec"]["template"]["spec"], ours_ds["spec"]["template"]["spec"]
+    skip = {"image", "imagePullPolicy"}
+    chart_container = {k: v for k, v in chart_pod["containers"][0].items() if k not in skip}
+    our_container = {k: v for k, v in our_pod["containers"][0].items() if k not in skip}
+    assert our_container == chart_container
+    assert our_pod["volumes"] == chart_pod["volumes"]
+    assert our_pod["securityContext"] == chart_pod["securityContext"]
+    assert our_pod["serviceAccountName"] == chart_pod["serviceAccountName"]
+
+
+def ours_with_uid() -> dict[str, Any]:
+    return {
+        "apiVersion": f"{rs.GROUP}/v1",
+        "kind": "GcuResource",
+        "metadata": {"name": "gcu", "uid": "u-1"},
+    }
+
+
+@needs_helm
+def test_the_plugin_network_policy_is_the_charts(tmp_path: Any) -> None:
+    rendered = helm_render.render(str(tmp_path))
+    [chart] = helm_render.objects(rendered, "NetworkPolicy")
+    resource = {**ours_with_uid(), "spec": {"devicePlugin": {}}}
+    mine = components.desired(resource, rs.parse(resource["spec"]))[components.PLUGIN_POLICY_KEY]
+    for field in ("policyTypes", "ingress"):
+        assert mine["spec"][field] == chart["spec"][field], field

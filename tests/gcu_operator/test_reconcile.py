@@ -289,18 +289,38 @@ def test_drain_cordons_evicts_gcu_pods_first_and_uncordons_after_validation() ->
     assert status(fake, resource)["phase"] == "Running"
 
 
-def test_same_name_in_both_groups_are_two_resources() -> None:
+def test_a_second_resource_for_the_same_nodes_is_ignored_until_the_first_is_gone() -> None:
+    """One owner per component and node (as NVIDIA's ClusterPolicy): the same name in the other
+    group, created later, deploys nothing and says why; once the first is deleted (its toolkit
+    undone on each node once), the second takes over."""
     vendor = vendor_example()
     mine = ours()
     mine["metadata"]["name"] = vendor["metadata"]["name"]
     fake, cluster, operator = _start(vendor, nodes=["node-a", "node-b"])
+    fake.now += 1
     fake.put(api.GCU_RESOURCE, mine)
     converge(operator, cluster)
     assert status(fake, vendor)["phase"] == "Running"
-    assert status(fake, mine)["phase"] == "Running"
-    assert len(fake.objects(api.DAEMONSET)) == 4
+    ignored = status(fake, mine)
+    assert ignored["phase"] == "Ignored"
+    condition = ignored["conditions"][0]
+    assert condition["reason"] == "Conflict"
+    assert "containerToolkit on node-a" in condition["message"]
+    assert vendor["metadata"]["name"] in condition["message"]
+    uid = fake.find(api.GCU_RESOURCE, mine["metadata"]["name"])["metadata"]["uid"]  # type: ignore[index]
+    assert len(fake.objects(api.DAEMONSET)) == 2  # the first resource's toolkit and plugin
+    assert all(
+        d["metadata"]["labels"][names.RESOURCE_LABEL] != uid for d in fake.objects(api.DAEMONSET)
+    )
+    toolkits = [
+        p
+        for p in fake.objects(api.POD)
+        if (p["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL) == rs.TOOLKIT
+    ]
+    assert sorted(p["spec"]["nodeName"] for p in toolkits) == ["node-a", "node-b"]
     fake.delete(api.LEGACY_GCU_RESOURCE, vendor["metadata"]["name"])
     converge(operator, cluster)
+    assert cluster.undo_log == ["node-a", "node-b"]  # the first's toolkit, undone once per node
     assert {d["metadata"]["name"] for d in fake.objects(api.DAEMONSET)} == {
         "enflame-container-toolkit",
         "enflame-k8s-device-plugin",
@@ -308,3 +328,94 @@ def test_same_name_in_both_groups_are_two_resources() -> None:
     assert status(fake, mine)["phase"] == "Running"
     for name in ("node-a", "node-b"):
         assert cluster.node_labels(name)[names.deploy_label(rs.DEVICE_PLUGIN)] == "true"
+
+
+def _edit_daemonset(fake: FakeApi, name: str, edit: Any) -> None:
+    ds = fake.find(api.DAEMONSET, name, "kube-system")
+    assert ds is not None
+    edit(ds["spec"]["template"]["spec"])
+    fake.replace(api.DAEMONSET, ds)
+
+
+def test_hand_edits_of_an_owned_daemonset_are_undone() -> None:
+    resource = ours()
+    fake, cluster, operator = _start(resource)
+    converge(operator, cluster)
+    before = fake.find(api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system")
+    assert before is not None
+    want_image = before["spec"]["template"]["spec"]["containers"][0]["image"]
+
+    def image(spec: dict[str, Any]) -> None:
+        spec["containers"][0]["image"] = "evil.example/plugin:1"
+
+    def selector(spec: dict[str, Any]) -> None:
+        spec["nodeSelector"]["kubernetes.io/hostname"] = "node-a"
+
+    def server_defaults(spec: dict[str, Any]) -> None:
+        spec["dnsPolicy"] = "ClusterFirst"
+        spec["containers"][0]["terminationMessagePath"] = "/dev/termination-log"
+
+    for edit in (image, selector):
+        _edit_daemonset(fake, "enflame-k8s-device-plugin", edit)
+        converge(operator, cluster)
+        after = fake.find(api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system")
+        assert after is not None
+        spec = after["spec"]["template"]["spec"]
+        assert spec["containers"][0]["image"] == want_image, edit.__name__
+        assert spec["nodeSelector"] == before["spec"]["template"]["spec"]["nodeSelector"]
+    # What the API server adds by itself is not drift: no write for it.
+    _edit_daemonset(fake, "enflame-k8s-device-plugin", server_defaults)
+    writes = fake.writes()
+    operator.run_once()
+    assert fake.writes() == writes
+
+
+def test_a_user_node_selector_cannot_replace_the_operators_deploy_label() -> None:
+    key = names.deploy_label(rs.DEVICE_PLUGIN)
+    resource = ours(devicePlugin={"nodeSelector": {key: "false", "zone": "a"}})
+    fake, cluster, operator = _start(resource)
+    converge(operator, cluster)
+    ds = fake.find(api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system")
+    assert ds is not None
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {key: "true", "zone": "a"}
+    fields = [u["field"] for u in status(fake, resource)["unsupported"]]
+    assert f"spec.devicePlugin.nodeSelector.{key}" in fields
+
+
+def test_a_component_outside_the_allowed_namespaces_is_reported_not_deployed() -> None:
+    resource = ours(devicePlugin={"namespace": "default"})
+    fake = FakeApi()
+    cluster = FakeCluster(fake, NODES)
+    fake.put(api.GCU_RESOURCE, resource)
+    operator = runner.Operator(
+        fake, clock=lambda: fake.now, allowed_namespaces=frozenset({"kube-system"})
+    )
+    converge(operator, cluster)
+    assert [d["metadata"]["name"] for d in fake.objects(api.DAEMONSET)] == [
+        "enflame-container-toolkit"
+    ]
+    st = status(fake, resource)
+    assert st["phase"] == "Failed"
+    assert (
+        "spec.devicePlugin.namespace default is not a namespace" in st["conditions"][0]["message"]
+    )
+
+
+def test_operator_deployed_plugins_get_the_charts_network_policy() -> None:
+    resource = ours()
+    fake, cluster, operator = _start(resource)
+    converge(operator, cluster)
+    [policy] = fake.objects(api.NETWORK_POLICY)
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    plugins = [
+        p
+        for p in fake.objects(api.POD)
+        if (p["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL) == rs.DEVICE_PLUGIN
+    ]
+    assert plugins
+    for pod in plugins:
+        assert all(pod["metadata"]["labels"].get(k) == v for k, v in selector.items())
+    assert policy["spec"]["ingress"][0]["ports"] == [{"port": 9402, "protocol": "TCP"}]
+    fake.delete(api.GCU_RESOURCE, "gcu")
+    converge(operator, cluster)
+    assert fake.objects(api.NETWORK_POLICY) == []

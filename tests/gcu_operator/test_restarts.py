@@ -1,4 +1,6 @@
-"""Killing the operator at every API write of a rollout, or failing that call, still converges."""
+"""Killing the operator at every API write of a rollout, or failing that call, still converges,
+and never has more nodes down than maxUnavailable allows: checked before every write and after
+every tick of the cluster, with pods that take several ticks to become ready."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu.gcu_operator import api, names, runner
+from enflame_gcu.gcu_operator import api, names, pods, runner
 from enflame_gcu.gcu_operator import resource as rs
 from tests.gcu_operator.fake_api import WRITES, Crash, FakeApi, FakeCluster
 from tests.gcu_operator.helpers import converge, ours, set_spec, status
@@ -31,11 +33,31 @@ def _world(fake: FakeApi, cluster: FakeCluster) -> dict[str, Any]:
     }
 
 
-def _deployed() -> tuple[FakeApi, FakeCluster]:
+def _down(fake: FakeApi, cluster: FakeCluster) -> list[str]:
+    """Nodes not serving GCUs right now: a component pod missing, not ready or terminating, or
+    the node not validated."""
+    live: dict[str, set[str]] = {n: set() for n in NODES}
+    for pod in fake.objects(api.POD):
+        key = (pod["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL)
+        if key in (rs.TOOLKIT, rs.DEVICE_PLUGIN) and pods.ready(pod):
+            live[pod["spec"]["nodeName"]].add(key)
+    return [
+        n
+        for n in NODES
+        if live[n] != {rs.TOOLKIT, rs.DEVICE_PLUGIN}
+        or cluster.node_labels(n).get(names.VALIDATED_LABEL) != "true"
+    ]
+
+
+def _deployed(ready_after: int = 1) -> tuple[FakeApi, FakeCluster]:
     fake = FakeApi()
-    cluster = FakeCluster(fake, NODES)
+    cluster = FakeCluster(fake, NODES, ready_after=ready_after)
     fake.put(api.GCU_RESOURCE, ours(upgradePolicy={"maxUnavailable": 1}))
-    converge(runner.Operator(fake, clock=lambda: fake.now), cluster)
+    for _ in range(20):
+        converge(runner.Operator(fake, clock=lambda: fake.now), cluster)
+        if not _down(fake, cluster) and status(fake, ours())["phase"] == "Running":
+            break
+        cluster.step()
     for i, name in enumerate(NODES):
         cluster.add_workload(name, f"job-{i}", cards=str(i))
     set_spec(fake, ours(), ["containerToolkit", "version"], "0.2.0")
@@ -43,8 +65,9 @@ def _deployed() -> tuple[FakeApi, FakeCluster]:
     return fake, cluster
 
 
-def _run(kill_at: int | None, error: bool) -> tuple[dict[str, Any], set[str]]:
-    fake, cluster = _deployed()
+def _run(kill_at: int | None, error: bool, ready_after: int = 1) -> tuple[dict[str, Any], set[str]]:
+    fake, cluster = _deployed(ready_after)
+    assert _down(fake, cluster) == []
     workloads = {
         p["metadata"]["uid"]
         for p in fake.objects(api.POD)
@@ -53,9 +76,14 @@ def _run(kill_at: int | None, error: bool) -> tuple[dict[str, Any], set[str]]:
     counter = {"writes": 0}
     original = fake._call
 
+    def budget_held(when: str) -> None:
+        down = _down(fake, cluster)
+        assert len(down) <= 1, f"maxUnavailable 1, down {down} {when} (fault at write {kill_at})"
+
     def call(verb: str, kind: api.Kind) -> None:
         original(verb, kind)
         if verb in WRITES:
+            budget_held(f"before write {counter['writes'] + 1} ({verb} {kind.kind})")
             counter["writes"] += 1
             if kill_at is not None and counter["writes"] == kill_at:
                 if error:
@@ -70,10 +98,12 @@ def _run(kill_at: int | None, error: bool) -> tuple[dict[str, Any], set[str]]:
         except Crash:
             operator = runner.Operator(fake, clock=lambda: fake.now)
             cluster.step()
+            budget_held("after a tick")
             continue
-        if all(r.actions == 0 and not r.error for r in results):
+        if _settled(results, fake, cluster):
             break
         cluster.step()
+        budget_held("after a tick")
     else:
         raise AssertionError("no convergence")
     left = {
@@ -84,11 +114,22 @@ def _run(kill_at: int | None, error: bool) -> tuple[dict[str, Any], set[str]]:
     return _world(fake, cluster), workloads - left
 
 
-def _writes_of_a_clean_rollout() -> int:
-    fake, cluster = _deployed()
+def _settled(results: list[runner.PassResult], fake: FakeApi, cluster: FakeCluster) -> bool:
+    """A pass did nothing and every node serves GCUs (with slow pods, a quiet pass can come
+    while pods are still starting)."""
+    quiet = all(r.actions == 0 and not r.error for r in results)
+    return quiet and not _down(fake, cluster) and status(fake, ours())["phase"] == "Running"
+
+
+def _writes_of_a_clean_rollout(ready_after: int = 1) -> int:
+    fake, cluster = _deployed(ready_after)
     before = fake.writes()
-    converge(runner.Operator(fake, clock=lambda: fake.now), cluster, passes=150)
-    return fake.writes() - before
+    operator = runner.Operator(fake, clock=lambda: fake.now)
+    for _ in range(150):
+        if _settled(operator.run_once(), fake, cluster):
+            return fake.writes() - before
+        cluster.step()
+    raise AssertionError("no convergence")
 
 
 def test_clean_rollout_reference() -> None:
@@ -111,3 +152,16 @@ def test_killed_or_failing_at_every_write_converges_to_the_same_state(error: boo
         world, lost = _run(k, error)
         assert world == reference, f"fault at write {k}"
         assert lost == set(), f"fault at write {k} lost GCU pods"
+
+
+@pytest.mark.slow
+def test_killed_at_every_write_with_slow_pods_keeps_max_unavailable_at_every_moment() -> None:
+    """Pods take three ticks to become ready, so a node stays down across several passes; the
+    budget is checked before every write and after every tick, whatever write the kill hits."""
+    reference, _ = _run(None, error=False, ready_after=3)
+    total = _writes_of_a_clean_rollout(ready_after=3)
+    assert total > 10
+    for k in range(1, total + 1):
+        world, lost = _run(k, error=False, ready_after=3)
+        assert world == reference, f"killed at write {k}"
+        assert lost == set(), f"killed at write {k} lost GCU pods"

@@ -63,3 +63,22 @@ class WriteStatus:
 
 
 Action = Create | Replace | Delete | PatchNode | Evict | SetFinalizers | WriteStatus
+
+
+def describe(action: object) -> str:
+    """What ``action`` does to which object, for a status condition and an Event."""
+    if isinstance(action, Create | Replace):
+        meta = action.obj.get("metadata", {})
+        where = f"{meta['namespace']}/" if meta.get("namespace") else ""
+        verb = "create" if isinstance(action, Create) else "update"
+        return f"{verb} {action.obj.get('kind')} {where}{meta.get('name')}"
+    if isinstance(action, Delete):
+        where = f"{action.namespace}/" if action.namespace else ""
+        return f"delete {action.kind} {where}{action.name}"
+    if isinstance(action, PatchNode):
+        return f"patch Node {action.name}"
+    if isinstance(action, Evict):
+        return f"evict Pod {action.namespace}/{action.name}"
+    if isinstance(action, SetFinalizers):
+        return "set the resource's finalizers"
+    return "write the resource's status"

@@ -39,7 +39,26 @@ GCU_RESOURCE = Kind(f"{rs.GROUP}/{rs.VERSION}", rs.KIND, rs.PLURAL, namespaced=F
 LEGACY_GCU_RESOURCE = Kind(f"{rs.LEGACY_GROUP}/{rs.VERSION}", rs.KIND, rs.PLURAL, namespaced=False)
 # The DRA API the DRA driver needs; served means this cluster can run it.
 DEVICE_CLASS = Kind("resource.k8s.io/v1", "DeviceClass", "deviceclasses", namespaced=False)
-BY_KIND = {k.kind: k for k in (NODE, POD, SERVICE, DAEMONSET, LEASE)}
+EVENT = Kind("v1", "Event", "events", namespaced=True)
+NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", namespaced=True)
+RUNTIME_CLASS = Kind("node.k8s.io/v1", "RuntimeClass", "runtimeclasses", namespaced=False)
+RESOURCE_CLAIM_TEMPLATE = Kind(
+    "resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", namespaced=True
+)
+BY_KIND = {
+    k.kind: k
+    for k in (
+        NODE,
+        POD,
+        SERVICE,
+        DAEMONSET,
+        LEASE,
+        EVENT,
+        NETWORK_POLICY,
+        RUNTIME_CLASS,
+        RESOURCE_CLAIM_TEMPLATE,
+    )
+}
 
 
 class ApiError(Exception):
@@ -52,7 +71,11 @@ class ApiError(Exception):
 
 
 NOT_FOUND = 404
+# No answer: connection refused or reset, or no reply within the client's timeout.
+UNREACHABLE = 0
 CONFLICT = 409
+# An eviction a PodDisruptionBudget does not allow now.
+TOO_MANY_REQUESTS = 429
 
 
 class ClusterApi(Protocol):

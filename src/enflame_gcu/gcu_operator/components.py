@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,25 @@ from enflame_gcu.gcu_operator import resource as rs
 
 Obj = dict[str, Any]
 METRICS_PORT = 9402
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+LABEL_VALUE_MAX = 63
+# The RuntimeClass of node mode runtimeclass (deploy/yaml/enflame-runtimeclass.yaml: the same
+# name and handler), and the DRA DeviceClass a validator's claim asks a whole GCU of.
+RUNTIME_CLASS = "enflame"
+DRA_DEVICE_CLASS = "gcu.enflame.com"
+# Keys of desired() that are not components: objects the validator (and the workloads) need.
+RUNTIME_CLASS_KEY = "runtimeClass"
+VALIDATOR_CLAIM_KEY = "validatorClaim"
+PLUGIN_POLICY_KEY = "devicePluginNetworkPolicy"
+EXTRA_KEYS = (RUNTIME_CLASS_KEY, VALIDATOR_CLAIM_KEY, PLUGIN_POLICY_KEY)
+# Who may reach the device plugin's metrics port: Prometheus pods in any namespace, as the
+# chart's metrics.networkPolicy default (networkpolicy-device-plugin.yaml).
+PROMETHEUS_PEERS = [
+    {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }
+]
 TOLERATIONS = [
     {"key": "CriticalAddonsOnly", "operator": "Exists"},
     {"key": "enflame.com/gcu", "operator": "Exists", "effect": "NoSchedule"},
@@ -165,30 +185,71 @@ def _plugin_volumes(spec: rs.ResourceSpec) -> list[Obj]:
     return volumes
 
 
+# The DRA driver's port for /healthz, /readyz and /metrics (the chart's dra.httpPort).
+DRA_HTTP_PORT = 8082
+# The chart's name for the driver's ServiceAccount is <release>-dra-plugin; the chart passes
+# it (--dra-service-account); deploy/dra/ names it so.
+DRA_SERVICE_ACCOUNT = "enflame-dra-plugin"
+
+
 def _dra_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
+    """The DRA driver's container as the chart's daemonset-dra-plugin.yaml renders it with its
+    default values (tests/gcu_operator/test_manifests.py compares the two)."""
     del spec
     return {
         "name": "enflame-dra-plugin",
         "image": component.image,
         "imagePullPolicy": component.pull_policy,
         "command": ["enflame-dra-plugin"],
-        "args": ["--host-root=/host", *component.args],
+        "args": [
+            "--host-root=/host",
+            "--cdi-dir=/var/run/cdi",
+            "--shared-slices=0",
+            "--unhealthy=taint",
+            "--health-interval=5",
+            f"--http-address=:{DRA_HTTP_PORT}",
+            *component.args,
+        ],
+        "ports": [{"name": "http", "containerPort": DRA_HTTP_PORT}],
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
         "env": _env(
             component,
             [
-                {"name": "ENFLAME_VISIBLE_DEVICES", "value": "void"},
                 {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                {"name": "ENFLAME_VISIBLE_DEVICES", "value": "void"},
             ],
         ),
-        "securityContext": {"privileged": True},
+        "securityContext": {
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsUser": 0,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
         "volumeMounts": [
             {"name": "plugins-registry", "mountPath": "/var/lib/kubelet/plugins_registry"},
-            {"name": "plugins", "mountPath": "/var/lib/kubelet/plugins"},
+            {"name": "plugin-data", "mountPath": "/var/lib/kubelet/plugins/gcu.enflame.com"},
             {"name": "cdi", "mountPath": "/var/run/cdi"},
             {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True},
             {"name": "host-dev", "mountPath": "/host/dev", "readOnly": True},
         ],
     }
+
+
+def _dra_volumes() -> list[Obj]:
+    return [
+        _host_path("plugins-registry", "/var/lib/kubelet/plugins_registry", "Directory"),
+        _host_path("plugin-data", "/var/lib/kubelet/plugins/gcu.enflame.com", "DirectoryOrCreate"),
+        _host_path("cdi", "/var/run/cdi", "DirectoryOrCreate"),
+        _host_path("host-sys", "/sys", "Directory"),
+        _host_path("host-dev", "/dev", "Directory"),
+    ]
 
 
 def _daemonset(
@@ -199,7 +260,9 @@ def _daemonset(
 ) -> Obj:
     own = labels(resource, component.key, app)
     selector = {names.APP_NAME: app, names.RESOURCE_LABEL: own[names.RESOURCE_LABEL]}
-    node_selector = {names.deploy_label(component.key): "true", **dict(component.node_selector)}
+    # The user's selector narrows where the component runs; the operator's own deploy label
+    # comes last, so no user key can replace it (rs.parse drops such keys and reports them).
+    node_selector = {**dict(component.node_selector), names.deploy_label(component.key): "true"}
     pod_spec = {
         "priorityClassName": "system-node-critical",
         "automountServiceAccountToken": False,
@@ -254,8 +317,86 @@ def _exporter_service(
     }
 
 
-def desired(resource: Mapping[str, Any], spec: rs.ResourceSpec) -> dict[str, Obj]:
-    """Every object the resource's components consist of, by component key."""
+def plugin_network_policy(resource: Mapping[str, Any], plugin: rs.Component) -> Obj:
+    """The chart's NetworkPolicy for the device plugin's pods: only the metrics port, only from
+    Prometheus (the kubelet's probes come from the node, which a NetworkPolicy never blocks)."""
+    own = labels(resource, rs.DEVICE_PLUGIN, "enflame-device-plugin")
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": plugin.name,
+            "namespace": plugin.namespace,
+            "labels": own,
+            "ownerReferences": [owner_reference(resource)],
+        },
+        "spec": {
+            "podSelector": {
+                "matchLabels": {
+                    names.APP_NAME: "enflame-device-plugin",
+                    names.RESOURCE_LABEL: own[names.RESOURCE_LABEL],
+                }
+            },
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"ports": [{"port": METRICS_PORT, "protocol": "TCP"}], "from": PROMETHEUS_PEERS}
+            ],
+        },
+    }
+
+
+def runtime_class(resource: Mapping[str, Any]) -> Obj:
+    """RuntimeClass ``enflame`` (node mode runtimeclass: only pods naming it get GCUs)."""
+    return {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {
+            "name": RUNTIME_CLASS,
+            # Removed with the toolkit, which configures the runtime it names.
+            "labels": labels(resource, rs.TOOLKIT, "enflame-runtimeclass"),
+            "ownerReferences": [owner_reference(resource)],
+        },
+        "handler": RUNTIME_CLASS,
+    }
+
+
+def validator_claim(resource: Mapping[str, Any], component: rs.Component) -> Obj:
+    """The ResourceClaimTemplate a validator pod on a DRA node takes one whole GCU through."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": component.name,
+            "namespace": component.namespace,
+            "labels": labels(resource, rs.VALIDATOR, component.name),
+            "ownerReferences": [owner_reference(resource)],
+        },
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gcu",
+                            "exactly": {
+                                "deviceClassName": DRA_DEVICE_CLASS,
+                                "allocationMode": "ExactCount",
+                                "count": 1,
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def desired(
+    resource: Mapping[str, Any],
+    spec: rs.ResourceSpec,
+    dra_served: bool = False,
+    dra_service_account: str = DRA_SERVICE_ACCOUNT,
+) -> dict[str, Obj]:
+    """Every object the resource's components consist of, by component key (and EXTRA_KEYS)."""
     out: dict[str, Obj] = {}
     comps = spec.components
     if rs.TOOLKIT in comps:
@@ -287,29 +428,74 @@ def desired(resource: Mapping[str, Any], spec: rs.ResourceSpec) -> dict[str, Obj
             comps[rs.DRA],
             "enflame-dra-plugin",
             {
-                "serviceAccountName": "enflame-dra-plugin",
+                "serviceAccountName": dra_service_account,
                 "automountServiceAccountToken": True,
+                "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [_dra_container(comps[rs.DRA], spec)],
-                "volumes": [
-                    _host_path(
-                        "plugins-registry", "/var/lib/kubelet/plugins_registry", "Directory"
-                    ),
-                    _host_path("plugins", "/var/lib/kubelet/plugins", "DirectoryOrCreate"),
-                    _host_path("cdi", "/var/run/cdi", "DirectoryOrCreate"),
-                    _host_path("host-sys", "/sys", "Directory"),
-                    _host_path("host-dev", "/dev", "Directory"),
-                ],
+                "volumes": _dra_volumes(),
             },
         )
     if rs.EXPORTER in comps:
         out[rs.EXPORTER] = _exporter_service(resource, comps[rs.EXPORTER], comps[rs.DEVICE_PLUGIN])
+    if rs.DEVICE_PLUGIN in comps:
+        out[PLUGIN_POLICY_KEY] = plugin_network_policy(resource, comps[rs.DEVICE_PLUGIN])
+    if spec.node_mode == "runtimeclass" and rs.TOOLKIT in comps:
+        out[RUNTIME_CLASS_KEY] = runtime_class(resource)
+    if rs.VALIDATOR in comps and rs.DRA in comps and dra_served:
+        out[VALIDATOR_CLAIM_KEY] = validator_claim(resource, comps[rs.VALIDATOR])
     return out
 
 
 def validator_pod(
-    resource: Mapping[str, Any], component: rs.Component, node: str, target: str
+    resource: Mapping[str, Any],
+    component: rs.Component,
+    node: str,
+    target: str,
+    *,
+    mode: str = "device-plugin",
+    node_mode: str = "auto",
 ) -> Obj:
-    """A short pod on ``node`` that asks for one GCU and checks what it got."""
+    """A short pod on ``node`` that asks for one GCU and checks what it got.
+
+    Device-plugin nodes: bound with ``nodeName``, one ``enflame.com/gcu`` asked as an extended
+    resource. DRA nodes serve no such resource, and a claim is allocated only by the scheduler:
+    the pod takes one GCU through the validator's ResourceClaimTemplate and is placed by node
+    affinity. Node mode runtimeclass: only pods naming RuntimeClass ``enflame`` get GCUs.
+    """
+    container: Obj = {
+        "name": "validator",
+        "image": component.image,
+        "imagePullPolicy": component.pull_policy,
+        "command": ["sh", "-c", VALIDATOR_SCRIPT],
+        "env": _env(component, []),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "tolerations": TOLERATIONS,
+    }
+    if mode == "dra":
+        container["resources"] = {"claims": [{"name": "gcu"}]}
+        pod_spec["resourceClaims"] = [{"name": "gcu", "resourceClaimTemplateName": component.name}]
+        pod_spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+    else:
+        container["resources"] = {"limits": {"enflame.com/gcu": "1"}}
+        pod_spec["nodeName"] = node
+    if node_mode == "runtimeclass":
+        pod_spec["runtimeClassName"] = RUNTIME_CLASS
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -318,29 +504,17 @@ def validator_pod(
             "namespace": component.namespace,
             "labels": {
                 **labels(resource, rs.VALIDATOR, component.name),
-                "enflame.com/gcu.node": node,
+                **({names.VALIDATOR_NODE: node} if _label_value(node) else {}),
             },
-            "annotations": {names.VALIDATES_ANNOTATION: target},
+            "annotations": {names.VALIDATES_ANNOTATION: target, names.VALIDATOR_NODE: node},
             "ownerReferences": [owner_reference(resource)],
         },
-        "spec": {
-            "nodeName": node,
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "tolerations": TOLERATIONS,
-            "containers": [
-                {
-                    "name": "validator",
-                    "image": component.image,
-                    "imagePullPolicy": component.pull_policy,
-                    "command": ["sh", "-c", VALIDATOR_SCRIPT],
-                    "env": _env(component, []),
-                    "terminationMessagePolicy": "FallbackToLogsOnError",
-                    "resources": {"limits": {"enflame.com/gcu": "1"}},
-                }
-            ],
-        },
+        "spec": {**pod_spec, "containers": [container]},
     }
+
+
+def _label_value(text: str) -> bool:
+    return len(text) <= LABEL_VALUE_MAX and bool(LABEL_VALUE.match(text))
 
 
 def validator_name(component: rs.Component, node: str, target: str) -> str:

@@ -19,6 +19,8 @@ from enflame_gcu.gcu_operator import resource as rs
 
 Obj = dict[str, Any]
 DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# A label value (empty, or alphanumerics with '-', '_', '.' inside), checked at admission.
+LABEL_VALUE = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 
 def _string(description: str, **extra: Any) -> Obj:
@@ -50,7 +52,7 @@ def base_fields() -> dict[str, Obj]:
         "nodeSelector": {
             "type": "object",
             "description": "node labels the component's pods require",
-            "additionalProperties": {"type": "string"},
+            "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE},
         },
         "command": {"type": "array", "items": {"type": "string"}, "description": "not honoured"},
         "args": {"type": "array", "items": {"type": "string"}, "description": "extra arguments"},

@@ -10,8 +10,8 @@ lightkube is already the DRA driver's client.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import lightkube
 from lightkube import generic_resource
@@ -22,6 +22,9 @@ from lightkube.types import CascadeType, PatchType
 from enflame_gcu.gcu_operator import api
 
 Obj = dict[str, Any]
+T = TypeVar("T")
+EVICTION_V1 = "policy/v1"
+EVICTION_V1BETA1 = "policy/v1beta1"
 
 
 def _resource(kind: api.Kind) -> Any:
@@ -48,10 +51,39 @@ def _error(exc: LightkubeApiError) -> api.ApiError:
     return api.ApiError(int(status.code or 0), str(status.message or exc))
 
 
-def _http_status(exc: Exception) -> int | None:
+def _http_status(exc: BaseException) -> int | None:
     """The HTTP status of an error lightkube did not wrap (its list raises httpx's own)."""
     status = getattr(getattr(exc, "response", None), "status_code", None)
     return status if isinstance(status, int) else None
+
+
+# Modules whose exceptions mean "the API server could not be reached or did not answer in time".
+_TRANSPORT_MODULES = frozenset({"httpx", "httpx2", "httpcore", "httpcore2", "h11", "h2", "ssl"})
+
+
+def _is_transport(exc: BaseException) -> bool:
+    if isinstance(exc, OSError | TimeoutError):
+        return True
+    return any(cls.__module__.partition(".")[0] in _TRANSPORT_MODULES for cls in type(exc).__mro__)
+
+
+def _request(call: Callable[[], T]) -> T:
+    """``call()`` with every failure as :class:`api.ApiError`: the server's refusals with their
+    status; a connection refused, reset or timed out as ``api.UNREACHABLE``."""
+    try:
+        return call()
+    except LightkubeApiError as exc:
+        raise _error(exc) from exc
+    except api.ApiError:
+        raise
+    except Exception as exc:
+        status = _http_status(exc)
+        if status is not None:
+            raise api.ApiError(status, str(exc).splitlines()[0]) from exc
+        if not _is_transport(exc):
+            raise
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise api.ApiError(api.UNREACHABLE, f"API server unreachable: {text}") from exc
 
 
 class LightkubeApi:
@@ -59,6 +91,7 @@ class LightkubeApi:
 
     def __init__(self, client: lightkube.Client) -> None:
         self._client = client
+        self._eviction_version = EVICTION_V1
 
     def close(self) -> None:
         """Close the client's connections."""
@@ -67,17 +100,20 @@ class LightkubeApi:
     def get(self, kind: api.Kind, name: str, namespace: str | None = None) -> Obj | None:
         """The object, or None."""
         try:
-            return _plain(self._client.get(_resource(kind), name, namespace=namespace))
-        except LightkubeApiError as exc:
-            if exc.status.code == api.NOT_FOUND:
+            return _plain(
+                _request(lambda: self._client.get(_resource(kind), name, namespace=namespace))
+            )
+        except api.ApiError as exc:
+            if exc.status == api.NOT_FOUND:
                 return None
-            raise _error(exc) from exc
+            raise
 
     def list(
         self, kind: api.Kind, namespace: str | None = None, labels: Mapping[str, str] | None = None
     ) -> list[Obj]:
         """Objects of ``kind``."""
-        try:
+
+        def fetch() -> list[Obj]:
             found = self._client.list(
                 _resource(kind),
                 namespace=namespace
@@ -92,72 +128,76 @@ class LightkubeApi:
                 obj.setdefault("kind", kind.kind)
                 out.append(obj)
             return out
-        except LightkubeApiError as exc:
-            raise _error(exc) from exc
-        except Exception as exc:
-            status = _http_status(exc)
-            if status is None:
-                raise
-            raise api.ApiError(status, str(exc).splitlines()[0]) from exc
+
+        return _request(fetch)
 
     def create(self, kind: api.Kind, obj: Obj) -> Obj:
         """Create."""
-        try:
-            return _plain(self._client.create(_resource(kind).from_dict(copy.deepcopy(obj))))
-        except LightkubeApiError as exc:
-            raise _error(exc) from exc
+        body = _resource(kind).from_dict(copy.deepcopy(obj))
+        return _plain(_request(lambda: self._client.create(body)))
 
     def replace(self, kind: api.Kind, obj: Obj) -> Obj:
         """PUT."""
-        try:
-            return _plain(self._client.replace(_resource(kind).from_dict(copy.deepcopy(obj))))
-        except LightkubeApiError as exc:
-            raise _error(exc) from exc
+        body = _resource(kind).from_dict(copy.deepcopy(obj))
+        return _plain(_request(lambda: self._client.replace(body)))
 
     def patch(self, kind: api.Kind, name: str, patch: Obj, namespace: str | None = None) -> Obj:
         """JSON merge patch."""
-        try:
-            return _plain(
-                self._client.patch(
+        return _plain(
+            _request(
+                lambda: self._client.patch(
                     _resource(kind), name, patch, namespace=namespace, patch_type=PatchType.MERGE
                 )
             )
-        except LightkubeApiError as exc:
-            raise _error(exc) from exc
+        )
 
     def delete(self, kind: api.Kind, name: str, namespace: str | None = None) -> None:
         """Delete in the background; gone already is fine."""
         try:
-            self._client.delete(
-                _resource(kind), name, namespace=namespace, cascade=CascadeType.BACKGROUND
+            _request(
+                lambda: self._client.delete(
+                    _resource(kind), name, namespace=namespace, cascade=CascadeType.BACKGROUND
+                )
             )
-        except LightkubeApiError as exc:
-            if exc.status.code != api.NOT_FOUND:
-                raise _error(exc) from exc
+        except api.ApiError as exc:
+            if exc.status != api.NOT_FOUND:
+                raise
 
     def replace_status(self, kind: api.Kind, obj: Obj) -> Obj:
         """PUT status."""
-        try:
-            status_cls = _resource(kind).Status
-            return _plain(self._client.replace(status_cls.from_dict(copy.deepcopy(obj))))
-        except LightkubeApiError as exc:
-            raise _error(exc) from exc
+        body = _resource(kind).Status.from_dict(copy.deepcopy(obj))
+        return _plain(_request(lambda: self._client.replace(body)))
 
     def evict(self, namespace: str, name: str) -> None:
-        """Evict (policy/v1beta1 body: Kubernetes 1.20 has no policy/v1 Eviction)."""
+        """Evict through policy/v1 (policy/v1beta1 is gone since Kubernetes 1.25); a server
+        older than 1.22, which has only policy/v1beta1, gets that body instead."""
         from lightkube.resources.core_v1 import Pod  # noqa: PLC0415 - only when draining
 
-        body = {
-            "apiVersion": "policy/v1beta1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": namespace},
-        }
-        try:
+        def send(version: str) -> None:
+            body = {
+                "apiVersion": version,
+                "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace},
+            }
             eviction: Any = Pod.Eviction.from_dict(body)
-            self._client.create(eviction, name=name, namespace=namespace)
-        except LightkubeApiError as exc:
-            if exc.status.code != api.NOT_FOUND:
-                raise _error(exc) from exc
+            _request(lambda: self._client.create(eviction, name=name, namespace=namespace))
+
+        try:
+            send(self._eviction_version)
+        except api.ApiError as exc:
+            unknown_version = (
+                exc.status in (400, api.NOT_FOUND) and "policy/v1" in exc.message
+            ) or "could not find the requested resource" in exc.message
+            if self._eviction_version == EVICTION_V1 and unknown_version:
+                self._eviction_version = EVICTION_V1BETA1
+                try:
+                    send(self._eviction_version)
+                except api.ApiError as again:
+                    if again.status != api.NOT_FOUND:
+                        raise
+                return
+            if exc.status != api.NOT_FOUND:
+                raise
 
     def served(self, kind: api.Kind) -> bool:
         """Whether listing ``kind`` works (404: not served)."""

@@ -1,9 +1,13 @@
 """Leader election on a coordination.k8s.io/v1 Lease, so two operator replicas are safe.
 
-The holder renews the Lease every ``renew`` seconds; another replica takes it only after
-``duration`` seconds without a renewal. Every write carries the Lease's resourceVersion, so when
-two replicas race for an expired Lease the API server lets exactly one of them win (409 for the
-other).
+The holder renews the Lease on its own timer (every few seconds, apart from the reconcile
+passes, which can take longer than the Lease lasts) and stops writing as soon as it has not
+renewed within ``renew_deadline`` seconds, which is shorter than ``duration``: by the time a
+standby may take over, the old leader has stopped. A standby measures the Lease's expiry from
+when it last saw the record change, on its own clock, as client-go does: the holder's
+``renewTime`` was written by another machine's clock and says nothing here. Every write carries
+the Lease's resourceVersion, so when two replicas race for an expired Lease the API server lets
+exactly one of them win (409 for the other).
 """
 
 from __future__ import annotations
@@ -27,12 +31,29 @@ class LeaderElector:
         identity: str,
         duration: int = 15,
         name: str = LEASE_NAME,
+        *,
+        renew_deadline: float | None = None,
     ) -> None:
         self._api = cluster
         self._namespace = namespace
         self._identity = identity
         self._duration = duration
         self._name = name
+        self.renew_deadline = renew_deadline if renew_deadline is not None else duration * 2 / 3
+        if not 0 < self.renew_deadline < duration:
+            raise ValueError(
+                f"the renew deadline ({self.renew_deadline} s) must be shorter than the Lease "
+                f"({duration} s)"
+            )
+        # The other holder's record as last read, and when (our clock) it was first seen so.
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+        # When (our clock) this replica last wrote the Lease as its holder.
+        self._renewed_at: float | None = None
+
+    def leading(self, now: float) -> bool:
+        """Whether this replica may write: it renewed the Lease within the renew deadline."""
+        return self._renewed_at is not None and now - self._renewed_at <= self.renew_deadline
 
     def _spec(self, now: float, transitions: int, acquired: str | None) -> dict[str, Any]:
         stamp = pods.rfc3339(now).replace("Z", ".000000Z")
@@ -59,13 +80,23 @@ class LeaderElector:
                     },
                 )
                 LOG.info("became leader (created Lease %s/%s)", self._namespace, self._name)
+                self._renewed_at = now
                 return True
             spec = lease.get("spec") or {}
             holder = spec.get("holderIdentity")
-            renewed = pods.timestamp(spec.get("renewTime"))
+            record = (
+                holder,
+                spec.get("renewTime"),
+                spec.get("acquireTime"),
+                spec.get("leaseTransitions"),
+                lease.get("metadata", {}).get("resourceVersion"),
+            )
+            if record != self._observed:
+                self._observed, self._observed_at = record, now
             duration = int(spec.get("leaseDurationSeconds") or self._duration)
-            expired = renewed is None or now - renewed > duration
+            expired = now - self._observed_at > duration
             if holder != self._identity and holder and not expired:
+                self._renewed_at = None
                 return False
             transitions = int(spec.get("leaseTransitions") or 0)
             mine = holder == self._identity
@@ -75,6 +106,8 @@ class LeaderElector:
                 spec.get("acquireTime") if mine else None,
             )
             self._api.replace(api.LEASE, lease)
+            self._renewed_at = now
+            self._observed = None
             if not mine:
                 LOG.info("became leader (Lease %s/%s, was %s)", self._namespace, self._name, holder)
             return True
@@ -85,6 +118,7 @@ class LeaderElector:
 
     def release(self) -> None:
         """Give the Lease up at shutdown, so a standby replica takes over at once."""
+        self._renewed_at = None
         try:
             lease = self._api.get(api.LEASE, self._name, self._namespace)
             if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self._identity:

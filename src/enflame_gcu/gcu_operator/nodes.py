@@ -67,7 +67,7 @@ class NodeView:
         return all(k in self.pods and pods.ready(self.pods[k]) for k in self.components)
 
 
-def _in_scope(node: Mapping[str, Any], component: rs.Component) -> bool:
+def in_scope(node: Mapping[str, Any], component: rs.Component) -> bool:
     node_labels = node.get("metadata", {}).get("labels") or {}
     return all(node_labels.get(k) == v for k, v in component.node_selector)
 
@@ -99,7 +99,7 @@ def view(
     wanted = []
     for key in DAEMON_KEYS:
         component = spec.components.get(key)
-        if component is None or not _in_scope(node, component):
+        if component is None or not in_scope(node, component):
             continue
         if (
             key == rs.TOOLKIT

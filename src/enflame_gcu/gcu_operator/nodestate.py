@@ -25,6 +25,8 @@ class NodeState:
     validation_message: str = ""
     upgrading: str = ""
     cordoned: bool = False
+    # When (seconds since the epoch) the node's upgrade began: its drain times out from here.
+    since: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form (sorted labels, so equal states compare equal as text)."""
@@ -37,6 +39,7 @@ class NodeState:
             },
             "upgrading": self.upgrading,
             "cordoned": self.cordoned,
+            **({"since": self.since} if self.since else {}),
         }
 
 
@@ -63,6 +66,7 @@ def read(node: Mapping[str, Any], resource: str) -> NodeState:
         validation_message=str(validation.get("message") or ""),
         upgrading=str(raw.get("upgrading") or ""),
         cordoned=bool(raw.get("cordoned")),
+        since=float(raw["since"]) if isinstance(raw.get("since"), int | float) else 0.0,
     )
 
 

@@ -44,13 +44,26 @@ def needs_update(want: Mapping[str, Any], have: Mapping[str, Any]) -> bool:
         if not is_subset(meta_want.get(field) or {}, meta_have.get(field) or {}):
             return True
     if want.get("kind") == "DaemonSet":
-        # The template's hash stands for the whole template (server defaults do not change it).
-        return not is_subset(
-            {k: v for k, v in want["spec"].items() if k != "template"}, have.get("spec", {})
-        ) or not is_subset(
-            want["spec"]["template"]["metadata"], have["spec"]["template"]["metadata"]
-        )
+        return _template_drifted(want["spec"], have.get("spec") or {})
     return not is_subset(want.get("spec", {}), have.get("spec", {}))
+
+
+def _template_drifted(want: Mapping[str, Any], have: Mapping[str, Any]) -> bool:
+    """Whether a DaemonSet's spec differs from ours: everything we set must be there as we set
+    it (the server's defaults are extra fields, which is_subset ignores), and the maps that
+    decide where pods run or what they are (nodeSelector, the template's labels) exactly."""
+    if not is_subset({k: v for k, v in want.items() if k != "template"}, have):
+        return True
+    template = want["template"]
+    have_template = have.get("template") or {}
+    if not is_subset(template, have_template):
+        return True  # a hand-edited image, argument, volume, probe, toleration...
+    have_spec = have_template.get("spec") or {}
+    if (template["spec"].get("nodeSelector") or {}) != (have_spec.get("nodeSelector") or {}):
+        return True  # a key added by hand would narrow (or move) where the pods run
+    return (template["metadata"].get("labels") or {}) != (
+        (have_template.get("metadata") or {}).get("labels") or {}
+    )
 
 
 def replacement(want: Mapping[str, Any], have: Mapping[str, Any]) -> Obj:

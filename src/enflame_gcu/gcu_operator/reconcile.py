@@ -42,6 +42,14 @@ class Observed:
     now: float
     # Pods that use GCUs (read only when drain is on), for cordon + drain.
     gcu_pods: Sequence[Mapping[str, Any]] = ()
+    # Why this resource must deploy nothing: an older resource owns its components' nodes.
+    conflict: str = ""
+    # The DRA driver's ServiceAccount (the chart's <release>-dra-plugin).
+    dra_service_account: str = components.DRA_SERVICE_ACCOUNT
+    # Namespaces this operator may deploy components to (empty: any).
+    allowed_namespaces: frozenset[str] = frozenset()
+    # Evictions the API refused last pass (429: a PodDisruptionBudget), by "namespace/name".
+    blocked: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,6 +70,10 @@ class _Work:
     )
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
     conflicts: list[str] = dataclasses.field(default_factory=list)
+    # Pod deletions of a rollout: carried out only after the nodes' intent is written.
+    after_intent: list[Action] = dataclasses.field(default_factory=list)
+    drain_failed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    drain_blocked: list[str] = dataclasses.field(default_factory=list)
 
 
 def _name(observed: Observed) -> str:
@@ -124,7 +136,7 @@ def _sync_objects(observed: Observed, want: Mapping[str, Obj], work: _Work) -> s
     uid = _uid(observed)
     conflicted: set[str] = set()
     wanted_keys = set()
-    for key in rs.ORDER:
+    for key in (*rs.ORDER, *components.EXTRA_KEYS):
         obj = want.get(key)
         if obj is None:
             continue
@@ -133,6 +145,8 @@ def _sync_objects(observed: Observed, want: Mapping[str, Obj], work: _Work) -> s
         have = observed.objects.get(k)
         if have is None:
             work.actions.append(Create(obj))
+        elif key == components.RUNTIME_CLASS_KEY and have.get("handler") == obj["handler"]:
+            continue  # the chart's or a hand-made RuntimeClass enflame: the same thing, kept
         elif not objects.owned_by(have, uid):
             conflicted.add(key)
             work.conflicts.append(
@@ -145,6 +159,25 @@ def _sync_objects(observed: Observed, want: Mapping[str, Obj], work: _Work) -> s
         if k not in wanted_keys and objects.owned_by(have, uid):
             work.actions.append(Delete(str(have["apiVersion"]), k[0], k[1] or None, k[2]))
     return conflicted
+
+
+def _forbidden(observed: Observed, spec: rs.ResourceSpec, work: _Work) -> set[str]:
+    """Components whose namespace this operator may not deploy to (reported, not deployed)."""
+    allowed = observed.allowed_namespaces
+    out = set()
+    for key, component in spec.components.items():
+        if allowed and component.namespace not in allowed:
+            out.add(key)
+            work.conflicts.append(
+                f"spec.{key}.namespace {component.namespace} is not a namespace this operator "
+                f"deploys to (allowed: {', '.join(sorted(allowed))}; the chart's "
+                "operator.componentNamespaces)"
+            )
+    return out
+
+
+def _namespaces_of(spec: rs.ResourceSpec, keys: set[str]) -> set[str]:
+    return {spec.components[k].namespace for k in keys}
 
 
 def _removal_rank(obj: Mapping[str, Any]) -> int:
@@ -198,7 +231,14 @@ def _validate(
         return state
     if ready and component is not None and state.validated_target != target:
         live = {p["metadata"]["name"] for p in validator_pods}
-        pod_obj = components.validator_pod(observed.resource, component, view.name, target)
+        pod_obj = components.validator_pod(
+            observed.resource,
+            component,
+            view.name,
+            target,
+            mode=view.mode,
+            node_mode=spec.node_mode,
+        )
         if pod_obj["metadata"]["name"] not in live:
             work.actions.append(Create(pod_obj))
     return state
@@ -215,7 +255,7 @@ def _drained(observed: Observed, view: nodes.NodeView, work: _Work) -> bool:
     ]
     for pod in left:
         if not pod["metadata"].get("deletionTimestamp"):
-            work.actions.append(Evict(pod["metadata"]["namespace"], pod["metadata"]["name"]))
+            work.after_intent.append(Evict(pod["metadata"]["namespace"], pod["metadata"]["name"]))
     return not left
 
 
@@ -253,6 +293,13 @@ def _roll(
             return st.validation_message or "validation failed"
         return ""
 
+    def available(view: nodes.NodeView) -> bool:
+        target = view.running_target()
+        st = states[view.name]
+        return view.all_ready() and (
+            not validating or (st.validated_target == target and st.validated_ok)
+        )
+
     in_progress: list[nodes.NodeView] = []
     pending: list[nodes.NodeView] = []
     for view in views:
@@ -265,19 +312,50 @@ def _roll(
         elif view.outdated(hashes):
             pending.append(view)
     failed = [(v.name, r) for v in in_progress if (r := failing(v))]
-    budget = max_unavailable(spec.upgrade.max_unavailable, len(views)) - len(in_progress)
+    # maxUnavailable holds at every moment: nodes being upgraded and nodes that are down for
+    # any other reason (not ready, not validated) both count, and a node's pods are deleted
+    # only after its intent (upgrading) is written (see plan(): after_intent).
+    limit = max_unavailable(spec.upgrade.max_unavailable, len(views))
+    down = {v.name for v in in_progress} | {v.name for v in views if not available(v)}
     # Broken nodes first: a rollback repairs the node that failed before touching healthy ones.
     pending.sort(key=lambda v: (v.all_ready(), v.name))
-    started = [] if failed else pending[: max(0, budget)]
+    started: list[nodes.NodeView] = []
+    for view in [] if failed else pending:
+        # A node that is down already costs nothing more; a healthy one needs room.
+        if view.name not in down:
+            if len(down) >= limit:
+                continue
+            down.add(view.name)
+        started.append(view)
     for view in started:
         states[view.name] = dataclasses.replace(
-            states[view.name], upgrading=view.desired_target(hashes), cordoned=spec.upgrade.drain
+            states[view.name],
+            upgrading=view.desired_target(hashes),
+            cordoned=spec.upgrade.drain,
+            since=observed.now,
         )
     failed_names = {name for name, _ in failed}
     for view in [*in_progress, *started]:
         if view.name in failed_names:
             continue
         if spec.upgrade.drain and not _drained(observed, view, work):
+            left = _left_on(observed, view)
+            blocked = [p for p in left if p in observed.blocked]
+            started_at = states[view.name].since
+            timeout = spec.upgrade.drain_timeout
+            if timeout and started_at and observed.now - started_at > timeout:
+                work.drain_failed.append(
+                    (
+                        view.name,
+                        f"drain timed out after {timeout} s; GCU pods still there: "
+                        + ", ".join(left)
+                        + (" (evictions blocked by a PodDisruptionBudget)" if blocked else ""),
+                    )
+                )
+            elif blocked:
+                work.drain_blocked.append(
+                    f"drain of {view.name} blocked by a PodDisruptionBudget: {', '.join(blocked)}"
+                )
             continue
         outdated = view.outdated(hashes)
         toolkit_pod = view.pods.get(rs.TOOLKIT)
@@ -291,15 +369,26 @@ def _roll(
             if key != rs.TOOLKIT and not toolkit_current:
                 continue
             pod = view.pods[key]
-            work.actions.append(
+            work.after_intent.append(
                 Delete("v1", "Pod", pod["metadata"]["namespace"], pod["metadata"]["name"])
             )
     waiting = [v.name for v in pending if v not in started]
     return status.Rollout(
         upgrading=tuple(sorted(v.name for v in [*in_progress, *started])),
         waiting=tuple(waiting),
-        failed=tuple(failed),
+        failed=tuple(failed) + tuple(work.drain_failed),
+        blocked=tuple(work.drain_blocked),
     )
+
+
+def _left_on(observed: Observed, view: nodes.NodeView) -> list[str]:
+    return [
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        for p in observed.gcu_pods
+        if pods.node_of(p) == view.name
+        and pods.requests_gcu(p)
+        and pods.phase(p) in ("Pending", "Running")
+    ]
 
 
 def _desired_labels(
@@ -336,14 +425,31 @@ def plan(observed: Observed) -> Plan:
     """The actions that move the cluster towards the resource, and the status to report."""
     if observed.resource["metadata"].get("deletionTimestamp"):
         return _plan_removal(observed)
+    if observed.conflict:
+        report = status.ignored(observed.resource, observed.conflict, observed.now)
+        same = report == observed.resource.get("status")
+        return Plan(() if same else (status.write(report),), report)
     work = _Work()
     resource = _name(observed)
     finalizers = tuple(observed.resource["metadata"].get("finalizers") or ())
     if rs.FINALIZER not in finalizers:
         work.actions.append(SetFinalizers((*finalizers, rs.FINALIZER)))
     spec = rs.parse(observed.resource.get("spec"))
-    want = components.desired(observed.resource, spec)
-    conflicted = _sync_objects(observed, want, work)
+    want = components.desired(
+        observed.resource, spec, observed.dra_served, observed.dra_service_account
+    )
+    forbidden = _forbidden(observed, spec, work)
+    if forbidden:
+        want = {
+            k: v
+            for k, v in want.items()
+            if k not in forbidden
+            and (v["metadata"].get("namespace") or "") not in _namespaces_of(spec, forbidden)
+        }
+        spec = dataclasses.replace(
+            spec, components={k: c for k, c in spec.components.items() if k not in forbidden}
+        )
+    conflicted = _sync_objects(observed, want, work) | forbidden
     hashes = {
         key: obj["spec"]["template"]["metadata"]["annotations"][names.TEMPLATE_HASH]
         for key, obj in want.items()
@@ -355,7 +461,10 @@ def plan(observed: Observed) -> Plan:
     for pod in observed.pods:
         pod_labels = pod["metadata"].get("labels") or {}
         if pod_labels.get(names.COMPONENT_LABEL) == rs.VALIDATOR:
-            validators.setdefault(str(pod_labels.get("enflame.com/gcu.node")), []).append(pod)
+            node = (pod["metadata"].get("annotations") or {}).get(
+                names.VALIDATOR_NODE, pod_labels.get(names.VALIDATOR_NODE)
+            )
+            validators.setdefault(str(node), []).append(pod)
         else:
             pods_by_node.setdefault(pods.node_of(pod), []).append(pod)
     views = [
@@ -384,6 +493,7 @@ def plan(observed: Observed) -> Plan:
             gone = nodes.NodeView(name, node, "none", "", (), {}, state)
             _set_node(work, gone, dict.fromkeys(state.labels), nodestate.NodeState())
     _node_patch_actions(observed, work, by_name)
+    work.actions.extend(work.after_intent)
     report = status.build(
         observed.resource,
         spec=spec,
@@ -402,11 +512,27 @@ def plan(observed: Observed) -> Plan:
     return Plan(tuple(actions), report)
 
 
+# Seconds a removal waits for component pods on NotReady nodes before it leaves them behind.
+REMOVAL_GRACE = 300.0
+
+
+def _node_ready(node: Mapping[str, Any] | None) -> bool:
+    if node is None:
+        return False
+    conditions = (node.get("status") or {}).get("conditions")
+    if not conditions:
+        return True  # no kubelet report at all (a node object without status): not judged
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
 def _plan_removal(observed: Observed) -> Plan:
     """Deleting: components in reverse order, the toolkit (its undo) last, then the finalizer."""
     work = _Work()
     resource, uid = _name(observed), _uid(observed)
     stages = ((rs.VALIDATOR, rs.GFD, rs.EXPORTER), (rs.DRA, rs.DEVICE_PLUGIN), (rs.TOOLKIT,))
+    stuck: list[str] = []
+    deleted_at = pods.timestamp(observed.resource["metadata"].get("deletionTimestamp"))
+    deleting_for = observed.now - deleted_at if deleted_at is not None else 0.0
     by_name = {str(n["metadata"]["name"]): n for n in observed.nodes}
     done_stages = 0
     for stage in stages:
@@ -421,6 +547,16 @@ def _plan_removal(observed: Observed) -> Plan:
             for p in observed.pods
             if (p["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL) in stage
         ]
+        # A pod on a NotReady node never finishes terminating (no kubelet confirms it): named
+        # in the status, and after REMOVAL_GRACE seconds left behind, saying so.
+        unreachable = [p for p in live if not _node_ready(by_name.get(pods.node_of(p)))]
+        if unreachable:
+            stuck.extend(
+                f"{p['metadata']['namespace']}/{p['metadata']['name']} on {pods.node_of(p)}"
+                for p in unreachable
+            )
+            if deleting_for > REMOVAL_GRACE:
+                live = [p for p in live if p not in unreachable]
         for obj in owned:
             k = objects.key(obj)
             work.actions.append(Delete(str(obj["apiVersion"]), k[0], k[1] or None, k[2]))
@@ -457,7 +593,14 @@ def _plan_removal(observed: Observed) -> Plan:
             f for f in observed.resource["metadata"].get("finalizers") or () if f != rs.FINALIZER
         )
         return Plan((SetFinalizers(finalizers),), dict(observed.resource.get("status") or {}))
-    report = status.removing(observed.resource, done_stages, len(stages), observed.now)
+    report = status.removing(
+        observed.resource,
+        done_stages,
+        len(stages),
+        observed.now,
+        stuck=stuck,
+        given_up=deleting_for > REMOVAL_GRACE,
+    )
     actions = work.actions
     if report != observed.resource.get("status"):
         actions.append(status.write(report))

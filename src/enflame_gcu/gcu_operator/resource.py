@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from enflame_gcu import __version__
+from enflame_gcu.gcu_operator import names
 
 GROUP = "topscloud.enflame.com"
 LEGACY_GROUP = "topsops.enflame.com"
@@ -170,6 +171,17 @@ def _component(
         version = DEFAULT_VERSION
     if raw.get("command"):
         out.append(Unsupported(f"{path}.command", "our images have their own entry point"))
+    selector = _pairs(raw.get("nodeSelector"))
+    ours_only = tuple(k for k, _ in selector if k.startswith(names.DEPLOY_LABEL_PREFIX))
+    for k in ours_only:
+        out.append(
+            Unsupported(
+                f"{path}.nodeSelector.{k}",
+                "the operator sets enflame.com/gcu.deploy.* labels itself (they decide where "
+                "each component runs and when); ignored",
+            )
+        )
+    selector = tuple((k, v) for k, v in selector if k not in ours_only)
     return Component(
         key=key,
         name=str(raw.get("name") or DEFAULT_NAMES[key]),
@@ -177,7 +189,7 @@ def _component(
         image=f"{repository}/{image}:{version}" if image else "",
         pull_policy=str(raw.get("imagePullPolicy") or "IfNotPresent"),
         env=_env(raw.get("env")),
-        node_selector=_pairs(raw.get("nodeSelector")),
+        node_selector=selector,
         args=tuple(str(a) for a in raw.get("args") or ()),
     )
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from enflame_gcu.gcu_operator import api, components, names, objects, pods, reconcile
+from enflame_gcu.gcu_operator import api, components, names, nodes, objects, pods, reconcile
 from enflame_gcu.gcu_operator import resource as rs
 from enflame_gcu.gcu_operator.actions import (
     Action,
@@ -24,11 +24,27 @@ from enflame_gcu.gcu_operator.actions import (
     Replace,
     SetFinalizers,
     WriteStatus,
+    describe,
 )
 
 LOG = logging.getLogger(__name__)
 Obj = dict[str, Any]
 GROUPS = (api.GCU_RESOURCE, api.LEGACY_GCU_RESOURCE)
+# Phases in which nothing moves until something changes (the main loop then backs off).
+SETTLED = frozenset({"Running", "Ignored", "Failed"})
+# A refused resource waits this long before its next try, doubling up to MAX_BACKOFF.
+BACKOFF_START = 5.0
+MAX_BACKOFF = 300.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Backoff:
+    """A resource whose last action was refused: when to try again."""
+
+    generation: int
+    failures: int
+    next_try: float
+    message: str
 
 
 @dataclasses.dataclass(slots=True)
@@ -38,35 +54,66 @@ class PassResult:
     resource: str
     actions: int = 0
     error: str = ""
+    # Nothing in progress: Running, Ignored or a stopped (Failed) rollout, and nothing done.
+    settled: bool = False
 
 
 def _labelled(resource: Mapping[str, Any]) -> dict[str, str]:
     return {names.RESOURCE_LABEL: str(resource["metadata"]["uid"])}
 
 
-class Operator:
-    """Reconciles every GcuResource of both groups; stateless between passes."""
+class NotLeading(api.ApiError):
+    """This replica's Lease was not renewed within the deadline: it must not write."""
 
-    def __init__(self, cluster: api.ClusterApi, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self) -> None:
+        super().__init__(api.UNREACHABLE, "not leading: the Lease was not renewed in time")
+
+
+class Operator:
+    """Reconciles every GcuResource of both groups; stateless between passes.
+
+    ``may_write`` is asked before every write (the leader elector's renew deadline): a pass that
+    outlives the Lease stops at its next write instead of racing the new leader.
+    """
+
+    def __init__(
+        self,
+        cluster: api.ClusterApi,
+        clock: Callable[[], float] = time.time,
+        may_write: Callable[[], bool] = lambda: True,
+        allowed_namespaces: frozenset[str] = frozenset(),
+        dra_service_account: str = components.DRA_SERVICE_ACCOUNT,
+    ) -> None:
         self._api = cluster
         self._clock = clock
+        self._may_write = may_write
+        self._allowed_namespaces = allowed_namespaces
+        self._dra_service_account = dra_service_account
         self._dra_served: bool | None = None
+        self._backoff: dict[str, _Backoff] = {}
+        # Evictions a PodDisruptionBudget refused in the last pass, per resource uid.
+        self._blocked: dict[str, dict[str, str]] = {}
 
     def observe(self, kind: api.Kind, resource: Mapping[str, Any]) -> reconcile.Observed:
         """Read what one reconcile needs."""
         spec = rs.parse(resource.get("spec"))
         found: dict[objects.Key, Obj] = {}
-        for obj_kind in (api.DAEMONSET, api.SERVICE):
+        if self._dra_served is None:
+            self._dra_served = self._api.served(api.DEVICE_CLASS)
+        kinds = [api.DAEMONSET, api.SERVICE, api.NETWORK_POLICY, api.RUNTIME_CLASS]
+        if self._dra_served:
+            kinds.append(api.RESOURCE_CLAIM_TEMPLATE)
+        for obj_kind in kinds:
             for obj in self._api.list(obj_kind, labels=_labelled(resource)):
                 found[objects.key(obj)] = obj
-        for obj in components.desired(resource, spec).values():
+        for obj in components.desired(
+            resource, spec, self._dra_served, self._dra_service_account
+        ).values():
             k = objects.key(obj)
             if k not in found:
                 have = self._api.get(api.BY_KIND[k[0]], k[2], k[1] or None)
                 if have is not None:
                     found[k] = have
-        if self._dra_served is None:
-            self._dra_served = self._api.served(api.DEVICE_CLASS)
         gcu_pods: list[Obj] = []
         if spec.upgrade.drain:
             gcu_pods = [p for p in self._api.list(api.POD) if _uses_gcu(p)]
@@ -82,6 +129,8 @@ class Operator:
 
     def apply(self, kind: api.Kind, resource: Obj, action: Action) -> None:
         """Carry out one action."""
+        if not self._may_write():
+            raise NotLeading()
         if isinstance(action, Create):
             try:
                 self._api.create(api.BY_KIND[action.obj["kind"]], action.obj)
@@ -95,7 +144,15 @@ class Operator:
         elif isinstance(action, PatchNode):
             self._api.patch(api.NODE, action.name, action.patch)
         elif isinstance(action, Evict):
-            self._api.evict(action.namespace, action.name)
+            try:
+                self._api.evict(action.namespace, action.name)
+            except api.ApiError as exc:
+                if exc.status != api.TOO_MANY_REQUESTS:
+                    raise
+                # A PodDisruptionBudget says not now: the drain waits (and says so), the pass
+                # goes on to write the status.
+                blocked = self._blocked.setdefault(str(resource["metadata"].get("uid")), {})
+                blocked[f"{action.namespace}/{action.name}"] = exc.message
         elif isinstance(action, SetFinalizers):
             meta = resource["metadata"]
             self._api.patch(
@@ -114,33 +171,194 @@ class Operator:
                 current["status"] = action.status
                 self._api.replace_status(kind, current)
 
-    def reconcile(self, kind: api.Kind, resource: Obj) -> PassResult:
-        """Observe, plan and apply for one resource."""
-        result = PassResult(str(resource["metadata"]["name"]))
+    def reconcile(self, kind: api.Kind, resource: Obj, conflict: str = "") -> PassResult:
+        """Observe, plan and apply for one resource (``conflict``: why it must deploy nothing).
+
+        An action the API server refuses (a namespace that does not exist, an invalid label) is
+        not retried every pass: the resource's status says which object and why (condition
+        reason Refused), an Event says it once, and the resource waits a doubling delay (from
+        one pass up to MAX_BACKOFF seconds) before it is tried again; a spec change (a new
+        generation) retries at once.
+        """
+        meta = resource["metadata"]
+        result = PassResult(str(meta["name"]))
+        backoff = self._backoff.get(str(meta.get("uid")))
+        generation = int(meta.get("generation") or 0)
+        waiting = backoff is not None and backoff.generation == generation
+        if backoff is not None and waiting and self._clock() < backoff.next_try:
+            result.error = backoff.message
+            return result
+        action: Action | None = None
         try:
-            plan = reconcile.plan(self.observe(kind, resource))
+            observed = dataclasses.replace(
+                self.observe(kind, resource),
+                conflict=conflict,
+                allowed_namespaces=self._allowed_namespaces,
+                dra_service_account=self._dra_service_account,
+                blocked=self._blocked.pop(str(meta.get("uid")), {}),
+            )
+            plan = reconcile.plan(observed)
             for action in plan.actions:
                 self.apply(kind, resource, action)
                 result.actions += 1
+            result.settled = not result.actions and plan.status.get("phase") in SETTLED
         except api.ApiError as exc:
+            if exc.status == api.UNREACHABLE:
+                raise  # the whole pass stops; the main loop says so once and backs off
             result.error = str(exc)
-            LOG.warning("reconcile of %s stopped: %s (next pass retries)", result.resource, exc)
+            if exc.status == api.CONFLICT or action is None:
+                # A lost race (stale resourceVersion) or a failed read: the next pass re-reads.
+                LOG.warning("reconcile of %s stopped: %s (next pass retries)", result.resource, exc)
+                return result
+            self._refused(
+                kind,
+                resource=resource,
+                report=plan.status,
+                action=action,
+                exc=exc,
+                generation=generation,
+            )
+            return result
+        self._backoff.pop(str(meta.get("uid")), None)
         return result
 
+    def _refused(
+        self,
+        kind: api.Kind,
+        *,
+        resource: Obj,
+        report: Obj,
+        action: Action,
+        exc: api.ApiError,
+        generation: int,
+    ) -> None:
+        meta = resource["metadata"]
+        uid = str(meta.get("uid"))
+        message = f"the API server refused to {describe(action)}: {exc}"
+        previous = self._backoff.get(uid)
+        failures = previous.failures + 1 if previous and previous.generation == generation else 1
+        delay = min(MAX_BACKOFF, BACKOFF_START * 2 ** (failures - 1))
+        self._backoff[uid] = _Backoff(generation, failures, self._clock() + delay, message)
+        if previous is not None and previous.message == message:
+            LOG.debug("%s: %s (again; next try in %.0f s)", meta["name"], message, delay)
+        else:
+            LOG.warning("%s: %s (next try in %.0f s)", meta["name"], message, delay)
+        condition = {
+            "action": "deploy",
+            "status": "failed",
+            "progress": 0,
+            "reason": "Refused",
+            "message": message,
+            "lastUpdateTime": pods.rfc3339(self._clock()),
+        }
+        try:
+            current = self._api.get(kind, str(meta["name"]))
+            if current is not None:
+                old = [c for c in (current.get("status") or {}).get("conditions") or []]
+                if not any(c.get("message") == message for c in old):
+                    current["status"] = {**report, "phase": "Failed", "conditions": [condition]}
+                    self._api.replace_status(kind, current)
+                    self._event(resource, message)
+        except api.ApiError as again:
+            LOG.warning("%s: could not report the refusal: %s", meta["name"], again)
+
+    def _event(self, resource: Obj, message: str) -> None:
+        """A Warning Event on the resource (cluster-scoped: the Event lives in default)."""
+        meta = resource["metadata"]
+        now = pods.rfc3339(self._clock())
+        self._api.create(
+            api.EVENT,
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {
+                    "name": f"{meta['name']}.{int(self._clock() * 1000):x}",
+                    "namespace": "default",
+                },
+                "involvedObject": {
+                    "apiVersion": resource.get("apiVersion"),
+                    "kind": rs.KIND,
+                    "name": meta["name"],
+                    "uid": meta.get("uid"),
+                },
+                "reason": "Refused",
+                "message": message[:1024],
+                "type": "Warning",
+                "source": {"component": names.OPERATOR},
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            },
+        )
+
     def run_once(self) -> list[PassResult]:
-        """One pass over every GcuResource in both groups."""
-        results = []
+        """One pass over every GcuResource in both groups, oldest first: the first resource to
+        want a component on a node owns it there; a later one that wants the same is ignored
+        (status Ignored, reason Conflict) and deploys nothing until the owner is gone."""
+        found: list[tuple[api.Kind, Obj]] = []
         for kind in GROUPS:
             try:
-                found = self._api.list(kind)
+                listed = self._api.list(kind)
             except api.ApiError as exc:
                 if exc.status == api.NOT_FOUND:
                     continue  # that group's CRD is not installed
                 raise
-            for resource in found:
+            for resource in listed:
                 resource.setdefault("apiVersion", kind.api_version)
-                results.append(self.reconcile(kind, resource))
+                found.append((kind, resource))
+        if not found:
+            return []
+        found.sort(key=lambda item: ownership_order(item[1]))
+        gcu_nodes = [n for n in self._api.list(api.NODE) if nodes.is_gcu_node(n)]
+        owners: list[tuple[str, set[tuple[str, str]]]] = []
+        results = []
+        for kind, resource in found:
+            wants = claims(resource, gcu_nodes)
+            conflict = ""
+            for owner, owned in owners:
+                both = sorted(wants & owned)
+                if both:
+                    shown = ", ".join(f"{key} on {node}" for key, node in both[:5])
+                    more = f" and {len(both) - 5} more" if len(both) > 5 else ""
+                    conflict = (
+                        f"{owner} (created earlier) already deploys {shown}{more}; this resource "
+                        "deploys nothing until that one is deleted or no longer wants them"
+                    )
+                    break
+            if not conflict:
+                owners.append((_display(resource), wants))
+            results.append(self.reconcile(kind, resource, conflict))
         return results
+
+
+def _display(resource: Mapping[str, Any]) -> str:
+    group = str(resource.get("apiVersion", "")).rpartition("/")[0]
+    return f"GcuResource {resource['metadata']['name']} ({group})"
+
+
+def ownership_order(resource: Mapping[str, Any]) -> tuple[float, str, str]:
+    """Older first; same second: by name, then group (a stable order on every replica)."""
+    meta = resource["metadata"]
+    created = pods.timestamp(meta.get("creationTimestamp"))
+    return (
+        created if created is not None else float("inf"),
+        str(meta.get("name")),
+        str(resource.get("apiVersion")),
+    )
+
+
+def claims(resource: Mapping[str, Any], gcu_nodes: list[Obj]) -> set[tuple[str, str]]:
+    """(component, node) pairs the resource's node daemons would run on."""
+    spec = rs.parse(resource.get("spec"))
+    out: set[tuple[str, str]] = set()
+    for key in nodes.DAEMON_KEYS:
+        component = spec.components.get(key)
+        if component is None:
+            continue
+        for node in gcu_nodes:
+            if nodes.in_scope(node, component):
+                out.add((key, str(node["metadata"]["name"])))
+    return out
 
 
 def _uses_gcu(pod: Mapping[str, Any]) -> bool:

@@ -21,6 +21,7 @@ class Rollout:
     upgrading: tuple[str, ...] = ()
     waiting: tuple[str, ...] = ()
     failed: tuple[tuple[str, str], ...] = ()
+    blocked: tuple[str, ...] = ()
 
 
 def _node_report(
@@ -143,6 +144,8 @@ def build(
         message = f"upgrading {', '.join(rollout.upgrading) or '-'}"
         if rollout.waiting:
             message += f"; waiting: {', '.join(rollout.waiting)}"
+        if rollout.blocked:
+            message += "; " + "; ".join(rollout.blocked)
     elif ready_count < len(keys):
         phase, action, state = "Deploying", "deploy", "deploying"
         message = "waiting for " + ", ".join(k for k in keys if not component_ready[k])
@@ -174,15 +177,52 @@ def build(
     }
 
 
-def removing(resource: Mapping[str, Any], done: int, stages: int, now: float) -> Obj:
+def ignored(resource: Mapping[str, Any], message: str, now: float) -> Obj:
+    """The status of a resource that deploys nothing: an older one owns its nodes."""
+    old = dict(resource.get("status") or {})
+    condition = {
+        "action": "deploy",
+        "status": "ignored",
+        "progress": 0,
+        "reason": "Conflict",
+        "message": message,
+    }
+    return {
+        "observedGeneration": int(resource["metadata"].get("generation") or 0),
+        "phase": "Ignored",
+        "readyResource": "0/0",
+        "clusterGCUNodes": [],
+        "conditions": [_keep_time(old, condition, now)],
+        "resourceStatuses": [],
+        "nodes": [],
+    }
+
+
+def removing(
+    resource: Mapping[str, Any],
+    done: int,
+    stages: int,
+    now: float,
+    *,
+    stuck: Sequence[str] = (),
+    given_up: bool = False,
+) -> Obj:
     """The status while the resource's components are being removed."""
     old = dict(resource.get("status") or {})
+    message = f"removing components in reverse order: {done}/{stages} stages done"
+    if stuck and given_up:
+        message += (
+            "; left behind on NotReady nodes (their kubelet never confirmed; a toolkit there "
+            "did not undo its changes: run enflame-ctk uninstall on the node): " + ", ".join(stuck)
+        )
+    elif stuck:
+        message += "; waiting for pods on NotReady nodes: " + ", ".join(stuck)
     condition = {
         "action": "delete",
         "status": "deleting",
         "progress": done * 100 // stages,
         "reason": "Deleting",
-        "message": f"removing components in reverse order: {done}/{stages} stages done",
+        "message": message,
     }
     return {**old, "phase": "Deleting", "conditions": [_keep_time(old, condition, now)]}
 
