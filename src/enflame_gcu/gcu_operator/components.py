@@ -125,6 +125,9 @@ def _plugin_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
         f"--node-mode={spec.node_mode}",
         "--health-interval=5",
         f"--metrics-port={METRICS_PORT}",
+        # As the static manifests and the chart's defaults: no card telemetry (it needs the
+        # vendor's libefml mounted, which this DaemonSet does not do).
+        "--telemetry-interval=0",
     ]
     mounts = [
         {"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},
@@ -207,7 +210,8 @@ def _dra_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
             "--shared-slices=0",
             "--unhealthy=taint",
             "--health-interval=5",
-            f"--http-address=:{DRA_HTTP_PORT}",
+            # The pod's own address only, as the chart binds it (never every address).
+            f"--http-address=$(POD_IP):{DRA_HTTP_PORT}",
             *component.args,
         ],
         "ports": [{"name": "http", "containerPort": DRA_HTTP_PORT}],
@@ -221,6 +225,7 @@ def _dra_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
             component,
             [
                 {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                 {"name": "ENFLAME_VISIBLE_DEVICES", "value": "void"},
             ],
         ),
