@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from enflame_gcu.errors import EfsmiError
@@ -226,9 +226,14 @@ class Efsmi:
         args: Sequence[str] = ("-L",) if index is None else ("-i", str(index), "-L")
         return parse_instances(self._run(*args))
 
-    def create_instance(self, index: int, profile_id: str) -> Instance:
-        """Create an instance of ``profile_id`` on a card; returns it (found by its new UUID)."""
-        before = {i.uuid for i in self.instances(index)}
+    def create_instance(
+        self, index: int, profile_id: str, before: Collection[str] | None = None
+    ) -> Instance:
+        """Create an instance of ``profile_id`` on a card; returns it (found by its new UUID).
+
+        ``before``: the card's UUIDs listed just before (saves listing them again)."""
+        if before is None:
+            before = {i.uuid for i in self.instances(index)}
         self._run("-i", str(index), "--drs", "--create-instance", profile_id)
         new = [i for i in self.instances(index) if i.uuid not in before]
         if len(new) != 1:

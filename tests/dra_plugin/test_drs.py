@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from enflame_gcu import efsmi, resourceslices
-from enflame_gcu.dra_plugin import claim_cdi, claims, node
+from enflame_gcu.dra_plugin import checkpoint, claim_cdi, claims, node
 from enflame_gcu.simulation import efsmi_sim
 from tests.dra_plugin import allocator, harness
 from tests.dra_plugin import slices_helpers as helpers
@@ -222,5 +222,46 @@ def test_a_prepared_claim_whose_instance_vanished_is_refused_not_recreated() -> 
             assert instances(where) == []
             assert (await again.unprepare([ref])) == {claim[2]: ""}
             assert again.prepared == {} and again.lost == {}
+
+    asyncio.run(main())
+
+
+def test_a_claim_left_preparing_mid_create_adopts_what_was_created_not_a_second() -> None:
+    """Another instance (a rolling update) died between efsmi's create and its record: the
+    claim is on record as preparing with the card's UUIDs from before the create. The next
+    Prepare adopts the instance that appeared since and destroys any other stray one."""
+
+    async def main() -> None:
+        with drs_node("gcu4") as (where, settings):
+            source = harness.FakeClaims()
+            claim = ("ns", "part", "uid-part")
+            source.add(harness.claim_document(*claim, [("part", "gcu-4-1g-8gb-0")]))
+            prepare, _ = harness.make_driver(where, source, settings)
+            smi = efsmi.Efsmi(settings.efsmi, timeout=30)
+            kept = smi.create_instance(4, "0")  # before the create: not the claim's
+            pending = checkpoint.PreparedClaim(
+                uid=claim[2],
+                namespace="ns",
+                name="part",
+                state=checkpoint.PREPARING,
+                devices=(
+                    checkpoint.PreparedDevice(
+                        request="part",
+                        device="gcu-4-1g-8gb-0",
+                        node_name="gcu4",
+                        drs_profile="1g.8gb",
+                        drs_before=(kept.uuid,),
+                    ),
+                ),
+            )
+            prepare.checkpoint.save({claim[2]: pending})
+            made = smi.create_instance(4, "0")  # what the dead attempt created
+            stray = smi.create_instance(4, "1")  # and something of the wrong profile
+            answer = (await prepare.prepare([claims.ClaimRef(*claim)]))[claim[2]]
+            assert isinstance(answer, list), answer
+            recorded = prepare.prepared[claim[2]].devices[0]
+            assert recorded.drs_uuid == made.uuid and recorded.drs_before is None
+            left = {i["uuid"] for i in instances(where)}
+            assert left == {kept.uuid, made.uuid} and stray.uuid not in left
 
     asyncio.run(main())

@@ -30,8 +30,9 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from enflame_gcu import claim_specs, efsmi, fileio, resourceslices
 from enflame_gcu.dra_plugin import checkpoint, claim_cdi, claims, node, observability
@@ -42,6 +43,10 @@ CHECKPOINT_FILE = "checkpoint.json"
 LOCK_FILE = "serialize.lock"
 LOCK_POLL = 0.01  # seconds between attempts at the lock held by another instance
 SLICES = "slices"
+# A DRS create is not started with less of the kubelet's deadline left than this (or than the
+# slowest create seen, when longer): an answer that cannot arrive in time only makes a retry.
+MIN_CREATE_SECONDS = 1.0
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,8 @@ class Driver:
         self._lock = asyncio.Lock()
         self._claims: dict[str, checkpoint.PreparedClaim] = {}
         self.lost: dict[str, str] = {}  # claim uid -> why its DRS instance is gone
+        self.slowest_create = 0.0  # seconds, the slowest DRS create seen by this process
+        self._running: set[asyncio.Future[Any]] = set()
 
     @property
     def prepared(self) -> Mapping[str, checkpoint.PreparedClaim]:
@@ -211,8 +218,33 @@ class Driver:
 
     # --- Prepare ------------------------------------------------------------------------
 
-    async def prepare(self, refs: Sequence[claims.ClaimRef]) -> dict[str, Outcome]:
-        """Prepare each claim; a failing claim gets its error text, the others go on."""
+    async def prepare(
+        self, refs: Sequence[claims.ClaimRef], deadline: float | None = None
+    ) -> dict[str, Outcome]:
+        """Prepare each claim; a failing claim gets its error text, the others go on.
+
+        ``deadline`` (``time.monotonic()`` seconds) is when the kubelet stops waiting: a DRS
+        create is not started with less time left than one may take. A call cancelled at its
+        deadline does not cut the work in half: it runs to its end (created, found, recorded)
+        and the kubelet's retry finds the claim prepared.
+        """
+        return await self._unsplit(self._prepare_all(refs, deadline))
+
+    async def _unsplit(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``work`` to its end even when the caller is cancelled (the gRPC deadline)."""
+        task = asyncio.ensure_future(work)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return await asyncio.shield(task)
+
+    async def drain(self) -> None:
+        """Wait for calls whose callers gave up but whose work goes on (shutdown, tests)."""
+        while self._running:
+            await asyncio.gather(*list(self._running), return_exceptions=True)
+
+    async def _prepare_all(
+        self, refs: Sequence[claims.ClaimRef], deadline: float | None
+    ) -> dict[str, Outcome]:
         results: dict[str, Outcome] = {}
         try:
             async with self._serialized():
@@ -220,7 +252,7 @@ class Driver:
                     started = time.perf_counter()
                     failure: BaseException | None = None
                     try:
-                        results[ref.uid] = await self._prepare_one(ref)
+                        results[ref.uid] = await self._prepare_one(ref, deadline)
                     except (EnflameError, OSError) as exc:
                         log.warning("prepare of claim %s failed: %s", ref, exc)
                         results[ref.uid] = str(exc)
@@ -249,7 +281,9 @@ class Driver:
         prepared = sum(c.state == checkpoint.PREPARED for c in self._claims.values())
         self.metrics.observe_claims(held, prepared)
 
-    async def _prepare_one(self, ref: claims.ClaimRef) -> list[PreparedDeviceResult]:
+    async def _prepare_one(
+        self, ref: claims.ClaimRef, deadline: float | None = None
+    ) -> list[PreparedDeviceResult]:
         if not ref.uid or not ref.name or not ref.namespace:
             raise ClaimError(f"claim {ref} lacks a namespace, name or uid")
         claims.check_ref(ref)
@@ -262,11 +296,13 @@ class Driver:
             return self._results(existing)
         allocated = await self.source.allocated_devices(ref)
         claim = self._resolve(ref, allocated)
+        if existing is not None:  # still preparing: keep what an earlier attempt created
+            claim = _carry_over(existing, claim)
         self._claims[ref.uid] = claim
         self.checkpoint.save(self._claims)
         try:
             self._fault("after-checkpoint")
-            claim = await self._create_instances(claim)
+            claim = await self._create_instances(claim, deadline)
             self._write_spec(claim)
             self._fault("after-cdi")
         except (EnflameError, OSError):
@@ -274,6 +310,7 @@ class Driver:
             claim_cdi.remove(self.cdi_dir, ref.uid)
             try:
                 await self._destroy_instances(self._claims[ref.uid])
+                await asyncio.to_thread(self._settle_pending, self._claims[ref.uid], None)
             except EfsmiError as exc:  # left for the orphan check at the next start
                 log.warning("cannot destroy the DRS instance of claim %s yet: %s", ref, exc)
             del self._claims[ref.uid]
@@ -300,8 +337,34 @@ class Driver:
             raise ClaimError(f"{card} is not partitioned with DRS on this node")
         return layout.index
 
-    async def _create_instances(self, claim: checkpoint.PreparedClaim) -> checkpoint.PreparedClaim:
-        """Create each DRS partition's instance, recording it before going on."""
+    def create_budget(self) -> float:
+        """The time a DRS create may take: the slowest seen here, at least the floor."""
+        return max(MIN_CREATE_SECONDS, self.slowest_create)
+
+    def _check_deadline(
+        self, claim: checkpoint.PreparedClaim, card: str, deadline: float | None
+    ) -> None:
+        if deadline is None:
+            return
+        left = deadline - time.monotonic()
+        need = self.create_budget()
+        if left < need:
+            raise ClaimError(
+                f"claim {self._name(claim)}: the kubelet's deadline leaves {max(left, 0):.1f}s, "
+                f"less than the {need:.1f}s a DRS create on {card} may take; the create was not "
+                "started (the kubelet asks again)"
+            )
+
+    async def _create_instances(
+        self, claim: checkpoint.PreparedClaim, deadline: float | None = None
+    ) -> checkpoint.PreparedClaim:
+        """Create each DRS partition's instance, recording it before going on.
+
+        Each create is one step with its lookup and its record: the card's UUIDs are recorded
+        first (``drs_before``), then efsmi creates and lists, then the new instance is recorded.
+        A device found with ``drs_before`` and no instance had a create started whose outcome
+        was never recorded: what appeared on the card since is adopted, not created again.
+        """
         for number, device in enumerate(claim.devices):
             if device.drs_profile is None or device.drs_instance:
                 continue
@@ -312,18 +375,38 @@ class Driver:
                     f"claim {self._name(claim)}: {device.node_name} offers no DRS profile "
                     f"{device.drs_profile}"
                 )
-            instance = await asyncio.to_thread(
-                self._efsmi().create_instance, layout.index, profile.profile_id
-            )
+            instance = None
+            if device.drs_before is not None:
+                instance = await asyncio.to_thread(self._settle_pending, claim, device)
+                if instance is not None:
+                    log.info(
+                        "adopted DRS instance %s (%s on %s), created for claim %s by an "
+                        "earlier attempt",
+                        instance.uuid,
+                        device.drs_profile,
+                        device.node_name,
+                        self._name(claim),
+                    )
+            if instance is None:
+                self._check_deadline(claim, device.node_name, deadline)
+                tool = self._efsmi()
+                before = tuple(
+                    sorted(i.uuid for i in await asyncio.to_thread(tool.instances, layout.index))
+                )
+                claim = self._replace_device(
+                    claim, number, dataclasses.replace(device, drs_before=before)
+                )
+                self.checkpoint.save(self._claims)
+                started = time.monotonic()
+                instance = await asyncio.to_thread(
+                    tool.create_instance, layout.index, profile.profile_id, before
+                )
+                self.slowest_create = max(self.slowest_create, time.monotonic() - started)
             self._fault("drs-after-create")
             updated = dataclasses.replace(
-                device, drs_instance=instance.instance_id, drs_uuid=instance.uuid
+                device, drs_instance=instance.instance_id, drs_uuid=instance.uuid, drs_before=None
             )
-            claim = dataclasses.replace(
-                claim,
-                devices=(*claim.devices[:number], updated, *claim.devices[number + 1 :]),
-            )
-            self._claims[claim.uid] = claim
+            claim = self._replace_device(claim, number, updated)
             self.checkpoint.save(self._claims)
             self._fault("drs-after-record")
             log.info(
@@ -334,6 +417,53 @@ class Driver:
                 self._name(claim),
             )
         return claim
+
+    def _replace_device(
+        self, claim: checkpoint.PreparedClaim, number: int, device: checkpoint.PreparedDevice
+    ) -> checkpoint.PreparedClaim:
+        claim = dataclasses.replace(
+            claim, devices=(*claim.devices[:number], device, *claim.devices[number + 1 :])
+        )
+        self._claims[claim.uid] = claim
+        return claim
+
+    def _settle_pending(
+        self, claim: checkpoint.PreparedClaim, keep: checkpoint.PreparedDevice | None
+    ) -> efsmi.Instance | None:
+        """Instances that appeared on a card since a create of ``claim`` started and that no
+        claim on record holds: the one of ``keep``'s profile is returned (adopted), the others
+        are destroyed. With ``keep`` None (a failed Prepare), every one is destroyed."""
+        adopted = None
+        tool = self._efsmi()
+        recorded = {d.drs_uuid for c in self._claims.values() for d in c.devices if d.drs_uuid}
+        for device in claim.devices:
+            if device.drs_before is None or device.drs_instance:
+                continue
+            layout = self.devices.layouts.get(device.node_name)
+            if layout is None:
+                continue
+            before = set(device.drs_before)
+            for found in tool.instances(layout.index):
+                if found.uuid in before or found.uuid in recorded:
+                    continue
+                if (
+                    adopted is None
+                    and keep is not None
+                    and device.device == keep.device
+                    and found.profile == keep.drs_profile
+                ):
+                    adopted = found
+                    recorded.add(found.uuid)
+                    continue
+                tool.destroy_instance(found.index, found.instance_id, found.uuid)
+                recorded.add(found.uuid)
+                log.info(
+                    "destroyed DRS instance %s on %s, created by an unfinished prepare of claim %s",
+                    found.uuid,
+                    device.node_name,
+                    self._name(claim),
+                )
+        return adopted
 
     async def _destroy_instances(self, claim: checkpoint.PreparedClaim) -> None:
         """Destroy the claim's DRS instances (those already gone are fine)."""
@@ -452,7 +582,11 @@ class Driver:
     # --- Unprepare ----------------------------------------------------------------------
 
     async def unprepare(self, refs: Sequence[claims.ClaimRef]) -> dict[str, str]:
-        """Unprepare each claim (unknown claims are fine); ``{uid: error or ""}``."""
+        """Unprepare each claim (unknown claims are fine); ``{uid: error or ""}``; like a
+        Prepare, it runs to its end when the caller gives up."""
+        return await self._unsplit(self._unprepare_all(refs))
+
+    async def _unprepare_all(self, refs: Sequence[claims.ClaimRef]) -> dict[str, str]:
         results: dict[str, str] = {}
         try:
             async with self._serialized():
@@ -486,6 +620,29 @@ class Driver:
     @staticmethod
     def _name(claim: checkpoint.PreparedClaim) -> str:
         return f"{claim.namespace}/{claim.name} (uid {claim.uid})"
+
+
+def _carry_over(
+    earlier: checkpoint.PreparedClaim, claim: checkpoint.PreparedClaim
+) -> checkpoint.PreparedClaim:
+    """``claim`` with the DRS instances (and creates started) of an earlier, unfinished
+    attempt at the same devices."""
+    by_device = {d.device: d for d in earlier.devices}
+    devices = []
+    for device in claim.devices:
+        old = by_device.get(device.device)
+        if old is None or old.drs_profile != device.drs_profile:
+            devices.append(device)
+            continue
+        devices.append(
+            dataclasses.replace(
+                device,
+                drs_instance=old.drs_instance,
+                drs_uuid=old.drs_uuid,
+                drs_before=old.drs_before,
+            )
+        )
+    return dataclasses.replace(claim, devices=tuple(devices))
 
 
 def _slices(item: claims.AllocatedDevice, ref: claims.ClaimRef) -> int | None:

@@ -90,6 +90,7 @@ async def run(settings: dra_config.DraConfig) -> int:
         beat.cancel()
         results = await asyncio.gather(*tasks, health, return_exceptions=True)
         await asyncio.gather(beat, return_exceptions=True)
+        await prepare.drain()  # a call the kubelet gave up on still ends on record
         if http is not None:
             http.shutdown()
             http.server_close()
