@@ -59,6 +59,8 @@ class NodeDevices:
         self._drs_selected = drs_selected
         self.layouts: dict[str, drs.Layout] = {}
         self.drs_problems: dict[str, str] = {}
+        # False once the API server dropped the counters partitions need: DRS cards whole only.
+        self.partitions = True
         self._load_layouts(self.inventory.cards)
         self.monitor = health.HealthMonitor(
             root,
@@ -127,7 +129,7 @@ class NodeDevices:
             )
 
     def _published(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        if self.layouts:
+        if self.layouts and self.partitions:
             return drs.node_devices(self.inventory, self.healthy(), self.options, self.layouts)
         return resourceslices.node_devices(self.inventory, self.healthy(), self.options), []
 
