@@ -14,7 +14,7 @@ import pytest
 
 from enflame_gcu import efsmi, resourceslices
 from enflame_gcu.dra_plugin import checkpoint, claim_cdi, claims, node
-from enflame_gcu.simulation import efsmi_sim
+from enflame_gcu.simulation import efsmi_sim, simulate
 from tests.dra_plugin import allocator, harness
 from tests.dra_plugin import slices_helpers as helpers
 
@@ -265,3 +265,59 @@ def test_a_claim_left_preparing_mid_create_adopts_what_was_created_not_a_second(
             assert left == {kept.uuid, made.uuid} and stray.uuid not in left
 
     asyncio.run(main())
+
+
+def test_unprepare_of_a_vanished_card_finishes_and_its_return_is_checked() -> None:
+    """The card under a DRS claim is unplugged: efsmi says "invalid device index", which used
+    to fail Unprepare for ever (the pod stuck Terminating). The instance went with the card:
+    Unprepare finishes; when the card is back, what is left on it is destroyed, and a claim
+    whose instance a reset took is reported."""
+
+    async def main() -> None:
+        with drs_node("gcu4,gcu5") as (where, settings):
+            source = harness.FakeClaims()
+            gone = ("ns", "gone", "uid-gone")
+            reset = ("ns", "reset", "uid-reset")
+            source.add(harness.claim_document(*gone, [("part", "gcu-4-1g-8gb-0")]))
+            source.add(harness.claim_document(*reset, [("part", "gcu-5-1g-8gb-0")]))
+            prepare, devices = harness.make_driver(where, source, settings)
+            watcher = asyncio.ensure_future(prepare.watch_cards())
+            health = asyncio.ensure_future(devices.run())
+            try:
+                for claim in (gone, reset):
+                    result = await prepare.prepare([claims.ClaimRef(*claim)])
+                    assert isinstance(result[claim[2]], list), result
+                simulate.unplug(where.root, 4)
+                await until(lambda: not devices.healthy()["gcu4"], "gcu4 is unhealthy")
+                answer = await prepare.unprepare([claims.ClaimRef(*gone)])
+                assert answer == {gone[2]: ""}
+                assert gone[2] not in prepare.prepared
+                assert [i["index"] for i in instances(where)] == [4, 5]  # left on the card
+                simulate.replug(where.root, 4)
+                await until(lambda: [i["index"] for i in instances(where)] == [5], "swept")
+                assert prepare.unsettled == set()
+
+                # A reset of gcu5 destroys its instance while the claim is prepared.
+                (held,) = instances(where)
+                efsmi.Efsmi(settings.efsmi, timeout=30).destroy_instance(5, held["id"])
+                simulate.unplug(where.root, 5)
+                await until(lambda: not devices.healthy()["gcu5"], "gcu5 is unhealthy")
+                simulate.replug(where.root, 5)
+                await until(lambda: reset[2] in prepare.lost, "the lost instance is noticed")
+                answer = (await prepare.prepare([claims.ClaimRef(*reset)]))[reset[2]]
+                assert isinstance(answer, str) and "not re-created" in answer
+            finally:
+                for task in (watcher, health):
+                    task.cancel()
+                await asyncio.gather(watcher, health, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+async def until(condition: Any, what: str, timeout: float = 20) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.05)

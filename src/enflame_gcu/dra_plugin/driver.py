@@ -88,6 +88,7 @@ class Driver:
         self._lock = asyncio.Lock()
         self._claims: dict[str, checkpoint.PreparedClaim] = {}
         self.lost: dict[str, str] = {}  # claim uid -> why its DRS instance is gone
+        self.unsettled: set[str] = set()  # cards to look at again when they are back
         self.slowest_create = 0.0  # seconds, the slowest DRS create seen by this process
         self._running: set[asyncio.Future[Any]] = set()
 
@@ -466,7 +467,9 @@ class Driver:
         return adopted
 
     async def _destroy_instances(self, claim: checkpoint.PreparedClaim) -> None:
-        """Destroy the claim's DRS instances (those already gone are fine)."""
+        """Destroy the claim's DRS instances (those already gone are fine, and so are those of
+        a card that is gone or unhealthy: they went with it; the card is looked at again when
+        it is back)."""
         for device in claim.devices:
             if not device.drs_instance:
                 continue
@@ -474,10 +477,103 @@ class Driver:
                 index = self._index(device.node_name)
             except ClaimError:
                 continue  # the card is no longer partitioned here: its instances went with it
-            await asyncio.to_thread(
-                self._efsmi().destroy_instance, index, device.drs_instance, device.drs_uuid
-            )
+            try:
+                await asyncio.to_thread(
+                    self._efsmi().destroy_instance, index, device.drs_instance, device.drs_uuid
+                )
+            except EfsmiError as exc:
+                gone = self._card_gone(device.node_name, exc)
+                if gone is None:
+                    raise
+                self.unsettled.add(device.node_name)
+                log.warning(
+                    "DRS instance %s of claim %s went with its card: %s; the card is checked "
+                    "for leftovers when it is back",
+                    device.drs_uuid,
+                    self._name(claim),
+                    gone,
+                )
+                continue
             log.info("destroyed DRS instance %s of claim %s", device.drs_uuid, self._name(claim))
+
+    def _card_gone(self, card: str, exc: EfsmiError) -> str | None:
+        """Why ``card``'s instances count as gone after efsmi failed on it, or None."""
+        if exc.reason == "not-found":
+            return f"efsmi does not know {card} ({exc})"
+        if not self.devices.healthy().get(card, False):
+            reason = self.devices.report.reasons().get(card, "unhealthy")
+            return f"{card} is absent or unhealthy ({reason})"
+        return None
+
+    async def watch_cards(self) -> None:
+        """Until cancelled: when a DRS card comes back healthy (a replug, a reset), look at its
+        instances again (see :meth:`recheck`)."""
+        was = self._drs_health()
+        seen = self.devices.version
+        while True:
+            seen = await self.devices.changed(seen)
+            now = self._drs_health()
+            back = {card for card, ok in now.items() if ok and not was.get(card, False)}
+            back |= {card for card in self.unsettled if now.get(card)}
+            was = now
+            if not back:
+                continue
+            try:
+                async with self._serialized():
+                    await asyncio.to_thread(self._recheck, sorted(back))
+            except (EnflameError, OSError) as exc:  # the record: looked at again next change
+                log.warning("cannot look at the DRS cards %s again: %s", ", ".join(back), exc)
+
+    def _drs_health(self) -> dict[str, bool]:
+        healthy = self.devices.healthy()
+        return {card: healthy.get(card, False) for card in self.devices.layouts}
+
+    def _recheck(self, cards: Sequence[str]) -> list[str]:
+        """A card is back: instances on it that no claim holds (left by an Unprepare while it
+        was gone) are destroyed, and claims whose instance is gone (the card was reset) are
+        reported and refused, as at a start."""
+        tool = self._efsmi()
+        actions = []
+        for card in cards:
+            layout = self.devices.layouts.get(card)
+            if layout is None:
+                continue
+            try:
+                existing = tool.instances(layout.index)
+            except EfsmiError as exc:
+                log.warning("cannot list the DRS instances of %s yet: %s", card, exc)
+                continue
+            self.unsettled.discard(card)
+            held = {
+                (d.drs_instance, d.drs_uuid): claim
+                for claim in self._claims.values()
+                for d in claim.devices
+                if d.node_name == card and d.drs_instance
+            }
+            found = {(i.instance_id, i.uuid) for i in existing}
+            for instance in existing:
+                if (instance.instance_id, instance.uuid) in held:
+                    continue
+                try:
+                    tool.destroy_instance(instance.index, instance.instance_id, instance.uuid)
+                except EfsmiError as exc:
+                    actions.append(f"cannot destroy DRS instance {instance.uuid}: {exc}")
+                    self.unsettled.add(card)
+                    continue
+                actions.append(
+                    f"destroyed DRS instance {instance.uuid} on {card}, which no claim holds"
+                )
+            for (_, uuid), claim in sorted(held.items(), key=lambda item: item[1].uid):
+                if (_, uuid) in found or claim.state != checkpoint.PREPARED:
+                    continue
+                self.lost[claim.uid] = (
+                    f"its DRS instance {uuid} on {card} is gone (the card was reset or the "
+                    "instance destroyed outside the driver); it is not re-created: delete the pod"
+                )
+                actions.append(f"claim {self._name(claim)}: {self.lost[claim.uid]}")
+        for action in actions:
+            log.warning("%s", action)
+        return actions
 
     def _resolve(
         self, ref: claims.ClaimRef, allocated: Sequence[claims.AllocatedDevice]

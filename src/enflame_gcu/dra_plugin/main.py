@@ -72,6 +72,7 @@ async def run(settings: dra_config.DraConfig) -> int:
             return 1
     tasks = [asyncio.ensure_future(plugin.serve_until(stop))]
     health = asyncio.ensure_future(devices.run())
+    cards = asyncio.ensure_future(prepare.watch_cards())
     beat = asyncio.ensure_future(exported.heartbeat())
     if settings.publish:
         publish = publisher.Publisher(api, devices, settings.node_name, metrics=exported)
@@ -87,9 +88,10 @@ async def run(settings: dra_config.DraConfig) -> int:
     finally:
         stop.set()
         health.cancel()
+        cards.cancel()
         beat.cancel()
         results = await asyncio.gather(*tasks, health, return_exceptions=True)
-        await asyncio.gather(beat, return_exceptions=True)
+        await asyncio.gather(beat, cards, return_exceptions=True)
         await prepare.drain()  # a call the kubelet gave up on still ends on record
         if http is not None:
             http.shutdown()
