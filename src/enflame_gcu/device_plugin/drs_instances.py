@@ -3,8 +3,15 @@ holds their slices any more, orphans destroyed at start (gcushare's resource, ou
 
 The kubelet gives a container N slice IDs of one card (``gcuN-sliceK``); Allocate creates an
 instance of the card's profile with N compute slices through :mod:`enflame_gcu.efsmi` and
-records ``{uuid: card, ids}`` in ``<plugin dir>/enflame-drs-instances.json`` (atomic, durable)
-before it answers. The device plugin API never says when a container is gone, so the
+records ``{uuid: card, ids}`` in ``/var/lib/enflame-gcu/drs-instances.json`` on the host
+(atomic, durable) before it answers. Not in the kubelet's device-plugin directory: a kubelet
+(1.20 among others) deletes the files there that are not sockets when it starts, and the next
+plugin start would then destroy instances running containers use. A record an older version
+left there is moved over (merged when both exist) the first time the record is read. When the
+directory is missing (a manifest that does not mount it), the record stays where it was, and
+the log says what a cleaning kubelet would do to it.
+
+The device plugin API never says when a container is gone, so the
 PodResources API is read every few seconds: an instance whose IDs no container holds, and
 that is older than :data:`GRACE` (the kubelet records an allocation only after Allocate
 returns), is destroyed. The same IDs allocated again (a kubelet retry) get the same instance;
@@ -27,7 +34,9 @@ from enflame_gcu import drs, efsmi, fileio
 from enflame_gcu.errors import AllocationError, ConfigError, EfsmiError
 
 log = logging.getLogger(__name__)
-RECORD_FILE = "enflame-drs-instances.json"
+STATE_DIR = "/var/lib/enflame-gcu"  # on the host (under --host-root); no kubelet cleans it
+RECORD_FILE = "drs-instances.json"
+OLD_RECORD_FILE = "enflame-drs-instances.json"  # in the device-plugin directory, before
 GRACE = 30.0  # seconds an instance may wait for the kubelet to list its container
 
 
@@ -46,24 +55,74 @@ class Held:
 class DrsInstances:
     """The record and the efsmi calls; thread-safe (Allocate may run beside the poller)."""
 
-    def __init__(self, plugin_dir: str, tool: efsmi.Efsmi, grace: float = GRACE) -> None:
-        self.path = os.path.join(plugin_dir, RECORD_FILE)
+    def __init__(
+        self,
+        state_dir: str,
+        tool: efsmi.Efsmi,
+        grace: float = GRACE,
+        *,
+        old_dir: str | None = None,
+    ) -> None:
+        self.path = os.path.join(state_dir, RECORD_FILE)
+        self.old_path = os.path.join(old_dir, OLD_RECORD_FILE) if old_dir else None
         self.tool = tool
         self.grace = grace
         self.layouts: dict[str, drs.Layout] = {}
         self._lock = threading.Lock()
 
+    @classmethod
+    def for_node(
+        cls, host_root: str, plugin_dir: str, tool: efsmi.Efsmi, grace: float = GRACE
+    ) -> DrsInstances:
+        """The record under ``<host root>/var/lib/enflame-gcu`` when that directory exists (the
+        chart mounts it), else in the device-plugin directory as before."""
+        state = fileio.host_path(host_root, STATE_DIR)
+        if os.path.isdir(state):
+            return cls(state, tool, grace, old_dir=plugin_dir)
+        log.warning(
+            "%s does not exist (mount the host's %s there): the DRS record stays in %s, whose "
+            "files some kubelets (1.20) delete when they start; the plugin's next start would "
+            "then destroy the instances of running containers",
+            state,
+            STATE_DIR,
+            plugin_dir,
+        )
+        record = cls(plugin_dir, tool, grace)
+        record.path = os.path.join(plugin_dir, OLD_RECORD_FILE)
+        return record
+
     # --- the record ------------------------------------------------------------------------
 
     def load(self) -> list[Held]:
-        """The recorded instances; a damaged record is an error, never reset silently."""
+        """The recorded instances; a damaged record is an error, never reset silently. A record
+        left in the device-plugin directory by an older version is moved here first."""
+        held = self._read(self.path)
+        if self.old_path is not None and os.path.lexists(self.old_path):
+            held = self._migrate(held, self.old_path)
+        return held
+
+    def _migrate(self, held: list[Held], old_path: str) -> list[Held]:
+        older = self._read(old_path)
+        known = {entry.uuid for entry in held}
+        merged = [*held, *(entry for entry in older if entry.uuid not in known)]
+        self._save(merged)
+        os.unlink(old_path)
+        log.info(
+            "moved the DRS record %s (%d instance(s)) to %s, where no kubelet cleans it",
+            old_path,
+            len(older),
+            self.path,
+        )
+        return merged
+
+    @staticmethod
+    def _read(path: str) -> list[Held]:
         try:
-            with open(self.path, encoding="utf-8") as handle:
-                data = json.load(handle)
+            data = fileio.read_json(path)  # a regular file, bounded in size and nesting
         except FileNotFoundError:
             return []
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"the DRS record {self.path} cannot be read: {exc}") from exc
+            raise ConfigError(f"the DRS record {path} cannot be read: {exc}") from exc
         try:
             return [
                 Held(
@@ -76,8 +135,8 @@ class DrsInstances:
                 )
                 for e in data["instances"]
             ]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"the DRS record {self.path} is damaged ({exc})") from exc
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"the DRS record {path} is damaged ({exc})") from exc
 
     def _save(self, held: Sequence[Held]) -> None:
         document = {
