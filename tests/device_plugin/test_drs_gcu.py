@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from enflame_gcu import efsmi
+from enflame_gcu import devices, efsmi
 from enflame_gcu.device_plugin import drs_instances
 from enflame_gcu.errors import ConfigError
-from enflame_gcu.simulation import efsmi_sim
+from enflame_gcu.simulation import efsmi_sim, simulate, topofile
 from enflame_gcu.simulation.testing import plugin_process
 
 DRS = "enflame.com/drs-gcu"
@@ -98,15 +98,42 @@ def test_a_size_no_profile_has_is_refused_by_name() -> None:
     asyncio.run(main())
 
 
-def test_orphans_are_destroyed_at_start() -> None:
+def test_instances_of_another_owner_are_left_alone_at_start() -> None:
+    """Instances the record knows nothing of may be the DRA driver's (a node moved from DRA to
+    drs-gcu) with containers running on them: the start leaves them alone (it used to destroy
+    them)."""
+
     async def main() -> None:
         async with plugin_process.running_node(
             args=ARGS, pod_resources=True, setup=with_an_orphan, timeout=90
         ) as node:
-            assert efsmi_sim.instances(node.root) == []
-            assert "destroyed orphan DRS instance" in node.plugin.log_text()
+            assert sorted(i["index"] for i in efsmi_sim.instances(node.root)) == [2, 7]
+            assert "not on this plugin's record: left alone" in node.plugin.log_text()
 
     asyncio.run(main())
+
+
+def test_an_instance_of_a_create_that_never_got_recorded_is_destroyed_at_start(
+    tmp_path: Path,
+) -> None:
+    """The plugin died between efsmi's create and its record: the card's UUIDs from before the
+    create are on record as pending, so the start destroys what appeared since, and only that."""
+    root = os.path.join(str(tmp_path), "node")
+    simulate.create(root, topofile.load("vendor-8card"), char_devices=False)
+    tool = efsmi.Efsmi(efsmi_sim.install(root), timeout=30)
+    record = drs_instances.DrsInstances(str(tmp_path / "state"), tool)
+    bdf = {card.minor: card.bdf for card in devices.discover(root).cards}
+    assert record.learn([("gcu2", bdf[2])]) == {}
+    theirs = tool.create_instance(2, "0")  # another owner's, before the create
+    record._save([], {2: {theirs.uuid}})  # the state a kill between create and record leaves
+    ours = tool.create_instance(2, "0")  # the create whose record never came
+    actions = record.reconcile()
+    assert actions == [
+        f"destroyed orphan DRS instance {ours.uuid} on gcu2 (created by an Allocate that did "
+        "not finish)"
+    ]
+    assert [i["uuid"] for i in efsmi_sim.instances(root)] == [theirs.uuid]
+    assert record.reconcile() == []  # the pending mark is gone with it
 
 
 def test_a_kubelet_that_wipes_its_directory_keeps_every_instance() -> None:

@@ -192,16 +192,45 @@ def test_a_card_efsmi_cannot_partition_stays_a_whole_card() -> None:
         assert devices.counter_sets() == []
 
 
-def test_start_up_destroys_orphans_only_on_the_cards_it_partitions() -> None:
+def test_start_up_leaves_instances_it_has_no_record_of_alone() -> None:
+    """An instance this driver's record knows nothing of may be another owner's (the device
+    plugin's drs-gcu, before the node moved to DRA) with a container running on it: the start
+    leaves it alone, on every card (it used to destroy those on the cards it partitions)."""
     with drs_node("gcu1") as (where, settings):
         smi = efsmi.Efsmi(settings.efsmi, timeout=30)
         for index in (1, 5):
             smi.set_drs(index, True)
             smi.create_instance(index, "0")
         prepare, _ = harness.make_driver(where, harness.FakeClaims(), settings)
-        assert [i["index"] for i in instances(where)] == [5]  # card 5 is not ours to judge
-        assert prepare.recover() == []  # a second start finds nothing left to do
+        assert sorted(i["index"] for i in instances(where)) == [1, 5]
+        assert prepare.recover() == []
         assert prepare.lost == {}
+
+
+def test_drs_is_not_switched_on_under_a_claim_holding_the_whole_card() -> None:
+    """The record is read before DRS is turned on: a card a prepared claim holds whole (the
+    driver ran without --drs) stays whole until that claim is unprepared."""
+
+    async def main() -> None:
+        with drs_node("gcu3") as (where, settings):
+            source = harness.FakeClaims()
+            whole = ("ns", "whole", "uid-whole")
+            source.add(harness.claim_document(*whole, [("gcu", "gcu-3")]))
+            before, _ = harness.make_driver(where, source, where.settings())  # no DRS
+            assert isinstance((await before.prepare([claims.ClaimRef(*whole)]))[whole[2]], list)
+            prepare, devices = harness.make_driver(where, source, settings)  # now --drs gcu3
+            assert (
+                not efsmi.Efsmi(settings.efsmi, timeout=30)
+                .card_for(devices.inventory.cards[3].bdf)
+                .drs_on
+            )
+            assert "gcu3" not in devices.layouts
+            assert "held whole by claim ns/whole" in devices.drs_problems["gcu3"]
+            assert await prepare.unprepare([claims.ClaimRef(*whole)]) == {whole[2]: ""}
+            assert "gcu3" in devices.layouts
+            assert "gcu-3-1g-8gb-0" in devices.published_names()
+
+    asyncio.run(main())
 
 
 def test_a_prepared_claim_whose_instance_vanished_is_refused_not_recreated() -> None:
@@ -295,7 +324,7 @@ def test_unprepare_of_a_vanished_card_finishes_and_its_return_is_checked() -> No
                 assert [i["index"] for i in instances(where)] == [4, 5]  # left on the card
                 simulate.replug(where.root, 4)
                 await until(lambda: [i["index"] for i in instances(where)] == [5], "swept")
-                assert prepare.unsettled == set()
+                assert prepare.unsettled == {}
 
                 # A reset of gcu5 destroys its instance while the claim is prepared.
                 (held,) = instances(where)
@@ -304,8 +333,8 @@ def test_unprepare_of_a_vanished_card_finishes_and_its_return_is_checked() -> No
                 await until(lambda: not devices.healthy()["gcu5"], "gcu5 is unhealthy")
                 simulate.replug(where.root, 5)
                 await until(lambda: reset[2] in prepare.lost, "the lost instance is noticed")
-                answer = (await prepare.prepare([claims.ClaimRef(*reset)]))[reset[2]]
-                assert isinstance(answer, str) and "not re-created" in answer
+                refused = (await prepare.prepare([claims.ClaimRef(*reset)]))[reset[2]]
+                assert isinstance(refused, str) and "not re-created" in refused
             finally:
                 for task in (watcher, health):
                     task.cancel()

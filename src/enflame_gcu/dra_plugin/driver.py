@@ -88,7 +88,9 @@ class Driver:
         self._lock = asyncio.Lock()
         self._claims: dict[str, checkpoint.PreparedClaim] = {}
         self.lost: dict[str, str] = {}  # claim uid -> why its DRS instance is gone
-        self.unsettled: set[str] = set()  # cards to look at again when they are back
+        # Instances an Unprepare could not destroy because their card was gone: {card: UUIDs},
+        # destroyed when the card is back.
+        self.unsettled: dict[str, set[str]] = {}
         self.slowest_create = 0.0  # seconds, the slowest DRS create seen by this process
         self._running: set[asyncio.Future[Any]] = set()
 
@@ -145,12 +147,23 @@ class Driver:
     def _recover(self) -> list[str]:
         actions = []
         loaded = self.checkpoint.load()
+        if self.devices.drs_deferred:  # DRS on only now, never under a claim holding a card
+            self.devices.load_drs(
+                {
+                    device.node_name: self._name(claim)
+                    for claim in loaded.values()
+                    if claim.state == checkpoint.PREPARED
+                    for device in claim.devices
+                    if device.drs_profile is None and device.node_name.startswith("gcu")
+                }
+            )
+        rolled_back = {}
         for uid, claim in sorted(loaded.items()):
             if claim.state == checkpoint.PREPARING:
                 claim_cdi.remove(self.cdi_dir, uid)
-                del loaded[uid]
+                rolled_back[uid] = loaded.pop(uid)
                 actions.append(f"rolled back the unfinished prepare of claim {self._name(claim)}")
-        actions.extend(self._reconcile_instances(loaded))
+        actions.extend(self._reconcile_instances(loaded, rolled_back))
         for uid, claim in sorted(loaded.items()):
             if os.path.exists(claim_cdi.spec_path(self.cdi_dir, uid)):
                 continue
@@ -171,9 +184,17 @@ class Driver:
             log.info("%s", action)
         return actions
 
-    def _reconcile_instances(self, kept: Mapping[str, checkpoint.PreparedClaim]) -> list[str]:
-        """Destroy DRS instances nobody on record holds; note prepared claims that lost theirs."""
+    def _reconcile_instances(
+        self,
+        kept: Mapping[str, checkpoint.PreparedClaim],
+        rolled_back: Mapping[str, checkpoint.PreparedClaim] | None = None,
+    ) -> list[str]:
+        """Destroy the DRS instances of rolled-back Prepares (recorded, or created since their
+        create started); note prepared claims that lost theirs. An instance this record knows
+        nothing of is left alone: another owner (the device plugin's ``drs-gcu``, before the
+        node moved to DRA) may hold it for a running container."""
         tool = self.devices.tool
+        rolled_back = rolled_back or {}
         indexes = {name: layout.index for name, layout in self.devices.layouts.items()}
         recorded: dict[tuple[str, str, str | None], checkpoint.PreparedClaim] = {
             (d.node_name, d.drs_instance, d.drs_uuid): claim
@@ -181,6 +202,15 @@ class Driver:
             for d in claim.devices
             if d.drs_instance
         }
+        undone = {
+            d.drs_uuid: claim for claim in rolled_back.values() for d in claim.devices if d.drs_uuid
+        }
+        pending: dict[str, tuple[set[str], checkpoint.PreparedClaim]] = {}
+        for claim in rolled_back.values():
+            for d in claim.devices:
+                if d.drs_before is not None and not d.drs_instance:
+                    before, _ = pending.setdefault(d.node_name, (set(d.drs_before), claim))
+                    before &= set(d.drs_before)
         if tool is None or not (indexes or recorded):
             return []
         try:
@@ -190,6 +220,7 @@ class Driver:
         actions = []
         by_index = {index: name for name, index in indexes.items()}
         seen: set[tuple[str, str, str | None]] = set()
+        held = {key[2] for key in recorded}
         for instance in existing:
             card = by_index.get(instance.index)
             if card is None:
@@ -198,6 +229,19 @@ class Driver:
             if key in recorded:
                 seen.add(key)
                 continue
+            owner = undone.get(instance.uuid)
+            if owner is None and card in pending and instance.uuid not in held:
+                before, claim = pending[card]
+                owner = None if instance.uuid in before else claim
+            if owner is None:
+                log.info(
+                    "DRS instance %s (%s on %s) is not on this driver's record: left alone "
+                    "(another owner may hold it)",
+                    instance.uuid,
+                    instance.profile,
+                    card,
+                )
+                continue
             try:
                 tool.destroy_instance(instance.index, instance.instance_id, instance.uuid)
             except EfsmiError as exc:
@@ -205,7 +249,8 @@ class Driver:
             else:
                 actions.append(
                     f"destroyed DRS instance {instance.uuid} ({instance.profile} on {card}), "
-                    "which no prepared claim holds"
+                    f"which no prepared claim holds (made for claim {self._name(owner)}, "
+                    "rolled back)"
                 )
         self.lost = {}
         for key, claim in sorted(recorded.items(), key=lambda item: item[1].uid):
@@ -306,14 +351,17 @@ class Driver:
             claim = await self._create_instances(claim, deadline)
             self._write_spec(claim)
             self._fault("after-cdi")
-        except (EnflameError, OSError):
+        except (EnflameError, OSError) as failure:
             # A failure (not a crash) undoes the first steps at once.
             claim_cdi.remove(self.cdi_dir, ref.uid)
             try:
                 await self._destroy_instances(self._claims[ref.uid])
                 await asyncio.to_thread(self._settle_pending, self._claims[ref.uid], None)
-            except EfsmiError as exc:  # left for the orphan check at the next start
+            except EfsmiError as exc:
+                # Kept on record as preparing: the retry adopts the instance, the next start
+                # rolls it back and destroys it (an instance off the record is never swept).
                 log.warning("cannot destroy the DRS instance of claim %s yet: %s", ref, exc)
+                raise failure from exc
             del self._claims[ref.uid]
             self.checkpoint.save(self._claims)
             raise
@@ -485,7 +533,7 @@ class Driver:
                 gone = self._card_gone(device.node_name, exc)
                 if gone is None:
                     raise
-                self.unsettled.add(device.node_name)
+                self.unsettled.setdefault(device.node_name, set()).add(device.drs_uuid or "")
                 log.warning(
                     "DRS instance %s of claim %s went with its card: %s; the card is checked "
                     "for leftovers when it is back",
@@ -529,9 +577,9 @@ class Driver:
         return {card: healthy.get(card, False) for card in self.devices.layouts}
 
     def _recheck(self, cards: Sequence[str]) -> list[str]:
-        """A card is back: instances on it that no claim holds (left by an Unprepare while it
-        was gone) are destroyed, and claims whose instance is gone (the card was reset) are
-        reported and refused, as at a start."""
+        """A card is back: the instances an Unprepare left on it while it was gone are
+        destroyed, and claims whose instance is gone (the card was reset) are reported and
+        refused, as at a start. Instances of no claim here are left alone (not ours)."""
         tool = self._efsmi()
         actions = []
         for card in cards:
@@ -543,7 +591,7 @@ class Driver:
             except EfsmiError as exc:
                 log.warning("cannot list the DRS instances of %s yet: %s", card, exc)
                 continue
-            self.unsettled.discard(card)
+            left = self.unsettled.pop(card, set())
             held = {
                 (d.drs_instance, d.drs_uuid): claim
                 for claim in self._claims.values()
@@ -552,19 +600,20 @@ class Driver:
             }
             found = {(i.instance_id, i.uuid) for i in existing}
             for instance in existing:
-                if (instance.instance_id, instance.uuid) in held:
+                if instance.uuid not in left or (instance.instance_id, instance.uuid) in held:
                     continue
                 try:
                     tool.destroy_instance(instance.index, instance.instance_id, instance.uuid)
                 except EfsmiError as exc:
                     actions.append(f"cannot destroy DRS instance {instance.uuid}: {exc}")
-                    self.unsettled.add(card)
+                    self.unsettled.setdefault(card, set()).add(instance.uuid)
                     continue
                 actions.append(
-                    f"destroyed DRS instance {instance.uuid} on {card}, which no claim holds"
+                    f"destroyed DRS instance {instance.uuid} on {card}, left by the Unprepare "
+                    "of a claim while the card was gone"
                 )
-            for (_, uuid), claim in sorted(held.items(), key=lambda item: item[1].uid):
-                if (_, uuid) in found or claim.state != checkpoint.PREPARED:
+            for (instance_id, uuid), claim in sorted(held.items(), key=lambda i: i[1].uid):
+                if (instance_id, uuid) in found or claim.state != checkpoint.PREPARED:
                     continue
                 self.lost[claim.uid] = (
                     f"its DRS instance {uuid} on {card} is gone (the card was reset or the "
@@ -702,6 +751,7 @@ class Driver:
                         if claim is not None:
                             self.checkpoint.save(self._claims)
                             log.info("unprepared claim %s", ref)
+                            await self._release_waiting(claim)
                         results[ref.uid] = ""
                     except (EnflameError, OSError) as exc:
                         results[ref.uid] = f"cannot unprepare claim {ref}: {exc}"
@@ -712,6 +762,15 @@ class Driver:
             self._observe("unprepare", time.perf_counter(), exc)
             return {ref.uid: f"cannot unprepare claim {ref}: {exc}" for ref in refs}
         return results
+
+    async def _release_waiting(self, claim: checkpoint.PreparedClaim) -> None:
+        """Cards this claim held whole while DRS waited for them are partitioned now."""
+        still = {d.node_name for c in self._claims.values() for d in c.devices}
+        for device in claim.devices:
+            card = device.node_name
+            waiting = card in self.devices.waiting and card not in still
+            if waiting and await asyncio.to_thread(self.devices.released, card):
+                self.devices.notify()
 
     @staticmethod
     def _name(claim: checkpoint.PreparedClaim) -> str:

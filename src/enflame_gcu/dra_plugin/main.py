@@ -33,7 +33,7 @@ def _setup_logging(level: str) -> None:
 async def run(settings: dra_config.DraConfig) -> int:
     """Run until SIGTERM/SIGINT; 0 on a clean stop, 1 when the driver cannot start or a part
     of it (serving the kubelet, publishing) ends or fails on its own."""
-    devices = node.for_settings(settings)
+    devices = node.for_settings(settings, defer_drs=True)  # DRS on after the record is read
     for problem in devices.inventory.problems:
         log.warning("%s", problem)
     client = apiserver.connect(settings.kubeconfig)

@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +65,7 @@ class NodeDevices:
         health_disabled: bool = False,
         drs_selected: Callable[[devices.Card], bool] | None = None,
         tool: efsmi.Efsmi | None = None,
+        defer_drs: bool = False,
     ) -> None:
         self.root = root
         self.options = options
@@ -73,9 +74,13 @@ class NodeDevices:
         self._drs_selected = drs_selected
         self.layouts: dict[str, drs.Layout] = {}
         self.drs_problems: dict[str, str] = {}
+        self.waiting: dict[str, str] = {}  # DRS cards held whole by a claim: {card: claim}
         # False once the API server dropped the counters partitions need: DRS cards whole only.
         self.partitions = True
-        self._load_layouts(self.inventory.cards)
+        # Deferred: the driver turns DRS on after it read its record (see load_drs).
+        self.drs_deferred = defer_drs
+        if not defer_drs:
+            self._load_layouts(self.inventory.cards)
         self.monitor = health.HealthMonitor(
             root,
             self.inventory.cards,
@@ -98,6 +103,29 @@ class NodeDevices:
     def healthy(self) -> dict[str, bool]:
         """``{gcuN: healthy}``."""
         return self.report.healthy()
+
+    def load_drs(self, held_whole: Mapping[str, str]) -> None:
+        """Turn DRS on and learn the layouts of the selected cards, except those a prepared
+        claim holds as a whole card (``{card: claim}``): DRS is not switched on under a
+        running claim; such a card is partitioned when it is released (:meth:`release`)."""
+        self.drs_deferred = False
+        self.waiting = dict(held_whole)
+        for card, claim in sorted(held_whole.items()):
+            self.drs_problems[card] = (
+                f"held whole by claim {claim}: DRS is turned on when that claim is unprepared"
+            )
+            log.info("%s stays whole for now: %s", card, self.drs_problems[card])
+        self._load_layouts(c for c in self.inventory.cards if c.name not in held_whole)
+        self._stamp()
+
+    def released(self, card: str) -> bool:
+        """A card held whole while DRS waited is free now: partition it (True when it was
+        waiting). Runs efsmi: call it from a thread."""
+        if self.waiting.pop(card, None) is None:
+            return False
+        self.drs_problems.pop(card, None)
+        self._load_layouts(c for c in self.inventory.cards if c.name == card)
+        return True
 
     def _load_layouts(self, cards: Iterable[devices.Card]) -> None:
         """Ask efsmi for the DRS profiles of the selected cards (turning DRS on where it is
@@ -238,7 +266,13 @@ class NodeDevices:
         if merged.cards == current.cards and merged.vgcus == current.vgcus:
             log.debug("device node(s) %s present but not usable yet", ", ".join(update.appeared))
             return _Looked(None, {}, {})
-        arrived = [card for card in merged.cards if card.name not in self.layouts]
+        arrived = [
+            card
+            for card in merged.cards
+            if card.name not in self.layouts and card.name not in self.waiting
+        ]
+        if self.drs_deferred:
+            arrived = []  # DRS waits for the driver's record (load_drs)
         layouts, problems = self._fetch_layouts(arrived, merged)
         return _Looked(merged, layouts, problems)
 
@@ -304,8 +338,9 @@ def _usable_nodes(inventory: devices.Inventory) -> frozenset[str]:
     return frozenset(usable | {vgcu.name for vgcu in inventory.vgcus if vgcu.usable})
 
 
-def for_settings(settings: dra_config.DraConfig) -> NodeDevices:
-    """The node as the driver's settings describe it (DRS only when ``--drs`` selects cards)."""
+def for_settings(settings: dra_config.DraConfig, *, defer_drs: bool = False) -> NodeDevices:
+    """The node as the driver's settings describe it (DRS only when ``--drs`` selects cards;
+    ``defer_drs``: not switched on until :meth:`NodeDevices.load_drs`, after the record)."""
     drs_on = bool(settings.drs_items())
     return NodeDevices(
         settings.root,
@@ -314,4 +349,5 @@ def for_settings(settings: dra_config.DraConfig) -> NodeDevices:
         health_disabled=settings.health_disabled,
         drs_selected=settings.drs_selects if drs_on else None,
         tool=efsmi.Efsmi(settings.efsmi, timeout=settings.efsmi_timeout) if drs_on else None,
+        defer_drs=defer_drs and drs_on,
     )
