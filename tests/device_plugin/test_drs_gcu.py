@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from enflame_gcu import devices, efsmi
-from enflame_gcu.device_plugin import drs_instances
+from enflame_gcu.device_plugin import drs_instances, main, resources
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.simulation import efsmi_sim, simulate, topofile
 from enflame_gcu.simulation.testing import plugin_process
@@ -205,3 +205,22 @@ def test_a_record_that_is_a_fifo_or_nests_deeply_is_refused_not_waited_on(
         handle.write("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ConfigError, match="nests"):
         record.load()
+
+
+def test_drs_gcu_partitions_the_cards_drs_selects_and_serves_the_others_whole(
+    tmp_path: Path,
+) -> None:
+    """drs-gcu took every card of the node; it now selects cards as the DRA driver's --drs
+    does (cards, models, families), and a bad selection is refused by name."""
+    root = os.path.join(str(tmp_path), "node")
+    simulate.create(root, topofile.load("vendor-8card"), char_devices=False)
+    inventory = devices.discover(root)
+    chosen = main.load_config(["--resources", "gcu,drs-gcu", "--drs", "gcu1, gcu6"], {})
+    placed = resources.assign(inventory, chosen)
+    assert [c.name for c in placed.drs] == ["gcu1", "gcu6"]
+    assert [c.name for c in placed.whole] == [f"gcu{n}" for n in (0, 2, 3, 4, 5, 7)]
+    family = main.load_config(["--resources", "drs-gcu"], {"ENFLAME_DRS": "T"})
+    assert len(resources.assign(inventory, family).drs) == 8  # the node's T20 cards
+    assert len(resources.assign(inventory, main.load_config(["--resources", "drs-gcu"], {})).drs)
+    with pytest.raises(ConfigError, match="'gcu-1' is not 'all', a card"):
+        main.load_config(["--drs", "gcu-1"], {})
