@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,27 @@ def test_the_vendor_table_shapes_parse() -> None:
     )
     (instance,) = efsmi.parse_instances("| 0 1g.8gb 7 9a1e0c3e-2f4b-4c39-8f0a-6d2b1c0e9f11 |")
     assert instance.instance_id == "7" and instance.uuid.startswith("9a1e0c3e")
+
+
+def test_output_is_capped_while_it_is_read_and_the_talker_killed(tmp_path: Path) -> None:
+    """An efsmi that writes without end (8 MiB here, then it would go on) is stopped at the
+    cap as it is read, and killed: its output is never all held in memory."""
+    pid_file = tmp_path / "pid"
+    script = tmp_path / "efsmi"
+    script.write_text(
+        f"#!/bin/sh\necho $$ > {pid_file}\nhead -c 8388608 /dev/zero\nexec sleep 60\n"
+    )
+    script.chmod(0o755)
+    with pytest.raises(EfsmiError, match="wrote more than 1048576 bytes") as caught:
+        efsmi.Efsmi(str(script), timeout=30).instances()
+    assert caught.value.reason == "unparseable"
+    pid = int(pid_file.read_text())
+    assert not os.path.exists(f"/proc/{pid}"), "the efsmi child was left running"
+
+
+def test_a_card_efsmi_calls_an_invalid_index_is_not_found(tool: tuple[str, efsmi.Efsmi]) -> None:
+    root, smi = tool
+    simulate.unplug(root, 0)
+    with pytest.raises(EfsmiError, match="invalid device index 0") as caught:
+        smi.instances(0)
+    assert caught.value.reason == "not-found"

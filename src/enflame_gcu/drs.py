@@ -24,11 +24,37 @@ Capacity of a partition: ``slices`` and ``memory`` (what it consumes). The whole
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from enflame_gcu import devices, efsmi, resourceslices
+from enflame_gcu import devices, efsmi, products, resourceslices
+
+# One item of a DRS card selection (--drs of both programs): all, a card, a model or family.
+SELECTION_ITEM = re.compile(r"(all|gcu\d+|[A-Za-z][A-Za-z0-9 ]{0,31})")
+
+
+def selection_items(text: str) -> list[str]:
+    """A ``--drs`` selection (``all``, or a comma list of cards ``gcu3``, models ``S60`` or
+    families ``S``), one item each; ValueError naming an item that is none of them."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    for item in items:
+        if not SELECTION_ITEM.fullmatch(item):
+            raise ValueError(f"{item!r} is not 'all', a card (gcu3) or a model or family (S60, S)")
+    return items
+
+
+def selects(items: Sequence[str], card: devices.Card) -> bool:
+    """The card is in the selection (by name, model, family, or ``all``)."""
+    model = card.model.lower()
+    family = products.product_family(card.model).lower()
+    for item in (i.lower() for i in items):
+        if item in ("all", card.name) or model == item or model.split()[:1] == [item]:
+            return True
+        if item == family:
+            return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,18 +18,22 @@ command                                      what is read
 ``efsmi -i IDX --drs --destroy-instance I``  exit status
 ===========================================  ================================================
 
-Every call runs with an argument vector (no shell), a time limit and a small environment, and
+Every call runs with an argument vector (no shell), a time limit, a small environment and its
+output capped while it is read (a child that writes more is killed), and
 fails with :class:`errors.EfsmiError` whose ``reason`` names what went wrong: ``missing``
 (no such program), ``timeout``, ``failed`` (non-zero exit), ``unparseable`` (output we do
-not understand) or ``not-found`` (no such card or instance).
+not understand) or ``not-found`` (no such card or instance; also efsmi's own "invalid device
+index" for a card that is gone).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import selectors
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from enflame_gcu.errors import EfsmiError
@@ -37,6 +41,7 @@ from enflame_gcu.errors import EfsmiError
 DEFAULT_TIMEOUT = 10.0  # seconds per call; creating an instance takes well under one
 PROFILE = re.compile(r"\b(\d+)g\.(\d+)gb\b")
 _BUS_ID = re.compile(r"\b((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b")
+_INVALID_INDEX = re.compile(r"invalid (?:device )?index", re.IGNORECASE)
 _OUTPUT_LIMIT = 1 << 20  # an efsmi table is a few KiB; more is not efsmi talking
 
 
@@ -162,6 +167,47 @@ def parse_instances(output: str) -> list[Instance]:
     return instances
 
 
+def _collect(
+    child: subprocess.Popen[bytes], shown: str, timeout: float
+) -> tuple[bytes, bytes, int]:
+    """Read the child's stdout and stderr until both end, each capped at
+    :data:`_OUTPUT_LIMIT` while reading (the caller kills a child that passes it or the time
+    limit); ``(stdout, stderr, exit status)``."""
+    deadline = time.monotonic() + timeout
+    buffers: dict[int, bytearray] = {}
+    with selectors.DefaultSelector() as selector:
+        for pipe in (child.stdout, child.stderr):
+            if pipe is not None:
+                buffers[pipe.fileno()] = bytearray()
+                selector.register(pipe.fileno(), selectors.EVENT_READ)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EfsmiError("timeout", f"{shown} did not finish within {timeout:g}s (killed)")
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fd)
+                    continue
+                buffer = buffers[key.fd]
+                buffer += chunk
+                if len(buffer) > _OUTPUT_LIMIT:
+                    raise EfsmiError(
+                        "unparseable",
+                        f"{shown} wrote more than {_OUTPUT_LIMIT} bytes, which is not an efsmi "
+                        "table (killed)",
+                    )
+    try:
+        status = child.wait(max(deadline - time.monotonic(), 0.001))
+    except subprocess.TimeoutExpired:
+        raise EfsmiError(
+            "timeout", f"{shown} did not finish within {timeout:g}s (killed)"
+        ) from None
+    out = bytes(buffers[child.stdout.fileno()]) if child.stdout is not None else b""
+    err = bytes(buffers[child.stderr.fileno()]) if child.stderr is not None else b""
+    return out, err, status
+
+
 class Efsmi:
     """Runs ``efsmi`` (``binary``: a path, or a name looked up on PATH) with a time limit."""
 
@@ -175,27 +221,33 @@ class Efsmi:
         # A small environment: efsmi needs PATH and its library path, nothing of ours.
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LD_LIBRARY_PATH", "HOME")}
         try:
-            done = subprocess.run(  # an argument vector, never a shell
+            child = subprocess.Popen(  # an argument vector, never a shell
                 command,
-                capture_output=True,
-                timeout=self.timeout,
-                check=False,
-                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,
+                env=env,
             )
         except FileNotFoundError:
             raise EfsmiError("missing", f"cannot run {shown}: {self.binary} not found") from None
         except PermissionError as exc:
             raise EfsmiError("missing", f"cannot run {shown}: {exc}") from None
-        except subprocess.TimeoutExpired:
+        try:
+            stdout, stderr, status = _collect(child, shown, self.timeout)
+        finally:
+            if child.poll() is None:
+                child.kill()  # out of time or talking too much: it gets no more
+            child.wait()
+            for pipe in (child.stdout, child.stderr):
+                if pipe is not None:
+                    pipe.close()
+        output = stdout.decode(errors="replace")
+        if status != 0:
+            said = (stderr or stdout)[:400].decode(errors="replace").strip()
+            # efsmi names a card it does not have (unplugged, fallen off the bus) this way.
+            reason = "not-found" if _INVALID_INDEX.search(said) else "failed"
             raise EfsmiError(
-                "timeout", f"{shown} did not finish within {self.timeout:g}s (killed)"
-            ) from None
-        output = done.stdout[:_OUTPUT_LIMIT].decode(errors="replace")
-        if done.returncode != 0:
-            said = (done.stderr or done.stdout)[:400].decode(errors="replace").strip()
-            raise EfsmiError(
-                "failed", f"{shown} failed (exit status {done.returncode}): {said or 'no output'}"
+                reason, f"{shown} failed (exit status {status}): {said or 'no output'}"
             )
         return output
 
@@ -226,9 +278,14 @@ class Efsmi:
         args: Sequence[str] = ("-L",) if index is None else ("-i", str(index), "-L")
         return parse_instances(self._run(*args))
 
-    def create_instance(self, index: int, profile_id: str) -> Instance:
-        """Create an instance of ``profile_id`` on a card; returns it (found by its new UUID)."""
-        before = {i.uuid for i in self.instances(index)}
+    def create_instance(
+        self, index: int, profile_id: str, before: Collection[str] | None = None
+    ) -> Instance:
+        """Create an instance of ``profile_id`` on a card; returns it (found by its new UUID).
+
+        ``before``: the card's UUIDs listed just before (saves listing them again)."""
+        if before is None:
+            before = {i.uuid for i in self.instances(index)}
         self._run("-i", str(index), "--drs", "--create-instance", profile_id)
         new = [i for i in self.instances(index) if i.uuid not in before]
         if len(new) != 1:

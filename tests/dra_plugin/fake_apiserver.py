@@ -6,6 +6,12 @@ ResourceSlices (with field selectors on ``spec.nodeName`` / ``spec.driver``), an
 answers 409 on a stale update or an existing name, adds ``timeAdded`` to taints and rewrites
 quantities as the real server does, and can drop fields the way a server without a feature
 gate does. ``conflict_next_update`` makes the next update lose a race with another writer.
+
+``drop_fields`` names device fields to drop; ``sharedCounters`` (or ``consumesCounters``) in it
+drops every field of partitionable devices, as Kubernetes' ResourceSlice strategy does without
+``DRAPartitionableDevices`` (``dropDisabledDRAPartitionableDevicesFields``: the slice's
+``sharedCounters`` and ``perDeviceNodeSelection``, each device's ``consumesCounters``,
+``nodeName``, ``nodeSelector`` and ``allNodes``): stored without them, and no error.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ _CLAIM = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourcecla
 _NODE = re.compile(r"^/api/v1/nodes/([^/]+)$")
 _SLICE = re.compile(r"^/apis/resource\.k8s\.io/v1/resourceslices/([^/]+)$")
 _MI = re.compile(r"^(\d+)Mi$")
+PARTITIONABLE_FIELDS = ("sharedCounters", "consumesCounters")  # either: the gate is off
 
 
 def _canonical_quantity(text: str) -> str:
@@ -128,9 +135,17 @@ class FakeApiServer:
 
     def _store(self, document: dict[str, Any]) -> dict[str, Any]:
         document = copy.deepcopy(document)
-        for device in (document.get("spec") or {}).get("devices") or []:
+        partitionable = not set(self.drop_fields) & set(PARTITIONABLE_FIELDS)
+        spec = document.get("spec") or {}
+        if not partitionable:
+            for name in ("sharedCounters", "perDeviceNodeSelection"):
+                spec.pop(name, None)
+        for device in spec.get("devices") or []:
             for name in self.drop_fields:
                 device.pop(name, None)
+            if not partitionable:
+                for name in ("consumesCounters", "nodeName", "nodeSelector", "allNodes"):
+                    device.pop(name, None)
             for taint in device.get("taints") or []:
                 taint.setdefault("timeAdded", "2026-01-01T00:00:00Z")
             for capacity in (device.get("capacity") or {}).values():

@@ -127,7 +127,7 @@ def make_driver(
 ) -> tuple[driver.Driver, node.NodeDevices]:
     """A driver on the node, recovered from its checkpoint as at a start."""
     settings = settings or where.settings()
-    devices = node.for_settings(settings)
+    devices = node.for_settings(settings, defer_drs=True)  # as the driver's main does
     prepare = driver.Driver(
         node_name=settings.node_name,
         devices=devices,

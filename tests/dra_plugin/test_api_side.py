@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu import resourceslices
-from enflame_gcu.dra_plugin import apiserver, claims, node, publisher
+from enflame_gcu import efsmi, resourceslices
+from enflame_gcu.dra_plugin import apiserver, claims, node, observability, publisher
 from enflame_gcu.errors import ClaimError
-from enflame_gcu.simulation import simulate
+from enflame_gcu.simulation import efsmi_sim, simulate
 from tests.dra_plugin import harness, slices_helpers
 from tests.dra_plugin.fake_apiserver import FakeApiServer
 
@@ -42,13 +42,22 @@ async def publishing(
     drop_fields: tuple[str, ...] = (),
     options: resourceslices.PublishOptions = slices_helpers.DEFAULT_OPTIONS,
     run: bool = False,
+    drs: bool = False,
+    metrics: observability.DriverMetrics | None = None,
 ) -> AsyncIterator[Env]:
     with harness.simulated_node(topology) as where, FakeApiServer(drop_fields) as fake:
         fake.add_node(NODE)
         client = apiserver.connect(fake.kubeconfig(f"{where.work}/kubeconfig"))
         api = apiserver.ApiServer(client, NODE)
-        devices = node.NodeDevices(where.root, options, health_interval=0.1)
-        pub = publisher.Publisher(api, devices, NODE, resync_interval=30)
+        tool = efsmi.Efsmi(efsmi_sim.install(where.root), timeout=30) if drs else None
+        devices = node.NodeDevices(
+            where.root,
+            options,
+            health_interval=0.1,
+            drs_selected=(lambda card: True) if drs else None,
+            tool=tool,
+        )
+        pub = publisher.Publisher(api, devices, NODE, resync_interval=30, metrics=metrics)
         stop = asyncio.Event()
         tasks = []
         if run:
@@ -227,6 +236,56 @@ def test_a_cluster_without_consumable_capacity_gets_exclusive_cards() -> None:
             await env.publisher.sync()
             assert env.publisher.dropped == set()
             assert devices_of(env.fake.node_slices(NODE))["gcu-0"]["allowMultipleAllocations"]
+
+    asyncio.run(main())
+
+
+def test_a_cluster_without_partitionable_devices_gets_whole_drs_cards_once() -> None:
+    """The server drops sharedCounters and consumesCounters without an error (Kubernetes'
+    strategy with DRAPartitionableDevices off): partitions stored without counters would be
+    independent devices beside their card, so DRS cards are published whole only, said once,
+    and the slices converge (no write loop)."""
+
+    async def main() -> None:
+        exported = observability.DriverMetrics()
+        exported.registered = lambda: True
+        async with publishing(
+            drop_fields=("sharedCounters",), drs=True, run=True, metrics=exported
+        ) as env:
+            await eventually(lambda: env.publisher.dropped == {"counters"}, "counters dropped")
+            await asyncio.sleep(2)  # watch events of our own writes: nothing more to write
+            writes = env.publisher.writes
+            stored = devices_of(env.fake.node_slices(NODE))
+            assert sorted(stored) == [f"gcu-{n}" for n in range(8)]
+            assert not any(s["spec"].get("sharedCounters") for s in env.fake.node_slices(NODE))
+            assert writes <= 2, writes
+            await env.publisher.sync()
+            assert env.publisher.writes == writes
+            ok, detail = exported.ready()
+            assert ok and "drops counters: DRS cards are published whole only" in detail
+            assert env.devices.published_names().keys() == stored.keys()
+        async with publishing(drs=True) as env:
+            await env.publisher.sync()
+            assert env.publisher.dropped == set()
+            assert "gcu-0-1g-8gb-0" in devices_of(env.fake.node_slices(NODE))
+
+    asyncio.run(main())
+
+
+def test_a_server_that_never_stores_what_is_written_stops_the_writes_and_readyz() -> None:
+    """A field dropped that the driver cannot adapt to: after a few writes in a row stored
+    otherwise, the publisher backs off and /readyz says why, instead of rewriting for ever."""
+
+    async def main() -> None:
+        exported = observability.DriverMetrics()
+        exported.registered = lambda: True
+        async with publishing(drop_fields=("attributes",), run=True, metrics=exported) as env:
+            await eventually(lambda: bool(env.publisher.stalled), "publishing backs off")
+            writes = env.publisher.writes
+            await asyncio.sleep(3)
+            assert env.publisher.writes == writes == publisher.MAX_UNCONVERGED
+            ok, detail = exported.ready()
+            assert not ok and "other than written" in detail and "not writing again" in detail
 
     asyncio.run(main())
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from enflame_gcu import efsmi, resourceslices
-from enflame_gcu.dra_plugin import claim_cdi, claims, node
-from enflame_gcu.simulation import efsmi_sim
+from enflame_gcu.dra_plugin import checkpoint, claim_cdi, claims, node
+from enflame_gcu.simulation import efsmi_sim, simulate
 from tests.dra_plugin import allocator, harness
 from tests.dra_plugin import slices_helpers as helpers
 
@@ -192,16 +192,45 @@ def test_a_card_efsmi_cannot_partition_stays_a_whole_card() -> None:
         assert devices.counter_sets() == []
 
 
-def test_start_up_destroys_orphans_only_on_the_cards_it_partitions() -> None:
+def test_start_up_leaves_instances_it_has_no_record_of_alone() -> None:
+    """An instance this driver's record knows nothing of may be another owner's (the device
+    plugin's drs-gcu, before the node moved to DRA) with a container running on it: the start
+    leaves it alone, on every card (it used to destroy those on the cards it partitions)."""
     with drs_node("gcu1") as (where, settings):
         smi = efsmi.Efsmi(settings.efsmi, timeout=30)
         for index in (1, 5):
             smi.set_drs(index, True)
             smi.create_instance(index, "0")
         prepare, _ = harness.make_driver(where, harness.FakeClaims(), settings)
-        assert [i["index"] for i in instances(where)] == [5]  # card 5 is not ours to judge
-        assert prepare.recover() == []  # a second start finds nothing left to do
+        assert sorted(i["index"] for i in instances(where)) == [1, 5]
+        assert prepare.recover() == []
         assert prepare.lost == {}
+
+
+def test_drs_is_not_switched_on_under_a_claim_holding_the_whole_card() -> None:
+    """The record is read before DRS is turned on: a card a prepared claim holds whole (the
+    driver ran without --drs) stays whole until that claim is unprepared."""
+
+    async def main() -> None:
+        with drs_node("gcu3") as (where, settings):
+            source = harness.FakeClaims()
+            whole = ("ns", "whole", "uid-whole")
+            source.add(harness.claim_document(*whole, [("gcu", "gcu-3")]))
+            before, _ = harness.make_driver(where, source, where.settings())  # no DRS
+            assert isinstance((await before.prepare([claims.ClaimRef(*whole)]))[whole[2]], list)
+            prepare, devices = harness.make_driver(where, source, settings)  # now --drs gcu3
+            assert (
+                not efsmi.Efsmi(settings.efsmi, timeout=30)
+                .card_for(devices.inventory.cards[3].bdf)
+                .drs_on
+            )
+            assert "gcu3" not in devices.layouts
+            assert "held whole by claim ns/whole" in devices.drs_problems["gcu3"]
+            assert await prepare.unprepare([claims.ClaimRef(*whole)]) == {whole[2]: ""}
+            assert "gcu3" in devices.layouts
+            assert "gcu-3-1g-8gb-0" in devices.published_names()
+
+    asyncio.run(main())
 
 
 def test_a_prepared_claim_whose_instance_vanished_is_refused_not_recreated() -> None:
@@ -224,3 +253,100 @@ def test_a_prepared_claim_whose_instance_vanished_is_refused_not_recreated() -> 
             assert again.prepared == {} and again.lost == {}
 
     asyncio.run(main())
+
+
+def test_a_claim_left_preparing_mid_create_adopts_what_was_created_not_a_second() -> None:
+    """Another instance (a rolling update) died between efsmi's create and its record: the
+    claim is on record as preparing with the card's UUIDs from before the create. The next
+    Prepare adopts the instance that appeared since and destroys any other stray one."""
+
+    async def main() -> None:
+        with drs_node("gcu4") as (where, settings):
+            source = harness.FakeClaims()
+            claim = ("ns", "part", "uid-part")
+            source.add(harness.claim_document(*claim, [("part", "gcu-4-1g-8gb-0")]))
+            prepare, _ = harness.make_driver(where, source, settings)
+            smi = efsmi.Efsmi(settings.efsmi, timeout=30)
+            kept = smi.create_instance(4, "0")  # before the create: not the claim's
+            pending = checkpoint.PreparedClaim(
+                uid=claim[2],
+                namespace="ns",
+                name="part",
+                state=checkpoint.PREPARING,
+                devices=(
+                    checkpoint.PreparedDevice(
+                        request="part",
+                        device="gcu-4-1g-8gb-0",
+                        node_name="gcu4",
+                        drs_profile="1g.8gb",
+                        drs_before=(kept.uuid,),
+                    ),
+                ),
+            )
+            prepare.checkpoint.save({claim[2]: pending})
+            made = smi.create_instance(4, "0")  # what the dead attempt created
+            stray = smi.create_instance(4, "1")  # and something of the wrong profile
+            answer = (await prepare.prepare([claims.ClaimRef(*claim)]))[claim[2]]
+            assert isinstance(answer, list), answer
+            recorded = prepare.prepared[claim[2]].devices[0]
+            assert recorded.drs_uuid == made.uuid and recorded.drs_before is None
+            left = {i["uuid"] for i in instances(where)}
+            assert left == {kept.uuid, made.uuid} and stray.uuid not in left
+
+    asyncio.run(main())
+
+
+def test_unprepare_of_a_vanished_card_finishes_and_its_return_is_checked() -> None:
+    """The card under a DRS claim is unplugged: efsmi says "invalid device index", which used
+    to fail Unprepare for ever (the pod stuck Terminating). The instance went with the card:
+    Unprepare finishes; when the card is back, what is left on it is destroyed, and a claim
+    whose instance a reset took is reported."""
+
+    async def main() -> None:
+        with drs_node("gcu4,gcu5") as (where, settings):
+            source = harness.FakeClaims()
+            gone = ("ns", "gone", "uid-gone")
+            reset = ("ns", "reset", "uid-reset")
+            source.add(harness.claim_document(*gone, [("part", "gcu-4-1g-8gb-0")]))
+            source.add(harness.claim_document(*reset, [("part", "gcu-5-1g-8gb-0")]))
+            prepare, devices = harness.make_driver(where, source, settings)
+            watcher = asyncio.ensure_future(prepare.watch_cards())
+            health = asyncio.ensure_future(devices.run())
+            try:
+                for claim in (gone, reset):
+                    result = await prepare.prepare([claims.ClaimRef(*claim)])
+                    assert isinstance(result[claim[2]], list), result
+                simulate.unplug(where.root, 4)
+                await until(lambda: not devices.healthy()["gcu4"], "gcu4 is unhealthy")
+                answer = await prepare.unprepare([claims.ClaimRef(*gone)])
+                assert answer == {gone[2]: ""}
+                assert gone[2] not in prepare.prepared
+                assert [i["index"] for i in instances(where)] == [4, 5]  # left on the card
+                simulate.replug(where.root, 4)
+                await until(lambda: [i["index"] for i in instances(where)] == [5], "swept")
+                assert prepare.unsettled == {}
+
+                # A reset of gcu5 destroys its instance while the claim is prepared.
+                (held,) = instances(where)
+                efsmi.Efsmi(settings.efsmi, timeout=30).destroy_instance(5, held["id"])
+                simulate.unplug(where.root, 5)
+                await until(lambda: not devices.healthy()["gcu5"], "gcu5 is unhealthy")
+                simulate.replug(where.root, 5)
+                await until(lambda: reset[2] in prepare.lost, "the lost instance is noticed")
+                refused = (await prepare.prepare([claims.ClaimRef(*reset)]))[reset[2]]
+                assert isinstance(refused, str) and "not re-created" in refused
+            finally:
+                for task in (watcher, health):
+                    task.cancel()
+                await asyncio.gather(watcher, health, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+async def until(condition: Any, what: str, timeout: float = 20) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.05)

@@ -149,3 +149,35 @@ def test_sigkill_inside_a_drs_unprepare_converges(point: str) -> None:
             assert instances(where) == [] and record(where) == {} and specs(where) == []
 
     asyncio.run(main())
+
+
+def test_a_deadline_that_expires_mid_create_leaves_one_instance_and_no_orphan() -> None:
+    """The kubelet gives up while efsmi is still creating: the create, its lookup and its
+    record finish as one step, the retry finds the claim prepared (no second instance), and a
+    deadline shorter than a create is refused by name before anything is created."""
+
+    async def main() -> None:
+        async with drs_node() as (where, driver, stub):
+            # Far apart, so that a loaded machine's overheads (efsmi is a Python program here)
+            # cannot move the call to the other side of the 1 s floor.
+            efsmi_sim.set_fault(where.root, "create", "slow:8")
+            await driver.start()
+            await stub.wait_registered(DRIVER, timeout=60)
+            with pytest.raises(grpc.aio.AioRpcError) as cut:
+                await stub.prepare(DRIVER, [PART], timeout=4)
+            assert cut.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await prepared_once(where, stub)  # the retry: the same, single instance
+            assert (await stub.unprepare(DRIVER, [PART])).claims[PART[2]].error == ""
+            assert instances(where) == [] and record(where) == {}
+
+            # The driver now knows a create takes about 8 s: 4 s left is refused at once.
+            answer = (await stub.prepare(DRIVER, [PART], timeout=4)).claims[PART[2]]
+            assert "the kubelet's deadline leaves" in answer.error
+            assert "the create was not started" in answer.error
+            assert instances(where) == [] and record(where) == {}
+            efsmi_sim.set_fault(where.root, "create", None)
+            await prepared_once(where, stub)
+            assert (await stub.unprepare(DRIVER, [PART])).claims[PART[2]].error == ""
+            assert instances(where) == [] and record(where) == {} and specs(where) == []
+
+    asyncio.run(main())

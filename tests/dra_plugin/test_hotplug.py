@@ -13,9 +13,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from enflame_gcu import resourceslices
+from enflame_gcu import efsmi, resourceslices
 from enflame_gcu.dra_plugin import apiserver, node, publisher
-from enflame_gcu.simulation import simulate
+from enflame_gcu.simulation import efsmi_sim, simulate
 from tests.dra_plugin import harness
 from tests.dra_plugin.fake_apiserver import FakeApiServer
 
@@ -124,5 +124,54 @@ def test_a_new_card_does_not_drop_a_known_card_that_is_gone() -> None:
             while "taints" in devices_of(fake.node_slices(NODE))["gcu-6"]:
                 assert loop.time() < deadline, "gcu-6 never untainted"
                 await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+
+
+def test_a_drs_card_arriving_does_not_stall_the_loop_while_efsmi_runs() -> None:
+    """An arriving DRS card costs up to three efsmi calls; with efsmi hanging until its time
+    limit they run in a thread: the loop keeps serving (Prepare, the health stream, the
+    probes) instead of stopping for the whole call."""
+
+    async def main() -> None:
+        with harness.simulated_node() as where:
+            simulate.unplug(where.root, 7)
+            tool = efsmi.Efsmi(efsmi_sim.install(where.root), timeout=6)
+            devices = node.NodeDevices(
+                where.root,
+                resourceslices.PublishOptions(),
+                health_interval=INTERVAL,
+                drs_selected=lambda card: True,
+                tool=tool,
+            )
+            assert "gcu6" in devices.layouts
+            efsmi_sim.set_fault(where.root, "cards", "hang")
+            gaps: list[float] = []
+
+            async def tick() -> None:
+                loop = asyncio.get_running_loop()
+                last = loop.time()
+                while True:
+                    await asyncio.sleep(0.05)
+                    gaps.append(loop.time() - last)
+                    last = loop.time()
+
+            tasks = [asyncio.ensure_future(devices.run()), asyncio.ensure_future(tick())]
+            try:
+                simulate.replug(where.root, 7)
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 60
+                while "gcu7" not in devices.drs_problems:
+                    assert loop.time() < deadline, "the arrival was never looked at"
+                    await asyncio.sleep(0.05)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            assert "did not finish within 6s" in devices.drs_problems["gcu7"]
+            assert "gcu7" in {card.name for card in devices.inventory.cards}
+            # The call took 6 s; the loop went on meanwhile (a blocked loop shows one gap >= 6 s).
+            longest = max(gaps, default=float("inf"))  # none: it never ran at all
+            assert longest < 3, f"the loop stalled for {longest:.1f}s"
 
     asyncio.run(main())

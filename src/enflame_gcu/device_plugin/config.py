@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from enflame_gcu import allocation, edits, naming, node_modes, sharing
+from enflame_gcu import allocation, drs, edits, naming, node_modes, sharing
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.support import env_vars
 
@@ -57,6 +57,7 @@ class PluginConfig:
     shared_resource_name: str = "enflame.com/shared-gcu"
     drs_resource_name: str = "enflame.com/drs-gcu"
     efsmi: str = "efsmi"
+    drs: str = "all"  # the cards drs-gcu partitions, as enflame-dra-plugin --drs selects them
     drs_release_grace: float = 30.0
     socket_name: str = SOCKET_NAME
     pass_device_specs: bool = False
@@ -293,6 +294,13 @@ def _label_key(text: str) -> str:
 _label_poll = _seconds_or_off("= read at start only")
 
 
+def _drs_selection(text: str) -> str:
+    items = drs.selection_items(text)  # ValueError naming a bad item
+    if not items:
+        raise ValueError("an empty selection: give all, or cards, models or families")
+    return ",".join(items)
+
+
 def _program(text: str) -> str:
     # A name looked up on PATH, or an absolute path: never relative to the working directory.
     if text.startswith("/") or (text and "/" not in text):
@@ -361,6 +369,13 @@ OPTIONS: tuple[Option, ...] = (
         "extended resource for DRS slices (hard partitions made at Allocate)",
     ),
     Option("efsmi", None, _program, "the efsmi program, a name on PATH or a path (drs-gcu)"),
+    Option(
+        "drs",
+        None,
+        _drs_selection,
+        "cards drs-gcu partitions: all, or a comma list of cards (gcu3), models (S60) or "
+        "families (S), as enflame-dra-plugin --drs; the others stay whole cards",
+    ),
     Option(
         "drs_release_grace",
         None,

@@ -23,7 +23,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from enflame_gcu import allocation, devices, edits, health, products, sharing, topology, virtual
+from enflame_gcu import (
+    allocation,
+    devices,
+    drs,
+    edits,
+    health,
+    products,
+    sharing,
+    topology,
+    virtual,
+)
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import drs_instances
 from enflame_gcu.errors import EfsmiError, EnflameError, InvalidRequestError
@@ -236,7 +246,7 @@ def assign(inventory: devices.Inventory, config: plugin_config.PluginConfig) -> 
                 notes.append(f"{card.name} is in vGCU mode; it is served as vGCUs, not as slices")
         elif serving_shared and (wanted is None or card.name in wanted):
             shared.append(card)
-        elif serving_drs:
+        elif serving_drs and drs.selects(drs.selection_items(config.drs), card):
             drs_cards.append(card)
         else:
             whole.append(card)

@@ -455,8 +455,8 @@ async def _serve(
     frozen = False
     instances: drs_instances.DrsInstances | None = None
     if plugin_config.DRS_GCU in config.resources:
-        instances = drs_instances.DrsInstances(
-            config.plugin_dir, efsmi.Efsmi(config.efsmi), config.drs_release_grace
+        instances = drs_instances.DrsInstances.for_node(
+            config.host_root, config.plugin_dir, efsmi.Efsmi(config.efsmi), config.drs_release_grace
         )
         background.append(asyncio.ensure_future(_release_drs(instances, config)))
     try:

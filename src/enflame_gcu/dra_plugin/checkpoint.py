@@ -5,7 +5,9 @@ survives a reboot, unlike ``/var/run/cdi``), replaced atomically with fsync on e
 A claim is written as ``preparing`` before its CDI spec exists and as ``prepared`` after, so a
 crash between the two leaves a ``preparing`` entry that the next start rolls back. A DRS
 partition's instance is recorded (id and UUID) as soon as efsmi created it, before the spec is
-written: the next start destroys what a rolled-back claim or nobody on record holds.
+written: the next start destroys what a rolled-back claim or nobody on record holds. Before a
+create starts, the UUIDs the card already has are recorded with the device (``drsBefore``): a
+Prepare that finds its claim still ``preparing`` adopts or destroys what was created since.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class PreparedDevice:
     drs_profile: str | None = None  # a DRS partition of the card: its profile
     drs_instance: str | None = None  # the efsmi instance id, once created
     drs_uuid: str | None = None  # and its UUID (TOPS_VISIBLE_DEVICES=DRS-<uuid>)
+    # A create was started and its outcome is not on record yet: the UUIDs the card had
+    # before it, so that what was created since can be adopted or destroyed, never doubled.
+    drs_before: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +75,7 @@ def _claim_to_json(claim: PreparedClaim) -> dict[str, Any]:
                 **({"drsProfile": d.drs_profile} if d.drs_profile else {}),
                 **({"drsInstance": d.drs_instance} if d.drs_instance else {}),
                 **({"drsUUID": d.drs_uuid} if d.drs_uuid else {}),
+                **({"drsBefore": list(d.drs_before)} if d.drs_before is not None else {}),
             }
             for d in claim.devices
         ],
@@ -93,11 +99,18 @@ def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
             drs_profile=str(d["drsProfile"]) if d.get("drsProfile") else None,
             drs_instance=str(d["drsInstance"]) if d.get("drsInstance") else None,
             drs_uuid=str(d["drsUUID"]) if d.get("drsUUID") else None,
+            drs_before=_uuids(d["drsBefore"]) if "drsBefore" in d else None,
         )
         for d in data["devices"]
     )
     cdi_ids = tuple((str(e["request"]), str(e["id"])) for e in data.get("cdiDevices") or [])
     return PreparedClaim(uid, str(data["namespace"]), str(data["name"]), state, devices, cdi_ids)
+
+
+def _uuids(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ValueError(f"drsBefore {value!r} is not a list of UUIDs")
+    return tuple(value)
 
 
 class Checkpoint:

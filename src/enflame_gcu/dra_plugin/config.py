@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from enflame_gcu import __version__, devices, naming, products, resourceslices
+from enflame_gcu import __version__, devices, drs, naming, resourceslices
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.support import cli_options, env_vars
 
@@ -19,7 +18,6 @@ MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
 UNHEALTHY_MODES = ("taint", "omit")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 PROG = "enflame-dra-plugin"
-_DRS_ITEM = re.compile(r"^(all|gcu\d+|[A-Za-z][A-Za-z0-9 ]{0,31})$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +61,10 @@ class DraConfig:
             raise ConfigError(
                 f"--unhealthy must be one of {', '.join(UNHEALTHY_MODES)}, got {self.unhealthy!r}"
             )
-        for item in self.drs_items():
-            if not _DRS_ITEM.match(item):
-                raise ConfigError(
-                    f"--drs: {item!r} is not 'all', a card (gcu3) or a model or family (S60, S)"
-                )
+        try:
+            drs.selection_items(self.drs)
+        except ValueError as exc:
+            raise ConfigError(f"--drs: {exc}") from None
         for path in (self.registration_socket, self.endpoint):
             if len(path.encode()) > MAX_SOCKET_PATH:
                 raise ConfigError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes")
@@ -105,13 +102,7 @@ class DraConfig:
 
     def drs_selects(self, card: devices.Card) -> bool:
         """The card is to be partitioned with DRS (by name, model, family, or ``all``)."""
-        model = card.model.lower()
-        for item in (i.lower() for i in self.drs_items()):
-            if item in ("all", card.name) or model == item or model.split()[0] == item:
-                return True
-            if item == products.product_family(card.model).lower():
-                return True
-        return False
+        return drs.selects(self.drs_items(), card)
 
     def publish_options(self) -> resourceslices.PublishOptions:
         """How devices are published."""

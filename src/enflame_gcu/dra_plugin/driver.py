@@ -30,8 +30,9 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from enflame_gcu import claim_specs, efsmi, fileio, resourceslices
 from enflame_gcu.dra_plugin import checkpoint, claim_cdi, claims, node, observability
@@ -42,6 +43,10 @@ CHECKPOINT_FILE = "checkpoint.json"
 LOCK_FILE = "serialize.lock"
 LOCK_POLL = 0.01  # seconds between attempts at the lock held by another instance
 SLICES = "slices"
+# A DRS create is not started with less of the kubelet's deadline left than this (or than the
+# slowest create seen, when longer): an answer that cannot arrive in time only makes a retry.
+MIN_CREATE_SECONDS = 1.0
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,11 @@ class Driver:
         self._lock = asyncio.Lock()
         self._claims: dict[str, checkpoint.PreparedClaim] = {}
         self.lost: dict[str, str] = {}  # claim uid -> why its DRS instance is gone
+        # Instances an Unprepare could not destroy because their card was gone: {card: UUIDs},
+        # destroyed when the card is back.
+        self.unsettled: dict[str, set[str]] = {}
+        self.slowest_create = 0.0  # seconds, the slowest DRS create seen by this process
+        self._running: set[asyncio.Future[Any]] = set()
 
     @property
     def prepared(self) -> Mapping[str, checkpoint.PreparedClaim]:
@@ -137,12 +147,23 @@ class Driver:
     def _recover(self) -> list[str]:
         actions = []
         loaded = self.checkpoint.load()
+        if self.devices.drs_deferred:  # DRS on only now, never under a claim holding a card
+            self.devices.load_drs(
+                {
+                    device.node_name: self._name(claim)
+                    for claim in loaded.values()
+                    if claim.state == checkpoint.PREPARED
+                    for device in claim.devices
+                    if device.drs_profile is None and device.node_name.startswith("gcu")
+                }
+            )
+        rolled_back = {}
         for uid, claim in sorted(loaded.items()):
             if claim.state == checkpoint.PREPARING:
                 claim_cdi.remove(self.cdi_dir, uid)
-                del loaded[uid]
+                rolled_back[uid] = loaded.pop(uid)
                 actions.append(f"rolled back the unfinished prepare of claim {self._name(claim)}")
-        actions.extend(self._reconcile_instances(loaded))
+        actions.extend(self._reconcile_instances(loaded, rolled_back))
         for uid, claim in sorted(loaded.items()):
             if os.path.exists(claim_cdi.spec_path(self.cdi_dir, uid)):
                 continue
@@ -163,9 +184,17 @@ class Driver:
             log.info("%s", action)
         return actions
 
-    def _reconcile_instances(self, kept: Mapping[str, checkpoint.PreparedClaim]) -> list[str]:
-        """Destroy DRS instances nobody on record holds; note prepared claims that lost theirs."""
+    def _reconcile_instances(
+        self,
+        kept: Mapping[str, checkpoint.PreparedClaim],
+        rolled_back: Mapping[str, checkpoint.PreparedClaim] | None = None,
+    ) -> list[str]:
+        """Destroy the DRS instances of rolled-back Prepares (recorded, or created since their
+        create started); note prepared claims that lost theirs. An instance this record knows
+        nothing of is left alone: another owner (the device plugin's ``drs-gcu``, before the
+        node moved to DRA) may hold it for a running container."""
         tool = self.devices.tool
+        rolled_back = rolled_back or {}
         indexes = {name: layout.index for name, layout in self.devices.layouts.items()}
         recorded: dict[tuple[str, str, str | None], checkpoint.PreparedClaim] = {
             (d.node_name, d.drs_instance, d.drs_uuid): claim
@@ -173,6 +202,15 @@ class Driver:
             for d in claim.devices
             if d.drs_instance
         }
+        undone = {
+            d.drs_uuid: claim for claim in rolled_back.values() for d in claim.devices if d.drs_uuid
+        }
+        pending: dict[str, tuple[set[str], checkpoint.PreparedClaim]] = {}
+        for claim in rolled_back.values():
+            for d in claim.devices:
+                if d.drs_before is not None and not d.drs_instance:
+                    before, _ = pending.setdefault(d.node_name, (set(d.drs_before), claim))
+                    before &= set(d.drs_before)
         if tool is None or not (indexes or recorded):
             return []
         try:
@@ -182,6 +220,7 @@ class Driver:
         actions = []
         by_index = {index: name for name, index in indexes.items()}
         seen: set[tuple[str, str, str | None]] = set()
+        held = {key[2] for key in recorded}
         for instance in existing:
             card = by_index.get(instance.index)
             if card is None:
@@ -190,6 +229,19 @@ class Driver:
             if key in recorded:
                 seen.add(key)
                 continue
+            owner = undone.get(instance.uuid)
+            if owner is None and card in pending and instance.uuid not in held:
+                before, claim = pending[card]
+                owner = None if instance.uuid in before else claim
+            if owner is None:
+                log.info(
+                    "DRS instance %s (%s on %s) is not on this driver's record: left alone "
+                    "(another owner may hold it)",
+                    instance.uuid,
+                    instance.profile,
+                    card,
+                )
+                continue
             try:
                 tool.destroy_instance(instance.index, instance.instance_id, instance.uuid)
             except EfsmiError as exc:
@@ -197,7 +249,8 @@ class Driver:
             else:
                 actions.append(
                     f"destroyed DRS instance {instance.uuid} ({instance.profile} on {card}), "
-                    "which no prepared claim holds"
+                    f"which no prepared claim holds (made for claim {self._name(owner)}, "
+                    "rolled back)"
                 )
         self.lost = {}
         for key, claim in sorted(recorded.items(), key=lambda item: item[1].uid):
@@ -211,8 +264,33 @@ class Driver:
 
     # --- Prepare ------------------------------------------------------------------------
 
-    async def prepare(self, refs: Sequence[claims.ClaimRef]) -> dict[str, Outcome]:
-        """Prepare each claim; a failing claim gets its error text, the others go on."""
+    async def prepare(
+        self, refs: Sequence[claims.ClaimRef], deadline: float | None = None
+    ) -> dict[str, Outcome]:
+        """Prepare each claim; a failing claim gets its error text, the others go on.
+
+        ``deadline`` (``time.monotonic()`` seconds) is when the kubelet stops waiting: a DRS
+        create is not started with less time left than one may take. A call cancelled at its
+        deadline does not cut the work in half: it runs to its end (created, found, recorded)
+        and the kubelet's retry finds the claim prepared.
+        """
+        return await self._unsplit(self._prepare_all(refs, deadline))
+
+    async def _unsplit(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``work`` to its end even when the caller is cancelled (the gRPC deadline)."""
+        task = asyncio.ensure_future(work)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return await asyncio.shield(task)
+
+    async def drain(self) -> None:
+        """Wait for calls whose callers gave up but whose work goes on (shutdown, tests)."""
+        while self._running:
+            await asyncio.gather(*list(self._running), return_exceptions=True)
+
+    async def _prepare_all(
+        self, refs: Sequence[claims.ClaimRef], deadline: float | None
+    ) -> dict[str, Outcome]:
         results: dict[str, Outcome] = {}
         try:
             async with self._serialized():
@@ -220,7 +298,7 @@ class Driver:
                     started = time.perf_counter()
                     failure: BaseException | None = None
                     try:
-                        results[ref.uid] = await self._prepare_one(ref)
+                        results[ref.uid] = await self._prepare_one(ref, deadline)
                     except (EnflameError, OSError) as exc:
                         log.warning("prepare of claim %s failed: %s", ref, exc)
                         results[ref.uid] = str(exc)
@@ -249,7 +327,9 @@ class Driver:
         prepared = sum(c.state == checkpoint.PREPARED for c in self._claims.values())
         self.metrics.observe_claims(held, prepared)
 
-    async def _prepare_one(self, ref: claims.ClaimRef) -> list[PreparedDeviceResult]:
+    async def _prepare_one(
+        self, ref: claims.ClaimRef, deadline: float | None = None
+    ) -> list[PreparedDeviceResult]:
         if not ref.uid or not ref.name or not ref.namespace:
             raise ClaimError(f"claim {ref} lacks a namespace, name or uid")
         claims.check_ref(ref)
@@ -262,20 +342,26 @@ class Driver:
             return self._results(existing)
         allocated = await self.source.allocated_devices(ref)
         claim = self._resolve(ref, allocated)
+        if existing is not None:  # still preparing: keep what an earlier attempt created
+            claim = _carry_over(existing, claim)
         self._claims[ref.uid] = claim
         self.checkpoint.save(self._claims)
         try:
             self._fault("after-checkpoint")
-            claim = await self._create_instances(claim)
+            claim = await self._create_instances(claim, deadline)
             self._write_spec(claim)
             self._fault("after-cdi")
-        except (EnflameError, OSError):
+        except (EnflameError, OSError) as failure:
             # A failure (not a crash) undoes the first steps at once.
             claim_cdi.remove(self.cdi_dir, ref.uid)
             try:
                 await self._destroy_instances(self._claims[ref.uid])
-            except EfsmiError as exc:  # left for the orphan check at the next start
+                await asyncio.to_thread(self._settle_pending, self._claims[ref.uid], None)
+            except EfsmiError as exc:
+                # Kept on record as preparing: the retry adopts the instance, the next start
+                # rolls it back and destroys it (an instance off the record is never swept).
                 log.warning("cannot destroy the DRS instance of claim %s yet: %s", ref, exc)
+                raise failure from exc
             del self._claims[ref.uid]
             self.checkpoint.save(self._claims)
             raise
@@ -300,8 +386,34 @@ class Driver:
             raise ClaimError(f"{card} is not partitioned with DRS on this node")
         return layout.index
 
-    async def _create_instances(self, claim: checkpoint.PreparedClaim) -> checkpoint.PreparedClaim:
-        """Create each DRS partition's instance, recording it before going on."""
+    def create_budget(self) -> float:
+        """The time a DRS create may take: the slowest seen here, at least the floor."""
+        return max(MIN_CREATE_SECONDS, self.slowest_create)
+
+    def _check_deadline(
+        self, claim: checkpoint.PreparedClaim, card: str, deadline: float | None
+    ) -> None:
+        if deadline is None:
+            return
+        left = deadline - time.monotonic()
+        need = self.create_budget()
+        if left < need:
+            raise ClaimError(
+                f"claim {self._name(claim)}: the kubelet's deadline leaves {max(left, 0):.1f}s, "
+                f"less than the {need:.1f}s a DRS create on {card} may take; the create was not "
+                "started (the kubelet asks again)"
+            )
+
+    async def _create_instances(
+        self, claim: checkpoint.PreparedClaim, deadline: float | None = None
+    ) -> checkpoint.PreparedClaim:
+        """Create each DRS partition's instance, recording it before going on.
+
+        Each create is one step with its lookup and its record: the card's UUIDs are recorded
+        first (``drs_before``), then efsmi creates and lists, then the new instance is recorded.
+        A device found with ``drs_before`` and no instance had a create started whose outcome
+        was never recorded: what appeared on the card since is adopted, not created again.
+        """
         for number, device in enumerate(claim.devices):
             if device.drs_profile is None or device.drs_instance:
                 continue
@@ -312,18 +424,38 @@ class Driver:
                     f"claim {self._name(claim)}: {device.node_name} offers no DRS profile "
                     f"{device.drs_profile}"
                 )
-            instance = await asyncio.to_thread(
-                self._efsmi().create_instance, layout.index, profile.profile_id
-            )
+            instance = None
+            if device.drs_before is not None:
+                instance = await asyncio.to_thread(self._settle_pending, claim, device)
+                if instance is not None:
+                    log.info(
+                        "adopted DRS instance %s (%s on %s), created for claim %s by an "
+                        "earlier attempt",
+                        instance.uuid,
+                        device.drs_profile,
+                        device.node_name,
+                        self._name(claim),
+                    )
+            if instance is None:
+                self._check_deadline(claim, device.node_name, deadline)
+                tool = self._efsmi()
+                before = tuple(
+                    sorted(i.uuid for i in await asyncio.to_thread(tool.instances, layout.index))
+                )
+                claim = self._replace_device(
+                    claim, number, dataclasses.replace(device, drs_before=before)
+                )
+                self.checkpoint.save(self._claims)
+                started = time.monotonic()
+                instance = await asyncio.to_thread(
+                    tool.create_instance, layout.index, profile.profile_id, before
+                )
+                self.slowest_create = max(self.slowest_create, time.monotonic() - started)
             self._fault("drs-after-create")
             updated = dataclasses.replace(
-                device, drs_instance=instance.instance_id, drs_uuid=instance.uuid
+                device, drs_instance=instance.instance_id, drs_uuid=instance.uuid, drs_before=None
             )
-            claim = dataclasses.replace(
-                claim,
-                devices=(*claim.devices[:number], updated, *claim.devices[number + 1 :]),
-            )
-            self._claims[claim.uid] = claim
+            claim = self._replace_device(claim, number, updated)
             self.checkpoint.save(self._claims)
             self._fault("drs-after-record")
             log.info(
@@ -335,8 +467,57 @@ class Driver:
             )
         return claim
 
+    def _replace_device(
+        self, claim: checkpoint.PreparedClaim, number: int, device: checkpoint.PreparedDevice
+    ) -> checkpoint.PreparedClaim:
+        claim = dataclasses.replace(
+            claim, devices=(*claim.devices[:number], device, *claim.devices[number + 1 :])
+        )
+        self._claims[claim.uid] = claim
+        return claim
+
+    def _settle_pending(
+        self, claim: checkpoint.PreparedClaim, keep: checkpoint.PreparedDevice | None
+    ) -> efsmi.Instance | None:
+        """Instances that appeared on a card since a create of ``claim`` started and that no
+        claim on record holds: the one of ``keep``'s profile is returned (adopted), the others
+        are destroyed. With ``keep`` None (a failed Prepare), every one is destroyed."""
+        adopted = None
+        tool = self._efsmi()
+        recorded = {d.drs_uuid for c in self._claims.values() for d in c.devices if d.drs_uuid}
+        for device in claim.devices:
+            if device.drs_before is None or device.drs_instance:
+                continue
+            layout = self.devices.layouts.get(device.node_name)
+            if layout is None:
+                continue
+            before = set(device.drs_before)
+            for found in tool.instances(layout.index):
+                if found.uuid in before or found.uuid in recorded:
+                    continue
+                if (
+                    adopted is None
+                    and keep is not None
+                    and device.device == keep.device
+                    and found.profile == keep.drs_profile
+                ):
+                    adopted = found
+                    recorded.add(found.uuid)
+                    continue
+                tool.destroy_instance(found.index, found.instance_id, found.uuid)
+                recorded.add(found.uuid)
+                log.info(
+                    "destroyed DRS instance %s on %s, created by an unfinished prepare of claim %s",
+                    found.uuid,
+                    device.node_name,
+                    self._name(claim),
+                )
+        return adopted
+
     async def _destroy_instances(self, claim: checkpoint.PreparedClaim) -> None:
-        """Destroy the claim's DRS instances (those already gone are fine)."""
+        """Destroy the claim's DRS instances (those already gone are fine, and so are those of
+        a card that is gone or unhealthy: they went with it; the card is looked at again when
+        it is back)."""
         for device in claim.devices:
             if not device.drs_instance:
                 continue
@@ -344,10 +525,104 @@ class Driver:
                 index = self._index(device.node_name)
             except ClaimError:
                 continue  # the card is no longer partitioned here: its instances went with it
-            await asyncio.to_thread(
-                self._efsmi().destroy_instance, index, device.drs_instance, device.drs_uuid
-            )
+            try:
+                await asyncio.to_thread(
+                    self._efsmi().destroy_instance, index, device.drs_instance, device.drs_uuid
+                )
+            except EfsmiError as exc:
+                gone = self._card_gone(device.node_name, exc)
+                if gone is None:
+                    raise
+                self.unsettled.setdefault(device.node_name, set()).add(device.drs_uuid or "")
+                log.warning(
+                    "DRS instance %s of claim %s went with its card: %s; the card is checked "
+                    "for leftovers when it is back",
+                    device.drs_uuid,
+                    self._name(claim),
+                    gone,
+                )
+                continue
             log.info("destroyed DRS instance %s of claim %s", device.drs_uuid, self._name(claim))
+
+    def _card_gone(self, card: str, exc: EfsmiError) -> str | None:
+        """Why ``card``'s instances count as gone after efsmi failed on it, or None."""
+        if exc.reason == "not-found":
+            return f"efsmi does not know {card} ({exc})"
+        if not self.devices.healthy().get(card, False):
+            reason = self.devices.report.reasons().get(card, "unhealthy")
+            return f"{card} is absent or unhealthy ({reason})"
+        return None
+
+    async def watch_cards(self) -> None:
+        """Until cancelled: when a DRS card comes back healthy (a replug, a reset), look at its
+        instances again (see :meth:`recheck`)."""
+        was = self._drs_health()
+        seen = self.devices.version
+        while True:
+            seen = await self.devices.changed(seen)
+            now = self._drs_health()
+            back = {card for card, ok in now.items() if ok and not was.get(card, False)}
+            back |= {card for card in self.unsettled if now.get(card)}
+            was = now
+            if not back:
+                continue
+            try:
+                async with self._serialized():
+                    await asyncio.to_thread(self._recheck, sorted(back))
+            except (EnflameError, OSError) as exc:  # the record: looked at again next change
+                log.warning("cannot look at the DRS cards %s again: %s", ", ".join(back), exc)
+
+    def _drs_health(self) -> dict[str, bool]:
+        healthy = self.devices.healthy()
+        return {card: healthy.get(card, False) for card in self.devices.layouts}
+
+    def _recheck(self, cards: Sequence[str]) -> list[str]:
+        """A card is back: the instances an Unprepare left on it while it was gone are
+        destroyed, and claims whose instance is gone (the card was reset) are reported and
+        refused, as at a start. Instances of no claim here are left alone (not ours)."""
+        tool = self._efsmi()
+        actions = []
+        for card in cards:
+            layout = self.devices.layouts.get(card)
+            if layout is None:
+                continue
+            try:
+                existing = tool.instances(layout.index)
+            except EfsmiError as exc:
+                log.warning("cannot list the DRS instances of %s yet: %s", card, exc)
+                continue
+            left = self.unsettled.pop(card, set())
+            held = {
+                (d.drs_instance, d.drs_uuid): claim
+                for claim in self._claims.values()
+                for d in claim.devices
+                if d.node_name == card and d.drs_instance
+            }
+            found = {(i.instance_id, i.uuid) for i in existing}
+            for instance in existing:
+                if instance.uuid not in left or (instance.instance_id, instance.uuid) in held:
+                    continue
+                try:
+                    tool.destroy_instance(instance.index, instance.instance_id, instance.uuid)
+                except EfsmiError as exc:
+                    actions.append(f"cannot destroy DRS instance {instance.uuid}: {exc}")
+                    self.unsettled.setdefault(card, set()).add(instance.uuid)
+                    continue
+                actions.append(
+                    f"destroyed DRS instance {instance.uuid} on {card}, left by the Unprepare "
+                    "of a claim while the card was gone"
+                )
+            for (instance_id, uuid), claim in sorted(held.items(), key=lambda i: i[1].uid):
+                if (instance_id, uuid) in found or claim.state != checkpoint.PREPARED:
+                    continue
+                self.lost[claim.uid] = (
+                    f"its DRS instance {uuid} on {card} is gone (the card was reset or the "
+                    "instance destroyed outside the driver); it is not re-created: delete the pod"
+                )
+                actions.append(f"claim {self._name(claim)}: {self.lost[claim.uid]}")
+        for action in actions:
+            log.warning("%s", action)
+        return actions
 
     def _resolve(
         self, ref: claims.ClaimRef, allocated: Sequence[claims.AllocatedDevice]
@@ -452,7 +727,11 @@ class Driver:
     # --- Unprepare ----------------------------------------------------------------------
 
     async def unprepare(self, refs: Sequence[claims.ClaimRef]) -> dict[str, str]:
-        """Unprepare each claim (unknown claims are fine); ``{uid: error or ""}``."""
+        """Unprepare each claim (unknown claims are fine); ``{uid: error or ""}``; like a
+        Prepare, it runs to its end when the caller gives up."""
+        return await self._unsplit(self._unprepare_all(refs))
+
+    async def _unprepare_all(self, refs: Sequence[claims.ClaimRef]) -> dict[str, str]:
         results: dict[str, str] = {}
         try:
             async with self._serialized():
@@ -472,6 +751,7 @@ class Driver:
                         if claim is not None:
                             self.checkpoint.save(self._claims)
                             log.info("unprepared claim %s", ref)
+                            await self._release_waiting(claim)
                         results[ref.uid] = ""
                     except (EnflameError, OSError) as exc:
                         results[ref.uid] = f"cannot unprepare claim {ref}: {exc}"
@@ -483,9 +763,41 @@ class Driver:
             return {ref.uid: f"cannot unprepare claim {ref}: {exc}" for ref in refs}
         return results
 
+    async def _release_waiting(self, claim: checkpoint.PreparedClaim) -> None:
+        """Cards this claim held whole while DRS waited for them are partitioned now."""
+        still = {d.node_name for c in self._claims.values() for d in c.devices}
+        for device in claim.devices:
+            card = device.node_name
+            waiting = card in self.devices.waiting and card not in still
+            if waiting and await asyncio.to_thread(self.devices.released, card):
+                self.devices.notify()
+
     @staticmethod
     def _name(claim: checkpoint.PreparedClaim) -> str:
         return f"{claim.namespace}/{claim.name} (uid {claim.uid})"
+
+
+def _carry_over(
+    earlier: checkpoint.PreparedClaim, claim: checkpoint.PreparedClaim
+) -> checkpoint.PreparedClaim:
+    """``claim`` with the DRS instances (and creates started) of an earlier, unfinished
+    attempt at the same devices."""
+    by_device = {d.device: d for d in earlier.devices}
+    devices = []
+    for device in claim.devices:
+        old = by_device.get(device.device)
+        if old is None or old.drs_profile != device.drs_profile:
+            devices.append(device)
+            continue
+        devices.append(
+            dataclasses.replace(
+                device,
+                drs_instance=old.drs_instance,
+                drs_uuid=old.drs_uuid,
+                drs_before=old.drs_before,
+            )
+        )
+    return dataclasses.replace(claim, devices=tuple(devices))
 
 
 def _slices(item: claims.AllocatedDevice, ref: claims.ClaimRef) -> int | None:

@@ -33,7 +33,7 @@ def _setup_logging(level: str) -> None:
 async def run(settings: dra_config.DraConfig) -> int:
     """Run until SIGTERM/SIGINT; 0 on a clean stop, 1 when the driver cannot start or a part
     of it (serving the kubelet, publishing) ends or fails on its own."""
-    devices = node.for_settings(settings)
+    devices = node.for_settings(settings, defer_drs=True)  # DRS on after the record is read
     for problem in devices.inventory.problems:
         log.warning("%s", problem)
     client = apiserver.connect(settings.kubeconfig)
@@ -72,6 +72,7 @@ async def run(settings: dra_config.DraConfig) -> int:
             return 1
     tasks = [asyncio.ensure_future(plugin.serve_until(stop))]
     health = asyncio.ensure_future(devices.run())
+    cards = asyncio.ensure_future(prepare.watch_cards())
     beat = asyncio.ensure_future(exported.heartbeat())
     if settings.publish:
         publish = publisher.Publisher(api, devices, settings.node_name, metrics=exported)
@@ -87,9 +88,11 @@ async def run(settings: dra_config.DraConfig) -> int:
     finally:
         stop.set()
         health.cancel()
+        cards.cancel()
         beat.cancel()
         results = await asyncio.gather(*tasks, health, return_exceptions=True)
-        await asyncio.gather(beat, return_exceptions=True)
+        await asyncio.gather(beat, cards, return_exceptions=True)
+        await prepare.drain()  # a call the kubelet gave up on still ends on record
         if http is not None:
             http.stop()
         await client.close()

@@ -11,11 +11,14 @@ enflame_dra_errors_total                   counter    operation, reason
 enflame_dra_devices_published              gauge      type (gcu, vgcu, drs), state
 enflame_dra_drs_instances                  gauge      card (instances on record)
 enflame_dra_slices_published_generation    gauge      (the pool generation last written)
+enflame_dra_slices_converging              gauge      (0 while the publisher backs off)
+enflame_dra_api_fields_dropped             gauge      field (taints, counters, ...)
 =========================================  =========  ========================================
 
 ``/healthz`` is 200 while the event loop answers (a heartbeat younger than
 :data:`STALL_SECONDS`); ``/readyz`` is 200 once the kubelet registered the driver and, when
-publishing, the slices are published.
+publishing, the slices are published, and 503 again while the publisher backs off from a
+server that does not store what it writes; its text names the fields the server drops.
 
 Served by :mod:`enflame_gcu.bounded_http`, the device plugin's bounded server: one thread
 whatever arrives, a per-peer connection rate and cap, a request head of at most 8 KiB within
@@ -38,6 +41,11 @@ from enflame_gcu.errors import ClaimError, ConfigError, EfsmiError, InvalidReque
 log = logging.getLogger(__name__)
 STALL_SECONDS = 30.0
 HEARTBEAT = 2.0
+_DROPPED = {  # what the driver does instead, as /readyz says it
+    "taints": "unhealthy GCUs are left out",
+    "allowMultipleAllocations": "GCUs are published exclusive",
+    "counters": "DRS cards are published whole only",
+}
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -99,7 +107,21 @@ class DriverMetrics:
             "Pool generation of the ResourceSlices last written or found current",
             registry=self.registry,
         )
+        self.converging = Gauge(
+            "enflame_dra_slices_converging",
+            "1 while the API server stores the slices as written, 0 while publishing backs off",
+            registry=self.registry,
+        )
+        self.converging.set(1)
+        self.fields_dropped = Gauge(
+            "enflame_dra_api_fields_dropped",
+            "Fields the API server drops from this driver's slices (1 each)",
+            ["field"],
+            registry=self.registry,
+        )
         self.registered: Callable[[], bool] = lambda: False
+        self.stalled = ""
+        self.dropped: tuple[str, ...] = ()
         self.published = False
         self.publishing = True
         self._beat = time.monotonic()
@@ -141,6 +163,15 @@ class DriverMetrics:
         self.published = True
         self.generation.set(generation)
 
+    def observe_publishing(self, stalled: str, dropped: Iterable[str]) -> None:
+        """Why publishing backs off ("" while converging) and the fields the server drops."""
+        self.stalled = stalled
+        self.converging.set(0 if stalled else 1)
+        self.dropped = tuple(sorted(dropped))
+        self.fields_dropped.clear()
+        for field in self.dropped:
+            self.fields_dropped.labels(field).set(1)
+
     def live(self) -> tuple[bool, str]:
         """The event loop beat recently."""
         age = time.monotonic() - self._beat
@@ -154,6 +185,14 @@ class DriverMetrics:
             return False, "not registered with the kubelet yet"
         if self.publishing and not self.published:
             return False, "ResourceSlices not published yet"
+        if self.publishing and self.stalled:
+            return False, self.stalled
+        if self.publishing and self.dropped:
+            notes = "; ".join(
+                f"the API server drops {field}: {_DROPPED.get(field, 'published without')}"
+                for field in self.dropped
+            )
+            return True, f"ok; {notes}"
         return True, "ok"
 
     async def heartbeat(self) -> None:

@@ -11,7 +11,16 @@ else wrote the slice in between) is retried from a fresh list.
 After a write the returned objects are checked for fields the API server dropped: a cluster
 without device taints loses the NoSchedule taint of an unhealthy card, so the publisher then
 leaves unhealthy devices out instead; one without consumable capacity loses sharing, so cards
-are published exclusive (and say ``shareable: false``).
+are published exclusive (and say ``shareable: false``); one without partitionable devices
+(``DRAPartitionableDevices``: off by default before 1.36) stores slices without
+``sharedCounters`` and ``consumesCounters`` and says nothing, so DRS cards are then published
+whole only (their partitions would be independent devices the scheduler could hand out beside
+the whole card).
+
+A server that keeps storing something other than what was written (a field it drops that this
+driver does not know) would make every sync write again: after :data:`MAX_UNCONVERGED` such
+writes in a row the publisher stops writing for a while (doubling up to
+:data:`MAX_BACKOFF`), and says why in the log, the metrics and ``/readyz``.
 """
 
 from __future__ import annotations
@@ -33,6 +42,9 @@ log = logging.getLogger(__name__)
 RESYNC_INTERVAL = 60.0
 CONFLICT_RETRIES = 5
 WATCH_RETRY_DELAY = 1.0
+MAX_UNCONVERGED = 3  # writes in a row that the server stored otherwise, then back off
+FIRST_BACKOFF = 30.0
+MAX_BACKOFF = 600.0
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i|[kMGTPE]|m|)$")
 _FACTORS = {
     "": 1,
@@ -184,6 +196,20 @@ def _pair(
     return pairs, spare
 
 
+def _counters_dropped(sent: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]]) -> bool:
+    """Counters were sent and the server kept none of them."""
+
+    def counters(slices: Sequence[dict[str, Any]]) -> int:
+        total = 0
+        for document in slices:
+            spec = document.get("spec") or {}
+            total += len(spec.get("sharedCounters") or [])
+            total += sum(bool(d.get("consumesCounters")) for d in spec.get("devices") or [])
+        return total
+
+    return counters(sent) > 0 and counters(stored) == 0
+
+
 class Publisher:
     """Publishes one node's pool and keeps it current."""
 
@@ -206,6 +232,10 @@ class Publisher:
         self.conflicts = 0
         self.name_conflicts = 0
         self.dropped: set[str] = set()
+        self.unconverged = 0  # writes in a row the server stored other than sent
+        self.stalled = ""  # why writing is paused, "" while converging
+        self._quiet_until = 0.0
+        self._backoff = FIRST_BACKOFF
         self._node_uid: str | None = None
         self._wake = asyncio.Event()
         self._resource_version = ""
@@ -248,7 +278,10 @@ class Publisher:
             and all(old is not None and comparable(old) == comparable(new) for new, old in current)
         ):
             self.generation = base
+            self._converged()
             return False
+        if self.stalled and asyncio.get_running_loop().time() < self._quiet_until:
+            return False  # backing off: the server does not keep what is written
         wanted, unused = _pair(self.desired(base + 1), existing)
         results = []
         for document, old in wanted:
@@ -271,7 +304,44 @@ class Publisher:
         )
         if self._check_dropped(wanted_documents, results):
             return await self._sync_once(await self._relist())
+        self._check_stored(wanted_documents, results)
         return True
+
+    def _converged(self) -> None:
+        if self.stalled:
+            log.info("ResourceSlices converged again: %s", self.stalled)
+        self.unconverged = 0
+        self.stalled = ""
+        self._backoff = FIRST_BACKOFF
+        self._report()
+
+    def _check_stored(
+        self, sent: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]]
+    ) -> None:
+        """Count writes the server stored otherwise; back off after too many in a row."""
+        differing = [
+            str((document.get("metadata") or {}).get("name") or "?")
+            for document, kept in zip(sent, stored, strict=False)
+            if comparable(document)["spec"] != comparable(kept)["spec"]
+        ]
+        if not differing:
+            self._converged()
+            return
+        self.unconverged += 1
+        if self.unconverged < MAX_UNCONVERGED:
+            return
+        self._quiet_until = asyncio.get_running_loop().time() + self._backoff
+        self.stalled = (
+            f"the API server stored ResourceSlice(s) {', '.join(differing)} other than written, "
+            f"{self.unconverged} writes in a row; not writing again for {self._backoff:.0f}s"
+        )
+        log.warning("%s", self.stalled)
+        self._backoff = min(self._backoff * 2, MAX_BACKOFF)
+        self._report()
+
+    def _report(self) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_publishing(self.stalled, self.dropped)
 
     async def _create(self, document: dict[str, Any]) -> dict[str, Any]:
         """Create under the usual name; when another node's or driver's object has it, under a
@@ -324,7 +394,18 @@ class Publisher:
             )
             options = dataclasses.replace(options, shared_slices=0)
             changed = True
+        if self.devices.partitions and _counters_dropped(sent, stored):
+            self.dropped.add("counters")
+            log.warning(
+                "the API server dropped sharedCounters/consumesCounters (partitionable devices "
+                "are off on this cluster: Kubernetes < 1.36, or DRAPartitionableDevices "
+                "disabled): DRS cards are published whole only, without partitions"
+            )
+            self.devices.partitions = False
+            changed = True
         self.devices.options = options
+        if changed:
+            self._report()
         return changed
 
     def wake(self) -> None:

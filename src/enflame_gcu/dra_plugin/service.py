@@ -82,7 +82,9 @@ class _DraService:
         self._driver = prepare_driver
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        outcomes = await self._driver.prepare(_refs(request))
+        remaining = context.time_remaining()  # None: the caller set no deadline
+        deadline = None if remaining is None else time.monotonic() + remaining
+        outcomes = await self._driver.prepare(_refs(request), deadline)
         return prepare_response(self.pb2, outcomes, self.with_share_id)
 
     async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:

@@ -11,7 +11,8 @@ divisor ``d`` of that is a profile ``<d>g.<d*mem/slices>gb`` that fits ``slices/
 instance needs DRS on and room in both slices and memory, as on the hardware.
 
 Faults for tests: ``<root>/.enflame-sim/efsmi-faults.json`` maps a command (``create``,
-``destroy``, ``list``, ``profiles``, ``cards``) to ``fail`` (exit 1) or ``hang`` (sleep).
+``destroy``, ``list``, ``profiles``, ``cards``) to ``fail`` (exit 1), ``hang`` (sleep) or
+``slow:<seconds>`` (sleep that long, then do the work: a create that outlasts a deadline).
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ def _fault(root: str, command: str) -> None:
     what = faults.get(command)
     if what == "hang":
         time.sleep(3600)
+    if isinstance(what, str) and what.startswith("slow:"):
+        time.sleep(float(what.removeprefix("slow:")))
     if what == "fail":
         raise SystemExit(f"efsmi: simulated failure of {command}")
 

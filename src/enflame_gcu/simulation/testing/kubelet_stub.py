@@ -206,15 +206,21 @@ class KubeletStub:
                     os.unlink(path)
         self._notify()
 
-    async def restart(self) -> None:
-        """A kubelet restart: stop, delete every socket in the dir, serve kubelet.sock anew."""
+    async def restart(self, *, every_file: bool = False) -> None:
+        """A kubelet restart: stop, delete every socket in the dir, serve kubelet.sock anew.
+
+        ``every_file``: delete every file but the kubelet's checkpoint, as older kubelets (1.20)
+        do (their device manager's ``removeContents``)."""
         await self.stop()
         for plugin in self.plugins.values():
             plugin.devices = dict.fromkeys(plugin.devices, "Unhealthy")
         for name in os.listdir(self.plugin_dir):
             path = os.path.join(self.plugin_dir, name)
             with contextlib.suppress(FileNotFoundError):
-                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                mode = os.lstat(path).st_mode
+                if stat.S_ISSOCK(mode) or (
+                    every_file and not stat.S_ISDIR(mode) and name != "kubelet_internal_checkpoint"
+                ):
                     os.unlink(path)
         await self.start()
 
