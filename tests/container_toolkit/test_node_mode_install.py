@@ -361,3 +361,43 @@ def test_a_plugin_still_starting_is_waited_for_not_killed(tmp_path: Path) -> Non
     finally:
         plugin.kill()
         plugin.wait()
+
+
+BECOMES_ANOTHER = """\
+import os, sys, time
+time.sleep(0.3)  # found as a plugin, no SIGHUP handler yet
+# The PID now runs another program that handles SIGHUP (as a reused PID would).
+os.execv(sys.executable, [sys.executable, "-c", os.environ["OTHER"]])
+"""
+OTHER = """\
+import os, signal, time
+signal.signal(signal.SIGHUP, lambda *_: open(os.environ["MARK"], "w").close())
+time.sleep(30)
+"""
+
+
+def test_a_pid_that_stops_being_the_plugin_before_the_signal_is_not_signalled(
+    tmp_path: Path,
+) -> None:
+    """Issue 40 item 4: the installer signalled by PID after waiting up to 10 s, so whatever
+    ran under that PID by then got the SIGHUP."""
+    root = tmp_path / "root"
+    record = root / "etc/enflame-gcu/node-mode.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")
+    script = tmp_path / "enflame-device-plugin"
+    script.write_text(BECOMES_ANOTHER)
+    mark = tmp_path / "signalled"
+    args = [sys.executable, str(script), "--node-mode=auto", f"--host-root={root}"]
+    env = {**os.environ, "MARK": str(mark), "OTHER": OTHER}
+    process = subprocess.Popen(args, env=env)
+    try:
+        time.sleep(0.1)
+        told = node_mode.notify_plugins(str(root), wait=5.0)
+        time.sleep(0.3)
+        assert told == []
+        assert not mark.exists(), "the process now under the plugin's PID got SIGHUP"
+        assert process.poll() is None
+    finally:
+        process.kill()
+        process.wait()

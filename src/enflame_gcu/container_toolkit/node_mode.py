@@ -14,7 +14,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from enflame_gcu import fileio, node_modes
 from enflame_gcu.container_toolkit.doctor import engine_configs
@@ -159,6 +159,43 @@ def _wait_for_handler(proc: str, pid: str, deadline: float) -> bool | None:
         time.sleep(0.05)
 
 
+def _argv(proc: str, pid: str) -> list[str] | None:
+    try:
+        raw = fileio.read_regular(os.path.join(proc, pid, "cmdline"), 4 << 20)
+    except OSError:
+        return None
+    return [w for w in raw.decode("utf-8", "replace").split("\0") if w]
+
+
+def _reads_record(proc: str, pid: str, argv: Sequence[str], ours: os.stat_result) -> bool:
+    """Whether ``argv`` is a plugin in ``--node-mode=auto`` whose record is the file ``ours``."""
+    flags = _plugin_flags(argv)
+    if flags is None or flags.get("--node-mode") != node_modes.AUTO:
+        return False
+    their_root = flags.get("--host-root") or "/"
+    theirs = os.path.join(proc, pid, "root", their_root.lstrip("/"), node_modes.MODE_FILE[1:])
+    try:
+        seen = os.stat(theirs)
+    except OSError:
+        return False
+    return (seen.st_dev, seen.st_ino) == (ours.st_dev, ours.st_ino)
+
+
+@contextlib.contextmanager
+def _pidfd(proc: str, pid: int) -> Iterator[int | None]:
+    """A pidfd for ``pid`` (None when ``proc`` is not this kernel's /proc, or pidfds are not
+    available: the re-check before the signal is then the only guard)."""
+    fd = None
+    if os.path.realpath(proc) == "/proc" and hasattr(os, "pidfd_open"):
+        with contextlib.suppress(OSError):
+            fd = os.pidfd_open(pid)
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def notify_plugins(
     root: str, proc: str = "/proc", wait: float = HANDLER_WAIT_SECONDS
 ) -> list[tuple[int, bool]]:
@@ -183,28 +220,26 @@ def notify_plugins(
     except OSError:
         return []
     for entry in entries:
-        try:
-            raw = fileio.read_regular(os.path.join(proc, entry, "cmdline"), 4 << 20)
-            argv = [w for w in raw.decode("utf-8", "replace").split("\0") if w]
-        except OSError:
-            continue
-        flags = _plugin_flags(argv)
-        if flags is None or flags.get("--node-mode") != node_modes.AUTO:
-            continue
-        their_root = flags.get("--host-root") or "/"
-        theirs = os.path.join(proc, entry, "root", their_root.lstrip("/"), node_modes.MODE_FILE[1:])
-        try:
-            seen = os.stat(theirs)
-        except OSError:
-            continue
-        if (seen.st_dev, seen.st_ino) == (ours.st_dev, ours.st_ino):
+        # A pidfd taken before the checks names the process they are made on: when it exits
+        # and its PID is reused meanwhile, the signal fails instead of reaching the newcomer.
+        with _pidfd(proc, int(entry)) as pidfd:
+            argv = _argv(proc, entry)
+            if argv is None or not _reads_record(proc, entry, argv, ours):
+                continue
             caught = _wait_for_handler(proc, entry, deadline)
             if caught is None:
                 continue  # gone meanwhile
             if not caught:
                 told.append((int(entry), False))
                 continue
+            # Up to ``wait`` seconds passed: the PID must still run the very plugin found
+            # (same command line, same record), or it is not signalled.
+            if _argv(proc, entry) != argv or not _reads_record(proc, entry, argv, ours):
+                continue
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry), signal.SIGHUP)
+                if pidfd is None:
+                    os.kill(int(entry), signal.SIGHUP)
+                else:
+                    signal.pidfd_send_signal(pidfd, signal.SIGHUP)
                 told.append((int(entry), True))
     return told
