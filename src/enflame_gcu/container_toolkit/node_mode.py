@@ -60,6 +60,9 @@ def engine_version(
     return (int(match[1]), int(match[2])) if match else None
 
 
+_NO_VIEW = engine_configs.EngineView("", None, False, None)
+
+
 def _installed(root: str, containerd: hosts.ContainerdSite | None) -> list[str]:
     found = list(hosts.detect(root, containerd))
     if any(os.path.exists(fileio.resolve(root, p)) for p in BINARIES["podman"]):
@@ -80,7 +83,13 @@ def detect(
         # The kubelet's CRI endpoint, read as doctor and k8s-config.sh read it (engines.cri).
         endpoint = cri.kubelet_endpoint(root)
         said = endpoint.engine if endpoint is not None else None
-        runs_cri = [e for e in found if e in ("containerd", "crio")]
+        # docker's own containerd runs with its CRI plugin disabled: no kubelet can talk to it.
+        seen = {v.engine: v for v in engine_configs.read_engines(root, containerd)}
+        runs_cri = [
+            e
+            for e in found
+            if e == "crio" or (e == "containerd" and not seen.get(e, _NO_VIEW).cri_disabled)
+        ]
         name = said if said in found else (runs_cri[0] if runs_cri else "")
     if not name:
         # Without a kubelet: docker first (it also brings a containerd), then podman.
@@ -106,6 +115,10 @@ def decide(root: str, asked_mode: str, engine: node_modes.Engine) -> node_modes.
             raise InstallError(f"{exc}; nothing was changed") from exc
         if choice is None:
             mode, reason = node_modes.choose(engine)
+            problem = node_modes.refuse(mode, engine)
+            if problem is not None:  # no mode works here: said, not installed
+                raise InstallError(f"--mode auto found no mode that works: {problem}; "
+                                   "nothing was changed")  # fmt: skip
             return node_modes.Record(mode, engine.name, version, "auto", reason)
         asked_mode, chosen_by = choice, f"this node's {node_modes.CHOICE_FILE}"
     problem = node_modes.refuse(asked_mode, engine)
