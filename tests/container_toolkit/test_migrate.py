@@ -1,0 +1,114 @@
+"""``enflame-ctk migrate`` on simulated nodes seeded with what topscloud leaves (issue 40)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import tomlkit
+
+from enflame_gcu.container_toolkit import engines, migrate
+from enflame_gcu.container_toolkit.cli import main
+from tests.conftest import MakeNode
+from tests.container_toolkit import installer_fixtures as fx
+from tests.container_toolkit import topscloud_files as vendor
+
+CRI = ("plugins", "io.containerd.grpc.v1.cri", "containerd")
+
+
+def _read(root: str, path: str) -> str:
+    with open(os.path.join(root, path.lstrip("/")), encoding="utf-8") as handle:
+        return handle.read()
+
+
+@pytest.fixture
+def node(make_node: MakeNode) -> str:
+    root = make_node("vendor-8card")
+    vendor.seed(root, crio=True)
+    return root
+
+
+def test_the_issue_loop_unconfigure_found_nothing_to_undo_on_the_vendors_entries(
+    node: str,
+) -> None:
+    """Before migrate: the vendor's default runtime cannot be taken out by unconfigure."""
+    change = engines.unconfigure("containerd", host_root=node)
+    assert not change.changed and "nothing to undo" in change.describe()
+
+
+def test_dry_run_shows_every_leftover_and_changes_nothing(
+    node: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = fx.snapshot(node)
+    assert main(["migrate", "--host-root", node, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "adopt docker's topscloud entries in /etc/docker/daemon.json" in out
+    assert "default-runtime = 'enflame'" in out
+    assert "adopt containerd's topscloud entries in /etc/containerd/config.toml" in out
+    assert "adopt crio's topscloud entries in /etc/crio/crio.conf.d/99-enflame.toml" in out
+    assert "set /etc/enflame-container-runtime/config.toml aside" in out
+    assert "keep /var/log/enflame" in out
+    assert fx.snapshot(node) == before
+
+
+def test_migrate_adopts_so_unconfigure_removes_exactly_the_vendors_entries(node: str) -> None:
+    configs = {
+        "docker": "/etc/docker/daemon.json",
+        "containerd": "/etc/containerd/config.toml",
+        "crio": "/etc/crio/crio.conf.d/99-enflame.toml",
+    }
+    seeded = {engine: _read(node, path) for engine, path in configs.items()}
+    assert main(["migrate", "--host-root", node]) == 0
+    # Adopting writes no engine config: each is byte for byte the vendor's, and backed up.
+    for engine, path in configs.items():
+        assert _read(node, path) == seeded[engine]
+        directory = os.path.dirname(os.path.join(node, path.lstrip("/")))
+        if engine == "crio":
+            directory = os.path.join(node, "etc/crio")
+        backups = [n for n in os.listdir(directory) if ".enflame-backup-" in n]
+        assert backups, engine
+    assert os.path.exists(os.path.join(node, "etc/enflame-container-runtime/config.toml.topscloud"))
+    assert not os.path.exists(os.path.join(node, "etc/enflame-container-runtime/config.toml"))
+    # A second run finds nothing left.
+    assert not migrate.survey(node).pending
+
+    for engine in configs:
+        assert engines.unconfigure(engine, host_root=node).changed, engine
+    daemon = json.loads(_read(node, configs["docker"]))
+    expected = json.loads(seeded["docker"])
+    del expected["default-runtime"], expected["runtimes"]
+    assert daemon == expected  # every other key of the vendor's template kept
+    document = tomlkit.parse(_read(node, configs["containerd"])).unwrap()
+    table = document["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+    assert table["default_runtime_name"] == "runc"
+    assert set(table["runtimes"]) == {"runc"}
+    assert table["runtimes"]["runc"]["options"]["SystemdCgroup"] is True
+    assert "# written by provisioning" in _read(node, configs["containerd"])
+    assert not os.path.exists(os.path.join(node, configs["crio"].lstrip("/")))  # only theirs
+    # Backups are gone with the undo, as after any exact unconfigure.
+    assert not [n for n in os.listdir(os.path.join(node, "etc/docker")) if "backup" in n]
+
+
+def test_an_entry_of_ours_is_not_adopted_again(make_node: MakeNode) -> None:
+    root = make_node("vendor-8card")
+    fx.fake_host(root, containerd=False)
+    engines.configure("docker", host_root=root, options=engines.RuntimeOptions())
+    assert migrate.survey(root).foreign == ()
+
+
+def test_the_migrated_containerd_config_is_read_by_a_real_containerd(node: str) -> None:
+    assert main(["migrate", "--host-root", node]) == 0
+    engines.unconfigure("containerd", host_root=node)
+    config = os.path.join(node, "etc/containerd/config.toml")
+    dump = subprocess.run(
+        ["containerd", "--config", config, "config", "dump"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    cri = tomlkit.parse(dump).unwrap()["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+    assert cri["default_runtime_name"] == "runc"
+    assert "enflame" not in cri["runtimes"]
