@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-import pytest
 
 from enflame_gcu._proto import api_pb2, api_pb2_grpc
 from enflame_gcu.container_toolkit import migrate, migrate_plugin
