@@ -9,7 +9,8 @@ import subprocess
 import pytest
 import tomlkit
 
-from enflame_gcu.container_toolkit import engines, migrate
+from enflame_gcu import node_modes
+from enflame_gcu.container_toolkit import doctor, engines, installer, migrate
 from enflame_gcu.container_toolkit.cli import main
 from tests.conftest import MakeNode
 from tests.container_toolkit import installer_fixtures as fx
@@ -112,3 +113,66 @@ def test_the_migrated_containerd_config_is_read_by_a_real_containerd(node: str) 
     cri = tomlkit.parse(dump).unwrap()["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
     assert cri["default_runtime_name"] == "runc"
     assert "enflame" not in cri["runtimes"]
+
+
+def _doctor(root: str, name: str) -> doctor.Result:
+    (result,) = [r for r in doctor.run(root) if r.name == name]
+    return result
+
+
+def _device_specs_node(make_node: MakeNode) -> str:
+    """The issue's node: device-specs recorded, the vendor's enflame containerd's default."""
+    root = make_node("vendor-8card")
+    vendor.seed(root, docker=False)
+    record = node_modes.Record("device-specs", "containerd", "1.6", "explicit", "test")
+    fx.write(root, node_modes.MODE_FILE, record.to_json())
+    return root
+
+
+def test_doctor_fixes_the_vendors_default_with_migrate_first_and_the_fix_works(
+    make_node: MakeNode,
+) -> None:
+    """Issue 40: doctor's fix was `runtime unconfigure`, which found nothing to undo."""
+    root = _device_specs_node(make_node)
+    mode = _doctor(root, "node-mode")
+    assert mode.status == "fail"
+    assert mode.fix.startswith(f"enflame-ctk migrate --host-root {root} && ")
+    # Followed as printed, the node then passes.
+    for command in mode.fix.split(" && "):
+        assert main(command.split()[1:]) == 0, command
+    assert _doctor(root, "node-mode").status == "pass"
+    assert _doctor(root, "topscloud").status == "pass"
+
+
+def test_doctor_names_a_half_migrated_node_and_the_one_command_that_finishes_it(
+    make_node: MakeNode,
+) -> None:
+    root = _device_specs_node(make_node)
+    result = _doctor(root, "topscloud")
+    assert result.status == "fail" and "half migrated" in result.detail
+    assert result.fix == f"enflame-ctk migrate --host-root {root}"
+    assert main(result.fix.split()[1:]) == 0
+    assert _doctor(root, "topscloud").status == "pass"
+
+
+def test_doctor_on_a_topscloud_node_warns_with_the_dry_run(make_node: MakeNode) -> None:
+    root = make_node("vendor-8card")
+    vendor.seed(root)
+    result = _doctor(root, "topscloud")
+    assert result.status == "warn" and "a topscloud node" in result.detail
+    assert result.fix.startswith(f"enflame-ctk migrate --dry-run --host-root {root}")
+
+
+def test_install_after_migrate_takes_the_adopted_default_out_in_device_specs(
+    make_node: MakeNode,
+) -> None:
+    root = make_node("vendor-8card")
+    vendor.seed(root, docker=False)
+    os.makedirs(os.path.join(root, "var/lib/kubelet"))
+    assert main(["migrate", "--host-root", root]) == 0
+    outcome = installer.install(installer.InstallOptions(host_root=root, mode="auto"))
+    assert outcome.mode == "device-specs"
+    document = tomlkit.parse(_read(root, "/etc/containerd/config.toml")).unwrap()
+    table = document["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+    assert table["default_runtime_name"] == "runc" and "enflame" not in table["runtimes"]
+    assert any("migrate adopted" in line for line in outcome.lines)
