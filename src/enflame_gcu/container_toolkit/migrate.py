@@ -145,10 +145,12 @@ def run(
         os.rename(local, aside)
         done.append(f"set {VENDOR_CONFIG} aside as {VENDOR_CONFIG}{ASIDE_SUFFIX}")
     if found.plugin.state == "vendor":
-        raise InstallError(
-            f"the vendor's device plugin serves {hosts_view(found.plugin.path, root)} and ours "
-            "is not running: deploy ours (it stands by), then run migrate again"
-            + ("; done so far: " + "; ".join(done) if done else "")
+        # Not an error: the node's files are migrated; the socket waits for our plugin (the
+        # toolkit is installed before the plugin is deployed), and doctor says what is left.
+        done.append(
+            f"left for later: the vendor's device plugin serves "
+            f"{hosts_view(found.plugin.path, root)} and ours is not running: deploy ours (it "
+            f"stands by), then run `{COMMAND}` again"
         )
     if found.plugin.state == "vendor-ours-waiting":
         if found.id_problem:
