@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 import tomlkit
@@ -12,11 +13,13 @@ import tomlkit
 from enflame_gcu import node_modes
 from enflame_gcu.container_toolkit import doctor, engines, installer, migrate
 from enflame_gcu.container_toolkit.cli import main
-from tests.conftest import MakeNode
+from tests.conftest import PROJECT_ROOT, MakeNode
 from tests.container_toolkit import installer_fixtures as fx
 from tests.container_toolkit import topscloud_files as vendor
 
 CRI = ("plugins", "io.containerd.grpc.v1.cri", "containerd")
+INSTALL_SH = os.path.join(PROJECT_ROOT, "deploy", "install.sh")
+DEV_ENV = os.path.dirname(os.path.dirname(sys.executable))
 
 
 def _read(root: str, path: str) -> str:
@@ -88,8 +91,9 @@ def test_migrate_adopts_so_unconfigure_removes_exactly_the_vendors_entries(node:
     assert table["runtimes"]["runc"]["options"]["SystemdCgroup"] is True
     assert "# written by provisioning" in _read(node, configs["containerd"])
     assert not os.path.exists(os.path.join(node, configs["crio"].lstrip("/")))  # only theirs
-    # Backups are gone with the undo, as after any exact unconfigure.
-    assert not [n for n in os.listdir(os.path.join(node, "etc/docker")) if "backup" in n]
+    # The backup of the vendor's file outlives the undo: the one copy of topscloud's setup.
+    [backup] = [n for n in os.listdir(os.path.join(node, "etc/docker")) if "backup" in n]
+    assert _read(node, f"/etc/docker/{backup}") == seeded["docker"]
 
 
 def test_an_entry_of_ours_is_not_adopted_again(make_node: MakeNode) -> None:
@@ -176,3 +180,24 @@ def test_install_after_migrate_takes_the_adopted_default_out_in_device_specs(
     table = document["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
     assert table["default_runtime_name"] == "runc" and "enflame" not in table["runtimes"]
     assert any("migrate adopted" in line for line in outcome.lines)
+
+
+def test_install_sh_migrate_moves_a_topscloud_kubernetes_node_to_device_specs(
+    make_node: MakeNode,
+) -> None:
+    root = make_node("vendor-8card")
+    vendor.seed(root, docker=False)
+    os.makedirs(os.path.join(root, "var/lib/kubelet"))
+    done = subprocess.run(
+        ["bash", INSTALL_SH, "--migrate", "--host-root", root, "--use-env", DEV_ENV],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "adopted containerd's topscloud entries" in done.stderr
+    assert "node mode device-specs (auto)" in done.stderr
+    document = tomlkit.parse(_read(root, "/etc/containerd/config.toml")).unwrap()
+    table = document["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+    assert table["default_runtime_name"] == "runc" and "enflame" not in table["runtimes"]
+    assert _doctor(root, "topscloud").status == "pass"

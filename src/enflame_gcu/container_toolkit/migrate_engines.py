@@ -222,7 +222,9 @@ def adopt(foreign: Foreign, root: str, now: datetime.datetime | None = None) -> 
                 "before": before,
                 "written_sha256": storage.sha256(foreign.text),
                 "changes": list(foreign.records),
-                "backups": [os.path.relpath(backup, state_dir)],
+                # Not the step's: an undo removes a step's backups as identical to what it
+                # restores, while this one holds the vendor's entries: it stays, for good.
+                "backups": [],
             },
         )
         storage.save_state(foreign.config, state, identity)
