@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ARCH = platform.machine()
-PYTHON = "%d.%d" % sys.version_info[:2]
+PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
 def _bundle(tmp_path: Path) -> Path:
