@@ -17,7 +17,7 @@ import os
 
 from enflame_gcu import devices, fileio
 from enflame_gcu.container_toolkit import migrate_engines, migrate_plugin
-from enflame_gcu.container_toolkit.engines import hosts
+from enflame_gcu.container_toolkit.engines import base, hosts
 from enflame_gcu.errors import EnflameError, InstallError
 from enflame_gcu.shim import config as runtime_config
 
@@ -71,7 +71,7 @@ def plan(found: Survey) -> list[str]:
     """What :func:`run` does for ``found``, one line each (host paths as the host sees them)."""
 
     def shown(path: str) -> str:
-        return hosts_view(path, found.root)
+        return base.host_view(path, found.root)
 
     lines = []
     for item in found.foreign:
@@ -105,16 +105,6 @@ def plan(found: Survey) -> list[str]:
     return lines
 
 
-def hosts_view(path: str, root: str) -> str:
-    """``path`` as the host sees it."""
-    if root in ("", "/"):
-        return path
-    rel = os.path.relpath(path, os.path.realpath(root))
-    if rel.startswith(".."):
-        rel = os.path.relpath(path, os.path.abspath(root))
-    return path if rel.startswith("..") else "/" + rel
-
-
 def run(
     root: str,
     site: hosts.ContainerdSite | None = None,
@@ -134,8 +124,8 @@ def run(
     for item in found.foreign:
         backup = migrate_engines.adopt(item, root, now)
         done.append(
-            f"adopted {item.engine}'s topscloud entries in {hosts_view(item.file, root)} "
-            f"(backup: {hosts_view(backup, root)})"
+            f"adopted {item.engine}'s topscloud entries in {base.host_view(item.file, root)} "
+            f"(backup: {base.host_view(backup, root)})"
         )
     if found.vendor_config:
         local = fileio.resolve(root, VENDOR_CONFIG)
@@ -149,7 +139,7 @@ def run(
         # toolkit is installed before the plugin is deployed), and doctor says what is left.
         done.append(
             f"left for later: the vendor's device plugin serves "
-            f"{hosts_view(found.plugin.path, root)} and ours is not running: deploy ours (it "
+            f"{base.host_view(found.plugin.path, root)} and ours is not running: deploy ours (it "
             f"stands by), then run `{COMMAND}` again"
         )
     if found.plugin.state == "vendor-ours-waiting":
@@ -157,7 +147,7 @@ def run(
             raise InstallError(found.id_problem)
         migrate_plugin.hand_over(found.plugin, handover_timeout)
         done.append(
-            f"handed {hosts_view(found.plugin.path, root)} over to our device plugin; remove "
+            f"handed {base.host_view(found.plugin.path, root)} over to our device plugin; remove "
             "the vendor's DaemonSet now (kubectl delete -f enflame-device-plugin.yaml)"
         )
     return done or ["nothing of topscloud's left to migrate"]
