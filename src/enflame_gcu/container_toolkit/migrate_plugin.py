@@ -37,38 +37,84 @@ class PluginSocket:
     state: str  # "none", "vendor", "vendor-ours-waiting", "ours"
 
 
-def _lock_mtime(path: str) -> float | None:
-    """The time our plugin took the lock (it writes its line then); None when nobody holds it."""
+# Our plugin holds its lock while it serves; standing by behind a foreign server it only takes
+# it for LISTENER_GRACE (0.1 s) every STANDBY_INTERVAL (0.5 s): held at every one of these
+# samples means serving.
+LOCK_SAMPLES = 5
+LOCK_SAMPLE_GAP = 0.12
+
+
+def _lock_held(path: str) -> bool:
+    """Whether a process holds ``<socket>.lock`` now (our plugin, while it serves)."""
     try:
         fd = os.open(path + LOCK_SUFFIX, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
-        return None
+        return False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return os.fstat(fd).st_mtime
+            return True
         fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
+        return False
     finally:
         os.close(fd)
+
+
+def _ours_serving(path: str) -> bool:
+    for sample in range(LOCK_SAMPLES):
+        if sample:
+            time.sleep(LOCK_SAMPLE_GAP)
+        if not _lock_held(path):
+            return False
+    return True
+
+
+def _ours_running(plugin_dir: str, proc: str = "/proc") -> bool:
+    """Whether an enflame-device-plugin of ours runs for ``plugin_dir`` (as seen from here)."""
+    wanted = os.path.realpath(plugin_dir)
+    try:
+        entries = [e for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return False
+    for entry in entries:
+        try:
+            raw = fileio.read_regular(os.path.join(proc, entry, "cmdline"), 1 << 20)
+        except OSError:
+            continue
+        theirs = _plugin_dir_of([w for w in raw.decode("utf-8", "replace").split("\0") if w])
+        if theirs is not None and os.path.realpath(theirs) == wanted:
+            return True
+    return False
+
+
+def _plugin_dir_of(argv: list[str]) -> str | None:
+    """The --plugin-dir of an enflame-device-plugin command line; None for other programs."""
+    names = [os.path.basename(word) for word in argv[:2]]
+    if "enflame-device-plugin" not in names and "enflame_gcu.device_plugin.main" not in argv[:4]:
+        return None
+    for index, word in enumerate(argv):
+        if word == "--plugin-dir" and index + 1 < len(argv):
+            return argv[index + 1]
+        if word.startswith("--plugin-dir="):
+            return word.partition("=")[2]
+    return PLUGIN_DIR
 
 
 def inspect(root: str, plugin_dir: str = PLUGIN_DIR) -> PluginSocket:
     """Who serves the plugin socket under ``root``.
 
-    A socket that listens while no plugin of ours holds the lock is the vendor's; with our lock
-    held, the socket is ours when it was made after the lock was taken (ours binds only once it
-    holds the lock), the vendor's when it is older (ours stands by behind it).
+    Our plugin serves only while it holds the socket's lock, and stands by without it while a
+    foreign server holds the path: a listener with the lock free is the vendor's. Whether ours
+    stands by is read off the processes.
     """
     path = fileio.resolve(root, os.path.join(plugin_dir, SOCKET), follow=False)
     if not unix_sockets.listening(path):
         return PluginSocket(path, "none")
-    locked_at = _lock_mtime(path)
-    if locked_at is None:
-        return PluginSocket(path, "vendor")
-    made = os.lstat(path).st_ctime
-    return PluginSocket(path, "ours" if made >= locked_at else "vendor-ours-waiting")
+    if _ours_serving(path):
+        return PluginSocket(path, "ours")
+    waiting = _ours_running(os.path.dirname(path))
+    return PluginSocket(path, "vendor-ours-waiting" if waiting else "vendor")
 
 
 def held_ids(root: str, plugin_dir: str = PLUGIN_DIR) -> tuple[set[str], set[str]]:
@@ -114,11 +160,17 @@ def hand_over(socket: PluginSocket, timeout: float) -> None:
     raise InstallError) when ours does not within ``timeout`` seconds."""
     aside = socket.path + ASIDE
     vendor = os.lstat(socket.path).st_ino
+    if _lock_held(socket.path):  # ours is in its look at the path: let it go back to waiting
+        time.sleep(LOCK_SAMPLE_GAP * 2)
     os.rename(socket.path, aside)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(FileNotFoundError):
-            if os.lstat(socket.path).st_ino != vendor and unix_sockets.listening(socket.path):
+            if (
+                os.lstat(socket.path).st_ino != vendor
+                and unix_sockets.listening(socket.path)
+                and _lock_held(socket.path)
+            ):
                 return
         time.sleep(0.05)
     with contextlib.suppress(OSError):
