@@ -51,10 +51,13 @@ def healthy(make_node: MakeNode) -> Iterator[str]:
     fx.write(root, "/proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n")
     record = node_modes.Record("default-runtime", "containerd", "1.6", "explicit", "vendor way")
     fx.write(root, node_modes.MODE_FILE, record.to_json())
-    # Our plugin holds its socket's lock before it binds (a listener without one is topscloud's).
+    # As our plugin does: lock, bind a private name, rename it into place (a listener bound at
+    # enflame.sock itself is another program's: topscloud's).
     lock = socket_lock.SocketLock(os.path.join(plugin_dir, "enflame.sock"))
     assert lock.try_acquire()
-    servers = [_serve(os.path.join(plugin_dir, n)) for n in ("kubelet.sock", "enflame.sock")]
+    private = os.path.join(plugin_dir, ".enflame.sock.private")
+    servers = [_serve(os.path.join(plugin_dir, "kubelet.sock")), _serve(private)]
+    os.rename(private, os.path.join(plugin_dir, "enflame.sock"))
     yield root
     for server in servers:
         server.close()

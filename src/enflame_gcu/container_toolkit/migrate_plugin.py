@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import os
 import time
 
 from enflame_gcu import fileio
 from enflame_gcu.errors import InstallError
-from enflame_gcu.support import socket_lock, unix_sockets
+from enflame_gcu.support import unix_sockets
 
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 SOCKET = "enflame.sock"
-LOCK_SUFFIX = socket_lock.LOCK_SUFFIX  # our plugin holds <socket>.lock while it runs
 CHECKPOINT = "kubelet_internal_checkpoint"
 RESOURCE = "enflame.com/gcu"
 ASIDE = ".topscloud"
@@ -37,37 +35,45 @@ class PluginSocket:
     state: str  # "none", "vendor", "vendor-ours-waiting", "ours"
 
 
-# Our plugin holds its lock while it serves; standing by behind a foreign server it only takes
-# it for LISTENER_GRACE (0.1 s) every STANDBY_INTERVAL (0.5 s): held at every one of these
-# samples means serving.
-LOCK_SAMPLES = 5
-LOCK_SAMPLE_GAP = 0.12
+# A listening unix socket's row in /proc/net/unix: ``... Flags Type St Inode Path``.
+_ACCEPTING = 0x10000  # __SO_ACCEPTCON in Flags: the socket listens
 
 
-def _lock_held(path: str) -> bool:
-    """Whether a process holds ``<socket>.lock`` now (our plugin, while it serves)."""
+def _bound_at(names: set[str], proc: str = "/proc") -> bool:
+    """Whether a listening unix socket was bound at one of ``names``, in any network namespace.
+
+    Our plugin binds a private name and renames it into place (device_plugin.kubelet), so
+    /proc/net/unix never shows ``enflame.sock`` for ours: a listener bound at that very path is
+    another program's (topscloud's binds it directly).
+    """
+    wanted = {os.path.normpath(name) for name in names}
+    seen: set[str] = set()
     try:
-        fd = os.open(path + LOCK_SUFFIX, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        pids = ["self", *(e for e in os.listdir(proc) if e.isdigit())]
     except OSError:
-        return False
-    try:
+        pids = ["self"]
+    for pid in pids:
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
-
-def _ours_serving(path: str) -> bool:
-    for sample in range(LOCK_SAMPLES):
-        if sample:
-            time.sleep(LOCK_SAMPLE_GAP)
-        if not _lock_held(path):
-            return False
-    return True
+            namespace = os.readlink(os.path.join(proc, pid, "ns", "net"))
+        except OSError:
+            continue
+        if namespace in seen:
+            continue
+        seen.add(namespace)
+        try:
+            table = fileio.read_regular(os.path.join(proc, pid, "net", "unix"), 64 << 20)
+        except OSError:
+            continue
+        for line in table.decode("utf-8", "replace").splitlines()[1:]:
+            fields = line.split(None, 7)
+            # As bound: gRPC keeps the slashes of its unix:/// address ("///var/lib/...").
+            if (
+                len(fields) == 8
+                and int(fields[3], 16) & _ACCEPTING
+                and os.path.normpath(fields[7]) in wanted
+            ):
+                return True
+    return False
 
 
 def _ours_running(plugin_dir: str, proc: str = "/proc") -> bool:
@@ -102,16 +108,13 @@ def _plugin_dir_of(argv: list[str]) -> str | None:
 
 
 def inspect(root: str, plugin_dir: str = PLUGIN_DIR) -> PluginSocket:
-    """Who serves the plugin socket under ``root``.
-
-    Our plugin serves only while it holds the socket's lock, and stands by without it while a
-    foreign server holds the path: a listener with the lock free is the vendor's. Whether ours
-    stands by is read off the processes.
-    """
-    path = fileio.resolve(root, os.path.join(plugin_dir, SOCKET), follow=False)
+    """Who serves the plugin socket under ``root``: a listener bound at the socket's own path
+    is foreign (ours binds a private name first); whether ours stands by is read off /proc."""
+    shown = os.path.join(plugin_dir, SOCKET)
+    path = fileio.resolve(root, shown, follow=False)
     if not unix_sockets.listening(path):
         return PluginSocket(path, "none")
-    if _ours_serving(path):
+    if not _bound_at({shown, path}):
         return PluginSocket(path, "ours")
     waiting = _ours_running(os.path.dirname(path))
     return PluginSocket(path, "vendor-ours-waiting" if waiting else "vendor")
@@ -160,17 +163,11 @@ def hand_over(socket: PluginSocket, timeout: float) -> None:
     raise InstallError) when ours does not within ``timeout`` seconds."""
     aside = socket.path + ASIDE
     vendor = os.lstat(socket.path).st_ino
-    if _lock_held(socket.path):  # ours is in its look at the path: let it go back to waiting
-        time.sleep(LOCK_SAMPLE_GAP * 2)
     os.rename(socket.path, aside)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(FileNotFoundError):
-            if (
-                os.lstat(socket.path).st_ino != vendor
-                and unix_sockets.listening(socket.path)
-                and _lock_held(socket.path)
-            ):
+            if os.lstat(socket.path).st_ino != vendor and unix_sockets.listening(socket.path):
                 return
         time.sleep(0.05)
     with contextlib.suppress(OSError):
