@@ -818,11 +818,8 @@ class Node:
         options: KubeletOptions | None = None,
         topology: str = "vendor-8card",
         expect_devices: int = 8,
-        *,
-        plugin: bool = True,
     ) -> Node:
-        """Simulated node + kubelet + plugin, waiting until the kubelet has the cards
-        (``plugin=False``: the kubelet alone, for a scenario that starts another plugin)."""
+        """Simulated node + kubelet + plugin, waiting until the kubelet has the cards."""
         if not os.path.exists(self.host_root):
             self.simulate(topology)
         self.kubelet = Kubelet(
@@ -835,9 +832,8 @@ class Node:
         )
         self._pods = Pods(self.kubelet)
         self.kubelet.start()
-        if plugin:
-            self.plugin.start(plugin_args)
-            self.wait_registered(expect_devices)
+        self.plugin.start(plugin_args)
+        self.wait_registered(expect_devices)
         return self
 
     @property
