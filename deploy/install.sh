@@ -47,6 +47,9 @@ Options:
                      told to pass the container annotations cdi.k8s.io/* to the runtime
   --restart-engine   SIGHUP/restart the engines whose config changed (default: print how)
   --host-root DIR    treat DIR as / (tests, images); /usr/bin links then point at host paths
+  --migrate          first move the node off Enflame's topscloud (enflame-ctk migrate: adopt its
+                     runtime entries, set aside its runtime config, hand its plugin socket to
+                     ours); the install then takes the entries out where the mode wants that
   --dry-run          print what would change, change nothing
   --uninstall        undo a previous install
   -h, --help         this text
@@ -73,6 +76,7 @@ UNINSTALL=0
 RESTART=0
 MODE=
 CDI_ANNOTATIONS=0
+MIGRATE=0
 RUNTIMES=()
 
 need_value() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
@@ -90,6 +94,7 @@ while [[ $# -gt 0 ]]; do
         --cdi-annotations) CDI_ANNOTATIONS=1; shift ;;
         --restart-engine|--restart) RESTART=1; shift ;; # --restart: the old spelling
         --dry-run) DRY_RUN=1; shift ;;
+        --migrate) MIGRATE=1; shift ;;
         --uninstall) UNINSTALL=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
@@ -322,6 +327,13 @@ ARGS=(
 ARGS+=(--mode "$MODE")
 [[ $CDI_ANNOTATIONS == 1 ]] && ARGS+=(--cdi-annotations)
 for runtime in "${RUNTIMES[@]+"${RUNTIMES[@]}"}"; do ARGS+=(--runtime "$runtime"); done
+
+if [[ $MIGRATE == 1 && $UNINSTALL == 0 ]]; then
+    MIGRATE_ARGS=(--host-root "$HOST_ROOT")
+    [[ $DRY_RUN == 1 ]] && MIGRATE_ARGS+=(--dry-run)
+    "$CTK_ENV/bin/enflame-ctk" migrate "${MIGRATE_ARGS[@]}" \
+        || die "migrating from topscloud stopped (above); the install did not run"
+fi
 
 if ! "$CTK_ENV/bin/enflame-ctk" install "${COMMON[@]}" "${ARGS[@]}" "${CREATED[@]+"${CREATED[@]}"}"; then
     # enflame-ctk install has taken back this run's changes itself, and only those: an install

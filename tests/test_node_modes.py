@@ -23,6 +23,8 @@ CHOICES = [
     ("containerd", (1, 6), None, False, "device-specs"),
     ("containerd", (1, 7), True, False, "cdi"),
     ("", None, None, True, "device-specs"),
+    # podman is no CRI engine: a kubelet directory beside it does not make device-specs work.
+    ("podman", (4, 3), None, True, "cdi"),
 ]
 
 
@@ -50,6 +52,9 @@ def test_a_kubernetes_node_default_puts_nothing_in_the_container_path() -> None:
         ("cdi", Engine("containerd", None), "version unknown"),
         ("device-specs", Engine("docker", (24, 0)), "default-runtime"),
         ("runtimeclass", Engine("podman", (4, 3)), "use cdi"),
+        ("device-specs", Engine("podman", (4, 3)), "use cdi"),
+        ("device-specs", Engine("podman", (4, 3), kubelet=False), "use cdi"),
+        ("device-specs", Engine("", None, kubelet=False), "no kubelet"),
         ("default-runtime", Engine("podman", (4, 3)), "podman has no runtime config"),
         ("strict", Engine("containerd", (1, 6)), "valid: auto, device-specs"),
     ],

@@ -132,6 +132,12 @@ def choose(engine: Engine) -> tuple[str, str]:
     described = engine.describe()
     if engine.name == "docker":
         return "default-runtime", f"{described}: docker runs containers outside the CRI"
+    if engine.name == "podman":
+        # A kubelet directory beside podman is no CRI engine to hand DeviceSpecs to.
+        return "cdi", (
+            f"{described} is no CRI engine (no kubelet hands it DeviceSpecs) and resolves CDI "
+            "names itself"
+        )
     if not engine.kubelet and native_cdi(engine):
         return "cdi", f"{described} resolves CDI names itself and no kubelet runs here"
     if not engine.kubelet and engine.name in ("containerd", "crio"):
@@ -166,6 +172,18 @@ def refuse(mode: str, engine: Engine) -> str | None:
         return (
             "node mode device-specs needs a CRI engine the kubelet talks to (containerd, CRI-O); "
             "docker itself never sees the plugin's DeviceSpecs: use default-runtime"
+        )
+    if mode == "device-specs" and engine.name == "podman":
+        return (
+            f"node mode device-specs needs a CRI engine the kubelet talks to; {described} is "
+            "none, and nothing would hand it the plugin's DeviceSpecs: use cdi "
+            "(podman run --device enflame.com/gcu=N)"
+        )
+    if mode == "device-specs" and not engine.kubelet and engine.name not in ("containerd", "crio"):
+        return (
+            f"node mode device-specs needs a kubelet and a CRI engine to deliver the cards; this "
+            f"host has no kubelet ({KUBELET_EVIDENCE} is missing) and {described}: install "
+            "containerd or CRI-O with the kubelet first, or podman and use cdi"
         )
     if mode in ("runtimeclass", "default-runtime") and engine.name == "podman":
         return (

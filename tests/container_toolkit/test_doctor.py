@@ -14,6 +14,7 @@ from enflame_gcu.container_toolkit import dev_char, doctor, engines
 from enflame_gcu.container_toolkit.cli import main
 from enflame_gcu.shim import launcher
 from enflame_gcu.simulation import simulate
+from enflame_gcu.support import socket_lock
 from tests.conftest import MakeNode
 from tests.container_toolkit import installer_fixtures as fx
 
@@ -51,10 +52,17 @@ def healthy(make_node: MakeNode) -> Iterator[str]:
     fx.write(root, "/proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n")
     record = node_modes.Record("default-runtime", "containerd", "1.6", "explicit", "vendor way")
     fx.write(root, node_modes.MODE_FILE, record.to_json())
-    servers = [_serve(os.path.join(plugin_dir, n)) for n in ("kubelet.sock", "enflame.sock")]
+    # As our plugin does: lock, bind a private name, rename it into place (a listener bound at
+    # enflame.sock itself is another program's: topscloud's).
+    lock = socket_lock.SocketLock(os.path.join(plugin_dir, "enflame.sock"))
+    assert lock.try_acquire()
+    private = os.path.join(plugin_dir, ".enflame.sock.private")
+    servers = [_serve(os.path.join(plugin_dir, "kubelet.sock")), _serve(private)]
+    os.rename(private, os.path.join(plugin_dir, "enflame.sock"))
     yield root
     for server in servers:
         server.close()
+    lock.release()
 
 
 def _result(root: str, name: str) -> doctor.Result:

@@ -361,3 +361,101 @@ def test_a_plugin_still_starting_is_waited_for_not_killed(tmp_path: Path) -> Non
     finally:
         plugin.kill()
         plugin.wait()
+
+
+BECOMES_ANOTHER = """\
+import os, sys, time
+time.sleep(0.3)  # found as a plugin, no SIGHUP handler yet
+# The PID now runs another program that handles SIGHUP (as a reused PID would).
+os.execv(sys.executable, [sys.executable, "-c", os.environ["OTHER"]])
+"""
+OTHER = """\
+import os, signal, time
+signal.signal(signal.SIGHUP, lambda *_: open(os.environ["MARK"], "w").close())
+time.sleep(30)
+"""
+
+
+def test_a_pid_that_stops_being_the_plugin_before_the_signal_is_not_signalled(
+    tmp_path: Path,
+) -> None:
+    """Issue 40 item 4: the installer signalled by PID after waiting up to 10 s, so whatever
+    ran under that PID by then got the SIGHUP."""
+    root = tmp_path / "root"
+    record = root / "etc/enflame-gcu/node-mode.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")
+    script = tmp_path / "enflame-device-plugin"
+    script.write_text(BECOMES_ANOTHER)
+    mark = tmp_path / "signalled"
+    args = [sys.executable, str(script), "--node-mode=auto", f"--host-root={root}"]
+    env = {**os.environ, "MARK": str(mark), "OTHER": OTHER}
+    process = subprocess.Popen(args, env=env)
+    try:
+        time.sleep(0.1)
+        told = node_mode.notify_plugins(str(root), wait=5.0)
+        time.sleep(0.3)
+        assert told == []
+        assert not mark.exists(), "the process now under the plugin's PID got SIGHUP"
+        assert process.poll() is None
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _podman_host(root: str, *, kubelet: bool) -> str:
+    fx.fake_host(root, docker=False, containerd=False)
+    fx.write(root, "/usr/bin/podman", "#!/bin/sh\n", 0o755)
+    if kubelet:  # a leftover kubelet directory: still nothing that talks CRI to podman
+        os.makedirs(os.path.join(root, "var/lib/kubelet"))
+    return root
+
+
+def test_auto_on_a_podman_host_with_a_kubelet_directory_is_cdi_not_device_specs(
+    make_node: MakeNode,
+) -> None:
+    """Issue 40 item 3: podman got device-specs, where nothing hands it the DeviceSpecs."""
+    root = _podman_host(make_node(), kubelet=True)
+    outcome = installer.install(installer.InstallOptions(host_root=root, mode="auto"))
+    assert outcome.mode == "cdi"
+    record = node_modes.read(root)
+    assert record is not None and "is no CRI engine" in record.reason
+
+
+@pytest.mark.parametrize(
+    ("engines", "mode", "fragment"),
+    [
+        ("podman", "device-specs", "use cdi"),
+        ("none", "device-specs", "no kubelet"),
+    ],
+)
+def test_device_specs_where_no_kubelet_and_cri_engine_deliver_it_is_refused(
+    make_node: MakeNode, engines: str, mode: str, fragment: str
+) -> None:
+    root = make_node()
+    if engines == "podman":
+        _podman_host(root, kubelet=False)
+    else:
+        fx.fake_host(root, docker=False, containerd=False)
+    before = fx.snapshot(root)
+    with pytest.raises(InstallError, match=fragment) as caught:
+        installer.install(installer.InstallOptions(host_root=root, mode=mode))
+    assert "nothing was changed" in str(caught.value)
+    assert fx.snapshot(root) == before
+
+
+DOCKERS_CONTAINERD = 'disabled_plugins = ["cri"]\n'
+
+
+def test_auto_on_a_docker_host_with_a_kubelet_directory_is_not_device_specs(
+    make_node: MakeNode,
+) -> None:
+    """Issue 40 item 3: docker's own containerd (CRI plugin disabled) was taken for the
+    kubelet's engine, so a docker host got device-specs, which nothing there delivers."""
+    root = _kube_host(make_node(), docker=True, containerd=True)
+    fx.write(root, CONTAINERD_CONFIG, DOCKERS_CONTAINERD)
+    outcome = installer.install(installer.InstallOptions(host_root=root, mode="auto"))
+    assert outcome.mode == "default-runtime"
+    record = node_modes.read(root)
+    assert record is not None and record.engine == "docker"
+    assert "docker runs containers outside the CRI" in record.reason

@@ -26,6 +26,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "runtime": ("runtime",),
     "system": ("system",),
     "install": ("install", "uninstall"),
+    "migrate": ("migrate",),
     "doctor": ("doctor",),
 }
 

@@ -31,6 +31,7 @@ from enflame_gcu.container_toolkit import (
     engines,
     host_python,
     install_manifest,
+    migrate_engines,
     node_mode,
 )
 from enflame_gcu.container_toolkit.engines import containerd_api, hosts, storage
@@ -553,6 +554,8 @@ def _retire_earlier_mode(
     role (default vs handler): they are then written anew. The CDI specs, their service and
     any file set aside for them go when the new mode is not cdi.
     """
+    if mode.wrapper != "default":
+        _retire_adopted(run, options, mode)
     try:
         earlier = node_modes.read(run.root)
     except ValueError:
@@ -584,6 +587,32 @@ def _retire_earlier_mode(
         run.lines.append(f"taking back the CDI specs node mode cdi wrote (node mode {mode.name})")
     for action in reversed(specs):
         install_manifest.retire(run, action, options.restart_engine)
+
+
+def _retire_adopted(run: InstallRun, options: InstallOptions, mode: node_modes.NodeMode) -> None:
+    """Take out topscloud's engine entries that ``enflame-ctk migrate`` adopted: a mode that
+    wants no wrapper as the default must not keep the vendor's (exactly: the adopted step)."""
+    site = options.containerd
+    for name in engines.detect(run.root, site):
+        config = migrate_engines.adopted(run.root, name, site)
+        if config is None:
+            continue
+        change = engines.unconfigure(
+            name, config, host_root=run.root, dry_run=run.dry_run, step=migrate_engines.STEP
+        )
+        run.lines.append(
+            f"taking back topscloud's {name} entries that migrate adopted (node mode {mode.name})"
+        )
+        run.lines.extend(run.host_view(change.describe()).splitlines())
+        if change.changed and options.restart_engine:
+            units = site.services if name == "containerd" and not site.stock else None
+            run.lines.append(
+                f"{name}: would be reloaded or restarted"
+                if run.dry_run
+                else engine_reload.reload_or_warn(change, run.root, units)
+            )
+        elif change.changed:
+            run.lines.append(f"{name}: restart it for the change to take effect")
 
 
 def _record_created(run: InstallRun, options: InstallOptions) -> None:

@@ -14,7 +14,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from enflame_gcu import fileio, node_modes
 from enflame_gcu.container_toolkit.doctor import engine_configs
@@ -60,6 +60,9 @@ def engine_version(
     return (int(match[1]), int(match[2])) if match else None
 
 
+_NO_VIEW = engine_configs.EngineView("", None, False, None)
+
+
 def _installed(root: str, containerd: hosts.ContainerdSite | None) -> list[str]:
     found = list(hosts.detect(root, containerd))
     if any(os.path.exists(fileio.resolve(root, p)) for p in BINARIES["podman"]):
@@ -80,7 +83,13 @@ def detect(
         # The kubelet's CRI endpoint, read as doctor and k8s-config.sh read it (engines.cri).
         endpoint = cri.kubelet_endpoint(root)
         said = endpoint.engine if endpoint is not None else None
-        runs_cri = [e for e in found if e in ("containerd", "crio")]
+        # docker's own containerd runs with its CRI plugin disabled: no kubelet can talk to it.
+        seen = {v.engine: v for v in engine_configs.read_engines(root, containerd)}
+        runs_cri = [
+            e
+            for e in found
+            if e == "crio" or (e == "containerd" and not seen.get(e, _NO_VIEW).cri_disabled)
+        ]
         name = said if said in found else (runs_cri[0] if runs_cri else "")
     if not name:
         # Without a kubelet: docker first (it also brings a containerd), then podman.
@@ -106,6 +115,10 @@ def decide(root: str, asked_mode: str, engine: node_modes.Engine) -> node_modes.
             raise InstallError(f"{exc}; nothing was changed") from exc
         if choice is None:
             mode, reason = node_modes.choose(engine)
+            problem = node_modes.refuse(mode, engine)
+            if problem is not None:  # no mode works here: said, not installed
+                raise InstallError(f"--mode auto found no mode that works: {problem}; "
+                                   "nothing was changed")  # fmt: skip
             return node_modes.Record(mode, engine.name, version, "auto", reason)
         asked_mode, chosen_by = choice, f"this node's {node_modes.CHOICE_FILE}"
     problem = node_modes.refuse(asked_mode, engine)
@@ -159,6 +172,43 @@ def _wait_for_handler(proc: str, pid: str, deadline: float) -> bool | None:
         time.sleep(0.05)
 
 
+def _argv(proc: str, pid: str) -> list[str] | None:
+    try:
+        raw = fileio.read_regular(os.path.join(proc, pid, "cmdline"), 4 << 20)
+    except OSError:
+        return None
+    return [w for w in raw.decode("utf-8", "replace").split("\0") if w]
+
+
+def _reads_record(proc: str, pid: str, argv: Sequence[str], ours: os.stat_result) -> bool:
+    """Whether ``argv`` is a plugin in ``--node-mode=auto`` whose record is the file ``ours``."""
+    flags = _plugin_flags(argv)
+    if flags is None or flags.get("--node-mode") != node_modes.AUTO:
+        return False
+    their_root = flags.get("--host-root") or "/"
+    theirs = os.path.join(proc, pid, "root", their_root.lstrip("/"), node_modes.MODE_FILE[1:])
+    try:
+        seen = os.stat(theirs)
+    except OSError:
+        return False
+    return (seen.st_dev, seen.st_ino) == (ours.st_dev, ours.st_ino)
+
+
+@contextlib.contextmanager
+def _pidfd(proc: str, pid: int) -> Iterator[int | None]:
+    """A pidfd for ``pid`` (None when ``proc`` is not this kernel's /proc, or pidfds are not
+    available: the re-check before the signal is then the only guard)."""
+    fd = None
+    if os.path.realpath(proc) == "/proc" and hasattr(os, "pidfd_open"):
+        with contextlib.suppress(OSError):
+            fd = os.pidfd_open(pid)
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def notify_plugins(
     root: str, proc: str = "/proc", wait: float = HANDLER_WAIT_SECONDS
 ) -> list[tuple[int, bool]]:
@@ -183,28 +233,26 @@ def notify_plugins(
     except OSError:
         return []
     for entry in entries:
-        try:
-            raw = fileio.read_regular(os.path.join(proc, entry, "cmdline"), 4 << 20)
-            argv = [w for w in raw.decode("utf-8", "replace").split("\0") if w]
-        except OSError:
-            continue
-        flags = _plugin_flags(argv)
-        if flags is None or flags.get("--node-mode") != node_modes.AUTO:
-            continue
-        their_root = flags.get("--host-root") or "/"
-        theirs = os.path.join(proc, entry, "root", their_root.lstrip("/"), node_modes.MODE_FILE[1:])
-        try:
-            seen = os.stat(theirs)
-        except OSError:
-            continue
-        if (seen.st_dev, seen.st_ino) == (ours.st_dev, ours.st_ino):
+        # A pidfd taken before the checks names the process they are made on: when it exits
+        # and its PID is reused meanwhile, the signal fails instead of reaching the newcomer.
+        with _pidfd(proc, int(entry)) as pidfd:
+            argv = _argv(proc, entry)
+            if argv is None or not _reads_record(proc, entry, argv, ours):
+                continue
             caught = _wait_for_handler(proc, entry, deadline)
             if caught is None:
                 continue  # gone meanwhile
             if not caught:
                 told.append((int(entry), False))
                 continue
+            # Up to ``wait`` seconds passed: the PID must still run the very plugin found
+            # (same command line, same record), or it is not signalled.
+            if _argv(proc, entry) != argv or not _reads_record(proc, entry, argv, ours):
+                continue
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry), signal.SIGHUP)
+                if pidfd is None:
+                    os.kill(int(entry), signal.SIGHUP)
+                else:
+                    signal.pidfd_send_signal(pidfd, signal.SIGHUP)
                 told.append((int(entry), True))
     return told

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from enflame_gcu import __version__, naming
+from enflame_gcu import __version__, devices, fileio, naming
 from enflame_gcu.device_plugin import config as plugin_config
 from enflame_gcu.device_plugin import kubelet, logs, runner
-from enflame_gcu.errors import ConfigError
+from enflame_gcu.errors import ConfigError, PathOutsideRootError
 
 if TYPE_CHECKING:
     # Imported where used (a config file, --config-dir): yaml and prometheus_client are not
@@ -109,7 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings: list[str] = []
     try:
         config = load_config(argv, dict(os.environ), warnings)
-    except ConfigError as exc:
+        # As cdi watch: a host root whose /sys or /dev leads out of it is refused, not read.
+        fileio.require_confined(config.host_root, devices.DISCOVERY_PATHS)
+    except (ConfigError, PathOutsideRootError) as exc:
         print(f"enflame-device-plugin: {exc}", file=sys.stderr)
         return 2
     if not os.path.isdir(config.host_root):

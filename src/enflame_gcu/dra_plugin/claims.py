@@ -18,25 +18,26 @@ from enflame_gcu.errors import ClaimError
 
 # What the API server accepts for each (a claim UID is a UUID; letters, digits and dashes
 # cover every UID form while keeping "/", "." and ".." out of the file names built from it).
-_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# Matched with fullmatch: ``$`` would also accept a trailing newline.
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(
-    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 )
 
 
 def valid_uid(uid: str) -> bool:
     """True when ``uid`` can be a claim UID (and is safe in a file name)."""
-    return bool(_UID.match(uid))
+    return bool(_UID.fullmatch(uid))
 
 
 def check_ref(ref: ClaimRef) -> None:
     """ClaimError unless the namespace is a DNS label, the name a DNS subdomain and the UID a
     UID: the UID becomes a file name, so ``x/../../victim`` must never get that far."""
     problems = []
-    if not _DNS_LABEL.match(ref.namespace):
+    if not _DNS_LABEL.fullmatch(ref.namespace):
         problems.append(f"namespace {ref.namespace!r} is not a DNS label")
-    if not _DNS_SUBDOMAIN.match(ref.name):
+    if not _DNS_SUBDOMAIN.fullmatch(ref.name):
         problems.append(f"name {ref.name!r} is not a DNS subdomain")
     if not valid_uid(ref.uid):
         problems.append(f"uid {ref.uid!r} is not a UID (letters, digits and '-')")
@@ -108,7 +109,7 @@ def allocated_devices(
         except KeyError as exc:
             raise ClaimError(f"claim {claim}: an allocation result lacks {exc}") from None
         # The request names a CDI device (<uid>-<request>): DNS labels only, as the API allows.
-        if not all(_DNS_LABEL.match(part) for part in request.split("/", 1)):
+        if not all(_DNS_LABEL.fullmatch(part) for part in request.split("/", 1)):
             raise ClaimError(f"claim {claim}: request name {request!r} is not a DNS label")
         consumed = result.get("consumedCapacity") or {}
         found.append(

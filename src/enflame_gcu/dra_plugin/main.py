@@ -13,10 +13,10 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from enflame_gcu import __version__, fileio
+from enflame_gcu import __version__, devices, fileio
 from enflame_gcu.dra_plugin import apiserver, driver, kubelet, node, observability, publisher
 from enflame_gcu.dra_plugin import config as dra_config
-from enflame_gcu.errors import ConfigError
+from enflame_gcu.errors import ConfigError, PathOutsideRootError
 from enflame_gcu.support import aio
 
 log = logging.getLogger("enflame_gcu.dra_plugin")
@@ -174,7 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cleanup(args[1:])
     try:
         settings = dra_config.parse(args)
-    except ConfigError as exc:
+        # As cdi watch: a host root whose /sys or /dev leads out of it is refused, not read.
+        fileio.require_confined(settings.root, devices.DISCOVERY_PATHS)
+    except (ConfigError, PathOutsideRootError) as exc:
         print(f"enflame-dra-plugin: {exc}", file=sys.stderr)
         return 2
     _setup_logging(settings.log_level)

@@ -30,6 +30,7 @@ class EngineView:
     pod_annotations: tuple[str, ...] = ()
     container_annotations: tuple[str, ...] = ()
     cdi_enabled: bool | None = None
+    cri_disabled: bool = False  # containerd: its CRI plugin is in disabled_plugins (docker's)
 
 
 def _ours(runtimes: Any, path_of: Callable[[Any], Any]) -> tuple[str | None, str | None]:
@@ -99,6 +100,10 @@ def _not_rendered(root: str, site: hosts.ContainerdSite | None) -> str | None:
     )
 
 
+# The CRI plugin's names in containerd's disabled_plugins (docker's containerd.io lists "cri").
+CRI_PLUGINS = {"cri", "io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime"}
+
+
 def _containerd_view(root: str, site: hosts.ContainerdSite | None = None) -> EngineView:
     path = fileio.resolve(root, containerd_config(site), follow=False)
     document = _toml(path, root)
@@ -132,6 +137,7 @@ def _containerd_view(root: str, site: hosts.ContainerdSite | None = None) -> Eng
         tuple(str(p) for p in ours_entry.get("pod_annotations") or ()),
         tuple(str(p) for p in ours_entry.get("container_annotations") or ()),
         cri.get("enable_cdi") is True,
+        cri_disabled=bool(set(map(str, document.get("disabled_plugins") or ())) & CRI_PLUGINS),
     )
 
 

@@ -12,7 +12,7 @@ import os
 import shlex
 
 from enflame_gcu import node_modes
-from enflame_gcu.container_toolkit import cdi, cdi_service
+from enflame_gcu.container_toolkit import cdi, cdi_service, migrate_engines
 from enflame_gcu.container_toolkit.doctor import processes
 from enflame_gcu.container_toolkit.doctor.model import Node, Result, Status
 from enflame_gcu.errors import EnflameError
@@ -35,10 +35,16 @@ def _fixes(node: Node, mode: str) -> str:
     ours = [view for view in node.checked_engines if view.runtime_path]
     steps = []
     if mode in ("device-specs", "cdi"):
+        defaults = [v.engine for v in ours if v.is_default]
+        try:  # topscloud's entries: unconfigure undoes only what our state records
+            foreign = {f.engine for f in migrate_engines.find(node.root, node.containerd)}
+        except (EnflameError, OSError, ValueError):
+            foreign = set()
+        if foreign & set(defaults):
+            steps.append(f"enflame-ctk migrate --host-root {root}")
         steps += [
-            f"enflame-ctk runtime unconfigure --runtime {v.engine} --host-root {root}"
-            for v in ours
-            if v.is_default
+            f"enflame-ctk runtime unconfigure --runtime {engine} --host-root {root}"
+            for engine in defaults
         ]
     elif mode in ("runtimeclass", "default-runtime"):
         default = " --set-as-default" if mode == "default-runtime" else ""
