@@ -343,6 +343,43 @@ def test_unprepare_of_a_vanished_card_finishes_and_its_return_is_checked() -> No
     asyncio.run(main())
 
 
+def test_an_instance_destroyed_while_its_card_stays_healthy_is_noticed_while_running() -> None:
+    """A reset so quick the health monitor never saw the card go (or someone's efsmi) takes a
+    prepared claim's instance: the periodic look notices it while the driver runs, reports the
+    claim once, and leaves the other claim's instance alone."""
+
+    async def main() -> None:
+        with drs_node("gcu4,gcu5") as (where, settings):
+            source = harness.FakeClaims()
+            taken = ("ns", "taken", "uid-taken")
+            kept = ("ns", "kept", "uid-kept")
+            source.add(harness.claim_document(*taken, [("part", "gcu-5-1g-8gb-0")]))
+            source.add(harness.claim_document(*kept, [("part", "gcu-4-1g-8gb-0")]))
+            prepare, devices = harness.make_driver(where, source, settings)
+            prepare.recheck_interval = 0.3
+            for claim in (taken, kept):
+                result = await prepare.prepare([claims.ClaimRef(*claim)])
+                assert isinstance(result[claim[2]], list), result
+            watcher = asyncio.ensure_future(prepare.watch_cards())
+            health = asyncio.ensure_future(devices.run())
+            try:
+                on_gcu5 = [i for i in instances(where) if i["index"] == 5]
+                assert len(on_gcu5) == 1, instances(where)
+                efsmi.Efsmi(settings.efsmi, timeout=30).destroy_instance(5, on_gcu5[0]["id"])
+                await until(lambda: taken[2] in prepare.lost, "the lost instance is noticed")
+                assert devices.healthy()["gcu5"], "the card never looked unhealthy"
+                assert kept[2] not in prepare.lost
+                assert [i["index"] for i in instances(where)] == [4]
+                refused = (await prepare.prepare([claims.ClaimRef(*taken)]))[taken[2]]
+                assert isinstance(refused, str) and "not re-created" in refused
+            finally:
+                for task in (watcher, health):
+                    task.cancel()
+                await asyncio.gather(watcher, health, return_exceptions=True)
+
+    asyncio.run(main())
+
+
 async def until(condition: Any, what: str, timeout: float = 20) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

@@ -46,6 +46,9 @@ SLICES = "slices"
 # A DRS create is not started with less of the kubelet's deadline left than this (or than the
 # slowest create seen, when longer): an answer that cannot arrive in time only makes a retry.
 MIN_CREATE_SECONDS = 1.0
+# Seconds between looks at the cards that hold prepared DRS instances: one efsmi listing per
+# such card, so a reset the health monitor never saw is noticed within this time.
+RECHECK_SECONDS = 60.0
 _T = TypeVar("_T")
 
 
@@ -92,6 +95,8 @@ class Driver:
         # destroyed when the card is back.
         self.unsettled: dict[str, set[str]] = {}
         self.slowest_create = 0.0  # seconds, the slowest DRS create seen by this process
+        # Seconds between looks at the cards holding prepared DRS instances (watch_cards).
+        self.recheck_interval = RECHECK_SECONDS
         self._running: set[asyncio.Future[Any]] = set()
 
     @property
@@ -555,14 +560,20 @@ class Driver:
 
     async def watch_cards(self) -> None:
         """Until cancelled: when a DRS card comes back healthy (a replug, a reset), look at its
-        instances again (see :meth:`recheck`)."""
+        instances again (see :meth:`recheck`); and every :attr:`recheck_interval` seconds look
+        at the healthy cards that hold prepared instances, so an instance destroyed while its
+        card never looked unhealthy (a quick reset, a hand-run efsmi) is noticed then, not only
+        at the next start."""
         was = self._drs_health()
         seen = self.devices.version
         while True:
-            seen = await self.devices.changed(seen)
+            before = seen
+            seen = await self.devices.changed(seen, self.recheck_interval)
             now = self._drs_health()
             back = {card for card, ok in now.items() if ok and not was.get(card, False)}
             back |= {card for card in self.unsettled if now.get(card)}
+            if seen == before:  # the interval passed with no change
+                back |= {card for card in self._holding_instances() if now.get(card)}
             was = now
             if not back:
                 continue
@@ -571,6 +582,16 @@ class Driver:
                     await asyncio.to_thread(self._recheck, sorted(back))
             except (EnflameError, OSError) as exc:  # the record: looked at again next change
                 log.warning("cannot look at the DRS cards %s again: %s", ", ".join(back), exc)
+
+    def _holding_instances(self) -> set[str]:
+        """Cards with a DRS instance of a prepared claim not already reported lost."""
+        return {
+            device.node_name
+            for claim in self._claims.values()
+            if claim.state == checkpoint.PREPARED and claim.uid not in self.lost
+            for device in claim.devices
+            if device.drs_instance
+        }
 
     def _drs_health(self) -> dict[str, bool]:
         healthy = self.devices.healthy()
@@ -613,7 +634,11 @@ class Driver:
                     "of a claim while the card was gone"
                 )
             for (instance_id, uuid), claim in sorted(held.items(), key=lambda i: i[1].uid):
-                if (instance_id, uuid) in found or claim.state != checkpoint.PREPARED:
+                if (
+                    (instance_id, uuid) in found
+                    or claim.state != checkpoint.PREPARED
+                    or claim.uid in self.lost  # said once
+                ):
                     continue
                 self.lost[claim.uid] = (
                     f"its DRS instance {uuid} on {card} is gone (the card was reset or the "
