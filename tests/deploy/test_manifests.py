@@ -43,6 +43,8 @@ PLUGIN_HOST_PATHS = {
     "host-dev": ("/dev", "/host/dev", True),
     # the node mode the installer recorded (node_modes.MODE_FILE)
     "node-mode": ("/etc/enflame-gcu", "/host/etc/enflame-gcu", True),
+    # the plugin's own records (drs-gcu's DRS instances), where no kubelet cleans
+    "plugin-state": ("/var/lib/enflame-gcu", "/host/var/lib/enflame-gcu", False),
 }
 # Observability: the PodResources socket (metrics name the holding pod) and NFD's features.d
 # (node labels kept current).

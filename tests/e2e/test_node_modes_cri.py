@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import shutil
 import subprocess
@@ -239,6 +240,8 @@ def test_cdi_podman_injects_exactly_the_named_cards_from_the_kept_spec(
         spec = yaml.safe_load(handle)
     vendor = f"t{uuid.uuid4().hex[:10]}.enflame.com"
     spec["kind"] = f"{vendor}/gcu"
+    # The host may have no CDI dir: one made here goes again after (make test's host check).
+    made = not os.path.isdir(CDI_DIR)
     os.makedirs(CDI_DIR, exist_ok=True)
     installed = os.path.join(CDI_DIR, f"{vendor}.yaml")
     with open(installed, "w", encoding="utf-8") as handle:
@@ -256,3 +259,6 @@ def test_cdi_podman_injects_exactly_the_named_cards_from_the_kept_spec(
         assert "dev: gcu" not in plain.stdout
     finally:
         os.unlink(installed)
+        if made:
+            with contextlib.suppress(OSError):  # another run's spec may be there now
+                os.rmdir(CDI_DIR)

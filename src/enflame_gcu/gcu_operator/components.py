@@ -134,6 +134,8 @@ def _plugin_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
         {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True},
         {"name": "host-dev", "mountPath": "/host/dev", "readOnly": True},
         {"name": "node-mode", "mountPath": "/host/etc/enflame-gcu", "readOnly": True},
+        # The plugin's own records (drs-gcu's DRS instances), where no kubelet cleans.
+        {"name": "plugin-state", "mountPath": "/host/var/lib/enflame-gcu"},
         {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True},
     ]
     if spec.wants(rs.GFD):
@@ -175,6 +177,7 @@ def _plugin_volumes(spec: rs.ResourceSpec) -> list[Obj]:
         _host_path("host-sys", "/sys", "Directory"),
         _host_path("host-dev", "/dev", "Directory"),
         _host_path("node-mode", "/etc/enflame-gcu", "DirectoryOrCreate"),
+        _host_path("plugin-state", "/var/lib/enflame-gcu", "DirectoryOrCreate"),
         _host_path("pod-resources", "/var/lib/kubelet/pod-resources", "DirectoryOrCreate"),
     ]
     if spec.wants(rs.GFD):
