@@ -36,6 +36,7 @@ RUN: dict[str, list[tuple[list[str], set[int]]]] = {
     "cdi list": [(["cdi", "list", "--host-root", "{node}", "--spec-dir", "{out}/cdi"], {0})],
     "labels": [(["labels", "--host-root", "{node}", "--output", "{out}/labels"], {0})],
     "runtime detect": [(["runtime", "detect", "--host-root", "{node}"], {0, 1})],
+    "migrate": [(["migrate", "--dry-run", "--host-root", "{node}"], {0})],
     "sim topologies": [(["sim", "topologies"], {0})],
     "system create-dev-char-symlinks": [
         (["system", "create-dev-char-symlinks", "--host-root", "{node}"], {0})
