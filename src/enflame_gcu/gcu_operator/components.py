@@ -118,6 +118,21 @@ def _toolkit_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
     }
 
 
+def _unprivileged_daemon() -> Obj:
+    """The security context and resources the chart gives the device plugin and the DRA driver
+    (a fresh copy each time: the objects are edited and compared later)."""
+    return {
+        "securityContext": {
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsUser": 0,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+    }
+
+
 def _plugin_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
     args = [
         "--host-root=/host",
@@ -155,14 +170,7 @@ def _plugin_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
         },
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 5},
         "env": _env(component, [{"name": "ENFLAME_VISIBLE_DEVICES", "value": "void"}]),
-        "securityContext": {
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsUser": 0,
-            "capabilities": {"drop": ["ALL"]},
-        },
-        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        **_unprivileged_daemon(),
         "volumeMounts": mounts,
     }
 
@@ -232,14 +240,7 @@ def _dra_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
                 {"name": "ENFLAME_VISIBLE_DEVICES", "value": "void"},
             ],
         ),
-        "securityContext": {
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsUser": 0,
-            "capabilities": {"drop": ["ALL"]},
-        },
-        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        **_unprivileged_daemon(),
         "volumeMounts": [
             {"name": "plugins-registry", "mountPath": "/var/lib/kubelet/plugins_registry"},
             {"name": "plugin-data", "mountPath": "/var/lib/kubelet/plugins/gcu.enflame.com"},

@@ -266,19 +266,12 @@ def remove_resources(
     while True:
         left = []
         try:
-            for kind in runner.GROUPS:
-                try:
-                    found = cluster.list(kind)
-                except api.ApiError as exc:
-                    if exc.status == api.NOT_FOUND:
-                        continue
-                    raise
-                for resource in found:
-                    meta = resource["metadata"]
-                    left.append(f"{kind.group}/{meta['name']}")
-                    if not meta.get("deletionTimestamp"):
-                        cluster.delete(kind, str(meta["name"]))
-                        LOG.info("deleting GcuResource %s (%s)", meta["name"], kind.group)
+            for kind, resource in runner.list_resources(cluster):
+                meta = resource["metadata"]
+                left.append(f"{kind.group}/{meta['name']}")
+                if not meta.get("deletionTimestamp"):
+                    cluster.delete(kind, str(meta["name"]))
+                    LOG.info("deleting GcuResource %s (%s)", meta["name"], kind.group)
         except api.ApiError as exc:
             LOG.warning("removing GcuResources: %s (retrying)", exc)
             left = left or ["(could not list)"]
@@ -323,16 +316,9 @@ def idle_delay(interval: float, max_interval: float, idle: int) -> float:
 def fingerprint(cluster: api.ClusterApi) -> frozenset[tuple[str, str, str]]:
     """Every GcuResource's (group, uid, resourceVersion): one cheap list per group."""
     out = set()
-    for kind in runner.GROUPS:
-        try:
-            found = cluster.list(kind)
-        except api.ApiError as exc:
-            if exc.status == api.NOT_FOUND:
-                continue
-            raise
-        for resource in found:
-            meta = resource.get("metadata") or {}
-            out.add((kind.group, str(meta.get("uid")), str(meta.get("resourceVersion"))))
+    for kind, resource in runner.list_resources(cluster):
+        meta = resource.get("metadata") or {}
+        out.add((kind.group, str(meta.get("uid")), str(meta.get("resourceVersion"))))
     return frozenset(out)
 
 

@@ -30,6 +30,23 @@ from enflame_gcu.gcu_operator.actions import (
 LOG = logging.getLogger(__name__)
 Obj = dict[str, Any]
 GROUPS = (api.GCU_RESOURCE, api.LEGACY_GCU_RESOURCE)
+
+
+def list_resources(cluster: api.ClusterApi) -> list[tuple[api.Kind, Obj]]:
+    """Every GcuResource of both groups with its kind, one list per group; a group whose CRD
+    is not installed has none."""
+    found: list[tuple[api.Kind, Obj]] = []
+    for kind in GROUPS:
+        try:
+            listed = cluster.list(kind)
+        except api.ApiError as exc:
+            if exc.status == api.NOT_FOUND:
+                continue  # that group's CRD is not installed
+            raise
+        found.extend((kind, resource) for resource in listed)
+    return found
+
+
 # Phases in which nothing moves until something changes (the main loop then backs off).
 SETTLED = frozenset({"Running", "Ignored", "Failed"})
 # A refused resource waits this long before its next try, doubling up to MAX_BACKOFF.
@@ -295,17 +312,9 @@ class Operator:
         """One pass over every GcuResource in both groups, oldest first: the first resource to
         want a component on a node owns it there; a later one that wants the same is ignored
         (status Ignored, reason Conflict) and deploys nothing until the owner is gone."""
-        found: list[tuple[api.Kind, Obj]] = []
-        for kind in GROUPS:
-            try:
-                listed = self._api.list(kind)
-            except api.ApiError as exc:
-                if exc.status == api.NOT_FOUND:
-                    continue  # that group's CRD is not installed
-                raise
-            for resource in listed:
-                resource.setdefault("apiVersion", kind.api_version)
-                found.append((kind, resource))
+        found = list_resources(self._api)
+        for kind, resource in found:
+            resource.setdefault("apiVersion", kind.api_version)
         if not found:
             return []
         found.sort(key=lambda item: ownership_order(item[1]))
