@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,22 +13,6 @@ import pytest
 from enflame_gcu.efml import library, reading, types
 from enflame_gcu.errors import EfmlError
 from enflame_gcu.simulation import efmlsim
-from tests.conftest import MakeNode
-
-
-@pytest.fixture
-def node(make_node: MakeNode) -> str:
-    root = make_node("vgcu-2card")
-    efmlsim.install(root)
-    return root
-
-
-@pytest.fixture
-def lib(node: str) -> Iterator[library.Library]:
-    loaded = library.Library.load(node)
-    loaded.init()
-    yield loaded
-    loaded.shutdown()
 
 
 def test_a_gcu210_is_never_asked_for_the_gcu300_only_calls(node: str, lib: library.Library) -> None:

@@ -4,7 +4,6 @@ errors, a function the library lacks, and calls bounded so a hung card stalls no
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -14,21 +13,6 @@ from enflame_gcu.simulation import efmlsim
 from tests.conftest import MakeNode
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def node(make_node: MakeNode) -> str:
-    root = make_node("vgcu-2card")
-    efmlsim.install(root)
-    return root
-
-
-@pytest.fixture
-def lib(node: str) -> Iterator[library.Library]:
-    loaded = library.Library.load(node)
-    loaded.init()
-    yield loaded
-    loaded.shutdown()
 
 
 def test_search_order_is_explicit_then_host_root_then_the_vendors() -> None:
