@@ -9,9 +9,14 @@ client) are imported where those options are used.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
+import shutil
 import subprocess
 import sys
+
+from enflame_gcu.simulation.testing import kubelet_stub, plugin_process
 
 NOT_AT_START = (
     "prometheus_client",
@@ -25,6 +30,11 @@ NOT_AT_START = (
     "enflame_gcu.device_plugin.holdings_feed",
     "enflame_gcu.device_plugin.feature_file",
     "enflame_gcu.kubelet_api.podresources",
+    # drs-gcu only: efsmi, the DRS partition model and its ResourceSlice renderings.
+    "enflame_gcu.drs",
+    "enflame_gcu.efsmi",
+    "enflame_gcu.resourceslices",
+    "enflame_gcu.device_plugin.drs_instances",
 )
 
 
@@ -52,3 +62,59 @@ def test_a_config_file_still_loads_through_the_lazy_import(tmp_path: os.PathLike
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+def _imports_before_registration() -> list[str]:
+    """The real plugin process on a simulated node: the modules it imported (``python -X
+    importtime``, in the order they finished) before it logged its registration."""
+    work, root, plugins = plugin_process.make_node("vendor-8card")
+
+    async def start() -> str:
+        async with kubelet_stub.KubeletStub(plugins) as kubelet:
+            plugin = plugin_process.PluginProcess(
+                plugins, root, env={"PYTHONPROFILEIMPORTTIME": "1"}
+            )
+            await plugin.start()
+            try:
+                await kubelet.wait_for(
+                    lambda k: any(a.resource_name == "enflame.com/gcu" for a in k.history),
+                    60,
+                    "the plugin to register and list its cards",
+                )
+            finally:
+                await plugin.stop()
+            return plugin.log_text()
+
+    try:
+        text = asyncio.run(start())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    before, found, _ = text.partition("registered enflame.com/gcu")
+    assert found, text
+    return re.findall(r"^import time:\s+\d+ \|\s+\d+ \| +(\S+)$", before, re.MULTILINE)
+
+
+def test_registration_imports_none_of_the_optional_parts() -> None:
+    imported = _imports_before_registration()
+    assert "enflame_gcu.device_plugin.kubelet" in imported  # the check sees the real path
+    assert sorted(set(imported) & set(NOT_AT_START)) == []
+
+
+def test_importing_the_plugin_starts_no_process() -> None:
+    # asyncinotify looks libc up with ctypes.util.find_library, which forks /sbin/ldconfig.
+    code = (
+        "import subprocess\n"
+        "started = []\n"
+        "class Recording(subprocess.Popen):\n"
+        "    def __init__(self, args, *rest, **options):\n"
+        "        started.append(args)\n"
+        "        super().__init__(args, *rest, **options)\n"
+        "subprocess.Popen = Recording\n"
+        "import enflame_gcu.device_plugin.main\n"
+        "from enflame_gcu.support import inotify\n"
+        "with inotify.ChangeWatcher(['/']):\n"
+        "    pass\n"
+        "print(started)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

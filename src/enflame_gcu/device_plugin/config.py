@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from enflame_gcu import allocation, drs, edits, naming, node_modes, sharing
+from enflame_gcu import allocation, edits, naming, node_modes, sharing
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.support import env_vars
 
@@ -295,6 +295,8 @@ _label_poll = _seconds_or_off("= read at start only")
 
 
 def _drs_selection(text: str) -> str:
+    from enflame_gcu import drs  # noqa: PLC0415 - efsmi and resourceslices, for drs-gcu only
+
     items = drs.selection_items(text)  # ValueError naming a bad item
     if not items:
         raise ValueError("an empty selection: give all, or cards, models or families")

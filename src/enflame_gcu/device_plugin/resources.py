@@ -21,12 +21,11 @@ import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from enflame_gcu import (
     allocation,
     devices,
-    drs,
     edits,
     health,
     products,
@@ -35,8 +34,11 @@ from enflame_gcu import (
     virtual,
 )
 from enflame_gcu.device_plugin import config as plugin_config
-from enflame_gcu.device_plugin import drs_instances
 from enflame_gcu.errors import EfsmiError, EnflameError, InvalidRequestError
+
+if TYPE_CHECKING:
+    # drs-gcu only (efsmi, resourceslices): imported where a node serves it, not at start.
+    from enflame_gcu.device_plugin import drs_instances
 
 log = logging.getLogger(__name__)
 efsmi_errors = (EfsmiError, OSError)
@@ -239,6 +241,8 @@ def assign(inventory: devices.Inventory, config: plugin_config.PluginConfig) -> 
     drs_cards: list[devices.Card] = []
     serving_shared = plugin_config.SHARED_GCU in config.resources
     serving_drs = plugin_config.DRS_GCU in config.resources
+    if serving_drs:
+        from enflame_gcu import drs  # noqa: PLC0415 - efsmi and resourceslices, drs-gcu only
     for card in inventory.cards:
         if card.minor in partitioned:
             vgcu_mode.append(card)

@@ -25,9 +25,9 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from enflame_gcu import devices, efsmi, health
+from enflame_gcu import devices, health
 from enflame_gcu.device_plugin import config as plugin_config
-from enflame_gcu.device_plugin import drs_instances, kubelet, resources, service
+from enflame_gcu.device_plugin import kubelet, resources, service
 from enflame_gcu.device_plugin import state as plugin_state
 from enflame_gcu.errors import ConfigError, EfsmiError, EnflameError, KubeletApiError
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     # Imported where used: with the default config (no metrics port, feature file, node
     # state or named configs) start-up needs none of them, and prometheus_client with
     # http.server is a large share of the time to registration.
-    from enflame_gcu.device_plugin import metrics, named_configs, node_annotation
+    from enflame_gcu.device_plugin import drs_instances, metrics, named_configs, node_annotation
 
 log = logging.getLogger(__name__)
 Reload = Callable[[], plugin_config.PluginConfig]
@@ -455,6 +455,9 @@ async def _serve(
     frozen = False
     instances: drs_instances.DrsInstances | None = None
     if plugin_config.DRS_GCU in config.resources:
+        from enflame_gcu import efsmi  # noqa: PLC0415 - drs-gcu only
+        from enflame_gcu.device_plugin import drs_instances  # noqa: PLC0415 - drs-gcu only
+
         instances = drs_instances.DrsInstances.for_node(
             config.host_root, config.plugin_dir, efsmi.Efsmi(config.efsmi), config.drs_release_grace
         )

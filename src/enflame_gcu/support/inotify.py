@@ -7,13 +7,30 @@ dir, and :class:`enflame_gcu.health.HealthMonitor` the device, PCI and driver tr
 from __future__ import annotations
 
 import asyncio
+import ctypes.util
 import logging
 import os
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from asyncinotify import Inotify, Mask
+
+def _no_libc_lookup(name: str) -> str | None:
+    return None if name == "c" else _find_library(name)
+
+
+# At import, asyncinotify looks libc up with ``ctypes.util.find_library("c")``, which on Linux
+# forks ``/sbin/ldconfig -p`` (a child the size of this process, on every plugin start, before
+# it can register). When that finds nothing, asyncinotify takes the inotify calls from the
+# symbols already loaded in this process (``ctypes.CDLL(None)``), where libc's are: its import
+# takes that branch at once. Only the name ``c`` is answered so, and only while asyncinotify
+# is imported (tests/device_plugin/test_startup_imports.py checks no process is started).
+_find_library = ctypes.util.find_library
+ctypes.util.find_library = _no_libc_lookup
+try:
+    from asyncinotify import Inotify, Mask
+finally:
+    ctypes.util.find_library = _find_library
 
 log = logging.getLogger(__name__)
 
