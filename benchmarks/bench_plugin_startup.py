@@ -12,6 +12,13 @@ interpreter). Medians and maxima over BENCH_RUNS starts (default 10).
 ``BENCH_BASELINE_SRC=/path/to/other/checkout/src`` also starts that tree's plugin (through
 ``PYTHONPATH``) in every iteration, interleaved with this one, and reports it as ``baseline``:
 an A/B in one run, so a busy machine slows both alike.
+
+Bytecode: every install of the plugin runs from compiled modules (pip and the packages write
+``.pyc`` files at install; the images compile them at build), so the processes started here
+get a private ``PYTHONPYCACHEPREFIX`` filled by the warm-up start, with
+``PYTHONDONTWRITEBYTECODE`` cleared (the test environment sets it, which would make every
+start compile the whole package again: about 45 ms of CPU on the idle machine).
+``BENCH_NO_BYTECODE=1`` measures that case instead.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -33,6 +41,17 @@ RUNS = int(os.environ.get("BENCH_RUNS", "10"))
 BASELINE_SRC = os.environ.get("BENCH_BASELINE_SRC", "")
 RESOURCE = "enflame.com/gcu"
 TICKS = os.sysconf("SC_CLK_TCK")
+NO_BYTECODE = os.environ.get("BENCH_NO_BYTECODE", "") == "1"
+# Filled by the warm-up start; removed at the end.
+PYCACHE = tempfile.mkdtemp(prefix="bench-plugin-pycache-")
+
+
+def _env(src: str) -> dict[str, str]:
+    """The plugin's environment on top of ours: the other tree's ``src``, the bytecode cache."""
+    env = {"PYTHONPATH": src} if src else {}
+    if not NO_BYTECODE:
+        env |= {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": PYCACHE}
+    return env
 
 
 def _cpu_ms(pid: int) -> float:
@@ -54,7 +73,7 @@ async def one_start(src: str = "") -> dict[str, float]:
     """One plugin start on a fresh simulated node; times in ms from just before the exec.
     ``src``: another tree's ``src`` to run instead of this one."""
     work, root, plugins = plugin_process.make_node("vendor-8card")
-    env = {"PYTHONPATH": src} if src else None
+    env = _env(src)
     try:
         async with kubelet_stub.KubeletStub(plugins) as kubelet:
             plugin = plugin_process.PluginProcess(plugins, root, env=env)
@@ -95,7 +114,7 @@ def import_ms(src: str = "") -> float:
         "import time; t = time.perf_counter(); import enflame_gcu.device_plugin.main; "
         "print((time.perf_counter() - t) * 1000)"
     )
-    env = {**os.environ, "PYTHONPATH": src} if src else None
+    env = {**os.environ, **_env(src)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, env=env)
     return float(done.stdout)
 
@@ -132,11 +151,15 @@ async def main() -> dict[str, Any]:
             "loadavg_at_end": os.getloadavg()[0],
         },
         "baseline_src": BASELINE_SRC or None,
+        "bytecode": "none: every start compiles" if NO_BYTECODE else "compiled by the warm-up",
         "results": summary,
         "targets": {"registered_ms": 250},
     }
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main()), indent=2))
+    try:
+        print(json.dumps(asyncio.run(main()), indent=2))
+    finally:
+        shutil.rmtree(PYCACHE, ignore_errors=True)
     sys.exit(0)
