@@ -13,6 +13,8 @@ want_debs+=(rpm python3-tomlkit logrotate)
 want_debs+=(lintian systemd)
 # Card telemetry tests: gcc builds the simulated libefml; a real Prometheus scrapes the plugin.
 want_debs+=(gcc prometheus)
+# The runtime front's test counts its system calls (tests/shim/test_front.py).
+want_debs+=(strace)
 missing=()
 # The venv's interpreter: Debian's own python3 (the one the .deb runs on, and the only one on a
 # fresh Debian 12) rather than the first python3 on PATH, which on a developer's machine is

@@ -515,9 +515,15 @@ def test_no_verdict_is_left_for_a_config_the_front_cannot_follow(
     assert front.render("/etc/c.toml", "present", ("",)) is None
     os.symlink(tmp, os.path.join(tmp, "link"))
     assert front.render(os.path.join(tmp, "link", "c.toml"), "present", ("runc",)) is None
-    assert front.render(os.path.join(tmp, "c.toml"), "present", ("runc", "/x")) == (
-        f"{front.FORMAT}\n{tmp}/c.toml\npresent\nrunc\n/x\n"
-    )
+    text = front.render(os.path.join(tmp, "c.toml"), "present", ("runc", "/x"))
+    assert text is not None
+    # What the front sources: the same four values, read back by sh itself.
+    shown = subprocess.run(
+        ["/bin/sh", "-c", '. /dev/stdin; printf "%s|" "$_efr_format" "$_efr_path" "$_efr_state" '
+         '"$_efr_names"'],
+        input=text.encode(), capture_output=True, check=True,
+    )  # fmt: skip
+    assert shown.stdout.decode() == f"{front.FORMAT}|{tmp}/c.toml|present|runc\n/x\n|"
 
 
 def test_no_verdict_for_a_config_that_is_not_a_regular_file(
@@ -534,3 +540,44 @@ def test_doctor_can_name_the_python_a_front_starts() -> None:
     text = launcher.render("/opt/python/bin/python3", "/pkg")
     assert launcher.front_python(text) == "/opt/python/bin/python3"
     assert launcher.front_python("#!/usr/bin/python3 -IS\nimport sys\n") is None
+
+
+# The verdict is sourced: one read, values that stay values, nothing else ever sourced.
+
+HOSTILE_NAMES = ["/opt/it's/runc", "/opt/$(touch PWNED)/runc", "/opt/`id`/run c", "/o/\\;&|>x"]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_a_runtime_name_with_shell_characters_is_only_a_name(
+    pair: Pair, write_config: WriteConfig, name: str
+) -> None:
+    runtime = os.path.join(pair.tmp, "rt") + name
+    os.makedirs(os.path.dirname(runtime), exist_ok=True)
+    shutil.copy(pair.fake, runtime)
+    config = write_config(runtimes=[runtime])
+    record = os.path.join(pair.tmp, "record")
+    for _ in range(2):  # the wrapper leaves the verdict, then the front uses it alone
+        assert _state(pair, config, record)[2] == [runtime, "state", "c1"]
+    assert not os.path.exists(os.path.join(pair.tmp, "PWNED"))
+    assert not os.path.exists("PWNED")
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_the_front_reads_its_verdict_in_one_go(pair: Pair, write_config: WriteConfig) -> None:
+    # dash's `read` takes one system call per byte (~100 for a verdict, on every runc call);
+    # the sourced verdict is read in blocks. Counted with strace until the front execs runc.
+    config = write_config(runtimes=[pair.fake])
+    record = os.path.join(pair.tmp, "record")
+    _state(pair, config, record)  # the wrapper leaves the verdict
+    trace = os.path.join(pair.tmp, "trace")
+    env = dict(os.environ, **{runtime_config.PATH_ENV: config}, FAKE_RUNC_RECORD=record)
+    subprocess.run(
+        ["strace", "-e", "trace=read,execve", "-o", trace, pair.front, "state", "c1"],
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    with open(trace, encoding="utf-8") as handle:
+        calls = handle.read().split(f'execve("{pair.fake}"')[0]
+    assert f'execve("{pair.front}"' in calls  # the front ran, then exec'd runc itself
+    assert re.findall(r"^read\(\d+, .*, 1\) += 1$", calls, re.MULTILINE) == []

@@ -8,18 +8,28 @@ to Python until Python has read the new config and written a new verdict. A conf
 not load cleanly, a symlinked or relative config path, or a runtime name on several lines
 leaves no verdict, so the front always asks Python. Best effort: a verdict that cannot be
 written only costs speed. Standard library only (it runs on the wrapper's pass-through path).
+
+The verdict is a few ``sh`` variable assignments (every value single-quoted) that the front
+reads with ``.``: ``dash`` reads a sourced file in one block, where its ``read`` builtin takes
+one system call per byte (about 100 for the verdict, on every runc call). The front only
+sources a regular file of its own user that is not a link, as it trusted the verdict before;
+the file's name is new with this format, so a format-1 verdict left by an older wrapper (plain
+lines, not shell) is never sourced.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.shim import config as runtime_config
 
-FORMAT = "enflame-container-runtime front verdict 1"
-DEFAULT_VERDICT = "/var/run/enflame/runtime-front.verdict"
+FORMAT = "enflame-container-runtime front verdict 2"
+DEFAULT_VERDICT = "/var/run/enflame/runtime-front-verdict.sh"
+# Where format 1 (plain lines) was kept: removed with the package, never read.
+OLD_VERDICT = "/var/run/enflame/runtime-front.verdict"
 _MAX_BYTES = 1 << 16
 
 
@@ -54,7 +64,14 @@ def render(config_path: str, state: str, runtimes: tuple[str, ...]) -> str | Non
         or any(not name or "\n" in name for name in runtimes)
     ):
         return None
-    return "".join(f"{line}\n" for line in (FORMAT, config_path, state, *runtimes))
+    names = "".join(f"{name}\n" for name in runtimes)
+    return (
+        f"# {FORMAT}: written by the Python wrapper, read by the sh front (shim.front)\n"
+        f"_efr_format={shlex.quote(FORMAT)}\n"
+        f"_efr_path={shlex.quote(config_path)}\n"
+        f"_efr_state={shlex.quote(state)}\n"
+        f"_efr_names={shlex.quote(names)}\n"
+    )
 
 
 def discard(verdict: str) -> None:

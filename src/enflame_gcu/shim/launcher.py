@@ -11,7 +11,8 @@ handle, a config it cannot vouch for -- goes to ``python -IS`` running :func:`ma
 
 The front never reads ``config.toml`` (reading a file byte by byte in ``sh`` costs more than
 Python's start). It reads the verdict :mod:`front` leaves after Python loaded the config
-cleanly: the config's path and the runtimes it names. The front trusts that verdict only
+cleanly: the config's path and the runtimes it names, as ``sh`` assignments it sources (one
+``read`` system call instead of one per byte). The front trusts that verdict only
 while it is newer than the config (nanosecond mtimes), so an edited config sends calls to
 Python until Python has checked it and written a new verdict.
 """
@@ -51,12 +52,13 @@ _efr_py() {{ exec {python_q} -IS -c {code_q} "$0" "$@"; }}
 case $0 in */*) ;; *) _efr_py "$@" ;; esac
 _efr_verdict={verdict_q}
 _efr_cfg=${{{config_env}:-{config_default_q}}}
-# The runtimes the Python wrapper found in this config, trusted while the config is unchanged
-# (stderr quiet: a verdict removed meanwhile must not add a line the wrapper would not print).
+# The runtimes the Python wrapper found in this config, trusted while the config is unchanged:
+# four assignments the wrapper wrote (shim.front), sourced in one read where dash's `read`
+# takes a system call per byte. `command` keeps a verdict removed meanwhile or broken from
+# ending the script, stderr stays quiet (no line the wrapper would not print): both ask Python.
 [ -f "$_efr_verdict" ] && [ ! -L "$_efr_verdict" ] && [ -O "$_efr_verdict" ] || _efr_py "$@"
-{{ IFS= read -r _efr_format && IFS= read -r _efr_path && IFS= read -r _efr_state &&
-  _efr_names= && while IFS= read -r _efr_name; do _efr_names="$_efr_names$_efr_name
-"; done; }} 2>/dev/null <"$_efr_verdict" || _efr_py "$@"
+_efr_format= _efr_path= _efr_state= _efr_names=
+command . "$_efr_verdict" 2>/dev/null || _efr_py "$@"
 [ "$_efr_format" = {format_q} ] && [ "$_efr_path" = "$_efr_cfg" ] || _efr_py "$@"
 case $_efr_state in
 present) [ "$_efr_verdict" -nt "$_efr_cfg" ] && [ -f "$_efr_cfg" ] && [ ! -L "$_efr_cfg" ] ||
