@@ -9,6 +9,10 @@ and through pip's console script, with no GCU and with all 8 cards of a simulate
 and a pass-through ``state`` call on an existing container, plain and wrapped. Medians, and
 ratios against plain runc measured in the same run. Plus the create path's own work measured
 in-process (no interpreter start, no runc), where a change of a fraction of a millisecond shows.
+
+``BENCH_BASELINE_SRC=/path/to/other/checkout/src`` adds that tree's front (written by its own
+``launcher``, handing over to its own wrapper) to the focused pass-through measurement as
+``front_baseline``: old and new front side by side in one run.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from enflame_gcu.simulation import simulate, topofile
 RUNS = int(os.environ.get("BENCH_RUNS", "30"))
 # In-process create timings: many cheap repetitions, so the median is stable on a busy machine.
 IN_PROCESS_RUNS = int(os.environ.get("BENCH_IN_PROCESS_RUNS", "300"))
+BASELINE_SRC = os.environ.get("BENCH_BASELINE_SRC", "")
 CONSOLE_SCRIPT = os.path.join(os.path.dirname(sys.executable), "enflame-container-runtime")
 PACKAGE_DIR = launcher.default_package_dir()
 # The launcher installed before the sh front: every call starts Python.
@@ -97,14 +102,28 @@ def pass_through_focused(
             samples[name].append(once(binaries[name]))
     wall = {name: median([w for w, _ in values]) for name, values in samples.items()}
     cpu = {name: median([c for _, c in values]) for name, values in samples.items()}
+    others = [name for name in binaries if name != "runc"]
     return {
         "runs": runs,
         "wall_ms": wall,
         "cpu_ms": cpu,
-        "added_wall_ms": {n: round(wall[n] - wall["runc"], 2) for n in ("front", "python_only")},
-        "added_cpu_ms": {n: round(cpu[n] - cpu["runc"], 2) for n in ("front", "python_only")},
+        "added_wall_ms": {n: round(wall[n] - wall["runc"], 2) for n in others},
+        "added_cpu_ms": {n: round(cpu[n] - cpu["runc"], 2) for n in others},
         "loadavg_after": round(os.getloadavg()[0], 2),
     }
+
+
+def baseline_front(work: str) -> str:
+    """The front of the tree at BASELINE_SRC, written by its own launcher module."""
+    path = os.path.join(work, "baseline", "enflame-container-runtime")
+    os.mkdir(os.path.dirname(path))
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from enflame_gcu.shim import launcher; "
+        "launcher.write_launcher(sys.argv[2], sys.executable, sys.argv[1], sys.argv[3])"
+    )
+    verdict = os.path.join(work, "verdict-baseline")
+    subprocess.run([sys.executable, "-c", code, BASELINE_SRC, path, verdict], check=True)
+    return path
 
 
 def make_bundle(work: str, runc: str, busybox: str, name: str, env: list[str]) -> str:
@@ -263,9 +282,10 @@ def main() -> int:
         ):
             variants[name] = functools.partial(timed, [binary, *state_args], env, name)
         in_process = in_process_create_ms(node, prepared, work)
-        focused = pass_through_focused(
-            {"runc": runc, "front": wrapper, "python_only": python_only}, work, env
-        )
+        focused_binaries = {"runc": runc, "front": wrapper, "python_only": python_only}
+        if BASELINE_SRC:
+            focused_binaries["front_baseline"] = baseline_front(work)
+        focused = pass_through_focused(focused_binaries, work, env)
         for call in variants.values():  # warm caches (pyc, page cache) once
             call()
         CPU_MS.clear()
