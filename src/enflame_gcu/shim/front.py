@@ -27,9 +27,9 @@ from enflame_gcu.errors import ConfigError
 from enflame_gcu.shim import config as runtime_config
 
 FORMAT = "enflame-container-runtime front verdict 2"
+# Format 1 (plain lines) was kept in /var/run/enflame/runtime-front.verdict: never read now,
+# removed with the package (packaging/deb/prerm, the rpm's %preun).
 DEFAULT_VERDICT = "/var/run/enflame/runtime-front-verdict.sh"
-# Where format 1 (plain lines) was kept: removed with the package, never read.
-OLD_VERDICT = "/var/run/enflame/runtime-front.verdict"
 _MAX_BYTES = 1 << 16
 
 
