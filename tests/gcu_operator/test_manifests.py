@@ -205,6 +205,8 @@ def test_operator_on_the_host_network_reaches_the_api_and_keeps_replicas_apart(
     required = anti["requiredDuringSchedulingIgnoredDuringExecution"]
     assert required[0]["topologyKey"] == "kubernetes.io/hostname"
     assert required[0]["labelSelector"] == deployment["spec"]["selector"]
+    # A surge replica would find no free node: replaced one at a time instead.
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     hook = next(d for d in docs if d["kind"] == "Job")
     hook_pod = hook["spec"]["template"]["spec"]
     assert hook_pod["hostNetwork"] is True
