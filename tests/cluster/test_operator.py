@@ -432,7 +432,10 @@ def bench(cluster: Cluster) -> Iterator[Bench]:
 
 
 def install(bench: Bench, values: dict[str, Any]) -> None:
-    """``helm install`` the chart; its CRDs established and both operator replicas Ready."""
+    """``helm install`` the chart; its CRDs established and both operator replicas Ready (a
+    release a failed scenario left is uninstalled first)."""
+    if released(bench.cluster):
+        helm(bench.cluster, "uninstall", RELEASE, "kube-system")
     helm(bench.cluster, "install", RELEASE, CHART, "kube-system", json.dumps(values))
     for group in (GROUP, LEGACY):
         bench.cluster.kubectl(
@@ -568,7 +571,9 @@ def test_operator_chart_installs_upgrades_in_place_rolls_the_plugin_and_uninstal
     operator_pods = {p["metadata"]["uid"] for p in bench.operator.pods()}
     bench.operator.keep_logs()
     started = time.monotonic()
-    unrelated = chart_values(cluster, ours_spec(), resources={"limits": {"memory": "320Mi"}})
+    # Kept in the upgrades after this one (Helm's values are given whole each time).
+    limits = {"resources": {"limits": {"memory": "320Mi"}}}
+    unrelated = chart_values(cluster, ours_spec(), **limits)
     helm(cluster, "upgrade", RELEASE, CHART, "kube-system", json.dumps(unrelated))
 
     def operator_replaced() -> bool:
@@ -593,7 +598,7 @@ def test_operator_chart_installs_upgrades_in_place_rolls_the_plugin_and_uninstal
     restarts_before = bench.operator.restarts()
     started = time.monotonic()
     helm(cluster, "upgrade", RELEASE, CHART, "kube-system",
-         json.dumps(chart_values(cluster, ours_spec(version=SECOND_TAG))))  # fmt: skip
+         json.dumps(chart_values(cluster, ours_spec(version=SECOND_TAG), **limits)))  # fmt: skip
     upgrading: list[list[str]] = []
     replaced: list[str] = []  # nodes in the order their plugin pod was replaced
     phases: set[str] = set()
@@ -699,7 +704,7 @@ def test_operator_chart_installs_upgrades_in_place_rolls_the_plugin_and_uninstal
     }
     started = time.monotonic()
     helm(cluster, "upgrade", RELEASE, CHART, "kube-system",
-         json.dumps(chart_values(cluster, ours_spec(version="0.1.0"))))  # fmt: skip
+         json.dumps(chart_values(cluster, ours_spec(version="0.1.0"), **limits)))  # fmt: skip
 
     def stopped() -> dict[str, Any] | None:
         status = bench.status(name)
@@ -732,7 +737,7 @@ def test_operator_chart_installs_upgrades_in_place_rolls_the_plugin_and_uninstal
     del held["op-c"]
     started = time.monotonic()
     helm(cluster, "upgrade", RELEASE, CHART, "kube-system",
-         json.dumps(chart_values(cluster, ours_spec(version=SECOND_TAG))))  # fmt: skip
+         json.dumps(chart_values(cluster, ours_spec(version=SECOND_TAG), **limits)))  # fmt: skip
 
     def rolled_back() -> bool:
         status = bench.status(name)
