@@ -1,12 +1,18 @@
-"""The operator on the real cluster (issue 27): a GcuResource deploys the toolkit, the device
-plugin and the validator as real containers on both kubelet nodes, rolls a new plugin version
-node by node while GCU pods keep their cards, and its deletion undoes everything; the vendor's
-example resource gives the same components.
+"""The operator on the real cluster (issues 27 and 33), as users run it: the chart installed with
+Helm's own Go code (``operator.enabled``), the operator as the chart's Deployment (2 replicas,
+its ServiceAccount, ClusterRole and Lease Role through the API server's RBAC authorizer). The
+chart's GcuResource deploys the toolkit, the device plugin and the validator as real containers
+on both kubelet nodes; ``helm upgrade`` with an unrelated value restarts no component pod; a new
+plugin version rolls node by node while GCU pods keep their cards, with the leader SIGKILLed and
+kube-apiserver frozen for 30 s mid-rollout; ``helm uninstall`` removes everything of ours (its
+pre-delete hook waits while the operator removes the components) and keeps the CRDs. The
+vendor's example resource, applied with kubectl under the chart's operator, gives the same
+components and goes the same way.
 
-The operator runs as its CLI on the host (``enflame-gcu-operator`` from the checkout's .venv)
-with the cluster's admin kubeconfig, as a Deployment's replica would with its ServiceAccount.
-The static DaemonSets earlier scenarios left (plugin, toolkit) are removed first, since the
-operator deploys its own; the ones found are applied again at the end for the scenarios after.
+The tier has no kube-proxy, so the chart runs the operator with ``operator.hostNetwork`` and
+the API server's address in ``operator.env`` (values.yaml). The static DaemonSets earlier
+scenarios left (plugin, toolkit) are removed first, since the operator deploys its own; the ones
+found are applied again at the end for the scenarios after.
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +41,8 @@ from tests.cluster.cluster import (
     wait_for,
 )
 from tests.cluster.controlplane import REPO
+from tests.cluster.nodes import ClusterNode
+from tests.cluster.test_helm import ACTIONS, CHART, HELM_PYTHON, helm
 
 pytestmark = pytest.mark.cluster
 NODES = {"gcu-node-1": 8, "gcu-node-2": 4}
@@ -80,63 +87,120 @@ def logged_cards(cluster: Cluster, pod: str) -> list[str]:
     return cards_in(cluster.kubectl("-n", "enflame", "logs", pod))
 
 
-class OperatorProcess:
-    """``enflame-gcu-operator`` on the host, its log in the session's work dir."""
+RELEASE = "enflame-gcu"
+OPERATOR_SELECTOR = (
+    "app.kubernetes.io/name=enflame-gcu-operator,app.kubernetes.io/instance=" + RELEASE
+)
+LEASE = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/enflame-gcu-operator"
+
+
+def chart_values(cluster: Cluster, spec: dict[str, Any] | None, **operator: Any) -> dict[str, Any]:
+    """The chart's values: the operator on, reaching the API server on the host network (the
+    tier has no kube-proxy), with ``spec`` as its GcuResource (None: the chart creates none)."""
+    values: dict[str, Any] = {
+        "enabled": True,
+        "interval": 1,
+        "hostNetwork": True,
+        "env": [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": str(cluster.plane.port)},
+        ],
+        "removeTimeoutSeconds": 240,
+        "gcuResource": {"create": spec is not None, "spec": spec or {}},
+    }
+    values.update(operator)
+    return {"operator": values}
+
+
+def ours_spec(**plugin: Any) -> dict[str, Any]:
+    """deploy/operator/examples/gcu-resource.yaml's spec, ``plugin`` laid over devicePlugin."""
+    with open(os.path.join(REPO, OURS), encoding="utf-8") as handle:
+        spec: dict[str, Any] = yaml.safe_load(handle)["spec"]
+    spec["devicePlugin"].update(plugin)
+    return spec
+
+
+class Operator:
+    """The chart's operator Deployment: its pods, the leader, their logs."""
 
     def __init__(self, cluster: Cluster) -> None:
-        self.log_path = os.path.join(cluster.work, "gcu-operator.log")
-        self.kubeconfig = cluster.plane.kubeconfig
-        self.starts = 0
-        self.process = self.start()
+        self.cluster = cluster
+        self.kills = 0
+        self.logs_seen: list[str] = []  # logs of pods the scenarios replaced or killed
 
-    def start(self) -> subprocess.Popen[bytes]:
-        """A new replica (a new identity: it must wait for the Lease of one killed before)."""
-        program = os.path.join(REPO, ".venv", "bin", "enflame-gcu-operator")
-        command = (
-            [program]
-            if os.access(program, os.X_OK)
-            else [sys.executable, "-m", "enflame_gcu.gcu_operator.main"]
+    def pods(self) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.cluster.pods("kube-system", OPERATOR_SELECTOR)
+            if not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def wait_ready(self, timeout: float = 180) -> list[dict[str, Any]]:
+        """Both replicas Ready (on distinct nodes), one of them holding the Lease."""
+
+        def ready() -> list[dict[str, Any]] | None:
+            pods = [p for p in self.pods() if pod_ready(p)]
+            names = {p["metadata"]["name"] for p in pods}
+            ok = len(pods) == 2 and len({p["spec"].get("nodeName") for p in pods}) == 2
+            return pods if ok and self.leader() in names else None
+
+        return wait_for(
+            "both operator replicas Ready, one leading",
+            ready,
+            timeout,
+            1,
+            detail=lambda: self.cluster.kubectl("get", "pods", "-A", "-o", "wide", check=False),
         )
-        self.starts += 1
-        with open(self.log_path, "ab") as log:
-            return subprocess.Popen(
-                [
-                    *command,
-                    "--kubeconfig",
-                    self.kubeconfig,
-                    "--interval",
-                    "1",
-                    "--identity",
-                    f"e2e-cluster-{self.starts}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
 
-    def kill_and_restart(self) -> None:
-        """SIGKILL (no Lease released, nothing finished) and a fresh process."""
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-        self.process = self.start()
+    def leader(self) -> str:
+        lease = self.cluster.get(LEASE) or {}
+        return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+    def restarts(self) -> dict[str, tuple[int, str]]:
+        """``{pod: (restartCount, waiting reason)}`` of the live replicas."""
+        found = {}
+        for pod in self.pods():
+            state = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0]
+            waiting = (state.get("state") or {}).get("waiting") or {}
+            found[pod["metadata"]["name"]] = (
+                int(state.get("restartCount", 0)),
+                str(waiting.get("reason", "")),
+            )
+        return found
+
+    def kill_leader(self, nodes: dict[str, ClusterNode]) -> str:
+        """SIGKILL the leading replica's process (no Lease released, nothing finished) through
+        its node's containerd; the kubelet restarts the container."""
+        name = self.leader()
+        pod = next(p for p in self.pods() if p["metadata"]["name"] == name)
+        self.logs_seen.append(self.log_of(name))
+        container = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+        nodes[pod["spec"]["nodeName"]].ctr("tasks", "kill", "--signal", "SIGKILL", container)
+        self.kills += 1
+        return name
+
+    def keep_logs(self) -> None:
+        """Keep the live replicas' logs (before Helm replaces or deletes them)."""
+        self.logs_seen.append(self.log(10**7))
+
+    def log_of(self, pod: str, previous: bool = False) -> str:
+        args = ["-n", "kube-system", "logs", pod] + (["--previous"] if previous else [])
+        return self.cluster.kubectl(*args, check=False)
 
     def log(self, size: int = 4000) -> str:
-        with open(self.log_path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()[-size:]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=30)
+        """The live replicas' logs (and their previous containers'), newest last."""
+        text = "".join(self.logs_seen)
+        for pod in self.pods():
+            name = pod["metadata"]["name"]
+            text += f"\n--- {name} (previous)\n{self.log_of(name, True)}"
+            text += f"\n--- {name}\n{self.log_of(name)}"
+        return text[-size:]
 
 
 class Bench:
     """The cluster with the operator running and the CRDs installed."""
 
-    def __init__(self, cluster: Cluster, operator: OperatorProcess) -> None:
+    def __init__(self, cluster: Cluster, operator: Operator) -> None:
         self.cluster = cluster
         self.operator = operator
         self.nodes = {n.name: n for n in cluster.nodes if n.name in NODES}
@@ -243,10 +307,13 @@ class Bench:
         plugin_ds: str,
         labels_before: dict[str, dict[str, str]],
         configs_before: dict[str, dict[str, bytes]],
+        delete: Callable[[], subprocess.Popen[str]],
     ) -> None:
-        """Delete the resource: components removed in reverse order (the plugin's DaemonSet gone
-        before the toolkit's), the toolkit's undo run, the nodes as they were."""
-        self.cluster.kubectl("delete", f"gcuresources.{group}", name, "--wait=false")
+        """``delete()`` deletes the resource (here: ``helm uninstall``, whose pre-delete hook
+        does it; a process the removal is watched alongside): components removed in reverse
+        order (the plugin's DaemonSet gone before the toolkit's), the toolkit's undo run, the
+        nodes as they were."""
+        process = delete()
         started = time.monotonic()
         path = "/apis/apps/v1/namespaces/kube-system/daemonsets/"
         gone: dict[str, float] = {}
@@ -262,6 +329,8 @@ class Bench:
         wait_for(
             f"{group} {name} to be removed", removed, 300, 0.5, detail=self.detail(name, group)
         )
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, f"{process.args!r}: {out}{err[-3000:]}"
         for ds, when in gone.items():
             TIMES[f"{group} delete: DaemonSet {ds} gone after"] = round(when - started, 1)
         assert "Deleting" in phases, phases
@@ -277,10 +346,27 @@ class Bench:
         assert self.labels() == labels_before
 
 
+def helm_started(cluster: Cluster, *args: str) -> subprocess.Popen[str]:
+    """A Helm action (test_helm.helm's) started, not waited for."""
+    return subprocess.Popen(
+        [HELM_PYTHON, ACTIONS, cluster.plane.kubeconfig, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def released(cluster: Cluster) -> bool:
+    secrets = cluster.kubectl("-n", "kube-system", "get", "secrets", "-o", "name")
+    return f"sh.helm.release.v1.{RELEASE}." in secrets
+
+
 @pytest.fixture(scope="module")
 def bench(cluster: Cluster) -> Iterator[Bench]:
-    """Static DaemonSets and GCU pods out of the way, the CRDs in, the operator running; after:
-    any resource left deleted (the operator still running), CRDs removed, static ones back."""
+    """Static DaemonSets and GCU pods out of the way; the scenarios install the chart. After:
+    a release left uninstalled, any resource left let go, CRDs removed, static ones back."""
+    if not os.access(HELM_PYTHON, os.X_OK):
+        pytest.fail(f"no {HELM_PYTHON}: scripts/bootstrap.sh makes it (helm-python-sdk)")
     for name in NODES:  # as scenario 1 does (idempotent; this file may run alone)
         cluster.shell(f"kubectl label node {name} enflame.com/gcu.present=true --overwrite")
     cluster.kubectl(
@@ -306,30 +392,17 @@ def bench(cluster: Cluster) -> Iterator[Bench]:
             return not cluster.pods("kube-system", selector)
 
         wait_for(f"no pods of {selector}", none_left, 180)
-    cluster.kubectl("apply", "-f", cluster.repo_file(CRDS))
-    for group in (GROUP, LEGACY):
-        cluster.kubectl(
-            "wait", "--for=condition=Established", f"crd/gcuresources.{group}", "--timeout=60s"
-        )
-    operator = OperatorProcess(cluster)
+    operator = Operator(cluster)
     try:
         yield Bench(cluster, operator)
     finally:
-        try:
-            for group in (GROUP, LEGACY):
-                cluster.kubectl(
-                    "delete",
-                    f"gcuresources.{group}",
-                    "--all",
-                    "--wait=true",
-                    "--timeout=240s",
-                    check=False,
-                )
-        finally:
-            operator.stop()
-            print(f"\noperator log (tail):\n{operator.log(3000)}")
+        print(f"\noperator log (tail):\n{operator.log(3000)}")
+        if released(cluster):
+            process = helm_started(cluster, "uninstall", RELEASE, "kube-system")
+            print("cleanup: helm uninstall", process.communicate(timeout=300))
         for group in (GROUP, LEGACY):  # a resource the operator could not finish: let it go
-            for item in cluster.plane.api("GET", f"/apis/{group}/v1/gcuresources")["items"]:
+            listed = cluster.plane.get(f"/apis/{group}/v1/gcuresources") or {"items": []}
+            for item in listed["items"]:
                 cluster.kubectl(
                     "patch",
                     f"gcuresources.{group}",
@@ -358,20 +431,64 @@ def bench(cluster: Cluster) -> Iterator[Bench]:
             )
 
 
-def test_operator_refuses_a_wrong_value_naming_the_field(bench: Bench) -> None:
-    """The API server (the CRD's schema) refuses a wrong enum value, naming the field; nothing
-    is created."""
-    with open(bench.cluster.repo_file(OURS), encoding="utf-8") as handle:
-        bad = yaml.safe_load(handle)
-    bad["metadata"]["name"] = "typo"
-    bad["spec"]["nodeMode"] = "cdii"
-    result = bench.cluster.plane.kubectl("apply", "-f", "-", stdin=json.dumps(bad), check=False)
-    assert result.returncode != 0, result
-    assert "spec.nodeMode" in result.stderr, result.stderr
-    assert bench.gr("typo") is None
+def install(bench: Bench, values: dict[str, Any]) -> None:
+    """``helm install`` the chart; its CRDs established and both operator replicas Ready (a
+    release a failed scenario left is uninstalled first)."""
+    if released(bench.cluster):
+        helm(bench.cluster, "uninstall", RELEASE, "kube-system")
+    helm(bench.cluster, "install", RELEASE, CHART, "kube-system", json.dumps(values))
+    for group in (GROUP, LEGACY):
+        bench.cluster.kubectl(
+            "wait", "--for=condition=Established", f"crd/gcuresources.{group}", "--timeout=60s"
+        )
+    bench.operator.wait_ready()
 
 
-def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
+def uninstalled_and_checked(bench: Bench, labels_before: dict[str, dict[str, str]]) -> None:
+    """After ``helm uninstall``: nothing of ours anywhere (DaemonSets, pods, Services, the
+    operator's RBAC, Deployment, PDB, hook Job, RuntimeClass, the release record, node labels
+    and annotations), nothing Terminating, the CRDs kept (docs/operator.md, "Uninstall")."""
+    cluster = bench.cluster
+    ours = "app.kubernetes.io/managed-by=enflame-gcu-operator"
+    left = cluster.kubectl("get", "daemonsets,pods,services", "-A", "-l", ours, "-o", "name")
+    assert left.strip() == "", left
+    kinds = (
+        "deployments,daemonsets,pods,services,configmaps,serviceaccounts,roles,rolebindings,"
+        "jobs,poddisruptionbudgets,clusterroles,clusterrolebindings"
+    )
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+
+    def nothing_left() -> bool:
+        return not cluster.kubectl("get", kinds, "-A", "-l", selector, "-o", "name").strip()
+
+    wait_for(
+        "nothing of the release left",
+        nothing_left,
+        120,
+        1,
+        detail=lambda: cluster.kubectl("get", kinds, "-A", "-l", selector, check=False),
+    )
+    assert not released(cluster)
+    runtime_classes = cluster.kubectl("get", "runtimeclasses", "-o", "name")
+    assert "enflame" not in runtime_classes, runtime_classes
+    for group in (GROUP, LEGACY):
+        assert cluster.get(
+            f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gcuresources.{group}"
+        ), group
+        assert cluster.plane.api("GET", f"/apis/{group}/v1/gcuresources")["items"] == []
+    terminating = [
+        p["metadata"]["name"]
+        for p in cluster.pods("kube-system")
+        if p["metadata"].get("deletionTimestamp")
+    ]
+    assert terminating == [], terminating
+    assert bench.labels() == labels_before
+    for node in NODES:
+        annotations = cluster.node(node)["metadata"].get("annotations") or {}
+        assert not [a for a in annotations if "operator" in a], annotations
+
+
+def test_operator_chart_installs_upgrades_in_place_rolls_the_plugin_and_uninstalls(
     bench: Bench, clean_namespace: str
 ) -> None:
     cluster = bench.cluster
@@ -381,11 +498,29 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
     name = "enflame-gcu-resource"
     toolkit_ds, plugin_ds = "enflame-container-toolkit", "enflame-k8s-device-plugin"
 
-    # Apply ours: toolkit, plugin, exporter, gfd labels, validator.
+    # helm install with operator.enabled (the operator as the chart's Deployment), then
+    # helm upgrade with the chart's GcuResource (ours: toolkit, plugin, exporter, gfd labels,
+    # validator). In one step Helm failed here: right after it installed the CRDs, kube-apiserver
+    # 1.20 did not yet serve their group, so "no matches for kind GcuResource"
+    # (docs/operator.md, "Helm upgrade and uninstall").
     started = time.monotonic()
-    cluster.kubectl("apply", "-f", cluster.repo_file(OURS))
+    install(bench, chart_values(cluster, None))
+    timed("chart: install to both operator replicas Ready", started)
+    helm(cluster, "upgrade", RELEASE, CHART, "kube-system",
+         json.dumps(chart_values(cluster, ours_spec())))  # fmt: skip
     status = bench.wait_running(name)
-    timed("ours: apply to Running", started)
+    timed("chart: install to Running", started)
+    assert bench.gr(name)["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"  # type: ignore[index]
+    # The API server (the CRD's schema, installed by the chart) refuses a wrong enum value,
+    # naming the field; nothing is created.
+    with open(cluster.repo_file(OURS), encoding="utf-8") as handle:
+        bad = yaml.safe_load(handle)
+    bad["metadata"]["name"] = "typo"
+    bad["spec"]["nodeMode"] = "cdii"
+    result = cluster.plane.kubectl("apply", "-f", "-", stdin=json.dumps(bad), check=False)
+    assert result.returncode != 0, result
+    assert "spec.nodeMode" in result.stderr, result.stderr
+    assert bench.gr("typo") is None
     assert status["readyResource"] == "5/5", status
     rows = bench.get_gr("gr")
     assert rows[0] == ["NAME", "READY", "STATUS", "AGE"], rows
@@ -413,21 +548,57 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
         )
         assert len(held[pod]) == 2, held
 
+    # helm upgrade with an unrelated value (the operator's memory limit): the operator's own
+    # pods are replaced one at a time; the GcuResource is patched with the same spec, so no
+    # component pod restarts (same UIDs, restartCount 0) and the GCU pods run on.
+    def component_state() -> dict[str, tuple[str, int]]:
+        pods = [
+            p
+            for selector, owner in ((TOOLKIT_SELECTOR, toolkit_ds), (PLUGIN_SELECTOR, plugin_ds))
+            for p in bench.component_pods(selector, owner)
+        ] + cluster.pods("enflame")
+        return {
+            p["metadata"]["name"]: (
+                p["metadata"]["uid"],
+                sum(s.get("restartCount", 0) for s in p["status"].get("containerStatuses") or []),
+            )
+            for p in pods
+        }
+
+    components_before = component_state()
+    assert all(count == 0 for _, count in components_before.values()), components_before
+    generation = bench.gr(name)["metadata"]["generation"]  # type: ignore[index]
+    operator_pods = {p["metadata"]["uid"] for p in bench.operator.pods()}
+    bench.operator.keep_logs()
+    started = time.monotonic()
+    # Kept in the upgrades after this one (Helm's values are given whole each time).
+    limits = {"resources": {"limits": {"memory": "320Mi"}}}
+    unrelated = chart_values(cluster, ours_spec(), **limits)
+    helm(cluster, "upgrade", RELEASE, CHART, "kube-system", json.dumps(unrelated))
+
+    def operator_replaced() -> bool:
+        pods = [p for p in bench.operator.pods() if pod_ready(p)]
+        uids = {p["metadata"]["uid"] for p in pods}
+        return len(pods) == 2 and not uids & operator_pods
+
+    wait_for("both operator replicas replaced", operator_replaced, 240, 2)
+    bench.operator.wait_ready()
+    timed("chart: unrelated upgrade, operator replicas replaced", started)
+    time.sleep(10)  # the new leader's passes: still nothing to do
+    assert bench.gr(name)["metadata"]["generation"] == generation  # type: ignore[index]
+    assert bench.status(name)["phase"] == "Running"
+    assert component_state() == components_before
+
     # The "new release": the plugin image under a second tag in each node's containerd.
     for member in bench.nodes.values():
         member.ctr(
             "images", "tag", "--force", f"{PLUGIN_IMAGE}:0.1.0", f"{PLUGIN_IMAGE}:{SECOND_TAG}"
         )
     old = {node: p["metadata"]["uid"] for node, p in plugins.items()}
+    restarts_before = bench.operator.restarts()
     started = time.monotonic()
-    cluster.kubectl(
-        "patch",
-        f"gcuresources.{GROUP}",
-        name,
-        "--type=merge",
-        "-p",
-        json.dumps({"spec": {"devicePlugin": {"version": SECOND_TAG}}}),
-    )
+    helm(cluster, "upgrade", RELEASE, CHART, "kube-system",
+         json.dumps(chart_values(cluster, ours_spec(version=SECOND_TAG), **limits)))  # fmt: skip
     upgrading: list[list[str]] = []
     replaced: list[str] = []  # nodes in the order their plugin pod was replaced
     phases: set[str] = set()
@@ -443,10 +614,11 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
             if pod["metadata"]["uid"] != old.get(node) and node not in replaced:
                 replaced.append(node)
         if replaced and not killed:
-            # Mid-rollout (a node's new plugin pod exists, not yet validated): the operator is
-            # killed; a new replica takes over once the Lease expires and carries on.
+            # Mid-rollout (a node's new plugin pod exists, not yet validated): the leading
+            # replica is SIGKILLed; the kubelet restarts it, and whichever replica holds the
+            # Lease next (the standby once it expires) carries on.
             killed.append(json.dumps(status.get("rollout")))
-            bench.operator.kill_and_restart()
+            bench.operator.kill_leader(bench.nodes)
         elif killed and not frozen and "Upgrading" in phases:
             # API trouble mid-rollout (issue 33 point 5): kube-apiserver answers nothing for
             # 30 s (frozen: every request hangs until the operator's own timeout). The
@@ -468,12 +640,18 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
         1,
         detail=bench.detail(name),
     )
-    timed("ours: plugin version rollout, 2 nodes, operator killed once", started)
+    timed("chart: plugin version rollout, 2 nodes, leader killed, API frozen 30 s", started)
     assert "Upgrading" in phases, phases
     assert killed, "the operator was never killed mid-rollout"
     assert frozen, "the API server was never stopped mid-rollout"
-    assert bench.operator.process.poll() is None, bench.operator.log()
-    operator_log = bench.operator.log(200_000)
+    # Both replicas up: the killed one restarted once, neither in CrashLoopBackOff, and the
+    # freeze restarted none (the liveness probe waits longer than the outage).
+    bench.operator.wait_ready()
+    restarts = bench.operator.restarts()
+    assert set(restarts) == set(restarts_before), (restarts, restarts_before)
+    assert sum(count for count, _ in restarts.values()) == 1, restarts
+    assert not [reason for _, reason in restarts.values() if reason], restarts
+    operator_log = bench.operator.log(400_000)
     assert "works again" in operator_log, operator_log[-3000:]
     assert "Traceback" not in operator_log, operator_log[-3000:]
     assert sorted(replaced) == sorted(NODES), replaced
@@ -525,14 +703,8 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
         for p in bench.component_pods(PLUGIN_SELECTOR, plugin_ds)
     }
     started = time.monotonic()
-    cluster.kubectl(
-        "patch",
-        f"gcuresources.{GROUP}",
-        name,
-        "--type=merge",
-        "-p",
-        json.dumps({"spec": {"devicePlugin": {"version": "0.1.0"}}}),
-    )
+    helm(cluster, "upgrade", RELEASE, CHART, "kube-system",
+         json.dumps(chart_values(cluster, ours_spec(version="0.1.0"), **limits)))  # fmt: skip
 
     def stopped() -> dict[str, Any] | None:
         status = bench.status(name)
@@ -542,7 +714,7 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
     status = wait_for(
         "the rollout to stop on gcu-node-1", stopped, 300, 1, detail=bench.detail(name)
     )
-    timed("ours: rollout stopped by a failed validation", started)
+    timed("chart: rollout stopped by a failed validation", started)
     failed = status["rollout"]["failed"]
     assert [f["node"] for f in failed] == ["gcu-node-1"], failed
     assert "validator" in failed[0]["reason"] and "enflame.com/gcu" in failed[0]["reason"], failed
@@ -564,14 +736,8 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
     cluster.delete_pods("enflame", "op-c")
     del held["op-c"]
     started = time.monotonic()
-    cluster.kubectl(
-        "patch",
-        f"gcuresources.{GROUP}",
-        name,
-        "--type=merge",
-        "-p",
-        json.dumps({"spec": {"devicePlugin": {"version": SECOND_TAG}}}),
-    )
+    helm(cluster, "upgrade", RELEASE, CHART, "kube-system",
+         json.dumps(chart_values(cluster, ours_spec(version=SECOND_TAG), **limits)))  # fmt: skip
 
     def rolled_back() -> bool:
         status = bench.status(name)
@@ -585,7 +751,7 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
         )
 
     wait_for("the rollback to the previous version", rolled_back, 300, 1, detail=bench.detail(name))
-    timed("ours: rollback of the failed node", started)
+    timed("chart: rollback of the failed node", started)
     after = {
         p["spec"]["nodeName"]: p["metadata"]["uid"]
         for p in bench.component_pods(PLUGIN_SELECTOR, plugin_ds)
@@ -599,7 +765,9 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
         assert sorted(re.findall(r"\bgcu\d+\b", listed), key=lambda n: int(n[3:])) == cards
     cluster.delete_pods("enflame", *held)
 
-    # Delete: reverse order, the toolkit's undo, the nodes as before.
+    # helm uninstall: its pre-delete hook deletes the resource and waits while the operator
+    # removes the components (reverse order, the toolkit's undo); then Helm deletes the rest.
+    bench.operator.keep_logs()
     started = time.monotonic()
     bench.delete_and_check(
         name,
@@ -608,8 +776,10 @@ def test_operator_deploys_rolls_the_plugin_keeping_cards_and_removes_everything(
         plugin_ds=plugin_ds,
         labels_before=labels_before,
         configs_before=configs_before,
+        delete=functools.partial(helm_started, cluster, "uninstall", RELEASE, "kube-system"),
     )
-    timed("ours: delete to nodes as before", started)
+    timed("chart: uninstall to nodes as before", started)
+    uninstalled_and_checked(bench, labels_before)
     for member in bench.nodes.values():
         member.ctr("images", "rm", f"{PLUGIN_IMAGE}:{SECOND_TAG}")
 
@@ -622,6 +792,7 @@ def test_operator_vendor_example_applies_unchanged_and_gives_the_same_components
     name = "enflame-gcu-resource"
     # The vendor's names for the workloads (its 2.0 example), our images in them.
     toolkit_ds, plugin_ds = "enflame-gcu-docker-plugin", "enflame-gcu-k8s-plugin"
+    install(bench, chart_values(cluster, None))  # the operator only, no GcuResource of the chart's
     started = time.monotonic()
     cluster.kubectl("apply", "-f", cluster.repo_file(VENDOR))
     status = bench.wait_running(name, LEGACY)
@@ -644,6 +815,7 @@ def test_operator_vendor_example_applies_unchanged_and_gives_the_same_components
     )
     assert cards == ["gcu0", "gcu1", "gcu2", "gcu3"], cards
     cluster.delete_pods("enflame", "vendor-gcu")
+    bench.operator.keep_logs()
     started = time.monotonic()
     bench.delete_and_check(
         name,
@@ -652,21 +824,19 @@ def test_operator_vendor_example_applies_unchanged_and_gives_the_same_components
         plugin_ds=plugin_ds,
         labels_before=labels_before,
         configs_before=configs_before,
+        # The hook deletes resources of both groups, the vendor's included.
+        delete=functools.partial(helm_started, cluster, "uninstall", RELEASE, "kube-system"),
     )
-    timed("vendor example: delete to nodes as before", started)
+    timed("vendor example: uninstall to nodes as before", started)
+    uninstalled_and_checked(bench, labels_before)
 
 
-def test_operator_left_nothing_behind(bench: Bench) -> None:
-    """After both resources: no DaemonSet, pod or Service of the operator's anywhere."""
-    selector = "app.kubernetes.io/managed-by=enflame-gcu-operator"
-    left = bench.cluster.kubectl(
-        "get", "daemonsets,pods,services", "-A", "-l", selector, "-o", "name"
-    )
-    assert left.strip() == "", left
-    log = bench.operator.log(10**7)
+def test_operator_logged_no_traceback(bench: Bench) -> None:
+    """The operator's logs (the replicas the scenarios killed or replaced included): no
+    Traceback, its own lines at the default level, not one per HTTP request."""
+    log = "".join(bench.operator.logs_seen) + bench.operator.log(10**7)
     assert "Traceback" not in log, log[-4000:]
-    # Its own lines at the default level, not one per HTTP request.
     assert "actions" in log and "HTTP Request" not in log, log[-4000:]
     TIMES["operator passes that failed and were retried"] = log.count("pass failed")
-    TIMES["operator starts"] = bench.operator.starts
+    TIMES["operator leader kills"] = bench.operator.kills
     print("\noperator e2e:", json.dumps(TIMES))

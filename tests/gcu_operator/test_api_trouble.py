@@ -319,6 +319,30 @@ def test_healthz_answers_200_while_the_loop_comes_round_and_503_when_it_hangs() 
         server.server_close()
 
 
+def test_two_replicas_on_one_network_serve_healthz_on_their_own_pod_ip() -> None:
+    """With hostNetwork, replicas share a network namespace (the cluster tier's nodes share one);
+    each binds its pod IP (--health-address), so both get the same port."""
+    import urllib.request
+
+    first = main._parser().parse_args(["--health-port=1", "--health-address=127.0.0.2"])
+    assert first.health_address == "127.0.0.2"
+    health = main.Health(stale_after=60)
+    one = main.serve_health(health, 0, host=first.health_address)
+    port = one.server_address[1]
+    try:
+        two = main.serve_health(health, port, host="127.0.0.3")
+        try:
+            for host in ("127.0.0.2", "127.0.0.3"):
+                with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=5) as answer:
+                    assert answer.status == 200
+        finally:
+            two.shutdown()
+            two.server_close()
+    finally:
+        one.shutdown()
+        one.server_close()
+
+
 # --- point 13: fewer API calls once converged -------------------------------------------------
 
 

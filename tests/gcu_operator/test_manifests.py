@@ -173,6 +173,44 @@ def test_operator_rbac_probe_pdb_and_spread_as_users_run_it(tmp_path: Any) -> No
     pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
     assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    assert "hostNetwork" not in pod and not [a for a in container["args"] if "address" in a]
+
+
+@needs_helm
+def test_operator_on_the_host_network_reaches_the_api_and_keeps_replicas_apart(
+    tmp_path: Any,
+) -> None:
+    """Where pods cannot reach the API's Service IP (the cluster tier has no kube-proxy), the
+    operator and its pre-delete hook run on the node's network with the API's address in env;
+    two replicas in one network namespace would fight over the health port, so they are kept on
+    distinct nodes and /healthz listens on the pod IP."""
+    api = [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"},
+    ]
+    rendered = helm_render.render(
+        str(tmp_path), {"operator": {"enabled": True, "hostNetwork": True, "env": api}}
+    )
+    docs = [d for d in rendered.get("operator.yaml", []) if d]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert "--health-address=$(POD_IP)" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert [e for e in container["env"] if e["name"].startswith("KUBERNETES_")] == api
+    anti = pod["affinity"]["podAntiAffinity"]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in anti
+    required = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required[0]["topologyKey"] == "kubernetes.io/hostname"
+    assert required[0]["labelSelector"] == deployment["spec"]["selector"]
+    # A surge replica would find no free node: replaced one at a time instead.
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    hook = next(d for d in docs if d["kind"] == "Job")
+    hook_pod = hook["spec"]["template"]["spec"]
+    assert hook_pod["hostNetwork"] is True
+    assert hook_pod["containers"][0]["env"] == api
 
 
 @needs_helm

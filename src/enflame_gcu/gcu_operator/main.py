@@ -89,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="serve /healthz on this port (0: none): 200 while the loop comes round, else 503",
     )
+    parser.add_argument(
+        "--health-address",
+        default="",
+        help="the address /healthz listens on (default: all); the pod IP when replicas share "
+        "a network namespace (hostNetwork)",
+    )
     parser.add_argument("--once", action="store_true", help="one pass, then exit (no election)")
     parser.add_argument(
         "--remove-resources",
@@ -390,7 +396,7 @@ def serve(
     idle = 0
     health = Health(stale_after=max(60.0, 4 * args.interval) + MAX_BACKOFF)
     port = getattr(args, "health_port", 0)
-    server = serve_health(health, port) if port else None
+    server = serve_health(health, port, getattr(args, "health_address", "")) if port else None
     try:
         while not stop.is_set():
             health.beat()
