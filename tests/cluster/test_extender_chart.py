@@ -78,7 +78,7 @@ def scheduler_image(cluster: Cluster) -> None:
     )
     archive = os.path.join(cluster.work, "kube-scheduler-image.tar")
     oci_image.write_archive(archive, spec)
-    for node in cluster.nodes[:2]:
+    for node in cluster.nodes:
         node.import_archive(archive)
     os.unlink(archive)
 
