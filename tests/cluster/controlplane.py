@@ -16,6 +16,8 @@ Options: ``scheduler=False`` / ``controller_manager=False`` leave a piece out;
 its ``clientConnection.kubeconfig`` is filled in), e.g. with ``extenders``; ``apiserver_args``
 adds flags; ``on_start(pid, argv0)`` is called for each process started (the cluster tier passes
 its :class:`tests.kubelet.host.Ledger`'s ``started``, so an interrupted run is still undone).
+:meth:`ControlPlane.restart_scheduler` starts kube-scheduler again with another configuration
+(the chart's extender scenarios give the cluster's own scheduler an ``extenders`` stanza).
 
 What it sets up (everything under ``work``, nothing elsewhere on the host):
 
