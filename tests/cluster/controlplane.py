@@ -16,6 +16,8 @@ Options: ``scheduler=False`` / ``controller_manager=False`` leave a piece out;
 its ``clientConnection.kubeconfig`` is filled in), e.g. with ``extenders``; ``apiserver_args``
 adds flags; ``on_start(pid, argv0)`` is called for each process started (the cluster tier passes
 its :class:`tests.kubelet.host.Ledger`'s ``started``, so an interrupted run is still undone).
+:meth:`ControlPlane.restart_scheduler` starts kube-scheduler again with another configuration
+(the chart's extender scenarios give the cluster's own scheduler an ``extenders`` stanza).
 
 What it sets up (everything under ``work``, nothing elsewhere on the host):
 
@@ -295,32 +297,7 @@ class ControlPlane:
                 ],
             )
         if self.with_scheduler:
-            command = [
-                os.path.join(self.bin, "kube-scheduler"),
-                f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}",
-                "--bind-address=127.0.0.1",
-                "--port=0",
-                f"--secure-port={free_port()}",
-                f"--cert-dir={os.path.join(self.work, 'scheduler-certs')}",
-                f"--v={self.verbosity}",
-            ]
-            if self.scheduler_config:
-                config = dict(self.scheduler_config)
-                config.setdefault("apiVersion", "kubescheduler.config.k8s.io/v1beta1")
-                config.setdefault("kind", "KubeSchedulerConfiguration")
-                config.setdefault("leaderElection", {"leaderElect": False})
-                config["clientConnection"] = {
-                    **dict(config.get("clientConnection") or {}),
-                    "kubeconfig": self.kubeconfig,
-                }
-                path = os.path.join(self.work, "scheduler.yaml")
-                with open(path, "w", encoding="utf-8") as handle:
-                    json.dump(config, handle, indent=1)
-                command.append(f"--config={path}")
-            else:
-                command += [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false"]
-            self._spawn("kube-scheduler", command)
+            self._start_scheduler()
         if self.with_controller_manager:
             self.wait(
                 "the default ServiceAccount",
@@ -328,6 +305,48 @@ class ControlPlane:
                 timeout,
             )
         return self
+
+    def _start_scheduler(self) -> None:
+        command = [
+            os.path.join(self.bin, "kube-scheduler"),
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1",
+            "--port=0",
+            f"--secure-port={free_port()}",
+            f"--cert-dir={os.path.join(self.work, 'scheduler-certs')}",
+            f"--v={self.verbosity}",
+        ]
+        if self.scheduler_config:
+            config = dict(self.scheduler_config)
+            config.setdefault("apiVersion", "kubescheduler.config.k8s.io/v1beta1")
+            config.setdefault("kind", "KubeSchedulerConfiguration")
+            config.setdefault("leaderElection", {"leaderElect": False})
+            config["clientConnection"] = {
+                **dict(config.get("clientConnection") or {}),
+                "kubeconfig": self.kubeconfig,
+            }
+            path = os.path.join(self.work, "scheduler.yaml")
+            with open(path, "w", encoding="utf-8") as handle:
+                json.dump(config, handle, indent=1)
+            command.append(f"--config={path}")
+        else:
+            command += [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false"]
+        self._spawn("kube-scheduler", command)
+
+    def restart_scheduler(self, config: Mapping[str, Any] | None) -> None:
+        """Stop kube-scheduler and start it again with ``config`` (a KubeSchedulerConfiguration
+        dict as ``scheduler_config``; None: flags only), e.g. to add or drop ``extenders``."""
+        process = self.processes.pop("kube-scheduler", None)
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+        self.scheduler_config = dict(config or {})
+        self._start_scheduler()
 
     def stop(self) -> None:
         """Stop every piece by PID, newest first (SIGTERM, SIGKILL after 10 s)."""
