@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -395,6 +396,14 @@ class ResourceServer:
                     f"{self.lock.path} (an older enflame-device-plugin?); waiting for it to stop"
                 )
                 self.lock.release()
+                if message == said:
+                    # Taking and dropping the lock just now created and removed its file: those
+                    # events are ours and must not wake us (it would re-take the lock ten times
+                    # a second); anything else in the plugin dir, the socket moved aside or
+                    # removed above all, does.
+                    watcher.refresh()
+                    await self._wait_ignoring(watcher, os.path.basename(self.lock.path))
+                    continue
             else:
                 message = (
                     f"{self.socket_path} is served by another enflame-device-plugin "
@@ -407,6 +416,15 @@ class ResourceServer:
             watcher.refresh()
             await wait_any(watcher, self.stopping, STANDBY_INTERVAL)
         return False
+
+    async def _wait_ignoring(self, watcher: inotify.ChangeWatcher, name: str) -> None:
+        """Like :func:`wait_any` for :data:`STANDBY_INTERVAL`, but events about ``name`` alone
+        do not end the wait."""
+        deadline = time.monotonic() + STANDBY_INTERVAL
+        while (left := deadline - time.monotonic()) > 0 and not self.stopping.is_set():
+            changes = await _changes(watcher, self.stopping, left)
+            if any(changed != name for _, changed in changes):
+                return
 
     async def run(self) -> None:
         """Serve, register and heal until :meth:`close`; stand by while another holds the lock."""
@@ -462,6 +480,17 @@ def _cause(reason: str) -> str:
     if "our lock" in reason:
         return "lock_lost"
     return "socket_lost"
+
+
+async def _changes(
+    watcher: inotify.ChangeWatcher, stopping: asyncio.Event, timeout: float
+) -> list[tuple[str, str]]:
+    """The plugin-dir events of the next wake-up (none on ``stopping`` or ``timeout``)."""
+    events = asyncio.ensure_future(watcher.wait(timeout))
+    await aio.first(events, stopping.wait())
+    if events.done() and not events.cancelled() and events.exception() is None:
+        return events.result()
+    return []
 
 
 async def wait_any(watcher: inotify.ChangeWatcher, stopping: asyncio.Event, timeout: float) -> None:
