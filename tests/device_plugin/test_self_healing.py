@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from enflame_gcu._proto import api_pb2
+from enflame_gcu._proto import api_pb2, api_pb2_grpc
 from enflame_gcu.simulation import simulate
 from enflame_gcu.simulation.testing import plugin_process
 from enflame_gcu.simulation.testing.kubelet_stub import KubeletStub
@@ -22,6 +22,9 @@ from enflame_gcu.simulation.testing.kubelet_stub import KubeletStub
 Scenario = Callable[[plugin_process.RunningNode], Awaitable[None]]
 # A long rescan interval: anything seen within seconds was seen through inotify.
 EVENTS_ONLY = ["--health-interval", "60"]
+# A new connection of its own (gRPC shares connections between channels to one address by
+# default): it reaches whatever listens at the path now.
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
 
 def run_on_node(
@@ -70,14 +73,96 @@ def test_kubelet_restart_leads_to_reregistration_and_working_allocations() -> No
     run_on_node(scenario)
 
 
-def test_deleted_plugin_socket_is_served_again_and_reregistered() -> None:
+async def served_again(path: str, timeout: float = 10.0) -> None:
+    """Wait until a plugin answers GetDevicePluginOptions on a new connection to ``path``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if os.path.exists(path):
+            async with grpc.aio.insecure_channel(f"unix://{path}", OWN_CONNECTION) as channel:
+                try:
+                    await api_pb2_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
+                        api_pb2.Empty(), timeout=1
+                    )
+                    return
+                except grpc.aio.AioRpcError:
+                    pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"nobody serves {path} after {timeout} s")
+        await asyncio.sleep(0.02)
+
+
+async def kept_registration_and_stream(node: plugin_process.RunningNode, since: float) -> None:
+    """The kubelet's one registration and stream stayed, no card dipped, Allocate works."""
+    kubelet = node.kubelet
+    await asyncio.sleep(0.3)  # a late stream end or re-registration would show by now
+    assert kubelet.stream_ends == []
+    assert len(kubelet.registrations) == 1
+    assert [a for a in kubelet.history if a.at >= since and a.healthy < 8] == []
+    assert kubelet.plugins["enflame.com/gcu"].stream_open
+    pod = await kubelet.allocate_pod("p", {"main": 1})
+    assert pod["main"].device_ids == ("gcu2",)  # one card; the free pair gcu0+gcu1 stays whole
+
+
+def test_deleted_plugin_socket_is_served_again_on_the_open_stream() -> None:
+    """Only the file went: the kubelet is connected still, so the path is published again and
+    nothing re-registers (ending the stream would mark every card Unhealthy)."""
+
     async def scenario(node: plugin_process.RunningNode) -> None:
-        os.unlink(node.socket_path)
-        await node.kubelet.wait_for(registered(2), 10, "re-registration after socket deletion")
-        assert os.path.exists(node.socket_path)
+        since = time.monotonic()
+        for _ in range(3):
+            os.unlink(node.socket_path)
+            await served_again(node.socket_path)
+        await kept_registration_and_stream(node, since)
+        assert "registration and stream kept" in node.plugin.log_text()
+
+    run_on_node(scenario)
+
+
+def test_a_stopping_predecessor_s_grpc_server_deleting_our_socket_by_name_ends_nothing() -> None:
+    """The migration handover (issue 40): the vendor's socket was moved aside while its server
+    still ran, ours serves the name now; when the vendor's server stops, gRPC unlinks the path
+    it bound, by name, which is our socket by then. The kubelet must not see a stream end."""
+
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("vendor-8card")
+        path = os.path.join(plugins, "enflame.sock")
+        vendor = grpc.aio.server()  # listens only: what matters is what its stop does
+        vendor.add_insecure_port(f"unix://{path}")
+        await vendor.start()
+        os.rename(path, path + ".topscloud")  # as enflame-ctk migrate hands over
+        plugin = plugin_process.PluginProcess(plugins, root, EVENTS_ONLY)
+        try:
+            async with KubeletStub(plugins) as kubelet:
+                await plugin.start()
+                await kubelet.wait_for(registered(1), 15, "registration")
+                since = time.monotonic()
+                await vendor.stop(0)
+                assert not os.path.exists(path)  # gRPC took our file with it
+                await served_again(path)
+                node = plugin_process.RunningNode(work, root, plugins, kubelet, plugin)
+                await kept_registration_and_stream(node, since)
+        finally:
+            await vendor.stop(None)
+            assert await plugin.stop() == 0
+            shutil.rmtree(work)
+
+    asyncio.run(main())
+
+
+def test_replaced_plugin_socket_is_served_anew_and_reregistered() -> None:
+    """Another file at our path (here a dead socket) is not ours to keep: serve and register
+    anew, the old server stopped first."""
+
+    async def scenario(node: plugin_process.RunningNode) -> None:
+        stale = socket.socket(socket.AF_UNIX)
+        aside = node.socket_path + ".x"
+        stale.bind(aside)
+        stale.close()
+        os.rename(aside, node.socket_path)
+        await node.kubelet.wait_for(registered(2), 10, "re-registration after replacement")
         assert "was deleted or replaced" in node.plugin.log_text()
         pod = await node.kubelet.allocate_pod("p", {"main": 1})
-        assert pod["main"].device_ids == ("gcu2",)  # one card; the free pair gcu0+gcu1 stays whole
+        assert pod["main"].device_ids == ("gcu2",)
 
     run_on_node(scenario)
 

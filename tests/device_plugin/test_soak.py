@@ -7,11 +7,13 @@ Bounds (after a warm-up of 10 rounds of each, so start-up allocations are not co
   threads on its own; a leak of one per round would show as hundreds);
 - RSS: at most +3 MiB over the run (a per-round leak of a socket, server or discovery is tens
   of KiB a round, so megabytes over 600 rounds; today's Python heap varies by about 1 MiB);
-- re-registration (kubelet restart, deleted socket), measured by the stub from the moment it
-  re-created kubelet.sock or the socket was deleted to the Register call it received: median
-  within 200 ms (the plugin reacts to inotify events, so this is scheduling time; polling with
-  the one-second fallback check alone would put the median near 500 ms), every one within
-  2 s (a CPU-starved machine delays single rounds by hundreds of milliseconds);
+- re-registration after a kubelet restart, measured by the stub from the moment it re-created
+  kubelet.sock to the Register call it received, and after a deleted socket (the kubelet still
+  connected: the path is published again, nothing re-registers) from the deletion to a new
+  connection's answer on the path: median within 200 ms (the plugin reacts to inotify events,
+  so this is scheduling time; polling with the one-second fallback check alone would put the
+  median near 500 ms), every one within 2 s (a CPU-starved machine delays single rounds by
+  hundreds of milliseconds);
 - every SIGHUP answered on the open stream: no stream ends, no new registration, allocatable
   never below the card count.
 """
@@ -19,10 +21,14 @@ Bounds (after a warm-up of 10 rounds of each, so start-up allocations are not co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
 
+import grpc
+
+from enflame_gcu._proto import api_pb2, api_pb2_grpc
 from enflame_gcu.simulation import simulate
 from enflame_gcu.simulation.testing import plugin_process
 from enflame_gcu.simulation.testing.kubelet_stub import KubeletStub
@@ -34,6 +40,9 @@ REREGISTER_WITHIN = 2.0
 RSS_GROWTH_KIB = 3 * 1024
 SLACK = 2
 CARDS = 4
+# A new connection of its own (gRPC shares connections between channels to one address by
+# default): it reaches whatever listens at the path now.
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
 
 def usage(pid: int) -> dict[str, int]:
@@ -64,16 +73,24 @@ async def kubelet_restart(kubelet: KubeletStub, socket: str) -> float:
 
 
 async def socket_deletion(kubelet: KubeletStub, socket: str) -> float:
-    """Delete the plugin's socket; seconds from the deletion to the plugin's Register."""
-    before = len(kubelet.registrations)
+    """Delete the plugin's socket; seconds from the deletion to an answer on the path again
+    (the plugin publishes it again on the open stream: tests/device_plugin/test_self_healing.py
+    checks that nothing re-registers; here a re-registration still pending from the stub's
+    sub-millisecond kubelet restart just before may land in the same round)."""
     os.unlink(socket)
     deleted = time.monotonic()
-    await kubelet.wait_for(
-        lambda k: len(k.registrations) > before and len(k.allocatable()) == CARDS,
-        5,
-        "re-registration after the socket was deleted",
-    )
-    return kubelet.registrations[before].at - deleted
+    deadline = deleted + 5
+    while True:
+        if os.path.exists(socket):
+            async with grpc.aio.insecure_channel(f"unix://{socket}", OWN_CONNECTION) as channel:
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await api_pb2_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
+                        api_pb2.Empty(), timeout=1
+                    )
+                    break
+        assert time.monotonic() < deadline, "the deleted socket was not served again"
+        await asyncio.sleep(0.005)
+    return time.monotonic() - deleted
 
 
 async def sighup(node: plugin_process.RunningNode) -> None:
@@ -136,7 +153,7 @@ def test_soak_kubelet_restarts_socket_deletions_sighups_and_hotplug_leave_nothin
         elapsed = time.monotonic() - started
 
         print(  # the figures, for the record (pytest -s)
-            f"soak: {elapsed:.1f}s; re-registration max {max(delays) * 1000:.0f} ms, "
+            f"soak: {elapsed:.1f}s; healing max {max(delays) * 1000:.0f} ms, "
             f"median {sorted(delays)[len(delays) // 2] * 1000:.0f} ms; "
             f"before {baseline}, after {after}"
         )

@@ -262,3 +262,42 @@ def test_the_old_holder_stopping_never_removes_the_socket_its_successor_bound(
         asyncio.run(main())
     finally:
         shutil.rmtree(work)
+
+
+def test_standing_by_behind_a_lockless_server_does_not_spin_on_its_own_lock_file() -> None:
+    """Each look at a socket nobody locked takes and drops our lock, which creates and removes
+    the lock file; those events are ours and must not wake the next look at once (they did:
+    about ten lock files a second in the kubelet's plugin dir). Moving the socket aside, as
+    enflame-ctk migrate does, still wakes the plugin at once."""
+
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("flat-4card")
+        path = os.path.join(plugins, "enflame.sock")
+        older = socket.socket(socket.AF_UNIX)
+        older.bind(path)
+        older.listen()
+        plugin = plugin_process.PluginProcess(plugins, root, ["--health-interval", "60"])
+        try:
+            async with KubeletStub(plugins) as stub:
+                await plugin.start()
+                await until(lambda: "does not take" in plugin.log_text(), 15, "standing by")
+                window = 2.0
+                lock_events = 0
+                with inotify.ChangeWatcher([plugins]) as watcher:
+                    deadline = time.monotonic() + window
+                    while (left := deadline - time.monotonic()) > 0:
+                        events = await watcher.wait(left)
+                        lock_events += sum(1 for _, name in events if name == "enflame.sock.lock")
+                # One look per STANDBY_INTERVAL; each creates, writes (close-write) and
+                # removes the lock file: three events.
+                looks = window / kubelet.STANDBY_INTERVAL + 1
+                assert lock_events <= 3 * looks, f"{lock_events} lock file events in {window} s"
+                assert stub.registrations == []
+                os.rename(path, path + ".topscloud")
+                await stub.wait_for(lambda k: k.capacity() == 4, 5, "takeover")
+        finally:
+            older.close()
+            assert await plugin.stop() == 0
+            shutil.rmtree(work)
+
+    asyncio.run(main())

@@ -820,8 +820,11 @@ class Node:
         options: KubeletOptions | None = None,
         topology: str = "vendor-8card",
         expect_devices: int = 8,
+        *,
+        plugin: bool = True,
     ) -> Node:
-        """Simulated node + kubelet + plugin, waiting until the kubelet has the cards."""
+        """Simulated node + kubelet + plugin, waiting until the kubelet has the cards
+        (``plugin=False``: the kubelet alone, for a scenario that starts another plugin)."""
         if not os.path.exists(self.host_root):
             self.simulate(topology)
         self.kubelet = Kubelet(
@@ -834,8 +837,9 @@ class Node:
         )
         self._pods = Pods(self.kubelet)
         self.kubelet.start()
-        self.plugin.start(plugin_args)
-        self.wait_registered(expect_devices)
+        if plugin:
+            self.plugin.start(plugin_args)
+            self.wait_registered(expect_devices)
         return self
 
     @property

@@ -12,6 +12,14 @@
   one-second check for what events miss) notices both; the old server is stopped before the new
   one registers, so an old stream ending cannot race the new registration (SPEC §3: the kubelet
   marks a resource unhealthy and its endpoint stopped whenever any of its streams ends).
+- **A deleted socket file under the same kubelet** is published again, not re-registered: the
+  kubelet talks to us over the connection it opened at Register, which the file's removal does not
+  touch, and ending that stream would mark every card unhealthy. The usual deleter is the plugin
+  we took the socket name over from (topscloud's, on ``enflame-ctk migrate``): a gRPC server, Go's
+  or ours, unlinks the path it bound, by name, when it stops, and that name is ours by then. A new
+  listener (same service, same state) is bound privately and renamed into place; the connection
+  and stream the kubelet has stay open. Only when the kubelet.sock changed too (a kubelet
+  restart), the lock went, or another file took the path do we serve and register anew.
 - **A plugin dir we cannot use** (missing, read-only, not a directory) is one error line, then
   retries with back-off (repeats at debug), then one line when it works again.
 - **Reconfiguration in place.** SIGHUP gives a running server a new config and snapshot
@@ -25,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -114,6 +123,9 @@ class ResourceServer:
         self.lock = socket_lock.SocketLock(self.socket_path)
         self.stopping = asyncio.Event()
         self._server: grpc.aio.Server | None = None
+        # A listener published after our socket file was deleted under the same kubelet (the
+        # first server keeps the kubelet's connection and stream; only the newest spare is kept).
+        self._republished: grpc.aio.Server | None = None
         self._service: service.DevicePluginService | None = None
         self._socket: tuple[int, int] | None = None
         self._kubelet: tuple[int, int, int] | None = None
@@ -168,33 +180,89 @@ class ResourceServer:
             except OSError as exc:
                 raise DirUnusable(f"cannot remove stale {path}: {exc.strerror or exc}") from exc
         unix_sockets.remove_stale_binds(path)
-        private = unix_sockets.private_bind_name(path)
-        server = grpc.aio.server()
         self._service = service.DevicePluginService(
             self.state, self.config, self.resource_name, self.observer
         )
-        api_pb2_grpc.add_DevicePluginServicer_to_server(self._service, server)
+        try:
+            self._server, private = await self._listen(self._service)
+        except DirUnusable:
+            self._service = None
+            raise
+        await self._publish(private)
+        log.debug("serving %s on %s", self.resource_name, path)
+
+    async def _listen(self, servicer: service.DevicePluginService) -> tuple[grpc.aio.Server, str]:
+        """A started gRPC server for ``servicer``, bound at a fresh private name beside our
+        socket."""
+        private = unix_sockets.private_bind_name(self.socket_path)
+        server = grpc.aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)
         try:
             server.add_insecure_port(f"unix://{private}")
         except RuntimeError as exc:  # grpc's whole report of a failed bind
-            self._service = None
             raise DirUnusable(
-                f"cannot create socket {path} ({exc}; is the plugin dir writable?)"
+                f"cannot create socket {self.socket_path} ({exc}; is the plugin dir writable?)"
             ) from exc
         await server.start()
-        self._server = server
+        return server, private
+
+    async def _publish(self, private: str) -> None:
+        """Rename our private bind into place and remember the file's identity."""
         # Nobody else knows the private name: this is the identity of the file we bound.
         bound = unix_sockets.inode(private)
         try:
-            os.rename(private, path)
+            os.rename(private, self.socket_path)
         except FileNotFoundError:
             # Wiped before we published it: None makes _lost() say so, and we serve again.
             bound = None
         except OSError as exc:
             await self.stop()
-            raise DirUnusable(f"cannot create socket {path}: {exc.strerror or exc}") from exc
+            raise DirUnusable(
+                f"cannot create socket {self.socket_path}: {exc.strerror or exc}"
+            ) from exc
         self._socket = bound
-        log.debug("serving %s on %s", self.resource_name, path)
+
+    def _only_file_gone(self) -> bool:
+        """True when our socket file is gone (nothing at the path) while our server runs, we
+        hold the lock, the kubelet's stream to us is open and its kubelet.sock has not changed
+        since we registered: publishing the path again is all that is missing. (A restarting
+        kubelet drops our stream; kubelet.sock alone may look unchanged when it is re-created
+        within the file system's timestamp granularity with the inode number just freed.)"""
+        return (
+            self._service is not None
+            and self._service.streams > 0
+            and self._socket is not None
+            and not os.path.lexists(self.socket_path)
+            and self.lock.held()
+            and not self._kubelet_left
+            and self._kubelet is not None
+            and unix_sockets.identity(self.kubelet_socket) == self._kubelet
+        )
+
+    async def _republish(self) -> bool:
+        """Publish our socket path again with a new listener, keeping the server the kubelet is
+        connected to (and its stream); False when that cannot be done (serve anew instead)."""
+        if self._service is None:  # pragma: no cover - _only_file_gone checked it
+            return False
+        try:
+            server, private = await self._listen(self._service)
+        except DirUnusable as exc:
+            log.warning("%s; serving anew", exc)
+            return False
+        if os.path.lexists(self.socket_path):  # someone else's file arrived meanwhile
+            await server.stop(None)
+            return False
+        try:
+            await self._publish(private)
+        except DirUnusable as exc:
+            await server.stop(None)
+            log.warning("%s", exc)
+            return False
+        previous, self._republished = self._republished, server
+        if previous is not None:
+            # Its file is gone too; the kubelet's connection is on the first server.
+            await previous.stop(STOP_GRACE)
+        return not self._lost()
 
     def _lost(self) -> bool:
         """True when the file at our socket path is not the one our server bound."""
@@ -212,9 +280,10 @@ class ResourceServer:
                 os.unlink(self.socket_path)
         if self._service is not None:
             self._service.stop_streams()
-        if self._server is not None:
-            await self._server.stop(STOP_GRACE)
-        self._server = self._service = self._socket = None
+        for server in (self._republished, self._server):
+            if server is not None:
+                await server.stop(STOP_GRACE)
+        self._server = self._republished = self._service = self._socket = None
         if self.observer is not None:
             self.observer.unregistered(self.resource_name)
 
@@ -282,6 +351,17 @@ class ResourceServer:
             return f"{self.kubelet_socket} was re-created (kubelet restart)"
         return None
 
+    async def _healed_reason(self) -> str | None:
+        """:meth:`restart_reason`, after publishing our socket file again when only the file
+        went (the kubelet's connection and stream to us stay open: no re-registration)."""
+        if self._only_file_gone() and await self._republish():
+            log.info(
+                "our socket %s was deleted while the kubelet stayed connected: serving it "
+                "again; registration and stream kept",
+                self.socket_path,
+            )
+        return self.restart_reason()
+
     # --- the whole life -----------------------------------------------------------------------
 
     async def _take_lock(self, watcher: inotify.ChangeWatcher) -> bool:
@@ -316,6 +396,14 @@ class ResourceServer:
                     f"{self.lock.path} (an older enflame-device-plugin?); waiting for it to stop"
                 )
                 self.lock.release()
+                if message == said:
+                    # Taking and dropping the lock just now created and removed its file: those
+                    # events are ours and must not wake us (it would re-take the lock ten times
+                    # a second); anything else in the plugin dir, the socket moved aside or
+                    # removed above all, does.
+                    watcher.refresh()
+                    await self._wait_ignoring(watcher, os.path.basename(self.lock.path))
+                    continue
             else:
                 message = (
                     f"{self.socket_path} is served by another enflame-device-plugin "
@@ -328,6 +416,15 @@ class ResourceServer:
             watcher.refresh()
             await wait_any(watcher, self.stopping, STANDBY_INTERVAL)
         return False
+
+    async def _wait_ignoring(self, watcher: inotify.ChangeWatcher, name: str) -> None:
+        """Like :func:`wait_any` for :data:`STANDBY_INTERVAL`, but events about ``name`` alone
+        do not end the wait."""
+        deadline = time.monotonic() + STANDBY_INTERVAL
+        while (left := deadline - time.monotonic()) > 0 and not self.stopping.is_set():
+            changes = await _changes(watcher, self.stopping, left)
+            if any(changed != name for _, changed in changes):
+                return
 
     async def run(self) -> None:
         """Serve, register and heal until :meth:`close`; stand by while another holds the lock."""
@@ -354,7 +451,7 @@ class ResourceServer:
                 return  # through _take_lock again: the lock may have gone with the dir
             self._trouble.recovered(f"plugin dir {self.config.plugin_dir}")
             if await self.register(watcher):
-                while (reason := self.restart_reason()) is None:
+                while (reason := await self._healed_reason()) is None:
                     if unix_sockets.identity(self.kubelet_socket) != self._kubelet:
                         self._kubelet_left = True
                     if self.stopping.is_set():
@@ -383,6 +480,17 @@ def _cause(reason: str) -> str:
     if "our lock" in reason:
         return "lock_lost"
     return "socket_lost"
+
+
+async def _changes(
+    watcher: inotify.ChangeWatcher, stopping: asyncio.Event, timeout: float
+) -> list[tuple[str, str]]:
+    """The plugin-dir events of the next wake-up (none on ``stopping`` or ``timeout``)."""
+    events = asyncio.ensure_future(watcher.wait(timeout))
+    await aio.first(events, stopping.wait())
+    if events.done() and not events.cancelled() and events.exception() is None:
+        return events.result()
+    return []
 
 
 async def wait_any(watcher: inotify.ChangeWatcher, stopping: asyncio.Event, timeout: float) -> None:

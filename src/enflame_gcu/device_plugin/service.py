@@ -163,6 +163,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._resource = resource_name or config.resource_name
         self._observer = observer
         self._stopping = asyncio.Event()
+        self.streams = 0  # ListAndWatch streams open now (the kubelet's connection is alive)
 
     def reconfigure(self, config: plugin_config.PluginConfig) -> None:
         """Answer with a new config from now on (SIGHUP; the state object stays the same)."""
@@ -196,6 +197,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         snapshot = self._state.snapshot
         if self._observer is not None:
             self._observer.stream(self._resource, +1)
+        self.streams += 1
         stop = asyncio.ensure_future(self._stopping.wait())
         try:
             yield device_list(snapshot)
@@ -209,6 +211,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 yield device_list(snapshot)
         finally:
             stop.cancel()
+            self.streams -= 1
             if self._observer is not None:
                 self._observer.stream(self._resource, -1)
         log.debug("ListAndWatch stream ended")
