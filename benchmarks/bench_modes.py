@@ -11,6 +11,7 @@ plain pod of the same engine in the same run. Prints one JSON document.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -76,6 +77,8 @@ def main() -> int:
     podman_base = tempfile.mkdtemp(prefix="enf-pb-", dir="/tmp")
     vendor = f"b{uuid.uuid4().hex[:10]}.enflame.com"
     installed = os.path.join(modes.CDI_DIR, f"{vendor}.yaml")
+    cdi_dir_existed = os.path.isdir(modes.CDI_DIR)
+    runc_root_existed = os.path.isdir(harness.RUNC_DEFAULT_ROOT)
     samples: dict[tuple[str, str], list[float]] = {}
     try:
         for mode in ("device-specs", "runtimeclass", "default-runtime"):
@@ -141,6 +144,14 @@ def main() -> int:
         modes._unmount_under(podman_base)
         shutil.rmtree(podman_base, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
+        # Host dirs the engines and podman made (when they were missing), once empty again.
+        for made, existed in (
+            (modes.CDI_DIR, cdi_dir_existed),
+            (harness.RUNC_DEFAULT_ROOT, runc_root_existed),
+        ):
+            if not existed:
+                with contextlib.suppress(OSError):
+                    os.rmdir(made)
     result: dict[str, Any] = {
         "benchmark": "node modes: pod start, node side",
         "runs": RUNS,

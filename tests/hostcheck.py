@@ -30,6 +30,9 @@ from typing import Any
 WATCHED_TREES = (
     "/run/cdi",
     "/var/run/cdi",
+    # runc's default state root and containerd's fixed shim socket dir (engines we start).
+    "/run/runc",
+    "/run/containerd",
     "/etc/cdi",
     "/etc/docker",
     "/etc/containerd",

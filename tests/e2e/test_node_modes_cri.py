@@ -198,10 +198,16 @@ def podman_env() -> Iterator[tuple[list[str], str]]:
         "--events-backend",
         "none",
     ]
+    # podman keeps runc's state in runc's default root whatever --runroot says: made here when
+    # missing, so removed again (when empty) after.
+    runc_root_existed = os.path.isdir(harness.RUNC_DEFAULT_ROOT)
     yield prefix, rootfs
     subprocess.run([*prefix, "rm", "--all", "--force"], capture_output=True, check=False)
     _unmount_under(base)
     shutil.rmtree(base, ignore_errors=True)
+    if not runc_root_existed:
+        with contextlib.suppress(OSError):
+            os.rmdir(harness.RUNC_DEFAULT_ROOT)
 
 
 def _unmount_under(directory: str) -> None:

@@ -6,7 +6,8 @@ is needed; the sandbox image is busybox sleeping. The engine config starts as an
 plain runc config and is then edited by our own ``engines.configure`` exactly as
 ``enflame-ctk install --mode`` would for the mode (device-specs: not at all). Everything lives
 under one short directory in /tmp except containerd 1.6's fixed shim socket dir
-/run/containerd/s; processes are stopped by PID and mounts under the directory are undone.
+/run/containerd/s and runc's default root /run/runc (removed again when this engine made them);
+processes are stopped by PID and mounts under the directory are undone.
 
 Shared by ``test_node_modes_cri.py`` and ``benchmarks/bench_modes.py``.
 """
@@ -46,6 +47,15 @@ IMAGE = "docker.io/enflame-modes/busybox:1"
 SANDBOX_IMAGE = "docker.io/enflame-modes/sandbox:1"
 CRI = 'plugins."io.containerd.grpc.v1.cri"'
 SHIM_SOCKET_DIR = "/run/containerd/s"
+# runc's default state root: the runtimes our install adds (enflame, in runtimeclass and
+# default-runtime modes) carry no Root option, so runc keeps their containers' state there.
+RUNC_DEFAULT_ROOT = "/run/runc"
+# Host dirs containerd and runc make when missing; removed again (when empty) if they were.
+# Engines overlap (one per mode), so what existed is taken when the first live engine starts
+# and the dirs go when the last one stops.
+HOST_DIRS = (SHIM_SOCKET_DIR, os.path.dirname(SHIM_SOCKET_DIR), RUNC_DEFAULT_ROOT)
+_live_engines: set[int] = set()
+_host_dirs_existed: dict[str, bool] = {}
 APPLETS = ("sh", "ls", "cat", "echo", "true", "sleep", "env", "grep", "tr", "sort")
 RUNTIME_NAME = "enflame"
 
@@ -159,7 +169,9 @@ class Engine:
         self.runtime_log = os.path.join(self.directory, "runtime.log")
         self.node_root = node_root
         self.process: subprocess.Popen[bytes] | None = None
-        self._shim_dir_existed = os.path.isdir(SHIM_SOCKET_DIR)
+        if not _live_engines:
+            _host_dirs_existed.update({path: os.path.isdir(path) for path in HOST_DIRS})
+        _live_engines.add(id(self))
         self._channel: grpc.Channel | None = None
         self._log_runtime = runtime_log
 
@@ -378,10 +390,12 @@ class Engine:
                 os.kill(pid, signal.SIGKILL)
         _unmount_under(self.directory)
         shutil.rmtree(self.directory, ignore_errors=True)
-        if not self._shim_dir_existed:
-            for leftover in (SHIM_SOCKET_DIR, os.path.dirname(SHIM_SOCKET_DIR)):
-                with contextlib.suppress(OSError):
-                    os.rmdir(leftover)
+        _live_engines.discard(id(self))
+        if not _live_engines:
+            for leftover in HOST_DIRS:
+                if not _host_dirs_existed.get(leftover, True):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(leftover)
 
 
 def _shim_pids(socket: str) -> list[int]:
