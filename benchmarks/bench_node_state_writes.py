@@ -200,7 +200,7 @@ async def _run_writers(
         "writer_count": sum(a.writes for a in annotators) - begin_writes,
         "pods_started": sum(n.started for n in churning),
         "pods_ended": sum(n.ended for n in churning),
-        "annotation_bytes": len(annotators[0].wanted()[node_state.ANNOTATION] or ""),
+        "annotation_bytes": len((annotators[0].wanted() or {}).get(node_state.ANNOTATION) or ""),
     }
 
 

@@ -146,7 +146,9 @@ class StandInKubelets:
         """One look at every pod in the namespace; returns the pods as seen."""
         self.ticks += 1
         now = time.monotonic()
-        listed = self.cp.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
+        listed: list[dict[str, Any]] = self.cp.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")[
+            "items"
+        ]
         for pod in listed:
             meta, spec = pod["metadata"], pod["spec"]
             uid = meta["uid"]
