@@ -401,7 +401,7 @@ def _converged() -> tuple[FakeApi, FakeCluster, runner.Operator]:
 def test_a_relabelled_node_ends_the_idle_wait_but_its_annotations_do_not() -> None:
     fake, _, operator = _converged()
     fake.calls.clear()
-    args = _args(interval=0.02, max_interval=30.0)
+    args = _args(interval=0.02, max_interval=5.0)
     stop, done = _waiting(fake, args, operator=operator)
     try:
         time.sleep(0.3)
@@ -417,7 +417,7 @@ def test_a_relabelled_node_ends_the_idle_wait_but_its_annotations_do_not() -> No
 
 def test_a_new_node_ends_the_idle_wait_at_once() -> None:
     fake, _, operator = _converged()
-    args = _args(interval=0.02, max_interval=30.0)
+    args = _args(interval=0.02, max_interval=5.0)
     stop, done = _waiting(fake, args, operator=operator)
     try:
         time.sleep(0.3)
