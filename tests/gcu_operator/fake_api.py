@@ -13,7 +13,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar, cast
 
 from enflame_gcu.gcu_operator import api, pods
@@ -275,6 +276,59 @@ class FakeApi:
     def served(self, kind: api.Kind) -> bool:
         self._call("get", kind)
         return kind != api.DEVICE_CLASS or self.dra_served
+
+    def _versions(self, kind: api.Kind, labels: Mapping[str, str] | None) -> dict[Key, str]:
+        prefix = f"{kind.api_version}/{kind.kind}"
+        while True:
+            try:
+                items = list(self.store.items())  # another thread may be writing
+                break
+            except RuntimeError:
+                continue
+        out = {}
+        for key, obj in items:
+            have = obj["metadata"].get("labels") or {}
+            if key[0] == prefix and not (
+                labels and any(have.get(k) != v for k, v in labels.items())
+            ):
+                out[key] = obj["metadata"]["resourceVersion"]
+        return out
+
+    def watch(
+        self, kind: api.Kind, timeout: int, labels: Mapping[str, str] | None = None
+    ) -> Iterator[tuple[str, Obj]]:
+        """As kube-apiserver's watch without a resourceVersion: ADDED for every object there
+        is, then each change (an object leaving the label selector is DELETED) until
+        ``timeout`` seconds have passed (real time: tests wait on it from other threads)."""
+        self._call("watch", kind)
+        if kind in (api.DEVICE_CLASS, api.RESOURCE_CLAIM_TEMPLATE) and not self.dra_served:
+            raise api.ApiError(404, "the server could not find the requested resource")
+        if timeout < 1:
+            raise api.ApiError(400, "timeoutSeconds must be a positive integer")
+        return self._events(kind, timeout, labels)
+
+    def _events(
+        self, kind: api.Kind, timeout: int, labels: Mapping[str, str] | None
+    ) -> Iterator[tuple[str, Obj]]:
+        end = time.monotonic() + timeout
+        known: dict[Key, str] = {}
+        last: dict[Key, Obj] = {}
+        while True:
+            now = self._versions(kind, labels)
+            for key, version in now.items():
+                if known.get(key) != version:
+                    obj = self.store.get(key)
+                    if obj is None:
+                        continue
+                    last[key] = _copy(obj)
+                    yield ("MODIFIED" if key in known else "ADDED"), last[key]
+                    known[key] = version
+            for key in [k for k in known if k not in now]:
+                del known[key]
+                yield "DELETED", last.pop(key)
+            if time.monotonic() >= end:
+                return
+            time.sleep(0.01)
 
 
 class FakeCluster:

@@ -17,7 +17,7 @@ import pytest
 
 from enflame_gcu.gcu_operator import api, kube, leader, main, runner
 from tests.gcu_operator.fake_api import FakeApi, FakeCluster
-from tests.gcu_operator.helpers import ours
+from tests.gcu_operator.helpers import converge, ours
 
 NODE = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}}
 
@@ -379,6 +379,77 @@ def test_a_changed_resource_ends_the_idle_wait_at_once() -> None:
     assert time.monotonic() - started < 5
     # While idle, only the GcuResources were read (one list per group per look).
     assert {kind for _, kind in fake.calls} == {"GcuResource"}
+
+
+def _waiting(fake: FakeApi, args: argparse.Namespace, **kwargs: Any) -> tuple[Any, Any]:
+    """Run one idle wait in a thread: (its stop event, its done event)."""
+    stop, done = threading.Event(), threading.Event()
+
+    def wait() -> None:
+        main._idle_wait(fake, stop, args, idle=10, clock=time.monotonic, **kwargs)
+        done.set()
+
+    threading.Thread(target=wait, daemon=True).start()
+    return stop, done
+
+
+def test_a_converged_operator_waits_on_watches_not_a_list_every_interval() -> None:
+    # Issue 38: a list of the GcuResources every --interval was 24 requests a minute per
+    # operator at the defaults; the idle wait now holds one watch per group for its length.
+    fake = FakeApi()
+    fake.put(api.GCU_RESOURCE, ours())
+    args = _args(interval=0.02, max_interval=1.0)
+    started = time.monotonic()
+    stop, done = _waiting(fake, args)
+    try:
+        assert done.wait(10)
+    finally:
+        stop.set()
+    assert time.monotonic() - started >= 0.9  # nothing changed: the whole wait
+    looks = [call for call in fake.calls if call[0] != "watch"]
+    watches = [call for call in fake.calls if call[0] == "watch"]
+    assert len(looks) <= 2, fake.calls  # one list per group to know what is there
+    assert len(watches) == len(runner.GROUPS), fake.calls
+
+
+def _converged() -> tuple[FakeApi, FakeCluster, runner.Operator]:
+    fake = FakeApi()
+    cluster = FakeCluster(fake, ["node-a", "node-b"])
+    fake.put(api.GCU_RESOURCE, ours())
+    operator = runner.Operator(fake, clock=lambda: fake.now)
+    converge(operator, cluster)
+    operator.run_once()
+    return fake, cluster, operator
+
+
+def test_a_relabelled_node_ends_the_idle_wait_but_its_annotations_do_not() -> None:
+    fake, _, operator = _converged()
+    fake.calls.clear()
+    args = _args(interval=0.02, max_interval=5.0)
+    stop, done = _waiting(fake, args, operator=operator)
+    try:
+        time.sleep(0.3)
+        fake.patch(api.NODE, "node-a", {"metadata": {"annotations": {"x/state": "1"}}})
+        assert not done.wait(0.5)  # the device plugins' node state is not a change
+        fake.patch(api.NODE, "node-b", {"metadata": {"labels": {"enflame.com/gcu.mode": "dra"}}})
+        assert done.wait(5), "the relabelled node did not end the wait"
+    finally:
+        stop.set()
+    # No GcuResource list: the last pass's reading is the baseline, the watches do the rest.
+    assert {verb for verb, _ in fake.calls} <= {"watch", "patch"}, fake.calls
+
+
+def test_a_new_node_ends_the_idle_wait_at_once() -> None:
+    fake, _, operator = _converged()
+    args = _args(interval=0.02, max_interval=5.0)
+    stop, done = _waiting(fake, args, operator=operator)
+    try:
+        time.sleep(0.3)
+        assert not done.is_set()
+        fake.create(api.NODE, {"metadata": {"name": "node-c"}})
+        assert done.wait(5), "the new node did not end the wait"
+    finally:
+        stop.set()
 
 
 def test_a_pass_waiting_for_pods_is_not_settled() -> None:

@@ -7,7 +7,7 @@ in memory. Objects are the API's JSON as dicts, so the planner never sees a clie
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from enflame_gcu.gcu_operator import resource as rs
@@ -117,4 +117,13 @@ class ClusterApi(Protocol):
 
     def served(self, kind: Kind) -> bool:
         """Whether the API server serves ``kind``."""
+        ...
+
+    def watch(
+        self, kind: Kind, timeout: int, labels: Mapping[str, str] | None = None
+    ) -> Iterator[tuple[str, Obj]]:
+        """One watch request from now (no resourceVersion): first an ADDED event for every
+        object there is, then each change (ADDED, MODIFIED, DELETED) until the server ends the
+        request after ``timeout`` seconds; closing the iterator ends it sooner. ApiError as
+        for :meth:`list` (404 when ``kind`` is not served)."""
         ...

@@ -10,7 +10,8 @@ lightkube is already the DRA driver's client.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+import json
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import lightkube
@@ -25,6 +26,8 @@ Obj = dict[str, Any]
 T = TypeVar("T")
 EVICTION_V1 = "policy/v1"
 EVICTION_V1BETA1 = "policy/v1beta1"
+# Seconds a watch may stay silent beyond its own timeoutSeconds before the client gives up on it.
+WATCH_GRACE = 30
 
 
 def _resource(kind: api.Kind) -> Any:
@@ -208,3 +211,50 @@ class LightkubeApi:
                 return False
             raise
         return True
+
+    def watch(
+        self, kind: api.Kind, timeout: int, labels: Mapping[str, str] | None = None
+    ) -> Iterator[tuple[str, Obj]]:
+        """One watch request that ends when the server ends it (``timeoutSeconds``).
+
+        lightkube's own watch reconnects for ever; the idle wait wants exactly one request per
+        period, so this sends the request lightkube prepares and reads its lines itself."""
+        generic = self._client._client
+        request = generic.prepare_request(
+            "list",
+            res=_resource(kind),
+            namespace="*" if kind.namespaced else None,
+            watch=True,
+            params={
+                "timeoutSeconds": max(1, int(timeout)),
+                "labelSelector": ",".join(f"{k}={v}" for k, v in sorted((labels or {}).items()))
+                or None,
+            },
+        )
+        params = {k: v for k, v in request.params.items() if v is not None}
+        built = generic._client.build_request(
+            request.method, request.url, params=params, timeout=float(timeout + WATCH_GRACE)
+        )
+        response = _request(lambda: generic.send(built, stream=True))
+        try:
+            if response.status_code >= 400:
+                body = _request(response.read)
+                try:
+                    message = str(json.loads(body).get("message") or "")
+                except ValueError:
+                    message = body[:200].decode(errors="replace")
+                raise api.ApiError(response.status_code, message)
+            lines = _request(lambda: iter(response.iter_lines()))
+            while True:
+                line = _request(lambda: next(lines, None))
+                if line is None:
+                    return
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    raise api.ApiError(int(obj.get("code") or 0), str(obj.get("message") or ""))
+                yield str(event.get("type")), obj
+        finally:
+            response.close()

@@ -50,9 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-interval",
         type=float,
-        default=30.0,
-        help="seconds between full passes once converged (default 30): the wait doubles from "
-        "--interval; a changed GcuResource starts a pass at once",
+        default=300.0,
+        help="seconds between full passes once converged (default 300): the wait doubles from "
+        "--interval; meanwhile the GcuResources and nodes are watched, and a changed "
+        "GcuResource or a new, deleted or relabelled node starts a pass at once",
     )
     parser.add_argument(
         "--lease-duration",
@@ -321,11 +322,83 @@ def idle_delay(interval: float, max_interval: float, idle: int) -> float:
 
 def fingerprint(cluster: api.ClusterApi) -> frozenset[tuple[str, str, str]]:
     """Every GcuResource's (group, uid, resourceVersion): one cheap list per group."""
-    out = set()
-    for kind, resource in runner.list_resources(cluster):
-        meta = resource.get("metadata") or {}
-        out.add((kind.group, str(meta.get("uid")), str(meta.get("resourceVersion"))))
-    return frozenset(out)
+    return frozenset(
+        runner.resource_key(kind.group, resource)
+        for kind, resource in runner.list_resources(cluster)
+    )
+
+
+class _Watches:
+    """The idle wait's watches: one request per GcuResource group and one on the nodes, each
+    ending after the wait's length; ``changed`` is set by the first event that differs from
+    what the last pass read (a GcuResource added, edited or deleted; a node added, deleted or
+    relabelled). A node's annotations and status (heartbeats, the device plugins' node state)
+    are not changes: those events are read and dropped."""
+
+    def __init__(
+        self,
+        cluster: api.ClusterApi,
+        seen_resources: frozenset[tuple[str, str, str]],
+        seen_nodes: dict[str, dict[str, str]] | None,
+    ) -> None:
+        self._cluster = cluster
+        self._seen_resources = seen_resources
+        self._seen_nodes = seen_nodes
+        self.changed = threading.Event()
+        self.done = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self, timeout: float) -> None:
+        """One watch per GcuResource group (and the nodes, when the last pass read them)."""
+        kinds: list[api.Kind] = list(runner.GROUPS)
+        if self._seen_nodes is not None:
+            kinds.append(api.NODE)
+        for kind in kinds:
+            thread = threading.Thread(
+                target=self._watch,
+                args=(kind, timeout),
+                name=f"idle-watch-{kind.plural}",
+                daemon=True,
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def _watch(self, kind: api.Kind, timeout: float) -> None:
+        try:
+            events = self._cluster.watch(kind, timeout=int(timeout))
+            try:
+                for event_type, obj in events:
+                    if self.done.is_set():
+                        return
+                    if self._differs(kind, event_type, obj):
+                        LOG.debug("%s %s changed while idle", kind.kind, runner.node_name(obj))
+                        self.changed.set()
+                        return
+            finally:
+                close = getattr(events, "close", None)
+                if close is not None:
+                    close()
+        except api.ApiError as exc:
+            if exc.status == api.NOT_FOUND and kind in runner.GROUPS:
+                return  # that group's CRD is not installed: nothing to watch
+            LOG.debug("idle watch of %s failed: %s (a full pass follows)", kind.plural, exc)
+            self.changed.set()
+
+    def _differs(self, kind: api.Kind, event_type: str, obj: dict[str, object]) -> bool:
+        if event_type == "BOOKMARK":
+            return False
+        if kind in runner.GROUPS:
+            key = runner.resource_key(kind.group, obj)
+            return event_type != "ADDED" or key not in self._seen_resources
+        seen = self._seen_nodes or {}
+        name = runner.node_name(obj)
+        if event_type == "DELETED":
+            return True
+        return seen.get(name) != runner.node_labels(obj)
+
+    def stop(self) -> None:
+        """The wait is over: each watch returns at its next event or when its request ends."""
+        self.done.set()
 
 
 def _idle_wait(
@@ -334,28 +407,36 @@ def _idle_wait(
     args: argparse.Namespace,
     idle: int,
     clock: Callable[[], float],
+    *,
+    operator: runner.Operator | None = None,
 ) -> None:
     """Wait for the next pass: ``interval`` while working; when converged, up to
-    ``idle_delay`` seconds, looking every ``interval`` seconds only at the GcuResources
-    themselves and starting a pass at once when one changed (a spec edit is not delayed)."""
+    ``idle_delay`` seconds, watching the GcuResources and the nodes (a handful of requests per
+    wait, not a list every ``interval``) and starting a pass at once when one of them changed
+    from what the last pass read (a spec edit, a new or relabelled node is not delayed)."""
     delay = idle_delay(args.interval, getattr(args, "max_interval", args.interval), idle)
     if delay <= args.interval:
         stop.wait(delay)
         return
     deadline = clock() + delay
-    try:
-        seen = fingerprint(cluster)
-    except api.ApiError:
-        stop.wait(args.interval)
-        return
-    while not stop.wait(min(args.interval, max(0.0, deadline - clock()))):
-        if clock() >= deadline:
-            return
+    seen = operator.seen_resources if operator is not None else None
+    seen_nodes = operator.seen_nodes if operator is not None else None
+    if seen is None:
         try:
-            if fingerprint(cluster) != seen:
-                return
+            seen = fingerprint(cluster)
         except api.ApiError:
+            stop.wait(args.interval)
             return
+    watches = _Watches(cluster, seen, seen_nodes)
+    watches.start(delay)
+    try:
+        while not stop.is_set() and not watches.changed.is_set():
+            left = deadline - clock()
+            if left <= 0:
+                return
+            watches.changed.wait(min(args.interval, left))
+    finally:
+        watches.stop()
 
 
 def serve(
@@ -417,7 +498,7 @@ def serve(
                 stop.wait(trouble.delay(args.interval))
                 continue
             idle = idle + 1 if converged else 0
-            _idle_wait(cluster, stop, args, idle, clock=time.monotonic)
+            _idle_wait(cluster, stop, args, idle, clock=time.monotonic, operator=operator)
     finally:
         stop.set()
         if server is not None:

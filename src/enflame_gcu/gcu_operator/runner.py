@@ -110,6 +110,10 @@ class Operator:
         self._backoff: dict[str, _Backoff] = {}
         # Evictions a PodDisruptionBudget refused in the last pass, per resource uid.
         self._blocked: dict[str, dict[str, str]] = {}
+        # What the last pass read: every GcuResource's (group, uid, resourceVersion), and every
+        # node's labels (the idle wait's watches compare against these).
+        self.seen_resources: frozenset[tuple[str, str, str]] | None = None
+        self.seen_nodes: dict[str, dict[str, str]] | None = None
 
     def observe(self, kind: api.Kind, resource: Mapping[str, Any]) -> reconcile.Observed:
         """Read what one reconcile needs."""
@@ -313,12 +317,16 @@ class Operator:
         want a component on a node owns it there; a later one that wants the same is ignored
         (status Ignored, reason Conflict) and deploys nothing until the owner is gone."""
         found = list_resources(self._api)
+        self.seen_resources = frozenset(resource_key(kind.group, r) for kind, r in found)
+        self.seen_nodes = None
         for kind, resource in found:
             resource.setdefault("apiVersion", kind.api_version)
         if not found:
             return []
         found.sort(key=lambda item: ownership_order(item[1]))
-        gcu_nodes = [n for n in self._api.list(api.NODE) if nodes.is_gcu_node(n)]
+        every_node = self._api.list(api.NODE)
+        self.seen_nodes = {node_name(n): node_labels(n) for n in every_node}
+        gcu_nodes = [n for n in every_node if nodes.is_gcu_node(n)]
         owners: list[tuple[str, set[tuple[str, str]]]] = []
         results = []
         for kind, resource in found:
@@ -338,6 +346,22 @@ class Operator:
                 owners.append((_display(resource), wants))
             results.append(self.reconcile(kind, resource, conflict))
         return results
+
+
+def resource_key(group: str, resource: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(group, uid, resourceVersion): changes whenever the resource does."""
+    meta = resource.get("metadata") or {}
+    return (group, str(meta.get("uid")), str(meta.get("resourceVersion")))
+
+
+def node_name(node: Mapping[str, Any]) -> str:
+    """The node's name."""
+    return str((node.get("metadata") or {}).get("name"))
+
+
+def node_labels(node: Mapping[str, Any]) -> dict[str, str]:
+    """The node's labels (what decides which components it gets and how)."""
+    return dict((node.get("metadata") or {}).get("labels") or {})
 
 
 def _display(resource: Mapping[str, Any]) -> str:
