@@ -445,6 +445,8 @@ def plan(observed: Observed) -> Plan:
             for k, v in want.items()
             if k not in forbidden
             and (v["metadata"].get("namespace") or "") not in _namespaces_of(spec, forbidden)
+            # Cluster-scoped objects of a component not deployed (the plugin's ClusterRole).
+            and not (k in components.PLUGIN_RBAC_KEYS and rs.DEVICE_PLUGIN in forbidden)
         }
         spec = dataclasses.replace(
             spec, components={k: c for k, c in spec.components.items() if k not in forbidden}
