@@ -131,6 +131,16 @@ def test_vendor_example_and_ours_are_accepted() -> None:
             "spec.devicePlugin.telemetry.libraryDir",
         ),
         (["spec", "plugin", "telemetry", "enabled"], "yes", "spec.plugin.telemetry.enabled"),
+        (
+            ["spec", "devicePlugin", "telemetry", "efsmiDir"],
+            "/usr/../etc",
+            "spec.devicePlugin.telemetry.efsmiDir",
+        ),
+        (
+            ["spec", "devicePlugin", "telemetry", "libraryDir"],
+            "/",
+            "spec.devicePlugin.telemetry.libraryDir",
+        ),
     ],
 )
 def test_a_typo_is_refused_naming_the_field(path: list[str], value: Any, named: str) -> None:
@@ -152,7 +162,7 @@ def test_the_plugins_node_state_and_telemetry_fields_are_accepted() -> None:
             "interval": 30,
             "timeout": 5,
             "isolation": "process",
-            "libraryDir": "/usr/lib64",
+            "libraryDir": "/usr/lib64/.efml/..x",
             "efsmiDir": "",
         },
     }

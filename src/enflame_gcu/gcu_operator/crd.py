@@ -69,7 +69,9 @@ def _base(description: str) -> Obj:
 
 def _plugin(description: str) -> Obj:
     """The device plugin: BaseFields and what it publishes (ours)."""
-    host_dir = "^(/[^/\\x00]+)+$"
+    # Absolute, with no empty, "." or ".." segment (the operator checks the same again).
+    segment = "[^/.\\x00][^/\\x00]*|\\.[^/.\\x00][^/\\x00]*|\\.\\.[^/\\x00]+"
+    host_dir = f"^(/({segment}))+$"
     return _component(
         description,
         nodeState=_flag(
