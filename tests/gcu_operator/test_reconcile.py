@@ -476,3 +476,25 @@ def test_node_state_off_removes_the_plugins_rbac_and_a_widened_role_is_put_back(
     ds = fake.find(api.DAEMONSET, *PLUGIN_ACCOUNT)
     assert ds is not None
     assert "serviceAccountName" not in ds["spec"]["template"]["spec"]
+
+
+def test_a_foreign_clusterrole_of_the_plugins_name_is_left_alone_and_named() -> None:
+    resource = ours()
+    fake, cluster, operator = _start(resource)
+    foreign = fake.put(
+        api.CLUSTER_ROLE,
+        {
+            "metadata": {"name": PLUGIN_ROLE},
+            "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}],
+        },
+    )
+    for _ in range(6):
+        operator.run_once()
+        cluster.step()
+    assert fake.find(api.CLUSTER_ROLE, PLUGIN_ROLE) == foreign
+    message = status(fake, resource)["conditions"][0]["message"]
+    assert f"ClusterRole /{PLUGIN_ROLE} exists and was not created by this resource" in message
+    assert "give spec.devicePlugin.name another name" in message
+    fake.delete(api.GCU_RESOURCE, "gcu")
+    converge(operator, cluster)
+    assert fake.find(api.CLUSTER_ROLE, PLUGIN_ROLE) == foreign
