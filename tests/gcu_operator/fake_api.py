@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar, cast
 
-from enflame_gcu.gcu_operator import api, pods
+from enflame_gcu.gcu_operator import api, components, pods
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str]
@@ -220,6 +220,12 @@ class FakeApi:
         self._call("replace", kind)
         have = self._current(kind, obj)
         validate(kind, obj)
+        if kind == api.CLUSTER_ROLE_BINDING and obj.get("roleRef") != have.get("roleRef"):
+            raise api.ApiError(
+                422,
+                f'ClusterRoleBinding "{obj["metadata"]["name"]}" is invalid: roleRef: '
+                "Invalid value: cannot change roleRef",
+            )
         new = _copy(obj)
         for field in ("uid", "creationTimestamp", "deletionTimestamp", "generation"):
             if field in have["metadata"]:
@@ -352,6 +358,11 @@ class FakeCluster:
             if gcu:
                 labels["enflame.com/gcu.present"] = "true"
             fake.put(api.NODE, {"metadata": {"name": name, "labels": labels}, "spec": {}})
+        # The DRA driver's account, which the chart (or deploy/dra/) installs beside the operator.
+        fake.put(
+            api.SERVICE_ACCOUNT,
+            {"metadata": {"name": components.DRA_SERVICE_ACCOUNT, "namespace": "kube-system"}},
+        )
 
     # --- what the scheduler and the kubelet refuse ------------------------------------------
     def _ready_component(self, node: str, component: str) -> Obj | None:
@@ -515,6 +526,15 @@ class FakeCluster:
                 labels = node["metadata"].get("labels") or {}
                 fits = all(labels.get(k) == v for k, v in selector.items())
                 here = [p for p in mine if pods.node_of(p) == name]
+                account = template["spec"].get("serviceAccountName")
+                if (
+                    fits
+                    and not here
+                    and account
+                    and not fake.find(api.SERVICE_ACCOUNT, account, ns)
+                ):
+                    # The ServiceAccount admission plugin refuses the pod; the controller retries.
+                    continue
                 if fits and not here:
                     fake.put(
                         api.POD,

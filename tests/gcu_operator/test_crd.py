@@ -118,6 +118,29 @@ def test_vendor_example_and_ours_are_accepted() -> None:
         (["spec", "upgradePolicy", "maxUnavailable"], "150%", "spec.upgradePolicy.maxUnavailable"),
         (["spec", "gcusharePlugin", "memoryUnit"], "2", "spec.gcusharePlugin.memoryUnit"),
         (["spec", "devicePlugin", "env"], [{"value": "x"}], "spec.devicePlugin.env.0"),
+        (["spec", "devicePlugin", "nodeState"], "on", "spec.devicePlugin.nodeState"),
+        (
+            ["spec", "devicePlugin", "telemetry", "isolation"],
+            "none",
+            "spec.devicePlugin.telemetry.isolation",
+        ),
+        (["spec", "devicePlugin", "telemetry", "interval"], 0, "spec.devicePlugin.telemetry"),
+        (
+            ["spec", "devicePlugin", "telemetry", "libraryDir"],
+            "usr/lib",
+            "spec.devicePlugin.telemetry.libraryDir",
+        ),
+        (["spec", "plugin", "telemetry", "enabled"], "yes", "spec.plugin.telemetry.enabled"),
+        (
+            ["spec", "devicePlugin", "telemetry", "efsmiDir"],
+            "/usr/../etc",
+            "spec.devicePlugin.telemetry.efsmiDir",
+        ),
+        (
+            ["spec", "devicePlugin", "telemetry", "libraryDir"],
+            "/",
+            "spec.devicePlugin.telemetry.libraryDir",
+        ),
     ],
 )
 def test_a_typo_is_refused_naming_the_field(path: list[str], value: Any, named: str) -> None:
@@ -128,3 +151,19 @@ def test_a_typo_is_refused_naming_the_field(path: list[str], value: Any, named: 
     node[path[-1]] = value
     errors = _errors(obj)
     assert errors and any(named in e for e in errors), errors
+
+
+def test_the_plugins_node_state_and_telemetry_fields_are_accepted() -> None:
+    obj = {**vendor_example(), "apiVersion": f"{rs.GROUP}/v1"}
+    obj["spec"]["devicePlugin"] = {
+        "nodeState": False,
+        "telemetry": {
+            "enabled": True,
+            "interval": 30,
+            "timeout": 5,
+            "isolation": "process",
+            "libraryDir": "/usr/lib64/.efml/..x",
+            "efsmiDir": "",
+        },
+    }
+    assert _errors(obj) == []

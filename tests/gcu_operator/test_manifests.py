@@ -31,7 +31,8 @@ def _static(manifest: str) -> dict[str, Any]:
     ],
 )
 def test_operator_daemonsets_run_the_static_manifests_containers(key: str, manifest: str) -> None:
-    resource = ours(gfd={})
+    # The static manifests run without the scheduler extender: no node state.
+    resource = ours(gfd={}, devicePlugin={"nodeState": False})
     resource["metadata"]["uid"] = "u1"
     desired = components.desired(resource, rs.parse(resource["spec"]))[key]
     pod = desired["spec"]["template"]["spec"]
@@ -249,3 +250,179 @@ def test_the_plugin_network_policy_is_the_charts(tmp_path: Any) -> None:
     mine = components.desired(resource, rs.parse(resource["spec"]))[components.PLUGIN_POLICY_KEY]
     for field in ("policyTypes", "ingress"):
         assert mine["spec"][field] == chart["spec"][field], field
+
+
+def _chart_plugin(
+    tmp_path: Any, telemetry: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """The chart's device plugin DaemonSet with the extender on (node state) and, when given,
+    metrics.telemetry; NFD labels on, as the operator's plugin with spec.gfd."""
+    values: dict[str, Any] = {"extender": {"enabled": True}, "nodeLabels": {"enabled": True}}
+    if telemetry is not None:
+        values["metrics"] = {"telemetry": telemetry}
+    rendered = helm_render.render(str(tmp_path), values)
+    return helm_render.daemonset(rendered, "daemonset-device-plugin.yaml"), rendered
+
+
+def _our_plugin(plugin: dict[str, Any]) -> dict[str, Any]:
+    resource = {**ours_with_uid(), "spec": {"devicePlugin": plugin, "gfd": {}}}
+    return components.desired(resource, rs.parse(resource["spec"]))
+
+
+def _same_pod(chart: dict[str, Any], mine: dict[str, Any]) -> None:
+    chart_pod, our_pod = chart["spec"]["template"]["spec"], mine["spec"]["template"]["spec"]
+    skip = {"image", "imagePullPolicy"}
+    chart_container = {k: v for k, v in chart_pod["containers"][0].items() if k not in skip}
+    our_container = {k: v for k, v in our_pod["containers"][0].items() if k not in skip}
+    assert our_container == chart_container
+    assert our_pod["volumes"] == chart_pod["volumes"]
+    assert our_pod["automountServiceAccountToken"] is chart_pod["automountServiceAccountToken"]
+
+
+@needs_helm
+def test_the_plugin_publishes_node_state_as_the_charts_does_with_the_extender(
+    tmp_path: Any,
+) -> None:
+    """By default the operator's plugin keeps its Node's node-state annotation current for the
+    scheduler extender, as the chart's with extender.enabled: --node-state, NODE_NAME from the
+    downward API, its own ServiceAccount allowed get/patch on Nodes and nothing else."""
+    chart, rendered = _chart_plugin(tmp_path)
+    mine = _our_plugin({})
+    _same_pod(chart, mine[rs.DEVICE_PLUGIN])
+    our_pod = mine[rs.DEVICE_PLUGIN]["spec"]["template"]["spec"]
+    assert "--node-state" in our_pod["containers"][0]["args"]
+    account = mine[components.PLUGIN_ACCOUNT_KEY]
+    assert our_pod["serviceAccountName"] == account["metadata"]["name"]
+    assert account["metadata"]["namespace"] == mine[rs.DEVICE_PLUGIN]["metadata"]["namespace"]
+    [chart_role] = [
+        r
+        for r in helm_render.objects(rendered, "ClusterRole")
+        if r["metadata"]["name"].endswith("-device-plugin-node-state")
+    ]
+    role, binding = mine[components.PLUGIN_ROLE_KEY], mine[components.PLUGIN_BINDING_KEY]
+    assert role["rules"] == chart_role["rules"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"],
+        }
+    ]
+    for obj in (account, role, binding):
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+        assert obj["metadata"]["labels"][names.COMPONENT_LABEL] == rs.DEVICE_PLUGIN
+
+
+def test_node_state_off_gives_the_plugin_no_account_and_no_rbac() -> None:
+    mine = _our_plugin({"nodeState": False})
+    pod = mine[rs.DEVICE_PLUGIN]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in pod
+    assert "--node-state" not in pod["containers"][0]["args"]
+    assert not [e for e in pod["containers"][0]["env"] if e["name"] == "NODE_NAME"]
+    assert not set(components.PLUGIN_RBAC_KEYS) & set(mine)
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    ("ours_telemetry", "chart_telemetry"),
+    [
+        ({"enabled": True}, {"enabled": True}),
+        (
+            {
+                "enabled": True,
+                "interval": 30,
+                "timeout": 7,
+                "isolation": "process",
+                "libraryDir": "/opt/efml/lib",
+                "efsmiDir": "",
+            },
+            {
+                "enabled": True,
+                "interval": 30,
+                "timeout": 7,
+                "isolation": "process",
+                "libraryDir": "/opt/efml/lib",
+                "efsmiDir": "",
+            },
+        ),
+    ],
+)
+def test_plugin_telemetry_mounts_libefml_as_the_chart_does(
+    tmp_path: Any, ours_telemetry: dict[str, Any], chart_telemetry: dict[str, Any]
+) -> None:
+    chart, _ = _chart_plugin(tmp_path, chart_telemetry)
+    mine = _our_plugin({"telemetry": ours_telemetry})
+    _same_pod(chart, mine[rs.DEVICE_PLUGIN])
+    container = mine[rs.DEVICE_PLUGIN]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "ENFLAME_VISIBLE_DEVICES", "value": "all"} in container["env"]
+    assert "--telemetry-interval=0" not in container["args"]
+
+
+def test_telemetry_is_off_by_default() -> None:
+    container = _our_plugin({})[rs.DEVICE_PLUGIN]["spec"]["template"]["spec"]["containers"][0]
+    assert "--telemetry-interval=0" in container["args"]
+    assert {"name": "ENFLAME_VISIBLE_DEVICES", "value": "void"} in container["env"]
+    assert not [m for m in container["volumeMounts"] if m["name"].startswith("host-efsmi")]
+    assert not [m for m in container["volumeMounts"] if m["name"] == "host-libefml"]
+
+
+@pytest.mark.parametrize(
+    ("telemetry", "field"),
+    [
+        ({"enabled": True, "libraryDir": "/"}, "libraryDir"),
+        ({"enabled": True, "libraryDir": "usr/lib"}, "libraryDir"),
+        ({"enabled": True, "libraryDir": "/usr/../etc"}, "libraryDir"),
+        ({"enabled": True, "efsmiDir": "/usr/local//efsmi"}, "efsmiDir"),
+        ({"enabled": True, "interval": 0}, "interval"),
+        ({"enabled": True, "timeout": "5"}, "timeout"),
+        ({"enabled": True, "isolation": "none"}, "isolation"),
+        ({"enabled": "yes"}, "enabled"),
+    ],
+)
+def test_bad_telemetry_fields_are_reported_and_leave_telemetry_off(
+    telemetry: dict[str, Any], field: str
+) -> None:
+    spec = rs.parse({"devicePlugin": {"telemetry": telemetry}})
+    assert spec.plugin.telemetry is None
+    assert [u.field for u in spec.unsupported] == [f"spec.devicePlugin.telemetry.{field}"]
+    container = _our_plugin({"telemetry": telemetry})[rs.DEVICE_PLUGIN]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert "--telemetry-interval=0" in container["args"]
+
+
+@needs_helm
+def test_the_operator_may_create_the_plugins_rbac_without_escalating(tmp_path: Any) -> None:
+    """RBAC refuses a ClusterRole (or a binding to it) granting what its creator does not hold,
+    unless it has escalate/bind: the operator's ClusterRole must hold every permission of the
+    plugin's node-state role, and may create the ClusterRole, its binding and (in the component
+    namespaces) the ServiceAccount."""
+    rendered = helm_render.render(str(tmp_path), {"operator": {"enabled": True}})
+    docs = [d for d in rendered.get("operator.yaml", []) if d]
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    plugin_role = _our_plugin({})[components.PLUGIN_ROLE_KEY]
+    for rule in plugin_role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert _allowed(role, group, resource, verb), (resource, verb)
+    for resource in ("clusterroles", "clusterrolebindings"):
+        for verb in ("get", "list", "create", "update", "delete"):
+            assert _allowed(role, "rbac.authorization.k8s.io", resource, verb), (resource, verb)
+        for verb in ("bind", "escalate", "*"):
+            assert not _allowed(role, "rbac.authorization.k8s.io", resource, verb), verb
+    assert _allowed(role, "", "serviceaccounts", "list")
+    assert not _allowed(role, "", "serviceaccounts", "create")
+    writers = [
+        d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-components")
+    ]
+    assert writers
+    for writer in writers:
+        for verb in ("create", "update", "delete"):
+            assert _allowed(writer, "", "serviceaccounts", verb), verb

@@ -399,6 +399,11 @@ def test_a_component_outside_the_allowed_namespaces_is_reported_not_deployed() -
     assert (
         "spec.devicePlugin.namespace default is not a namespace" in st["conditions"][0]["message"]
     )
+    # Nor its cluster-scoped RBAC, which only the plugin's pods would have used.
+    assert fake.objects(api.CLUSTER_ROLE) == [] and fake.objects(api.CLUSTER_ROLE_BINDING) == []
+    assert fake.objects(api.SERVICE_ACCOUNT) == [
+        fake.find(api.SERVICE_ACCOUNT, "enflame-dra-plugin", "kube-system")
+    ]
 
 
 def test_operator_deployed_plugins_get_the_charts_network_policy() -> None:
@@ -419,3 +424,77 @@ def test_operator_deployed_plugins_get_the_charts_network_policy() -> None:
     fake.delete(api.GCU_RESOURCE, "gcu")
     converge(operator, cluster)
     assert fake.objects(api.NETWORK_POLICY) == []
+
+
+PLUGIN_ACCOUNT = ("enflame-k8s-device-plugin", "kube-system")
+PLUGIN_ROLE = "enflame-k8s-device-plugin-node-state"
+
+
+def _plugin_rbac(fake: FakeApi) -> tuple[Any, Any, Any]:
+    return (
+        fake.find(api.SERVICE_ACCOUNT, *PLUGIN_ACCOUNT),
+        fake.find(api.CLUSTER_ROLE, PLUGIN_ROLE),
+        fake.find(api.CLUSTER_ROLE_BINDING, PLUGIN_ROLE),
+    )
+
+
+def test_the_plugin_gets_its_node_state_account_and_deleting_the_resource_removes_it() -> None:
+    fake, cluster, operator = _start(ours())
+    converge(operator, cluster)
+    account, role, binding = _plugin_rbac(fake)
+    assert account is not None and role is not None and binding is not None
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": PLUGIN_ACCOUNT[0], "namespace": PLUGIN_ACCOUNT[1]}
+    ]
+    # The plugin pods run (the ServiceAccount existed when the DaemonSet made them).
+    assert sorted(_plugin_images(fake)) == NODES
+    assert status(fake, ours())["phase"] == "Running"
+    fake.delete(api.GCU_RESOURCE, "gcu")
+    converge(operator, cluster)
+    assert fake.find(api.GCU_RESOURCE, "gcu") is None
+    assert _plugin_rbac(fake) == (None, None, None)
+    # Removed by the operator itself, not left to garbage collection.
+    deleted = {k[0].rpartition("/")[2] for k in fake.deleted}
+    assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} <= deleted
+
+
+def test_node_state_off_removes_the_plugins_rbac_and_a_widened_role_is_put_back() -> None:
+    resource = ours()
+    fake, cluster, operator = _start(resource)
+    converge(operator, cluster)
+    role = fake.find(api.CLUSTER_ROLE, PLUGIN_ROLE)
+    assert role is not None
+    role["rules"][0]["verbs"].append("delete")
+    fake.replace(api.CLUSTER_ROLE, role)
+    converge(operator, cluster)
+    role = fake.find(api.CLUSTER_ROLE, PLUGIN_ROLE)
+    assert role is not None and role["rules"][0]["verbs"] == ["get", "patch"]
+    set_spec(fake, resource, ["devicePlugin", "nodeState"], False)
+    converge(operator, cluster)
+    assert _plugin_rbac(fake) == (None, None, None)
+    ds = fake.find(api.DAEMONSET, *PLUGIN_ACCOUNT)
+    assert ds is not None
+    assert "serviceAccountName" not in ds["spec"]["template"]["spec"]
+
+
+def test_a_foreign_clusterrole_of_the_plugins_name_is_left_alone_and_named() -> None:
+    resource = ours()
+    fake, cluster, operator = _start(resource)
+    foreign = fake.put(
+        api.CLUSTER_ROLE,
+        {
+            "metadata": {"name": PLUGIN_ROLE},
+            "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}],
+        },
+    )
+    for _ in range(6):
+        operator.run_once()
+        cluster.step()
+    assert fake.find(api.CLUSTER_ROLE, PLUGIN_ROLE) == foreign
+    message = status(fake, resource)["conditions"][0]["message"]
+    assert f"ClusterRole /{PLUGIN_ROLE} exists and was not created by this resource" in message
+    assert "give spec.devicePlugin.name another name" in message
+    fake.delete(api.GCU_RESOURCE, "gcu")
+    converge(operator, cluster)
+    assert fake.find(api.CLUSTER_ROLE, PLUGIN_ROLE) == foreign

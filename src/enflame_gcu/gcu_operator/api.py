@@ -45,6 +45,12 @@ RUNTIME_CLASS = Kind("node.k8s.io/v1", "RuntimeClass", "runtimeclasses", namespa
 RESOURCE_CLAIM_TEMPLATE = Kind(
     "resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", namespaced=True
 )
+# The device plugin's node-state account and its RBAC.
+SERVICE_ACCOUNT = Kind("v1", "ServiceAccount", "serviceaccounts", namespaced=True)
+CLUSTER_ROLE = Kind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", namespaced=False)
+CLUSTER_ROLE_BINDING = Kind(
+    "rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", namespaced=False
+)
 BY_KIND = {
     k.kind: k
     for k in (
@@ -57,6 +63,9 @@ BY_KIND = {
         NETWORK_POLICY,
         RUNTIME_CLASS,
         RESOURCE_CLAIM_TEMPLATE,
+        SERVICE_ACCOUNT,
+        CLUSTER_ROLE,
+        CLUSTER_ROLE_BINDING,
     )
 }
 

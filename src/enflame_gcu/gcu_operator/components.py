@@ -30,7 +30,12 @@ DRA_DEVICE_CLASS = "gcu.enflame.com"
 RUNTIME_CLASS_KEY = "runtimeClass"
 VALIDATOR_CLAIM_KEY = "validatorClaim"
 PLUGIN_POLICY_KEY = "devicePluginNetworkPolicy"
-EXTRA_KEYS = (RUNTIME_CLASS_KEY, VALIDATOR_CLAIM_KEY, PLUGIN_POLICY_KEY)
+# The device plugin's account for node state, and the RBAC that lets it patch its Node.
+PLUGIN_ACCOUNT_KEY = "devicePluginServiceAccount"
+PLUGIN_ROLE_KEY = "devicePluginNodeStateRole"
+PLUGIN_BINDING_KEY = "devicePluginNodeStateBinding"
+PLUGIN_RBAC_KEYS = (PLUGIN_ACCOUNT_KEY, PLUGIN_ROLE_KEY, PLUGIN_BINDING_KEY)
+EXTRA_KEYS = (RUNTIME_CLASS_KEY, VALIDATOR_CLAIM_KEY, PLUGIN_POLICY_KEY, *PLUGIN_RBAC_KEYS)
 # Who may reach the device plugin's metrics port: Prometheus pods in any namespace, as the
 # chart's metrics.networkPolicy default (networkpolicy-device-plugin.yaml).
 PROMETHEUS_PEERS = [
@@ -134,16 +139,28 @@ def _unprivileged_daemon() -> Obj:
 
 
 def _plugin_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
+    """The device plugin's container as the chart's daemonset-device-plugin.yaml renders it with
+    the extender on (node state) and metrics.telemetry as spec.devicePlugin.telemetry says
+    (tests/gcu_operator/test_manifests.py compares the two)."""
+    options = spec.plugin
+    telemetry = options.telemetry
     args = [
         "--host-root=/host",
         "--resource-name=enflame.com/gcu",
         f"--node-mode={spec.node_mode}",
         "--health-interval=5",
         f"--metrics-port={METRICS_PORT}",
-        # As the static manifests and the chart's defaults: no card telemetry (it needs the
-        # vendor's libefml mounted, which this DaemonSet does not do).
-        "--telemetry-interval=0",
     ]
+    if telemetry is not None:
+        args += [
+            f"--telemetry-interval={telemetry.interval}",
+            f"--telemetry-timeout={telemetry.timeout}",
+        ]
+        if telemetry.isolation == "process":
+            args.append("--telemetry-isolation=process")
+    else:
+        # Off unless asked for: the plugin's own default would look for libefml.
+        args.append("--telemetry-interval=0")
     mounts = [
         {"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},
         {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True},
@@ -157,6 +174,26 @@ def _plugin_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
         # The vendor's GFD becomes our labels: the plugin keeps NFD's feature file current.
         args.append("--feature-file=/host/nfd/enflame-gcu")
         mounts.append({"name": "nfd-features", "mountPath": "/host/nfd"})
+    if options.node_state:
+        # The scheduler extender reads the enflame.com/gcu-node-state annotation this keeps
+        # current on the plugin's own Node.
+        args.append("--node-state")
+    if telemetry is not None:
+        mounts.append(
+            {"name": "host-libefml", "mountPath": f"/host{telemetry.library_dir}", "readOnly": True}
+        )
+        if telemetry.efsmi_dir:
+            # libefml.so is often a link into the vendor's install (gcu-exporter mounts both).
+            mounts.append(
+                {"name": "host-efsmi", "mountPath": f"/host{telemetry.efsmi_dir}", "readOnly": True}
+            )
+    # The plugin reads /dev through /host/dev and never opens a card, unless libefml does.
+    env: list[Obj] = [
+        {"name": "ENFLAME_VISIBLE_DEVICES", "value": "void" if telemetry is None else "all"}
+    ]
+    if options.node_state or telemetry is not None:
+        # The node-state annotation's Node, telemetry's Hostname label.
+        env.append({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     return {
         "name": "enflame-device-plugin",
         "image": component.image,
@@ -169,7 +206,7 @@ def _plugin_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
             "failureThreshold": 6,
         },
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 5},
-        "env": _env(component, [{"name": "ENFLAME_VISIBLE_DEVICES", "value": "void"}]),
+        "env": _env(component, env),
         **_unprivileged_daemon(),
         "volumeMounts": mounts,
     }
@@ -196,7 +233,67 @@ def _plugin_volumes(spec: rs.ResourceSpec) -> list[Obj]:
                 "DirectoryOrCreate",
             )
         )
+    telemetry = spec.plugin.telemetry
+    if telemetry is not None:
+        volumes.append(_host_path("host-libefml", telemetry.library_dir, "Directory"))
+        if telemetry.efsmi_dir:
+            volumes.append(_host_path("host-efsmi", telemetry.efsmi_dir, "DirectoryOrCreate"))
     return volumes
+
+
+def plugin_account(resource: Mapping[str, Any], plugin: rs.Component) -> Obj:
+    """The device plugin's ServiceAccount (node state: it reads and patches its Node)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {
+            "name": plugin.name,
+            "namespace": plugin.namespace,
+            "labels": labels(resource, rs.DEVICE_PLUGIN, "enflame-device-plugin"),
+            "ownerReferences": [owner_reference(resource)],
+        },
+    }
+
+
+def plugin_role_name(plugin: rs.Component) -> str:
+    """The ClusterRole and ClusterRoleBinding of the plugin's node state (the chart's suffix)."""
+    return f"{plugin.name}-node-state"
+
+
+def plugin_role(resource: Mapping[str, Any], plugin: rs.Component) -> Obj:
+    """The chart's rbac-node-state.yaml ClusterRole: get and patch Nodes, nothing else (never
+    nodes/status)."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {
+            "name": plugin_role_name(plugin),
+            "labels": labels(resource, rs.DEVICE_PLUGIN, "enflame-device-plugin"),
+            "ownerReferences": [owner_reference(resource)],
+        },
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}],
+    }
+
+
+def plugin_role_binding(resource: Mapping[str, Any], plugin: rs.Component) -> Obj:
+    """Binds plugin_role to plugin_account."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {
+            "name": plugin_role_name(plugin),
+            "labels": labels(resource, rs.DEVICE_PLUGIN, "enflame-device-plugin"),
+            "ownerReferences": [owner_reference(resource)],
+        },
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": plugin_role_name(plugin),
+        },
+        "subjects": [
+            {"kind": "ServiceAccount", "name": plugin.name, "namespace": plugin.namespace}
+        ],
+    }
 
 
 # The DRA driver's port for /healthz, /readyz and /metrics (the chart's dra.httpPort).
@@ -421,11 +518,20 @@ def desired(
             },
         )
     if rs.DEVICE_PLUGIN in comps:
+        plugin = comps[rs.DEVICE_PLUGIN]
+        account: Obj = {}
+        if spec.plugin.node_state:
+            # The chart's extender setup: the plugin's own account, allowed get/patch on Nodes.
+            account = {"serviceAccountName": plugin.name, "automountServiceAccountToken": True}
+            out[PLUGIN_ACCOUNT_KEY] = plugin_account(resource, plugin)
+            out[PLUGIN_ROLE_KEY] = plugin_role(resource, plugin)
+            out[PLUGIN_BINDING_KEY] = plugin_role_binding(resource, plugin)
         out[rs.DEVICE_PLUGIN] = _daemonset(
             resource,
-            comps[rs.DEVICE_PLUGIN],
+            plugin,
             "enflame-device-plugin",
             {
+                **account,
                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [_plugin_container(comps[rs.DEVICE_PLUGIN], spec)],
                 "volumes": _plugin_volumes(spec),

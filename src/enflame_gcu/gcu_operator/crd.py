@@ -67,6 +67,56 @@ def _base(description: str) -> Obj:
     return _component(description)
 
 
+def _plugin(description: str) -> Obj:
+    """The device plugin: BaseFields and what it publishes (ours)."""
+    # Absolute, with no empty, "." or ".." segment (the operator checks the same again).
+    segment = "[^/.\\x00][^/\\x00]*|\\.[^/.\\x00][^/\\x00]*|\\.\\.[^/\\x00]+"
+    host_dir = f"^(/({segment}))+$"
+    return _component(
+        description,
+        nodeState=_flag(
+            "ours: keep the Node's enflame.com/gcu-node-state annotation current for the "
+            "scheduler extender (its own ServiceAccount may get and patch Nodes); on unless false"
+        ),
+        telemetry={
+            "type": "object",
+            "description": "ours: card telemetry through the host's libefml (off by default)",
+            "properties": {
+                "enabled": _flag("collect card telemetry (docs/metrics.md)"),
+                "interval": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": rs.TELEMETRY_MAX_INTERVAL,
+                    "description": "seconds between collection passes (10)",
+                },
+                "timeout": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": rs.TELEMETRY_MAX_TIMEOUT,
+                    "description": "seconds one card's libefml calls may take (5)",
+                },
+                "isolation": _string(
+                    "thread: libefml in the plugin; process: in a child process (thread)",
+                    enum=list(rs.TELEMETRY_ISOLATION),
+                ),
+                "libraryDir": _string(
+                    "host directory holding libefml.so, mounted read-only (/usr/lib)",
+                    pattern=host_dir,
+                ),
+                "efsmiDir": _string(
+                    "the vendor's install directory, mounted read-only; empty: none "
+                    "(/usr/local/efsmi)",
+                    pattern=f"^$|{host_dir}",
+                ),
+            },
+        },
+    )
+
+
+def _flag(description: str) -> Obj:
+    return {"type": "boolean", "description": description}
+
+
 def spec_schema() -> Obj:
     """The spec: every vendor key (2.0 and 2.4.6) and ours."""
     nightingale_deploys = {
@@ -76,8 +126,8 @@ def spec_schema() -> Obj:
     properties: dict[str, Obj] = {
         "containerToolkit": _base("the toolkit installer DaemonSet (enflame-ctk install)"),
         "toolkit": _base("operator 2.0's name for containerToolkit"),
-        "devicePlugin": _base("the device plugin DaemonSet"),
-        "plugin": _base("operator 2.0's name for devicePlugin"),
+        "devicePlugin": _plugin("the device plugin DaemonSet"),
+        "plugin": _plugin("operator 2.0's name for devicePlugin"),
         "gcuExporter": _base("metrics: the device plugin's port 9402 behind a Service"),
         "exporter": _base("operator 2.0's name for gcuExporter"),
         "gfd": _base("node labels: the device plugin keeps NFD's feature file current"),

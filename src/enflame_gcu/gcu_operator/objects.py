@@ -8,6 +8,8 @@ from typing import Any
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str]
+# Kinds whose content is in top-level fields, not in spec (a ServiceAccount: none we set).
+TOP_LEVEL = {"ClusterRole": ("rules",), "ClusterRoleBinding": ("subjects", "roleRef")}
 
 
 def key(obj: Mapping[str, Any]) -> Key:
@@ -45,6 +47,9 @@ def needs_update(want: Mapping[str, Any], have: Mapping[str, Any]) -> bool:
             return True
     if want.get("kind") == "DaemonSet":
         return _template_drifted(want["spec"], have.get("spec") or {})
+    if want.get("kind") in TOP_LEVEL or want.get("kind") == "ServiceAccount":
+        # Exactly: a rule or subject added by hand would grant more than we meant.
+        return any(want.get(f) != have.get(f) for f in TOP_LEVEL.get(str(want["kind"]), ()))
     return not is_subset(want.get("spec", {}), have.get("spec", {}))
 
 
@@ -78,6 +83,9 @@ def replacement(want: Mapping[str, Any], have: Mapping[str, Any]) -> Obj:
     meta["ownerReferences"] = copy.deepcopy(want["metadata"]["ownerReferences"])
     if want.get("kind") == "DaemonSet":
         out["spec"] = copy.deepcopy(want["spec"])
+    elif want.get("kind") in TOP_LEVEL or want.get("kind") == "ServiceAccount":
+        for field in TOP_LEVEL.get(str(want["kind"]), ()):
+            out[field] = copy.deepcopy(want[field])
     else:
         # A Service keeps its clusterIP: only our keys are replaced.
         out["spec"] = {**out.get("spec", {}), **copy.deepcopy(want.get("spec", {}))}

@@ -151,7 +151,7 @@ def _sync_objects(observed: Observed, want: Mapping[str, Obj], work: _Work) -> s
             conflicted.add(key)
             work.conflicts.append(
                 f"{k[0]} {k[1]}/{k[2]} exists and was not created by this resource; it is left "
-                f"alone (remove it, or give spec.{key}.name another name)"
+                f"alone (remove it, or give spec.{_named_by(key)}.name another name)"
             )
         elif objects.needs_update(obj, have):
             work.actions.append(Replace(objects.replacement(obj, have)))
@@ -159,6 +159,11 @@ def _sync_objects(observed: Observed, want: Mapping[str, Obj], work: _Work) -> s
         if k not in wanted_keys and objects.owned_by(have, uid):
             work.actions.append(Delete(str(have["apiVersion"]), k[0], k[1] or None, k[2]))
     return conflicted
+
+
+def _named_by(key: str) -> str:
+    """The component whose name names the object at ``key`` (the plugin's RBAC: the plugin)."""
+    return rs.DEVICE_PLUGIN if key in components.PLUGIN_RBAC_KEYS else key
 
 
 def _forbidden(observed: Observed, spec: rs.ResourceSpec, work: _Work) -> set[str]:
@@ -445,6 +450,8 @@ def plan(observed: Observed) -> Plan:
             for k, v in want.items()
             if k not in forbidden
             and (v["metadata"].get("namespace") or "") not in _namespaces_of(spec, forbidden)
+            # Cluster-scoped objects of a component not deployed (the plugin's ClusterRole).
+            and not (k in components.PLUGIN_RBAC_KEYS and rs.DEVICE_PLUGIN in forbidden)
         }
         spec = dataclasses.replace(
             spec, components={k: c for k, c in spec.components.items() if k not in forbidden}

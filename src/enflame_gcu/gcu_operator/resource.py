@@ -117,6 +117,33 @@ class UpgradePolicy:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Telemetry:
+    """Card telemetry of the device plugin (the chart's metrics.telemetry, same defaults)."""
+
+    interval: int = 10
+    timeout: int = 5
+    isolation: str = "thread"
+    library_dir: str = "/usr/lib"
+    efsmi_dir: str = "/usr/local/efsmi"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PluginOptions:
+    """What the device plugin publishes: node state for the scheduler extender (on unless
+    ``spec.devicePlugin.nodeState: false``), card telemetry (off unless
+    ``spec.devicePlugin.telemetry.enabled``)."""
+
+    node_state: bool = True
+    telemetry: Telemetry | None = None
+
+
+TELEMETRY_ISOLATION = ("thread", "process")
+# Seconds: at most a day between passes, at most a minute per card (the CRD says the same).
+TELEMETRY_MAX_INTERVAL = 86400
+TELEMETRY_MAX_TIMEOUT = 60
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ResourceSpec:
     """The whole spec: components to deploy by key, node mode, upgrade policy, what we skip."""
 
@@ -124,6 +151,7 @@ class ResourceSpec:
     node_mode: str
     upgrade: UpgradePolicy
     unsupported: tuple[Unsupported, ...]
+    plugin: PluginOptions = PluginOptions()
 
     def wants(self, key: str) -> bool:
         """Whether the component ``key`` is to be deployed."""
@@ -205,6 +233,79 @@ def _upgrade(raw: dict[str, Any]) -> UpgradePolicy:
     )
 
 
+def _host_dir(value: Any, empty_ok: bool) -> str | None:
+    """An absolute, normalised host directory (or "" where allowed); None when it is not."""
+    if not isinstance(value, str):
+        return None
+    if value == "":
+        return value if empty_ok else None
+    if not value.startswith("/") or len(value) > 4096 or value == "/":
+        return None
+    if any(c in value for c in ("\x00", "\n", "\r")):
+        return None
+    if any(part in ("", ".", "..") for part in value.split("/")[1:]):
+        return None
+    return value
+
+
+def _seconds(value: Any, most: int) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        return None
+    return value
+
+
+def _telemetry(raw: Any, path: str, out: list[Unsupported]) -> Telemetry | None:
+    """``spec.devicePlugin.telemetry`` read; any bad field leaves telemetry off, said so."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        out.append(Unsupported(path, "must be an object; card telemetry stays off"))
+        return None
+    enabled = raw.get("enabled", False)
+    if not isinstance(enabled, bool):
+        out.append(Unsupported(f"{path}.enabled", "must be true or false; telemetry stays off"))
+        return None
+    default = Telemetry()
+    interval = _seconds(raw.get("interval", default.interval), TELEMETRY_MAX_INTERVAL)
+    timeout = _seconds(raw.get("timeout", default.timeout), TELEMETRY_MAX_TIMEOUT)
+    isolation = raw.get("isolation", default.isolation)
+    library = _host_dir(raw.get("libraryDir", default.library_dir), empty_ok=False)
+    efsmi = _host_dir(raw.get("efsmiDir", default.efsmi_dir), empty_ok=True)
+    bad = [
+        (f"{path}.interval", f"must be whole seconds from 1 to {TELEMETRY_MAX_INTERVAL}")
+        if interval is None
+        else None,
+        (f"{path}.timeout", f"must be whole seconds from 1 to {TELEMETRY_MAX_TIMEOUT}")
+        if timeout is None
+        else None,
+        (f"{path}.isolation", "must be thread or process")
+        if isolation not in TELEMETRY_ISOLATION
+        else None,
+        (f"{path}.libraryDir", "must be an absolute, normalised host directory")
+        if library is None
+        else None,
+        (f"{path}.efsmiDir", "must be empty or an absolute, normalised host directory")
+        if efsmi is None
+        else None,
+    ]
+    problems = [b for b in bad if b is not None]
+    for field, reason in problems:
+        out.append(Unsupported(field, f"{reason}; card telemetry stays off"))
+    if problems or not enabled or interval is None or timeout is None:
+        return None
+    if library is None or efsmi is None:
+        return None
+    return Telemetry(interval, timeout, str(isolation), library, efsmi)
+
+
+def _plugin_options(raw: dict[str, Any], path: str, out: list[Unsupported]) -> PluginOptions:
+    node_state = raw.get("nodeState", True)
+    if not isinstance(node_state, bool):
+        out.append(Unsupported(f"{path}.nodeState", "must be true or false; left on"))
+        node_state = True
+    return PluginOptions(node_state, _telemetry(raw.get("telemetry"), f"{path}.telemetry", out))
+
+
 def parse(spec: Mapping[str, Any] | None) -> ResourceSpec:
     """The resource's spec as a :class:`ResourceSpec` (both groups' keys; defaults filled in)."""
     raw = {ALIASES.get(k, k): v for k, v in (spec or {}).items()}
@@ -232,10 +333,15 @@ def parse(spec: Mapping[str, Any] | None) -> ResourceSpec:
                 Unsupported(f"spec.{key}", "served by the device plugin, which is not deployed")
             )
             del components[key]
+    plugin = PluginOptions()
+    if DEVICE_PLUGIN in components:
+        spelled_plugin = f"spec.{spelled.get(DEVICE_PLUGIN) or DEVICE_PLUGIN}"
+        plugin = _plugin_options(deployed[DEVICE_PLUGIN], spelled_plugin, unsupported)
     node_mode = str(raw.get("nodeMode") or "auto")
     return ResourceSpec(
         components=components,
         node_mode=node_mode if node_mode in NODE_MODES else "auto",
         upgrade=_upgrade(_fields(raw.get("upgradePolicy"))),
         unsupported=tuple(unsupported),
+        plugin=plugin,
     )

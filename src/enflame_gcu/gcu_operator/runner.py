@@ -121,7 +121,15 @@ class Operator:
         found: dict[objects.Key, Obj] = {}
         if self._dra_served is None:
             self._dra_served = self._api.served(api.DEVICE_CLASS)
-        kinds = [api.DAEMONSET, api.SERVICE, api.NETWORK_POLICY, api.RUNTIME_CLASS]
+        kinds = [
+            api.DAEMONSET,
+            api.SERVICE,
+            api.NETWORK_POLICY,
+            api.RUNTIME_CLASS,
+            api.SERVICE_ACCOUNT,
+            api.CLUSTER_ROLE,
+            api.CLUSTER_ROLE_BINDING,
+        ]
         if self._dra_served:
             kinds.append(api.RESOURCE_CLAIM_TEMPLATE)
         for obj_kind in kinds:
