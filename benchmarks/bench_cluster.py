@@ -277,6 +277,7 @@ class Run:
         self.phase: dict[str, str] = {}
         self.pending_samples: list[int] = []
         self.errors: list[str] = []
+        self.delete_errors = 0
         self.places = next(iter(standins.values())).topology
         self._places = tuple(self.places.placement(name) for name in self.places.names)
 
@@ -319,14 +320,17 @@ class Run:
         try:
             await self.client.create(Pod.from_dict(body))
         except Exception as exc:  # counted, not fatal: the run reports it
-            self.errors.append(f"create {name}: {exc}")
+            self.errors.append(f"create {name}: {exc!r}")
 
     async def expire(self, name: str, lifetime: float) -> None:
         from lightkube.resources.core_v1 import Pod
 
         await asyncio.sleep(lifetime)
-        with contextlib.suppress(Exception):
+        try:
             await self.client.delete(Pod, name, namespace=NAMESPACE, grace_period=0)
+        except Exception as exc:  # counted: a pod not deleted keeps its cards to the end
+            self.delete_errors += 1
+            self.errors.append(f"delete {name}: {exc!r}")
 
     async def follow(self, tasks: set[asyncio.Task[None]]) -> None:
         from lightkube.resources.core_v1 import Pod
@@ -440,6 +444,8 @@ class Run:
             },
             "steady_pods_never_bound": unbound_steady,
             "locality": locality_summary(self.records),
+            "create_errors": sum(e.startswith("create ") for e in self.errors),
+            "delete_errors": self.delete_errors,
             "errors": self.errors[:10],
         }
 
