@@ -588,7 +588,10 @@ async def one_run(
         client = AsyncClient(config=config, field_manager="bench-cluster")
         api = node_annotation.LightkubeNodeApi(plane.kubeconfig)
         try:
-            progress(f"load {load} seed {options.seed} extender {with_extender}: adding nodes")
+            progress(
+                f"load {load} seed {options.seed} extender {with_extender}: adding nodes "
+                f"(load average {os.getloadavg()[0]:.2f})"
+            )
             names = await add_nodes(client, options.nodes, options.shared_slices)
             inventory, report, assignment, plugin = vendor_node(work, options.shared_slices)
             standins = {
@@ -645,6 +648,7 @@ async def one_run(
             if port is not None:
                 result["extender_ms"] = stats(port)["verbs"]
             await cancel_all(writers)
+            result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
             return {"load": load, "seed": options.seed, "extender": with_extender, **result}
         finally:
             if extender is not None:
