@@ -277,6 +277,7 @@ class Run:
         self.phase: dict[str, str] = {}
         self.pending_samples: list[int] = []
         self.errors: list[str] = []
+        self.delete_errors = 0
         self.places = next(iter(standins.values())).topology
         self._places = tuple(self.places.placement(name) for name in self.places.names)
 
@@ -319,14 +320,17 @@ class Run:
         try:
             await self.client.create(Pod.from_dict(body))
         except Exception as exc:  # counted, not fatal: the run reports it
-            self.errors.append(f"create {name}: {exc}")
+            self.errors.append(f"create {name}: {exc!r}")
 
     async def expire(self, name: str, lifetime: float) -> None:
         from lightkube.resources.core_v1 import Pod
 
         await asyncio.sleep(lifetime)
-        with contextlib.suppress(Exception):
+        try:
             await self.client.delete(Pod, name, namespace=NAMESPACE, grace_period=0)
+        except Exception as exc:  # counted: a pod not deleted keeps its cards to the end
+            self.delete_errors += 1
+            self.errors.append(f"delete {name}: {exc!r}")
 
     async def follow(self, tasks: set[asyncio.Task[None]]) -> None:
         from lightkube.resources.core_v1 import Pod
@@ -371,10 +375,15 @@ class Run:
         started = time.monotonic()
         await asyncio.gather(*(self.create(n, s, life, "fill") for n, s, life in self.trace.burst))
         burst_names = [n for n, _, _ in self.trace.burst]
-        deadline = started + 120
+        # Until 98 % are bound, or nothing more bound for 10 s (the rest wait for cards), or
+        # 120 s.
+        deadline, seen, last_change = started + 120, -1, time.monotonic()
         while time.monotonic() < deadline:
-            if sum(n in self.bound for n in burst_names) >= len(burst_names) * 0.98:
+            count = sum(n in self.bound for n in burst_names)
+            if count >= len(burst_names) * 0.98 or time.monotonic() - last_change > 10:
                 break
+            if count != seen:
+                seen, last_change = count, time.monotonic()
             await asyncio.sleep(0.2)
         burst_bound = [self.bound[n] for n in burst_names if n in self.bound]
         burst_seconds = (max(burst_bound) - started) if burst_bound else 0.0
@@ -404,13 +413,7 @@ class Run:
         pending_sizes = {
             str(size): sum(self.sizes[n] == size for n in waiting) for size in SIZES
         } | {f"{k}_slices": sum(self.sizes[n] == -k for n in waiting) for k in SHARED_SIZES}
-        if sampler is not None:
-            sampler.cancel()
-        watcher.cancel()
-        for task in list(tasks):
-            task.cancel()
-        await asyncio.gather(*([sampler] if sampler else []), watcher, *tasks,
-                             return_exceptions=True)  # fmt: skip
+        await cancel_all([*([sampler] if sampler else []), watcher, *tasks])
         steady = [n for n in self.bound if self.phase[n] == "steady"]
         latencies = sorted(self.bound[n] - self.created[n] for n in steady)
         unbound_steady = sum(
@@ -441,8 +444,28 @@ class Run:
             },
             "steady_pods_never_bound": unbound_steady,
             "locality": locality_summary(self.records),
+            "create_errors": sum(e.startswith("create ") for e in self.errors),
+            "delete_errors": self.delete_errors,
             "errors": self.errors[:10],
         }
+
+
+async def cancel_all(tasks: Sequence[asyncio.Future[Any]], timeout: float = 10.0) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again the ones that swallowed it (a
+    ``wait_for`` racing its own timeout can), for ``timeout`` seconds at most."""
+    pending = set(tasks)
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.5)
+    if pending:
+        progress(f"{len(pending)} task(s) did not stop when cancelled; left behind")
+
+
+def progress(message: str) -> None:
+    """One line on stderr (a run takes minutes)."""
+    print(f"{time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
 
 def _quantile(ordered: Sequence[float], q: float) -> float:
@@ -565,6 +588,10 @@ async def one_run(
         client = AsyncClient(config=config, field_manager="bench-cluster")
         api = node_annotation.LightkubeNodeApi(plane.kubeconfig)
         try:
+            progress(
+                f"load {load} seed {options.seed} extender {with_extender}: adding nodes "
+                f"(load average {os.getloadavg()[0]:.2f})"
+            )
             names = await add_nodes(client, options.nodes, options.shared_slices)
             inventory, report, assignment, plugin = vendor_node(work, options.shared_slices)
             standins = {
@@ -615,12 +642,13 @@ async def one_run(
                 warmup=options.warmup,
                 shared_slices=options.shared_slices,
             )
+            progress(f"playing {len(trace.burst)} burst pods, {len(trace.arrivals)} arrivals")
             result = await Run(client, standins, trace).play()
+            progress("played")
             if port is not None:
                 result["extender_ms"] = stats(port)["verbs"]
-            for task in writers:
-                task.cancel()
-            await asyncio.gather(*writers, return_exceptions=True)
+            await cancel_all(writers)
+            result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
             return {"load": load, "seed": options.seed, "extender": with_extender, **result}
         finally:
             if extender is not None:
@@ -647,6 +675,10 @@ def start_scheduler(plane: Any) -> None:
     config.setdefault("kind", "KubeSchedulerConfiguration")
     config["leaderElection"] = {"leaderElect": False}
     config["clientConnection"] = {"kubeconfig": plane.kubeconfig}
+    # With --config, kube-scheduler 1.20 ignores --port=0 and serves healthz and metrics on
+    # 0.0.0.0:10251 by default: a concurrent cluster tier's scheduler would collide with it.
+    config["healthzBindAddress"] = f"127.0.0.1:{free_port()}"
+    config["metricsBindAddress"] = f"127.0.0.1:{free_port()}"
     path = os.path.join(plane.work, "scheduler.yaml")
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(config, handle, indent=1)

@@ -6,20 +6,39 @@ seeded states (bench_cluster.py's ``serve_states``), called as kube-scheduler ca
 shipped names-only mode (``nodeCacheCapable: true``: ``NodeNames`` only) over one kept-alive
 connection, for pods of 1/2/4/8 cards. Reported per N: client-side and server-side p50/p99
 of filter and prioritize, and the extender process's resident memory with the cache filled
-and after the calls. No control plane: the scheduler's own pods/s with and without the
-extender at these sizes needs bench_cluster.py with a built cluster.
+and after the calls.
+
+Then, when the cluster tier's control plane is built (``bench_cluster.cluster_binaries()``), the
+scheduler's own throughput (issue 38): per N and per arm a fresh etcd + kube-apiserver 1.20 +
+kube-scheduler 1.20 with N Node objects only (8 cards each, the node-state annotation in the
+same seeded mixed states, no kubelets, no plugins), kube-scheduler on the shipped configuration
+in both arms (``percentageOfNodesToScore: 100`` included), ``extenders`` only in the "with" arm
+(``enflame-scheduler-extender`` as its own process, names-only, ``--state-max-age`` long
+enough that the static states stay known). ``--pods`` pods of 1/2/4 cards (50/35/15 %) are
+created first (the extender, in its arm, sees them waiting), then kube-scheduler starts and
+drains them; pods/s is the pods bound over the time from the first binding to the last. Both
+arms share one control plane per N (the nodes are added once, the first arm's pods deleted
+before the second). Reported beside it: the extender's own filter and prioritize
+p50/p99 from its ``/stats``, and its resident memory with the nodes loaded and after the pods.
 
     .venv/bin/python benchmarks/bench_extender_scale.py [--nodes 200,1000,5000] [--calls 1000]
+        [--cluster-nodes 200,1000,5000] [--pods 500] [--modes without,with]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import dataclasses
 import http.client
+import importlib
 import json
 import multiprocessing
 import os
 import platform
+import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +46,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import bench_cluster  # benchmarks/ is the script's directory, so it is on sys.path
+
+from enflame_gcu import node_state
 
 TARGET_P99_MS = 20.0
 
@@ -97,11 +118,219 @@ def measure(nodes: int, calls: int, directory: str) -> dict[str, Any]:
     return result
 
 
+POD_SIZES, POD_WEIGHTS = (1, 2, 4), (0.50, 0.35, 0.15)
+
+
+def node_states(nodes: int, directory: str) -> list[str]:
+    """``nodes`` node-state annotations in seeded mixed states (as ``serve_states``)."""
+    inventory, _, _, _ = bench_cluster.vendor_node(directory)
+    base = node_state.build(inventory, [], whole=[c.name for c in inventory.cards], shared={})
+    rng = random.Random(25)  # noqa: S311 (seeded node states)
+    texts = []
+    for _ in range(nodes):
+        busy = set(rng.sample(range(8), rng.randint(0, 6)))
+        cards = tuple(dataclasses.replace(c, free=c.minor not in busy) for c in base.cards)
+        texts.append(dataclasses.replace(base, cards=cards, observed=time.time()).to_json())
+    return texts
+
+
+async def add_nodes(client: Any, texts: list[str]) -> list[str]:
+    """Node objects with capacity 8 cards, Ready, untainted, each with its annotation."""
+    from lightkube.resources.core_v1 import Node, NodeStatus
+
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", bench_cluster.GCU: "8"}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+    ready |= {"lastHeartbeatTime": now, "lastTransitionTime": now}
+    names = [f"gcu-node-{i:04d}" for i in range(len(texts))]
+
+    async def one(name: str, text: str) -> None:
+        meta = {"name": name, "labels": {"kubernetes.io/hostname": name}}
+        meta["annotations"] = {node_state.ANNOTATION: text}
+        await client.create(Node.from_dict({"metadata": meta}))
+        status = {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [ready]}}
+        await client.patch(NodeStatus, name, status, patch_type=bench_cluster._merge())
+        # TaintNodesByCondition taints a new Node not-ready; no kubelet would lift it.
+        await client.patch(Node, name, {"spec": {"taints": []}}, patch_type=bench_cluster._merge())
+
+    for start in range(0, len(names), 50):
+        await asyncio.gather(*(one(n, t) for n, t in zip(names[start : start + 50],
+                                                          texts[start : start + 50],
+                                                          strict=True)))  # fmt: skip
+    return names
+
+
+async def create_pods(client: Any, namespace: str, pods: int) -> dict[str, str]:
+    """``pods`` GCU pods of 1/2/4 cards in a new namespace; name -> size."""
+    from lightkube.resources.core_v1 import Namespace, Pod, ServiceAccount
+
+    await client.create(Namespace.from_dict({"metadata": {"name": namespace}}))
+    await client.create(
+        ServiceAccount.from_dict({"metadata": {"name": "default", "namespace": namespace}})
+    )
+    rng = random.Random(38)  # noqa: S311 (the same seeded mix in both arms)
+    sizes = {f"p{i:05d}": str(rng.choices(POD_SIZES, POD_WEIGHTS)[0]) for i in range(pods)}
+
+    async def create(name: str, size: str) -> None:
+        want = {bench_cluster.GCU: size}
+        container = {
+            "name": "c",
+            "image": "bench.invalid/none",
+            "resources": {"limits": want, "requests": {**want, "cpu": "10m"}},
+        }
+        body = {
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"automountServiceAccountToken": False, "containers": [container]},
+        }
+        await client.create(Pod.from_dict(body))
+
+    items = list(sizes.items())
+    for start in range(0, pods, 50):
+        await asyncio.gather(*(create(n, size) for n, size in items[start : start + 50]))
+    return sizes
+
+
+async def throughput_runs(
+    bin_dir: str, work: str, nodes: int, pods: int, modes: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Both arms at one size on one control plane (the nodes are added once): per arm, the
+    pods are created first, then kube-scheduler starts and drains them; pods/s is the pods
+    bound over the time from the first binding to the last."""
+    from lightkube import AsyncClient, KubeConfig
+
+    controlplane: Any = importlib.import_module("tests.cluster.controlplane")
+    plane = controlplane.ControlPlane(
+        bin_dir, work, controller_manager=False, scheduler=False, verbosity=0
+    )
+    runs: list[dict[str, Any]] = []
+    with plane:
+        client = AsyncClient(config=KubeConfig.from_file(plane.kubeconfig), field_manager="bench")
+        try:
+            started = time.monotonic()
+            await add_nodes(client, node_states(nodes, work))
+            added = round(time.monotonic() - started, 1)
+            for mode in modes:
+                load_before = [round(x, 2) for x in os.getloadavg()]
+                bench_cluster.progress(f"{nodes} nodes, {mode} extender")
+                run = await one_arm(plane, client, nodes, pods, mode == "with")
+                run["seconds_to_add_nodes"] = added
+                run["load_average"] = {
+                    "before": load_before,
+                    "after": [round(x, 2) for x in os.getloadavg()],
+                }
+                print(json.dumps(run), file=sys.stderr, flush=True)
+                runs.append(run)
+        finally:
+            await client.close()
+    return runs
+
+
+async def one_arm(
+    plane: Any, client: Any, nodes: int, pods: int, with_extender: bool
+) -> dict[str, Any]:
+    """One arm on a running control plane with its nodes."""
+    from lightkube.resources.core_v1 import Pod as pod_kind
+
+    namespace = f"bench-{'with' if with_extender else 'without'}"
+    result: dict[str, Any] = {"nodes": nodes, "pods": pods, "extender": with_extender}
+    sizes = await create_pods(client, namespace, pods)
+    port = bench_cluster.free_port() if with_extender else None
+    extender: subprocess.Popen[bytes] | None = None
+    bound: dict[str, float] = {}
+    done = asyncio.Event()
+
+    async def follow() -> None:
+        async for _, pod in client.watch(pod_kind, namespace=namespace):
+            name = pod.metadata.name
+            if pod.spec and pod.spec.nodeName and name not in bound:
+                bound[name] = time.monotonic()
+                if len(bound) >= pods:
+                    done.set()
+
+    watcher = asyncio.ensure_future(follow())
+    try:
+        if port is not None:
+            with open(os.path.join(plane.work, "extender.log"), "ab") as log:
+                extender = subprocess.Popen(
+                    [
+                        bench_cluster.EXTENDER_BIN,
+                        f"--kubeconfig={plane.kubeconfig}",
+                        f"--port={port}",
+                        "--bind-address=127.0.0.1",
+                        "--state-max-age=86400",  # the states are static here
+                    ],
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                )
+            bench_cluster.wait_ready(port)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                counts = bench_cluster.stats(port).get("cache", {})
+                if counts.get("nodes", 0) >= nodes and counts.get("waiting_pods", 0) >= pods:
+                    break
+                await asyncio.sleep(0.5)
+            result["extender_rss_mb"] = {"nodes_loaded": _rss_mb(extender.pid)}
+        plane.scheduler_config = bench_cluster.scheduler_config(port)
+        scheduler_started = time.monotonic()
+        bench_cluster.start_scheduler(plane)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(done.wait(), timeout=max(180.0, pods / 2))
+        times = sorted(bound.values())
+        first, last = (times[0], times[-1]) if times else (scheduler_started, scheduler_started)
+        result |= {
+            "pods_bound": len(bound),
+            "pods_by_size": {size: list(sizes.values()).count(size) for size in ("1", "2", "4")},
+            "seconds_scheduler_start_to_first_bound": round(first - scheduler_started, 2),
+            "seconds_first_to_last_bound": round(last - first, 2),
+            "pods_per_s": round((len(bound) - 1) / (last - first), 1) if last > first else 0,
+        }
+        if port is not None and extender is not None:
+            verbs = bench_cluster.stats(port)["verbs"]
+            result["extender_ms"] = {
+                verb: {k: verbs[verb][k] for k in ("calls", "p50_ms", "p99_ms", "max_ms")}
+                for verb in verbs
+            }
+            result["extender_rss_mb"]["after_pods"] = _rss_mb(extender.pid)
+    finally:
+        await bench_cluster.cancel_all([watcher])
+        scheduler = plane.processes.pop("kube-scheduler", None)
+        if scheduler is not None:
+            scheduler.terminate()
+            scheduler.wait(10)
+        if extender is not None:
+            extender.terminate()
+            extender.wait(10)
+    # The next arm starts from the same free cards: these pods go (no kubelet: at once).
+    await client.deletecollection(pod_kind, namespace=namespace, grace_period=0)
+    return result
+
+
+def scheduler_throughput(
+    bin_dir: str, sizes: Sequence[int], pods: int, modes: Sequence[str], directory: str
+) -> list[dict[str, Any]]:
+    """Every size, both arms; the ratio of pods/s with to without."""
+    runs: list[dict[str, Any]] = []
+    for nodes in sizes:
+        work = os.path.join(directory, f"plane-{nodes}")
+        os.makedirs(work)
+        runs += asyncio.run(throughput_runs(bin_dir, work, nodes, pods, modes))
+    for nodes in sizes:
+        arms = {r["extender"]: r for r in runs if r["nodes"] == nodes}
+        if True in arms and False in arms and arms[False]["pods_per_s"]:
+            ratio = arms[True]["pods_per_s"] / arms[False]["pods_per_s"]
+            arms[True]["throughput_vs_without"] = round(ratio, 3)
+    return runs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure every size; print one JSON document."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="200,1000,5000")
     parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--cluster-nodes", default="200,1000,5000", help="'' to skip")
+    parser.add_argument("--pods", type=int, default=500)
+    parser.add_argument("--modes", default="without,with")
     options = parser.parse_args(argv)
     results: dict[str, Any] = {
         "benchmark": "scheduler extender at scale (names-only, no control plane)",
@@ -114,10 +343,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sizes": [],
     }
     with tempfile.TemporaryDirectory(prefix="bench-extender-") as directory:
-        for nodes in (int(n) for n in options.nodes.split(",")):
+        for nodes in (int(n) for n in options.nodes.split(",") if n):
             work = os.path.join(directory, str(nodes))
             os.makedirs(work)
             results["sizes"].append(measure(nodes, options.calls, work))
+        bin_dir = bench_cluster.cluster_binaries()
+        sizes = [int(n) for n in options.cluster_nodes.split(",") if n]
+        if not sizes:
+            pass
+        elif bin_dir is None:
+            results["scheduler_throughput"] = "not run: the control plane is not built"
+        else:
+            results["scheduler_throughput"] = scheduler_throughput(
+                bin_dir, sizes, options.pods, options.modes.split(","), directory
+            )
     results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(results, indent=1))
     return 0

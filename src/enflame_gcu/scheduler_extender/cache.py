@@ -14,6 +14,14 @@ extender ranked first for a pod holds a *guess* for ``guess_ttl`` seconds, so a 
 does not all land on the same free pair. A guess is made only for a pod the extender's own watch
 shows waiting to be scheduled, with the GCUs that watch shows (a caller cannot plant one for a
 made-up pod or size); guesses only lower scores, never fail a filter.
+
+Prioritize asks for every candidate node on every call (5,000 names at most), so the cache keeps
+per node an *entry*: the node's view with nothing excluded and its scores per request asked so
+far. Every change that can move a node's view drops that node's entry (its state's text, a pod
+bound to it or leaving it, a guess placed on it or expiring); staleness is checked against each
+entry's ``observed`` time on every call, and a node holding the scheduled pod itself (bound or
+guessed) is computed afresh without it. A call then costs a lookup per node, and the scoring work
+only for the nodes that changed since the last call.
 """
 
 from __future__ import annotations
@@ -21,9 +29,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 from enflame_gcu import node_state
 from enflame_gcu.errors import NodeStateError
@@ -31,6 +39,7 @@ from enflame_gcu.scheduler_extender import protocol
 
 log = logging.getLogger(__name__)
 MAX_PODS = 200_000
+MAX_REQUESTS_PER_ENTRY = 64  # distinct pod sizes remembered per node before the memo restarts
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +68,19 @@ class NodeView:
     guessed_slices: tuple[tuple[int, ...], ...] = ()
 
 
+@dataclass(slots=True)
+class _Entry:
+    """A node's view with nothing excluded, and its score per request asked so far."""
+
+    view: NodeView
+    scores: dict[Hashable, int] = field(default_factory=dict)
+    observed: float = field(init=False)  # the state's, or -inf: unknown at any age
+
+    def __post_init__(self) -> None:
+        state = self.view.state
+        self.observed = state.observed if state is not None else float("-inf")
+
+
 class ClusterCache:
     """Node states and bound GCU pods; thread-safe."""
 
@@ -83,6 +105,12 @@ class ClusterCache:
         self._bound: dict[str, BoundPod] = {}
         self._waiting: dict[str, BoundPod] = {}
         self._guesses: dict[str, BoundPod] = {}
+        # node -> uids bound there / guessed there, in the order they came (dicts as ordered
+        # sets, so a node's pods come in the order views() finds them), and node -> memoized
+        # entry (see the module).
+        self._bound_on: dict[str, dict[str, None]] = {}
+        self._guessed_on: dict[str, dict[str, None]] = {}
+        self._entries: dict[str, _Entry] = {}
 
     # --- nodes ------------------------------------------------------------------------------
 
@@ -100,12 +128,14 @@ class ClusterCache:
         with self._lock:
             if name in self._texts:
                 self._states[name] = state
+                self._entries.pop(name, None)
 
     def delete_node(self, name: str) -> None:
         """A node is gone."""
         with self._lock:
             self._texts.pop(name, None)
             self._states.pop(name, None)
+            self._entries.pop(name, None)
 
     def replace_nodes(self, nodes: Mapping[str, Mapping[str, Any] | None]) -> None:
         """A fresh listing: exactly these nodes (name -> annotations)."""
@@ -113,6 +143,7 @@ class ClusterCache:
             for gone in set(self._texts) - set(nodes):
                 self._texts.pop(gone, None)
                 self._states.pop(gone, None)
+                self._entries.pop(gone, None)
         for name, found in nodes.items():
             self.set_node(name, found)
 
@@ -135,7 +166,7 @@ class ClusterCache:
         done = status.get("phase") in ("Succeeded", "Failed")
         with self._lock:
             if done or not (cards or slices):
-                self._bound.pop(uid, None)
+                self._drop_bound(uid)
                 self._waiting.pop(uid, None)
                 return
             key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
@@ -147,23 +178,28 @@ class ClusterCache:
                     self._waiting[uid] = BoundPod("", key, cards, tuple(slices), self._clock())
                 return
             self._waiting.pop(uid, None)
-            self._guesses.pop(uid, None)
+            self._drop_guess(uid)
             old = self._bound.get(uid)
             if old is not None and old.node == node:
                 return
             if len(self._bound) >= MAX_PODS:
                 log.warning("more than %d GCU pods bound; %s not tracked", MAX_PODS, uid)
                 return
+            if old is not None:  # kept in place in _bound, as a dict does on assignment
+                _unindex(self._bound_on, old.node, uid)
+                self._entries.pop(old.node, None)
             self._bound[uid] = BoundPod(
                 node, key, cards, tuple(slices), self._clock(), self._wall()
             )  # fmt: skip
+            self._bound_on.setdefault(node, {})[uid] = None
+            self._entries.pop(node, None)
 
     def delete_pod(self, uid: str) -> None:
         """A pod is gone."""
         with self._lock:
-            self._bound.pop(uid, None)
+            self._drop_bound(uid)
             self._waiting.pop(uid, None)
-            self._guesses.pop(uid, None)
+            self._drop_guess(uid)
 
     def unwait(self, uid: str) -> None:
         """A pod left the waiting watch (it was bound, or deleted)."""
@@ -176,7 +212,7 @@ class ClusterCache:
         uids = {str(_dict(p.get("metadata")).get("uid") or "") for p in listed}
         with self._lock:
             for gone in set(self._bound) - uids:
-                del self._bound[gone]
+                self._drop_bound(gone)
         for pod in listed:
             self.set_pod(pod)
 
@@ -198,9 +234,35 @@ class ClusterCache:
             waiting = self._waiting.get(uid)
             if waiting is None:
                 return
+            old = self._guesses.get(uid)
+            if old is not None:  # kept in place in _guesses, as a dict does on assignment
+                _unindex(self._guessed_on, old.node, uid)
+                self._entries.pop(old.node, None)
             self._guesses[uid] = BoundPod(
                 node, waiting.key, waiting.cards, waiting.slices, self._clock()
             )  # fmt: skip
+            self._guessed_on.setdefault(node, {})[uid] = None
+            self._entries.pop(node, None)
+
+    def _drop_bound(self, uid: str) -> None:
+        """Forget a bound pod and its node's entry (the lock is held)."""
+        old = self._bound.pop(uid, None)
+        if old is not None:
+            _unindex(self._bound_on, old.node, uid)
+            self._entries.pop(old.node, None)
+
+    def _drop_guess(self, uid: str) -> None:
+        """Forget a guess and its node's entry (the lock is held)."""
+        old = self._guesses.pop(uid, None)
+        if old is not None:
+            _unindex(self._guessed_on, old.node, uid)
+            self._entries.pop(old.node, None)
+
+    def _expire_guesses(self, now: float) -> None:
+        """Drop the guesses older than ``guess_ttl`` (the lock is held)."""
+        for uid, guess in list(self._guesses.items()):
+            if now - guess.since >= self.guess_ttl:
+                self._drop_guess(uid)
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -221,10 +283,9 @@ class ClusterCache:
             for uid, bound in self._bound.items():
                 if bound.node in wanted and uid != exclude:
                     pending.setdefault(bound.node, []).append(bound)
-            for uid, guess in list(self._guesses.items()):
-                if now - guess.since >= self.guess_ttl:
-                    del self._guesses[uid]
-                elif guess.node in wanted and uid != exclude:
+            self._expire_guesses(now)
+            for uid, guess in self._guesses.items():
+                if guess.node in wanted and uid != exclude:
                     guessed.setdefault(guess.node, []).append(guess)
         if sent:
             states.update({name: value for name, value in sent.items() if name in wanted})
@@ -253,6 +314,62 @@ class ClusterCache:
             else:
                 result[name] = self._in_flight(state, pending.get(name, ()), guessed.get(name, ()))
         return result
+
+    def scores(
+        self,
+        names: Sequence[str],
+        exclude: str,
+        request: Hashable,
+        score: Callable[[NodeView], int],
+        unknown: int,
+    ) -> dict[str, int]:
+        """Each named node's score for one request, the same as ``score(view)`` for its view
+        from :meth:`views` (``unknown`` for a node whose state is unknown, unreadable or too
+        old), memoized per node until that node's view changes. ``request`` must identify
+        everything ``score`` reads of the pod; ``exclude`` is the pod's uid."""
+        now, wall = self._clock(), self._wall()
+        oldest, newest = wall - self.max_age, wall + self.max_age
+        with self._lock:
+            self._expire_guesses(now)
+            entries = self._entries
+            found: list[_Entry | None] = [entries.get(name) for name in names]
+            fresh: set[str] = set()  # nodes holding the pod itself: computed without it
+            for table in (self._bound, self._guesses) if exclude else ():
+                pod = table.get(exclude)
+                if pod is not None:
+                    fresh.add(pod.node)
+            for index in [i for i, entry in enumerate(found) if entry is None]:
+                found[index] = entries[names[index]] = _Entry(self._view(names[index], ""))
+            if fresh:
+                for index, name in enumerate(names):
+                    if name in fresh:
+                        found[index] = _Entry(self._view(name, exclude))
+        result: dict[str, int] = {}
+        for name, entry in zip(names, cast("list[_Entry]", found), strict=True):  # all filled
+            if not oldest <= entry.observed <= newest:
+                result[name] = unknown
+                continue
+            memo = entry.scores
+            value = memo.get(request)
+            if value is None:
+                value = score(entry.view)
+                if len(memo) >= MAX_REQUESTS_PER_ENTRY:
+                    memo.clear()
+                memo[request] = value
+            result[name] = value
+        return result
+
+    def _view(self, name: str, exclude: str) -> NodeView:
+        """A node's view regardless of its state's age (the lock is held; the caller checks
+        the age)."""
+        state = self._states.get(name)
+        if not isinstance(state, node_state.NodeState):
+            return NodeView(None, "", (), ())
+        bound = [self._bound[u] for u in self._bound_on.get(name, ()) if u != exclude]
+        guessed = [self._guesses[u] for u in self._guessed_on.get(name, ()) if u != exclude]
+        if not bound and not guessed:
+            return NodeView(state, "", (), ())
+        return self._in_flight(state, bound, guessed)
 
     def _in_flight(
         self, state: node_state.NodeState, bound: Iterable[BoundPod], guessed: Iterable[BoundPod]
@@ -287,6 +404,14 @@ class ClusterCache:
                 "waiting_pods": len(self._waiting),
                 "guesses": len(self._guesses),
             }
+
+
+def _unindex(index: dict[str, dict[str, None]], node: str, uid: str) -> None:
+    uids = index.get(node)
+    if uids is not None:
+        uids.pop(uid, None)
+        if not uids:
+            del index[node]
 
 
 def _dict(value: Any) -> dict[str, Any]:

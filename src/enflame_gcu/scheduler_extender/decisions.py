@@ -89,7 +89,23 @@ class Decisions:
         return protocol.priority_list(scores)
 
     def scores(self, args: protocol.ExtenderArgs) -> dict[str, int]:
-        """Each candidate's score for the call's pod."""
+        """Each candidate's score for the call's pod: from the cache's per-node memo in the
+        names-only mode, from each node's view when whole Node objects were sent."""
+        pod = args.pod
+        if args.nodes is None:
+            if not (pod.cards or pod.slices):
+                return dict.fromkeys(args.node_names, node_fit.NEUTRAL)
+            return self.cache.scores(
+                args.node_names,
+                pod.uid,
+                (pod.cards, pod.slices),
+                lambda view: _score(view, pod),
+                node_fit.NEUTRAL,
+            )
+        return self.scores_from_views(args)
+
+    def scores_from_views(self, args: protocol.ExtenderArgs) -> dict[str, int]:
+        """Each candidate's score from its view, computed afresh (no memo)."""
         result = {name: _score(view, args.pod) for name, view in self._views(args).items()}
         return {name: result[name] for name in args.node_names if name in result}
 

@@ -15,6 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# The C string encoder json.dumps uses with ensure_ascii (its default), so priority_list's
+# bytes are json.dumps's.
+_quote_ascii: Any = getattr(json.encoder, "c_encode_basestring_ascii", None) or (
+    json.encoder.py_encode_basestring_ascii
+)
+
 MAX_BODY = 16 * 1024 * 1024  # 5000 full Node objects fit; NodeNames alone are far smaller
 MAX_NODES = 5000
 MAX_CONTAINERS = 64
@@ -143,7 +149,7 @@ def parse_args(body: bytes, resource: str, shared: str) -> ExtenderArgs:
     names = get_key(document, "NodeNames")
     nodes = get_key(document, "Nodes")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise ProtocolError("ExtenderArgs NodeNames is not a list of strings")
         if len(names) > MAX_NODES:
             raise ProtocolError(f"ExtenderArgs names {len(names)} nodes, more than {MAX_NODES}")
@@ -175,7 +181,10 @@ def filter_result(args: ExtenderArgs, passed: list[str], failed: Mapping[str, st
 
 
 def priority_list(scores: Mapping[str, int]) -> bytes:
-    """A ``HostPriorityList``."""
-    return json.dumps(
-        [{"Host": host, "Score": score} for host, score in scores.items()], separators=(",", ":")
-    ).encode()
+    """A ``HostPriorityList``: the bytes ``json.dumps`` writes for ``[{"Host": host, "Score":
+    score}, ...]`` with compact separators, written directly (5,000 nodes per call)."""
+    quote = _quote_ascii
+    items = ",".join(
+        [f'{{"Host":{quote(host)},"Score":{int(score)}}}' for host, score in scores.items()]
+    )
+    return f"[{items}]".encode()
