@@ -66,6 +66,8 @@ class RuntimeLoop:
         self.script = os.path.join(host, "launcher-seen-from-here.py")
         with open(self.script, "w", encoding="utf-8") as handle:
             handle.write(body)
+        # runc's state root for these calls: without --root, runc makes its default /run/runc.
+        self.runc_root = os.path.join(host, "runc-root")
         self.calls = 0
         self.failures: list[str] = []
         self._stop = threading.Event()
@@ -89,7 +91,8 @@ class RuntimeLoop:
             for verb in ("state", "delete"):
                 try:
                     done = subprocess.run(
-                        [self.python, "-IS", self.script, verb, "no-such-container"],
+                        [self.python, "-IS", self.script, "--root", self.runc_root, verb,
+                         "no-such-container"],
                         capture_output=True, text=True, timeout=30, check=False,
                     )  # fmt: skip
                 except OSError as exc:  # the interpreter path itself is gone
