@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup demo test lint types contracts unit proto bench clean e2e e2e-cluster dist chart-package
+.PHONY: setup demo test lint types contracts unit proto bench clean e2e e2e-cluster demo-cluster dist chart-package
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -37,6 +37,10 @@ e2e: setup
 # The real control plane + two simulated GCU nodes (README, "The real-cluster tier").
 e2e-cluster: setup
 	@bash scripts/e2e-cluster.sh
+
+# A five-minute tour on the real-cluster tier (README, "Quick start"; reuses its cached build).
+demo-cluster: setup
+	@bash scripts/demo-cluster.sh
 
 # Release artifacts into dist/ (docs/packaging.md): wheel, sdist, .deb, .rpm, offline bundle.
 dist: setup

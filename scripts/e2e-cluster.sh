@@ -10,37 +10,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 export PATH="$PWD/.venv/bin:$PATH"
 
-# Same fixed host dirs as `make e2e`: one tier run at a time on a machine.
-exec 9>/run/lock/enflame-e2e-tier.lock
-if ! flock -n 9; then
-    echo "e2e-cluster: another tier run holds /run/lock/enflame-e2e-tier.lock; waiting" >&2
-    flock 9
-fi
 say() { echo "e2e-cluster: $*" >&2; }
+# shellcheck source=scripts/e2e-cluster-lib.sh
+. scripts/e2e-cluster-lib.sh
 
+# Same fixed host dirs as `make e2e`: one tier run at a time on a machine.
+cluster_tier_lock
 started=$(date +%s)
-kubelet_dir=$(bash scripts/e2e-build-kubelet.sh) || { say "building the kubelet failed"; exit 1; }
-cluster_dir=$(bash scripts/e2e-build-cluster.sh) || { say "building the control plane failed"; exit 1; }
-say "binaries ready in $(($(date +%s) - started)) s: $("$cluster_dir/bin/kube-apiserver" --version), etcd $("$cluster_dir/bin/etcd" --version | sed -n 's/^etcd Version: //p')"
-
-# Images from Debian, rebuilt when the source tree or the image recipe changes.
-if ! command -v mmdebstrap >/dev/null; then
-    say "installing mmdebstrap (Debian package)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q mmdebstrap >&2 || { say "cannot install mmdebstrap"; exit 1; }
-fi
-cache=$(dirname "$kubelet_dir")
-key=$( (git ls-files -s src pyproject.toml README.md deploy/build-image.sh deploy/build-image-debian.sh; git diff HEAD -- src pyproject.toml deploy/build-image*.sh) | sha256sum | cut -c1-16)
-images="$cache/images-$key"
-if [ ! -f "$images/done" ]; then
-    image_started=$(date +%s)
-    rm -rf "$cache"/images-*
-    ENFLAME_ROOTFS_CACHE="$cache/rootfs" PYTHON=${IMAGE_PYTHON:-python3} \
-        bash deploy/build-image.sh --from-debian "$images" || { say "building the images failed"; exit 1; }
-    touch "$images/done"
-    say "images built in $(($(date +%s) - image_started)) s"
-fi
-ls -l "$images" >&2
-export ENFLAME_E2E_KUBELET_DIR="$kubelet_dir" ENFLAME_E2E_CLUSTER_DIR="$cluster_dir" ENFLAME_E2E_IMAGES="$images"
+cluster_tier_build || exit 1
 
 restore() { .venv/bin/python -m tests.kubelet.host restore; }
 trap restore EXIT
