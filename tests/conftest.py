@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 
@@ -13,6 +14,33 @@ PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMAS_DIR = os.path.join(os.path.dirname(PROJECT_ROOT), "shared", "schemas")
 
 MakeNode = Callable[..., str]
+
+# Host dirs that containerd 1.6 (its fixed shim socket dir) and runc (its default state root)
+# make when missing. Tests in different xdist workers share them, so no one test can tell when
+# the last user is done: the controlling process removes them at the end of the session when
+# they did not exist at its start and are empty (anything left inside is a leak and stays, for
+# make test's host check to name).
+HOST_RUNTIME_DIRS = ("/run/containerd/s", "/run/containerd", "/run/runc")
+_host_dirs_before: dict[str, bool] = {}
+
+
+def _controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _controller(config):
+        _host_dirs_before.update({path: os.path.isdir(path) for path in HOST_RUNTIME_DIRS})
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not _controller(config):
+        return
+    for path in HOST_RUNTIME_DIRS:
+        if _host_dirs_before.get(path) is False:
+            # Absent, or not empty: the host check says which.
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
 
 
 @pytest.fixture
