@@ -73,7 +73,6 @@ TELEMETRY = {
     "libraryDir": LIBRARY_DIR,
     "efsmiDir": SIM_MOUNT,
 }
-UNPLUG = ("gcu-node-1", 7)  # a card the tour's pod does not hold (it gets a switch pair)
 
 
 @dataclass(frozen=True)
@@ -243,29 +242,29 @@ def tour(cluster: Cluster, started: float) -> None:
             60,
         )
         before = asked(extender_stats(cluster, pod))
-        cards = schedule_through_extender(cluster, POD)
+        node_name, cards = schedule_through_extender(cluster, POD)
         after = asked(extender_stats(cluster, pod))
         if not (after[0] > before[0] and after[1] > before[1]):
             fail(f"the extender was not asked: (filter, prioritize) {before} -> {after}")
         say(
             3,
-            f"2-card pod {POD} (no node selector) landed on gcu-node-1 on {'+'.join(cards)}, "
+            f"2-card pod {POD} (no node selector) landed on {node_name} on {'+'.join(cards)}, "
             f"one PCIe switch; the extender was asked (filter, prioritize) "
             f"{after[0] - before[0]}, {after[1] - before[1]} times",
             started,
         )
 
-        plugin = plugins["gcu-node-1"]
+        # Telemetry and the unplug on the node the scheduler chose for the pod.
+        plugin = plugins[node_name]
+        count = NODES[node_name]
 
         def held_in_metrics() -> list[tuple[str, float, float, str]] | None:
             rows = card_table(scrape(cluster, plugin))
             holders = {r[3] for r in rows}
-            return (
-                rows if len(rows) == NODES["gcu-node-1"] and f"enflame/{POD}" in holders else None
-            )
+            return rows if len(rows) == count and f"enflame/{POD}" in holders else None
 
         rows = wait_for(
-            "gcu-node-1's card telemetry with the pod as holder",
+            f"{node_name}'s card telemetry with the pod as holder",
             held_in_metrics,
             90,
             2,
@@ -273,7 +272,7 @@ def tour(cluster: Cluster, started: float) -> None:
         )
         say(
             4,
-            "card telemetry of gcu-node-1 scraped from its device plugin's /metrics "
+            f"card telemetry of {node_name} scraped from its device plugin's /metrics "
             "(read through the simulated libefml, its idle readings):",
             started,
         )
@@ -281,9 +280,9 @@ def tour(cluster: Cluster, started: float) -> None:
         for card, temp, usage, holder in rows:
             print(f"      {card:<6} {temp:>8.0f} {usage:>6.0f}  {holder or '-'}")
 
-        node_name, minor = UNPLUG
+        # The highest-numbered card the pod does not hold.
+        minor = max(m for m in range(count) if f"gcu{m}" not in cards)
         node = next(n for n in cluster.nodes if n.name == node_name)
-        count = NODES[node_name]
         node.unplug(minor)
         wait_for(
             f"{node_name}'s allocatable GCUs to drop",
