@@ -113,6 +113,13 @@ def document_root(path: tuple[object, ...], value: object) -> object:
         (json.dumps(document_root(("cards", 0), {"name": "gcu0"})), "lacks free, minor"),
         (json.dumps(document_root(("shared", 0, "free"), 7)), "shared[0].free"),
         (json.dumps(document_root(("pods",), ["ok", ""])), "pods[1]"),
+        (json.dumps(document_root(("cards", 0, "pod"), "ns/p")), "free yet held by 'ns/p'"),
+        (json.dumps(document_root(("cards", 0, "pod"), 7)), "cards[0].pod is 7"),
+        (json.dumps(document_root(("shared", 0, "pods"), ["ns/p"])), "pods is a list"),
+        (json.dumps(document_root(("shared", 0, "pods"), {"ns/p": 5})), "hold 5 slices"),
+        (json.dumps(document_root(("shared", 0, "pods"), {"ns/p": 0})), "each at least 1"),
+        (json.dumps(document_root(("shared", 0, "pods"), {"ns/p": "2"})), "pods['ns/p']"),
+        (json.dumps(document_root(("shared", 0, "pods"), {"ns/q": 1})), "which pods does not"),
         (json.dumps(document_root(("pods",), ["p"] * (node_state.MAX_PODS + 1))), "more than"),
         ("[" * 200_000 + "]" * 200_000, "bytes, more than"),
         ("[" * 50_000 + "]" * 50_000, "not JSON"),
@@ -122,6 +129,29 @@ def test_bad_annotations_are_refused_with_what_is_wrong(text: str, says: str) ->
     with pytest.raises(NodeStateError, match=None) as caught:
         node_state.parse(text)
     assert says in str(caught.value)
+
+
+def test_holders_are_written_for_healthy_cards_and_released_exactly(vendor_node: str) -> None:
+    inventory = devices.discover(vendor_node)
+    holding = [
+        held("train", GCU, "gcu0", "gcu1"),
+        held("sick", GCU, "gcu2"),
+        held("a", SHARED, "gcu7-slice0", "gcu7-slice1"),
+        held("b", SHARED, "gcu7-slice4"),
+    ]
+    state = node_state.build(
+        inventory, holding, whole=WHOLE[:7], shared={"gcu7": 6}, health={"gcu2": (False, "x")}
+    )
+    document = json.loads(state.to_json())
+    assert [c.get("pod") for c in document["cards"][:4]] == ["ml/train", "ml/train", None, None]
+    assert document["shared"][0]["pods"] == {"ml/a": 2, "ml/b": 1}
+    assert node_state.parse(state.to_json()) == state
+    after = state.released(["ml/train", "ml/a", "ml/sick", "ml/unknown"])
+    assert after.free == state.free | {"gcu0", "gcu1"}  # gcu2 is unhealthy: still not free
+    assert [(s.free, s.holders) for s in after.shared] == [(5, (("ml/b", 1),))]
+    assert after.pods == {"ml/b"}
+    assert state.released(["ml/unknown"]) is state
+    assert node_state.parse(after.to_json()) == after
 
 
 def test_a_card_listed_twice_is_refused() -> None:

@@ -6,8 +6,9 @@ extender. One JSON object, compact, keys sorted so that equal states give equal 
     {"version": 2,
      "observed": 1796000000.0,
      "cards":  [{"name": "gcu0", "minor": 0, "switch": "...", "port": "...", "numa": "numa0",
-                 "free": true}, ...],
-     "shared": [{"name": "gcu3", "minor": 3, "slices": 6, "free": 4}, ...],
+                 "free": false, "pod": "namespace/name"}, ...],
+     "shared": [{"name": "gcu3", "minor": 3, "slices": 6, "free": 4,
+                 "pods": {"namespace/name": 2}}, ...],
      "sharing": {"policy": "packed", "maxSlicesPerContainer": 0},
      "pods":   ["namespace/name", ...]}
 
@@ -16,11 +17,14 @@ extender. One JSON object, compact, keys sorted so that equal states give equal 
 group keys (:class:`topology.Placement`), equal keys meaning the same group. ``shared`` lists the
 cards served as ``enflame.com/shared-gcu`` slices with their slice count and free slices (0
 while the card is unhealthy). ``pods`` are the pods the kubelet reports holding any of the
-node's devices, so a reader can tell which bound pods the state already counts. ``sharing``
-is the plugin's slice policy (:data:`sharing.SLICE_POLICIES`) and its per-container cap (0: none),
-so a reader replays exactly the choice the plugin will make. ``observed`` is when the plugin last
-read who holds what (seconds since the epoch, the plugin's clock); the plugin refreshes it even
-when nothing changed, so a reader can tell a silent plugin from a quiet node.
+node's devices, so a reader can tell which bound pods the state already counts. A healthy card
+held by one pod names it (``pod``), and a healthy shared card its pods' slice counts (``pods``):
+a reader that sees a pod end before the plugin's next read knows exactly which cards and slices
+it gave back (both optional: absent on unhealthy cards, and from writers before they existed).
+``sharing`` is the plugin's slice policy (:data:`sharing.SLICE_POLICIES`) and its per-container
+cap (0: none), so a reader replays exactly the choice the plugin will make. ``observed`` is when
+the plugin last read who holds what (seconds since the epoch, the plugin's clock); the plugin
+refreshes it even when nothing changed, so a reader can tell a silent plugin from a quiet node.
 
 Beside it the plugin writes the vendor's gcushare annotation ``enflame.com/gcu-shared-capacity``
 (card minor -> free slices, e.g. ``{"3": 4}``) when the node shares cards.
@@ -31,6 +35,7 @@ A reader refuses anything else with :class:`NodeStateError` naming what is wrong
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -86,6 +91,7 @@ class CardState:
     port: str
     numa: str
     free: bool
+    holder: str = ""  # the pod (``namespace/name``) holding the card, when healthy and held
 
     @property
     def placement(self) -> topology.Placement:
@@ -101,6 +107,7 @@ class SharedCard:
     minor: int
     slices: int
     free: int
+    holders: tuple[tuple[str, int], ...] = ()  # (pod, slices it holds), pods sorted; healthy only
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,16 +146,46 @@ class NodeState:
                     "port": c.port,
                     "numa": c.numa,
                     "free": c.free,
+                    **({"pod": c.holder} if c.holder else {}),
                 }
                 for c in self.cards
             ],
             "shared": [
-                {"name": s.name, "minor": s.minor, "slices": s.slices, "free": s.free}
+                {
+                    "name": s.name,
+                    "minor": s.minor,
+                    "slices": s.slices,
+                    "free": s.free,
+                    **({"pods": dict(s.holders)} if s.holders else {}),
+                }
                 for s in self.shared
             ],
             "pods": sorted(self.pods),
         }
         return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+    def released(self, pods: Iterable[str]) -> NodeState:
+        """This state as it will be once ``pods`` (``namespace/name`` it lists) have given their
+        cards and slices back: each healthy card one of them held is free, each shared card
+        gets their slices back. Pods it does not list change nothing."""
+        gone = self.pods & set(pods)
+        if not gone:
+            return self
+        cards = tuple(
+            dataclasses.replace(c, free=True, holder="") if c.holder in gone else c
+            for c in self.cards
+        )
+        shared = tuple(
+            dataclasses.replace(
+                s,
+                free=min(s.slices, s.free + sum(n for pod, n in s.holders if pod in gone)),
+                holders=tuple((pod, n) for pod, n in s.holders if pod not in gone),
+            )
+            if any(pod in gone for pod, _ in s.holders)
+            else s
+            for s in self.shared
+        )
+        return dataclasses.replace(self, cards=cards, shared=shared, pods=self.pods - gone)
 
     def shared_capacity(self) -> str | None:
         """The gcushare annotation's text (minor -> free slices), None without shared cards."""
@@ -181,8 +218,10 @@ def build(
             continue
         place = topology.placement(card_view.card)
         free = card_view.healthy and card_view.free
+        held_by = {f"{h.namespace}/{h.pod}" for h in card_view.holders}
+        holder = next(iter(held_by)) if card_view.healthy and len(held_by) == 1 else ""
         cards.append(
-            CardState(name, place.minor, place.switch, place.port, place.numa, free)
+            CardState(name, place.minor, place.switch, place.port, place.numa, free, holder)
         )  # fmt: skip
     sliced = []
     for name in sorted(shared, key=_minor):
@@ -191,7 +230,15 @@ def build(
             continue
         held = len({h.device for h in card_view.holders})
         left = max(0, shared[name] - held) if card_view.healthy else 0
-        sliced.append(SharedCard(name, card_view.card.minor, shared[name], left))
+        per_pod: dict[str, set[str]] = {}
+        for h in card_view.holders:
+            per_pod.setdefault(f"{h.namespace}/{h.pod}", set()).add(h.device)
+        slices_held = (
+            tuple(sorted((pod, len(held)) for pod, held in per_pod.items()))
+            if card_view.healthy and held <= shared[name]
+            else ()
+        )
+        sliced.append(SharedCard(name, card_view.card.minor, shared[name], left, slices_held))
     pods = frozenset(f"{h.namespace}/{h.pod}" for v in view.cards for h in v.holders)
     pods |= {f"{h.namespace}/{h.pod}" for h in view.unplaced}
     return NodeState(
@@ -250,6 +297,11 @@ def parse(text: str) -> NodeState:
                         ("shared", [s.name for s in state.shared])):  # fmt: skip
         if len(set(names)) != len(names):
             raise NodeStateError(f"node state lists a card twice in {what}: {sorted(names)}")
+    holders = [(f"{c.name}.pod", c.holder) for c in state.cards if c.holder]
+    holders += [(f"{s.name}.pods", pod) for s in state.shared for pod, _ in s.holders]
+    for where, pod in holders:
+        if pod not in state.pods:
+            raise NodeStateError(f"node state {where} names {pod!r:.80}, which pods does not list")
     return state
 
 
@@ -291,6 +343,9 @@ def _card(item: Any, index: int) -> CardState:
         raise NodeStateError(f"node state {where}.name is {name!r:.80}, not gcuN")
     if not isinstance(card["free"], bool):
         raise NodeStateError(f"node state {where}.free is {card['free']!r:.80}, not true/false")
+    holder = _text(card["pod"], f"{where}.pod") if "pod" in card else ""
+    if holder and card["free"]:
+        raise NodeStateError(f"node state {where} is free yet held by {holder!r:.80}")
     return CardState(
         name,
         _count(card["minor"], f"{where}.minor", 1 << 20),
@@ -298,6 +353,7 @@ def _card(item: Any, index: int) -> CardState:
         _text(card["port"], f"{where}.port"),
         _text(card["numa"], f"{where}.numa"),
         card["free"],
+        holder,
     )
 
 
@@ -307,4 +363,18 @@ def _shared(item: Any, index: int) -> SharedCard:
     slices = _count(card["slices"], f"{where}.slices", 64)
     free = _count(card["free"], f"{where}.free", slices)
     name = _text(card["name"], f"{where}.name")
-    return SharedCard(name, _count(card["minor"], f"{where}.minor", 1 << 20), slices, free)
+    pods = card.get("pods", {})
+    if not isinstance(pods, dict):
+        raise NodeStateError(f"node state {where}.pods is a {type(pods).__name__}, not an object")
+    held = tuple(
+        sorted(
+            (_text(pod, f"{where}.pods key"), _count(n, f"{where}.pods[{pod!r:.40}]", slices))
+            for pod, n in pods.items()
+        )
+    )
+    if sum(n for _, n in held) > slices - free or any(n == 0 for _, n in held):
+        raise NodeStateError(
+            f"node state {where}.pods hold {sum(n for _, n in held)} slices "
+            f"(each at least 1), more than the {slices - free} taken"
+        )
+    return SharedCard(name, _count(card["minor"], f"{where}.minor", 1 << 20), slices, free, held)

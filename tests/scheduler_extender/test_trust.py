@@ -105,6 +105,72 @@ def test_a_bound_pod_counts_until_the_state_lists_it_or_is_newer(
     assert scores(call(decide, "prioritize", pod("second", 2), "a")) == {"a": 10}
 
 
+def holding(state: node_state.NodeState, observed: float, **pods: list[int]) -> str:
+    """``state`` with each named pod (of namespace ``ml``) holding the listed card minors."""
+    owner = {minor: f"ml/{name}" for name, minors in pods.items() for minor in minors}
+    cards = tuple(
+        dataclasses.replace(c, free=c.minor not in owner, holder=owner.get(c.minor, ""))
+        for c in state.cards
+    )
+    listed = frozenset(owner.values())
+    return dataclasses.replace(state, cards=cards, pods=listed, observed=observed).to_json()
+
+
+def test_a_pod_that_ends_gives_its_cards_back_before_the_plugin_reads_again(
+    fresh: node_state.NodeState,
+) -> None:
+    clock, cache, decide = setup()
+    cache.set_node("a", {node_state.ANNOTATION: holding(fresh, clock.now, old=[0, 1],
+                                                        rest=[2, 3, 4, 5, 6, 7])})  # fmt: skip
+    cache.set_pod(pod("old", 2, node="a"))
+    cache.set_pod(pod("rest", 6, node="a"))
+    assert scores(call(decide, "prioritize", pod("next", 2), "a")) == {"a": 0}
+    clock.now += 1
+    cache.delete_pod("uid-old")  # deleted: the state (read before) still names it on gcu0+gcu1
+    assert scores(call(decide, "prioritize", pod("next", 2), "a")) == {"a": 10}
+    assert cache.views(["a"])["a"].state.free == {"gcu0", "gcu1"}  # type: ignore[union-attr]
+    # A pod that ends by its phase releases the same way; one whose state is read after the
+    # end is the state's word again (here the plugin still reports it: it is held).
+    cache.set_pod({**pod("rest", 6, node="a"), "status": {"phase": "Succeeded"}})
+    assert len(cache.views(["a"])["a"].state.free) == 8  # type: ignore[union-attr]
+    cache.set_node("a", {node_state.ANNOTATION: holding(fresh, clock.now + 0.5, old=[0, 1],
+                                                        rest=[2, 3, 4, 5, 6, 7])})  # fmt: skip
+    assert scores(call(decide, "prioritize", pod("next", 2), "a")) == {"a": 0}
+
+
+def test_a_release_is_forgotten_after_the_grace_and_when_the_name_comes_back(
+    fresh: node_state.NodeState,
+) -> None:
+    clock, cache, decide = setup()
+    full = holding(fresh, clock.now, old=[0, 1], rest=[2, 3, 4, 5, 6, 7])
+    cache.set_node("a", {node_state.ANNOTATION: full})
+    cache.set_pod(pod("old", 2, node="a"))
+    clock.now += 1
+    cache.delete_pod("uid-old")
+    assert scores(call(decide, "prioritize", pod("next", 2), "a")) == {"a": 10}
+    cache.set_pod(pod("old", 2, node="a"))  # a new pod of the same name bound there
+    assert scores(call(decide, "prioritize", pod("next", 2), "a")) == {"a": 0}
+    cache.delete_pod("uid-old")
+    clock.now += cache.admission_grace + 1  # the plugin must have read by now: its word again
+    cache.set_node("a", {node_state.ANNOTATION: holding(fresh, clock.now - 60, old=[0, 1],
+                                                        rest=[2, 3, 4, 5, 6, 7])})  # fmt: skip
+    assert scores(call(decide, "prioritize", pod("next", 2), "a")) == {"a": 0}
+
+
+def test_a_shared_pod_that_ends_gives_its_slices_back_to_filter() -> None:
+    clock, cache, decide = setup()
+    card = node_state.SharedCard("gcu0", 0, 6, 0, (("ml/big", 4), ("ml/small", 2)))
+    state = node_state.NodeState(shared=(card,), pods=frozenset({"ml/big", "ml/small"}),
+                                 observed=clock.now)  # fmt: skip
+    cache.set_node("a", {node_state.ANNOTATION: state.to_json()})
+    cache.set_pod(pod("big", slices=4, node="a"))
+    assert call(decide, "filter", pod("s", slices=3), "a")["NodeNames"] == []
+    clock.now += 1
+    cache.delete_pod("uid-big")
+    assert call(decide, "filter", pod("s", slices=3), "a")["NodeNames"] == ["a"]
+    assert call(decide, "filter", pod("s", slices=5), "a")["NodeNames"] == []
+
+
 def test_made_up_prioritize_calls_plant_no_guess_and_never_fail_filter() -> None:
     clock, cache, decide = setup()
     one_card = node_state.NodeState(

@@ -9,7 +9,13 @@ plugin refreshes even when nothing changes, against this process's clock). A pod
 but not yet listed in the node's state (the kubelet has not admitted it, or the plugin has not
 written since) is *pending* there: its GCUs are counted against the node, in the order the pods
 were bound, until the state lists it or was observed more than ``admission_grace`` seconds after
-the extender saw the binding. Between a prioritize and the binding's watch event, the node this
+the extender saw the binding. The other way round, a pod that ends (deleted, or Succeeded or
+Failed) while the node's state still lists it has *released* its cards and slices: a state
+observed before the extender saw the pod end counts the cards the state names as the pod's as
+free again (:meth:`node_state.NodeState.released`), for ``admission_grace`` seconds at most, by
+which time the plugin has read the kubelet again. Kubernetes' own scheduler frees a pod's
+resources the moment it ends; without this the extender would see the node fuller than it is
+for up to one plugin read (5 s). Between a prioritize and the binding's watch event, the node this
 extender ranked first for a pod holds a *guess* for ``guess_ttl`` seconds, so a burst of pods
 does not all land on the same free pair. A guess is made only for a pod the extender's own watch
 shows waiting to be scheduled, with the GCUs that watch shows (a caller cannot plant one for a
@@ -40,6 +46,7 @@ from enflame_gcu.scheduler_extender import protocol
 log = logging.getLogger(__name__)
 MAX_PODS = 200_000
 MAX_REQUESTS_PER_ENTRY = 64  # distinct pod sizes remembered per node before the memo restarts
+MAX_RELEASED_PER_NODE = node_state.MAX_PODS  # ended pods remembered per node (oldest go first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +118,8 @@ class ClusterCache:
         self._bound_on: dict[str, dict[str, None]] = {}
         self._guessed_on: dict[str, dict[str, None]] = {}
         self._entries: dict[str, _Entry] = {}
+        # node -> pod key -> when (wall clock) the extender saw that pod end there.
+        self._released: dict[str, dict[str, float]] = {}
 
     # --- nodes ------------------------------------------------------------------------------
 
@@ -136,6 +145,7 @@ class ClusterCache:
             self._texts.pop(name, None)
             self._states.pop(name, None)
             self._entries.pop(name, None)
+            self._released.pop(name, None)
 
     def replace_nodes(self, nodes: Mapping[str, Mapping[str, Any] | None]) -> None:
         """A fresh listing: exactly these nodes (name -> annotations)."""
@@ -144,6 +154,7 @@ class ClusterCache:
                 self._texts.pop(gone, None)
                 self._states.pop(gone, None)
                 self._entries.pop(gone, None)
+                self._released.pop(gone, None)
         for name, found in nodes.items():
             self.set_node(name, found)
 
@@ -193,6 +204,9 @@ class ClusterCache:
             )  # fmt: skip
             self._bound_on.setdefault(node, {})[uid] = None
             self._entries.pop(node, None)
+            released = self._released.get(node)
+            if released:  # the same name again: what the state lists under it is not released
+                released.pop(key, None)
 
     def delete_pod(self, uid: str) -> None:
         """A pod is gone."""
@@ -250,6 +264,26 @@ class ClusterCache:
         if old is not None:
             _unindex(self._bound_on, old.node, uid)
             self._entries.pop(old.node, None)
+            released = self._released.setdefault(old.node, {})
+            released.pop(old.key, None)
+            released[old.key] = self._wall()
+            if len(released) > MAX_RELEASED_PER_NODE:
+                del released[next(iter(released))]
+
+    def _after_releases(self, name: str, state: node_state.NodeState) -> node_state.NodeState:
+        """``state`` with the cards and slices of the pods seen ending on ``name`` after it was
+        observed given back (the lock is held); releases older than ``admission_grace`` or
+        older than the state are forgotten."""
+        released = self._released.get(name)
+        if not released:
+            return state
+        oldest = self._wall() - self.admission_grace
+        for key in [k for k, at in released.items() if at < oldest or at <= state.observed]:
+            del released[key]
+        if not released:
+            del self._released[name]
+            return state
+        return state.released(released)
 
     def _drop_guess(self, uid: str) -> None:
         """Forget a guess and its node's entry (the lock is held)."""
@@ -280,6 +314,12 @@ class ClusterCache:
         guessed: dict[str, list[BoundPod]] = {}
         with self._lock:
             states = {name: self._states.get(name) for name in wanted}
+            if sent:
+                states.update({name: value for name, value in sent.items() if name in wanted})
+            for name in wanted & self._released.keys():
+                state = states[name]
+                if isinstance(state, node_state.NodeState):
+                    states[name] = self._after_releases(name, state)
             for uid, bound in self._bound.items():
                 if bound.node in wanted and uid != exclude:
                     pending.setdefault(bound.node, []).append(bound)
@@ -287,8 +327,6 @@ class ClusterCache:
             for uid, guess in self._guesses.items():
                 if guess.node in wanted and uid != exclude:
                     guessed.setdefault(guess.node, []).append(guess)
-        if sent:
-            states.update({name: value for name, value in sent.items() if name in wanted})
         oldest = wall - self.max_age
         result = {}
         for name in wanted:
@@ -365,6 +403,7 @@ class ClusterCache:
         state = self._states.get(name)
         if not isinstance(state, node_state.NodeState):
             return NodeView(None, "", (), ())
+        state = self._after_releases(name, state)
         bound = [self._bound[u] for u in self._bound_on.get(name, ()) if u != exclude]
         guessed = [self._guesses[u] for u in self._guessed_on.get(name, ()) if u != exclude]
         if not bound and not guessed:
