@@ -164,6 +164,33 @@ def test_a_clean_shutdown_removes_the_state(vendor_node: str) -> None:
     )
 
 
+class SilentApi(RecordingApi):
+    """An API server that accepts the connection and never answers a patch."""
+
+    async def patch_annotations(self, node: str, annotations: node_annotation.Annotations) -> None:
+        if self.patches:
+            await asyncio.Event().wait()
+        await super().patch_annotations(node, annotations)
+
+
+def test_a_shutdown_does_not_wait_for_an_api_server_that_never_answers(
+    vendor_node: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = plugin_config.PluginConfig(host_root=vendor_node)
+    _, annotator = setup(vendor_node, config)
+    api = annotator.api = SilentApi()
+    annotator.set_holdings([])
+
+    async def scenario() -> None:
+        await annotator.write_once()
+        await asyncio.wait_for(annotator.clear(timeout=0.2), 10)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(scenario())
+    assert len(api.patches) == 1  # the state written; its removal never answered
+    assert "no answer in 0.2 s" in caplog.text
+
+
 def test_the_published_state_names_the_plugins_slice_policy(vendor_node: str) -> None:
     config = plugin_config.PluginConfig(
         host_root=vendor_node,

@@ -27,6 +27,7 @@ from enflame_gcu.device_plugin import resources
 
 log = logging.getLogger(__name__)
 SETTLE = 0.2  # seconds: a health change and a holdings read arriving together make one write
+CLEAR_TIMEOUT = 5.0  # seconds the shutdown waits to remove the state (the kubelet grants 30)
 Annotations = Mapping[str, str | None]
 
 
@@ -196,15 +197,18 @@ class NodeAnnotator:
         self.writes += 1
         return True
 
-    async def clear(self) -> None:
-        """Remove both annotations (a clean shutdown: no state is better than a stale one)."""
+    async def clear(self, timeout: float = CLEAR_TIMEOUT) -> None:
+        """Remove both annotations (a clean shutdown: no state is better than a stale one),
+        giving up after ``timeout`` seconds: an API server that does not answer must not hold
+        the plugin's stop past the kubelet's grace period."""
         if self._written is None:
             return
         removal = dict.fromkeys(self._written)
         try:
-            await self.api.patch_annotations(self.node_name, removal)
+            await asyncio.wait_for(self.api.patch_annotations(self.node_name, removal), timeout)
         except Exception as exc:  # the node keeps its last state; the extender ages it out
-            log.warning("cannot remove the node state of %s on shutdown: %s", self.node_name, exc)
+            why = f"no answer in {timeout:g} s" if isinstance(exc, asyncio.TimeoutError) else exc
+            log.warning("cannot remove the node state of %s on shutdown: %s", self.node_name, why)
             return
         self._written = self._content = None
         log.info("node state of %s removed", self.node_name)
