@@ -465,3 +465,24 @@ def test_a_pass_waiting_for_pods_is_not_settled() -> None:
         cluster.step()
     assert any(a == 0 and not settled for a, settled in seen)  # waiting, not settled
     assert seen[-1] == (0, True)  # Running and quiet: settled
+
+
+def test_a_pass_lists_every_node_once_with_one_resource_and_afresh_for_a_second() -> None:
+    # Issue 38's review: a full pass listed every Node twice (run_once, then the resource's
+    # observe), the heaviest list of a pass on a cluster of thousands of nodes.
+    fake, _, operator = _converged()
+    fake.calls.clear()
+    operator.run_once()
+    assert fake.calls.count(("list", "Node")) == 1, fake.calls
+    # A second resource lists again: it must see what the first one's pass wrote to Nodes.
+    second = ours()
+    second["metadata"] = {**second["metadata"], "name": "second", "uid": "uid-second"}
+    fake.put(api.GCU_RESOURCE, second)
+    fake.calls.clear()
+    operator.run_once()
+    assert fake.calls.count(("list", "Node")) == 2, fake.calls
+    fake.calls.clear()
+    stored = fake.get(api.GCU_RESOURCE, "second")
+    assert stored is not None
+    operator.reconcile(api.GCU_RESOURCE, stored)  # alone: its own list, nothing carried over
+    assert fake.calls.count(("list", "Node")) == 1, fake.calls

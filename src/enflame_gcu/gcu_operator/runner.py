@@ -114,6 +114,10 @@ class Operator:
         # node's labels (the idle wait's watches compare against these).
         self.seen_resources: frozenset[tuple[str, str, str]] | None = None
         self.seen_nodes: dict[str, dict[str, str]] | None = None
+        # The Nodes run_once just listed: the first resource's observe takes them instead of a
+        # second list of every Node (the heaviest list at scale); later resources list afresh,
+        # so they see what the earlier ones' passes wrote.
+        self._listed_nodes: list[Obj] | None = None
 
     def observe(self, kind: api.Kind, resource: Mapping[str, Any]) -> reconcile.Observed:
         """Read what one reconcile needs."""
@@ -146,9 +150,10 @@ class Operator:
         gcu_pods: list[Obj] = []
         if spec.upgrade.drain:
             gcu_pods = [p for p in self._api.list(api.POD) if _uses_gcu(p)]
+        listed, self._listed_nodes = self._listed_nodes, None
         return reconcile.Observed(
             resource=resource,
-            nodes=self._api.list(api.NODE),
+            nodes=listed if listed is not None else self._api.list(api.NODE),
             objects=found,
             pods=self._api.list(api.POD, labels=_labelled(resource)),
             dra_served=self._dra_served,
@@ -333,6 +338,7 @@ class Operator:
             return []
         found.sort(key=lambda item: ownership_order(item[1]))
         every_node = self._api.list(api.NODE)
+        self._listed_nodes = every_node
         self.seen_nodes = {node_name(n): node_labels(n) for n in every_node}
         gcu_nodes = [n for n in every_node if nodes.is_gcu_node(n)]
         owners: list[tuple[str, set[tuple[str, str]]]] = []
@@ -353,6 +359,7 @@ class Operator:
             if not conflict:
                 owners.append((_display(resource), wants))
             results.append(self.reconcile(kind, resource, conflict))
+        self._listed_nodes = None  # never carried into a later pass
         return results
 
 
