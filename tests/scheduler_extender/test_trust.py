@@ -127,6 +127,7 @@ def test_a_pod_that_ends_gives_its_cards_back_before_the_plugin_reads_again(
     assert scores(call(decide, "prioritize", pod("next", 2), "a")) == {"a": 0}
     clock.now += 1
     cache.delete_pod("uid-old")  # deleted: the state (read before) still names it on gcu0+gcu1
+    assert cache.counts()["released_pods"] == 1
     assert scores(call(decide, "prioritize", pod("next", 2), "a")) == {"a": 10}
     assert cache.views(["a"])["a"].state.free == {"gcu0", "gcu1"}  # type: ignore[union-attr]
     # A pod that ends by its phase releases the same way; one whose state is read after the
@@ -136,6 +137,7 @@ def test_a_pod_that_ends_gives_its_cards_back_before_the_plugin_reads_again(
     cache.set_node("a", {node_state.ANNOTATION: holding(fresh, clock.now + 0.5, old=[0, 1],
                                                         rest=[2, 3, 4, 5, 6, 7])})  # fmt: skip
     assert scores(call(decide, "prioritize", pod("next", 2), "a")) == {"a": 0}
+    assert cache.counts()["released_pods"] == 0  # the newer state is the word: both forgotten
 
 
 def test_a_release_is_forgotten_after_the_grace_and_when_the_name_comes_back(

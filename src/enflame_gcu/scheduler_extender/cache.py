@@ -442,6 +442,8 @@ class ClusterCache:
                 "bound_pods": len(self._bound),
                 "waiting_pods": len(self._waiting),
                 "guesses": len(self._guesses),
+                # ended pods whose cards a node's state may still name (pruned as states come)
+                "released_pods": sum(len(keys) for keys in self._released.values()),
             }
 
 
