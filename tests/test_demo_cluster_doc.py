@@ -62,3 +62,25 @@ def test_the_readme_describes_the_steps_the_demo_runs(readme: str, targets: str)
     assert "`make demo-cluster`" in listed, (
         f"{readme} does not list make demo-cluster with the targets"
     )
+
+
+@pytest.mark.parametrize(
+    ("node", "cards", "local"),
+    [
+        ("gcu-node-1", ["gcu0", "gcu1"], True),
+        ("gcu-node-1", ["gcu5", "gcu4"], True),
+        ("gcu-node-1", ["gcu1", "gcu2"], False),  # one root port, two switches
+        ("gcu-node-1", ["gcu2", "gcu3"], False),
+        ("gcu-node-1", ["gcu0"], False),  # not a pair
+        ("gcu-node-2", ["gcu0", "gcu3"], True),  # the flat board: one switch for all four
+        ("gcu-node-2", ["gcu0", "gcu9"], False),  # no such card there
+        ("gcu-node-2", ["gcu8", "gcu9"], False),
+    ],
+)
+def test_switch_locality_is_judged_on_the_board_of_the_node_the_pod_got(
+    node: str, cards: list[str], local: bool
+) -> None:
+    # The tour's 2-card pod may land on either node (the scheduler's spreading picks).
+    from tests.cluster.test_extender_chart import one_switch
+
+    assert one_switch(node, cards) is local

@@ -54,7 +54,8 @@ def one_switch(node: str, cards: list[str]) -> bool:
     only gcu0+gcu1 and gcu4+gcu5 do; on gcu-node-2 (flat-4card) any pair does."""
     board = next(topology for name, topology, _, _ in session.NODES if name == node)
     upstream = {f"gcu{c.minor}": c.bridges[-2] for c in topofile.load(board).cards}
-    return len(cards) >= 2 and len({upstream.get(card) for card in cards}) == 1
+    known = all(card in upstream for card in cards)
+    return known and len(cards) >= 2 and len({upstream[card] for card in cards}) == 1
 
 
 def gcu_pod(name: str, scheduler: str = "") -> str:
