@@ -81,6 +81,8 @@ def test_clean_observations_pass() -> None:
         # another node's gcu2 is another card
         seen("c5-g1", {"gcu3"}, node="gcu-node-2"),
         seen("enflame-k8s-device-plugin-abc", set()),
+        # privileged (the toolkit): every device of the node, none held through the kubelet
+        seen("enflame-container-toolkit-x", {f"gcu{i}" for i in range(8)}, whole=()),
     ]
     assert checker.observe(1.0, observation) == []
     assert checker.observe(4.0, observation) == []
@@ -95,6 +97,14 @@ def test_a_card_held_whole_by_two_containers_is_flagged() -> None:
     assert {h["pod"] for h in found[0].evidence["holders"]} == {"chaos/c1-g2", "chaos/c2-g1"}
     # Seen again: one violation, not one per check.
     assert checker.observe(5.0, [seen("c1-g2", {"gcu0", "gcu1"}), seen("c2-g1", {"gcu1"})]) == []
+
+
+def test_a_card_held_by_a_workload_pod_and_listed_for_another_pod_is_flagged() -> None:
+    checker = Checker(slices_per_card=4)
+    found = checker.observe(
+        1.0, [seen("c1-g1", {"gcu3"}), seen("validator", {"gcu3"}, whole=("gcu3",))]
+    )
+    assert [v.rule for v in found] == ["card-in-two-containers"]
 
 
 def test_a_whole_card_shared_with_a_slice_holder_is_flagged() -> None:
@@ -210,6 +220,16 @@ def test_recovery_is_measured_from_each_faults_end() -> None:
     assert found["kubelet-restart"]["plugins_ready"]["max"] == 1.0
     assert found["apiserver-down"]["allocatable"]["never"] == 1
     assert found["apiserver-down"]["pending_scheduled"]["p50"] == 0.0
+
+
+def test_probe_changes_keep_only_the_transitions() -> None:
+    probes = [Probe(1, True, True, True), Probe(2, True, True, True), Probe(3, False, True, True),
+              Probe(4, False, True, True), Probe(5, True, True, True)]  # fmt: skip
+    assert chaos.changes(probes) == [
+        [1, True, True, True],
+        [3, False, True, True],
+        [5, True, True, True],
+    ]
 
 
 def test_report_fails_on_a_violation_or_too_few_faults() -> None:

@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
@@ -68,6 +68,7 @@ KINDS = (
     "etcd-restart",
     "scheduler-restart",
     "card-unplug",
+    "node-network-cut",
     "plugin-rollout-restart",
     "plugin-version-change",
 )
@@ -79,6 +80,7 @@ DURATIONS: dict[str, tuple[float, float]] = {
     "etcd-restart": (0, 3),
     "scheduler-restart": (0, 5),
     "card-unplug": (10, 30),
+    "node-network-cut": (30, 30),
 }
 ONCE = ("plugin-version-change",)  # at most once per run, in its middle
 STUCK_TERMINATING = 120.0  # seconds a deleted pod may stay after the faults stop
@@ -207,7 +209,10 @@ class Checker:
         """Check one observation (every node's running containers); the new violations."""
         before = len(self.violations)
         self.observations += 1
-        containers = list(seen)
+        # Containers that hold cards through Kubernetes: the workload's, and any other the
+        # kubelet lists with GCU devices (the validator). A privileged container (the toolkit)
+        # sees every device of the node by design and holds none.
+        containers = [s for s in seen if ask_of(s.pod) or s.whole or s.slices]
         by_card: dict[tuple[str, str], list[Seen]] = {}
         for item in containers:
             for card in item.cards:
@@ -431,6 +436,19 @@ def recovery(records: Sequence[FaultRecord], probes: Sequence[Probe]) -> dict[st
     return summary
 
 
+def changes(probes: Sequence[Probe]) -> list[list[Any]]:
+    """The probes where a condition changed: ``[at, allocatable, plugins_ready,
+    pending_scheduled]`` (the first probe, then each change)."""
+    found: list[list[Any]] = []
+    last: tuple[bool, ...] | None = None
+    for probe in sorted(probes, key=lambda p: p.at):
+        state = (probe.allocatable, probe.plugins_ready, probe.pending_scheduled)
+        if state != last:
+            found.append([probe.at, *state])
+            last = state
+    return found
+
+
 def summarize(
     *,
     seed: int,
@@ -466,6 +484,7 @@ def summarize(
         "checks": observations,
         "violations": [asdict(v) for v in violations],
         "recovery_s": recovery(records, probes),
+        "probe_changes": changes(probes),
         "fault_log": [asdict(r) for r in records],
         **dict(extra or {}),
         "ok": not problems,
@@ -478,6 +497,13 @@ def summarize(
 
 class ChaosFailed(Exception):
     """The run could not be set up or carried out; the message says which step."""
+
+
+def _api_errors() -> tuple[type[Exception], ...]:
+    from tests.cluster.controlplane import ControlPlaneError
+    from tests.kubelet.harness import E2EError
+
+    return (ControlPlaneError, E2EError)
 
 
 def fail(message: str) -> NoReturn:
@@ -530,6 +556,7 @@ class ChaosRun:
         self.creating = threading.Event()
         self.lock = threading.Lock()
         self.unplugged: set[tuple[str, int]] = set()
+        self.busy: set[str] = set()  # targets a running fault holds (one fault per target)
         self.latest: list[Seen] = []
         self.counter = 0
         self.lifetimes: dict[str, float] = {}
@@ -850,33 +877,63 @@ class ChaosRun:
     def fault_extender_kill(self, fault: Fault) -> str:
         return self.sigkill(fault, f"{self.extender_prefix}")
 
+    @staticmethod
+    def retried(action: Callable[[], Any], seconds: float = 60) -> Any:
+        """``action()``, tried again every 2 s for ``seconds`` while the API does not answer
+        (another fault may have it down: the fault then starts once it is back)."""
+        deadline = time.monotonic() + seconds
+        errors: tuple[type[Exception], ...] = (OSError, *_api_errors())
+        while True:
+            try:
+                return action()
+            except errors as exc:
+                if time.monotonic() > deadline:
+                    raise ChaosFailed(f"the API did not answer for {seconds:.0f} s: {exc}") from exc
+                time.sleep(2)
+
     def fault_operator_leader_kill(self, fault: Fault) -> str:
-        leader = self.bench.operator.leader()
+        leader = self.retried(self.bench.operator.leader)
         if not leader:
             raise ChaosFailed("no operator leader in the Lease")
         return self.sigkill(fault, leader)
 
+    @contextlib.contextmanager
+    def claim(self, fault: Fault, targets: Sequence[str]) -> Iterator[str]:
+        """One of ``targets`` no other running fault holds (two overlapping restarts of one
+        daemon would start it twice), held while the fault runs."""
+        with self.lock:
+            free = [t for t in targets if t not in self.busy]
+            target = str(self.pick(fault, free))
+            self.busy.add(target)
+        try:
+            yield target
+        finally:
+            with self.lock:
+                self.busy.discard(target)
+
     def fault_kubelet_restart(self, fault: Fault) -> str:
-        name = self.pick(fault, list(self.nodes))
-        self.nodes[name].restart_kubelet(fault.duration)
-        return str(name)
+        with self.claim(fault, [f"kubelet {n}" for n in self.nodes]) as target:
+            self.nodes[target.split()[1]].restart_kubelet(fault.duration)
+        return target
 
     def fault_containerd_restart(self, fault: Fault) -> str:
-        name = self.pick(fault, list(self.nodes))
-        self.nodes[name].restart_containerd(fault.duration)
-        return str(name)
+        with self.claim(fault, [f"containerd {n}" for n in self.nodes]) as target:
+            self.nodes[target.split()[1]].restart_containerd(fault.duration)
+        return target
+
+    def restart_piece(self, fault: Fault, name: str) -> str:
+        with self.claim(fault, [name]):
+            down = self.cluster.plane.restart(name, fault.duration)
+        return f"{name} down {down:.1f} s"
 
     def fault_apiserver_down(self, fault: Fault) -> str:
-        down = self.cluster.plane.restart("kube-apiserver", fault.duration)
-        return f"down {down:.1f} s"
+        return self.restart_piece(fault, "kube-apiserver")
 
     def fault_etcd_restart(self, fault: Fault) -> str:
-        down = self.cluster.plane.restart("etcd", fault.duration)
-        return f"down {down:.1f} s"
+        return self.restart_piece(fault, "etcd")
 
     def fault_scheduler_restart(self, fault: Fault) -> str:
-        down = self.cluster.plane.restart("kube-scheduler", fault.duration)
-        return f"down {down:.1f} s"
+        return self.restart_piece(fault, "kube-scheduler")
 
     def fault_card_unplug(self, fault: Fault) -> str:
         with self.lock:
@@ -897,20 +954,48 @@ class ChaosRun:
                 self.unplugged.discard((node, minor))
         return f"{node} {card} for {fault.duration:.0f} s"
 
+    def fault_node_network_cut(self, fault: Fault) -> str:
+        """Drop the TCP packets a node's host-network processes (its kubelet, containerd and
+        host-network pods: their sockets are in the node's daemon cgroup) send to the API
+        server, in the tier's private network namespace only, for the fault's duration."""
+        import subprocess
+
+        if os.environ.get("ENFLAME_E2E_NETNS") != "private":
+            raise ChaosFailed("refusing iptables outside the tier's private network namespace")
+        with self.claim(fault, [f"network {n}" for n in self.nodes]) as target:
+            node = self.nodes[target.split()[1]]
+            port = str(self.cluster.plane.port)
+            rule = ["OUTPUT", "-p", "tcp", "-d", "127.0.0.1", "--dport", port,
+                    "-m", "cgroup", "--path", node.daemon_cgroup, "-j", "DROP"]  # fmt: skip
+            subprocess.run(["iptables", "-I", *rule], check=True, capture_output=True, timeout=30)
+            try:
+                time.sleep(fault.duration)
+            finally:
+                subprocess.run(
+                    ["iptables", "-D", *rule], check=True, capture_output=True, timeout=30
+                )
+        return f"{target} for {fault.duration:.0f} s"
+
     def fault_plugin_rollout_restart(self, fault: Fault) -> str:
         from tests.cluster.demo import PLUGIN_DS
 
-        self.cluster.kubectl("-n", "kube-system", "rollout", "restart", f"ds/{PLUGIN_DS}")
+        self.retried(
+            lambda: self.cluster.kubectl(
+                "-n", "kube-system", "rollout", "restart", f"ds/{PLUGIN_DS}"
+            )
+        )
         return PLUGIN_DS
 
     def fault_plugin_version_change(self, fault: Fault) -> str:
         from tests.cluster.test_operator import GROUP, SECOND_TAG
 
         self.version = SECOND_TAG if getattr(self, "version", "") != SECOND_TAG else "0.1.0"
-        self.api(
-            "PATCH",
-            f"/apis/{GROUP}/v1/gcuresources/{RESOURCE}",
-            {"spec": {"devicePlugin": {"version": self.version}}},
+        self.retried(
+            lambda: self.api(
+                "PATCH",
+                f"/apis/{GROUP}/v1/gcuresources/{RESOURCE}",
+                {"spec": {"devicePlugin": {"version": self.version}}},
+            )
         )
         return f"devicePlugin.version -> {self.version}"
 
@@ -1007,6 +1092,8 @@ class ChaosRun:
             pods = self.pods(NAMESPACE)
         self.checker.pods(self.now(), pods, quiet_wall, time.time())
         for pod in pods:
+            if pod["metadata"].get("deletionTimestamp"):
+                continue  # deleted by the workload (a Never-restart pod shows Failed meanwhile)
             reason = readable_reason(pod)
             phase = pod["status"].get("phase")
             if phase in ("Pending", "Failed"):
@@ -1218,7 +1305,10 @@ def table(report: Mapping[str, Any]) -> str:
         f"{len(report['violations'])} violations; {'OK' if report['ok'] else report['problems']}"
     ]
     for kind, per in report["recovery_s"].items():
-        parts = [f"{c} p50 {v['p50']} max {v['max']} never {v['never']}" for c, v in per.items()]
+        parts = [
+            f"{c} p50 {v['p50']} p99 {v['p99']} max {v['max']} never {v['never']}"
+            for c, v in per.items()
+        ]
         lines.append(f"  {kind}: " + "; ".join(parts))
     return "\n".join(lines)
 
