@@ -900,11 +900,17 @@ class ChaosRun:
     @contextlib.contextmanager
     def claim(self, fault: Fault, targets: Sequence[str]) -> Iterator[str]:
         """One of ``targets`` no other running fault holds (two overlapping restarts of one
-        daemon would start it twice), held while the fault runs."""
-        with self.lock:
-            free = [t for t in targets if t not in self.busy]
-            target = str(self.pick(fault, free))
-            self.busy.add(target)
+        daemon would start it twice), held while the fault runs; when every one is held, the
+        fault waits for one (ChaosFailed after a minute)."""
+        deadline = time.monotonic() + 60
+        while True:  # all held: wait (up to a minute) for one to be free
+            with self.lock:
+                free = [t for t in targets if t not in self.busy]
+                if free or time.monotonic() > deadline:
+                    target = str(self.pick(fault, free))
+                    self.busy.add(target)
+                    break
+            time.sleep(1)
         try:
             yield target
         finally:
@@ -1071,7 +1077,9 @@ class ChaosRun:
                 status = (
                     self.api("GET", f"/apis/{GROUP}/v1/gcuresources/{RESOURCE}").get("status") or {}
                 )
-                evidence["gcuresource"] = {k: status.get(k) for k in ("phase", "readyResource")}
+                evidence["gcuresource"] = {
+                    k: status.get(k) for k in ("phase", "readyResource", "conditions", "nodes")
+                }
                 if alloc and plugins and pending and status.get("phase") == "Running":
                     recovered_at = self.now()
                     break
