@@ -856,14 +856,20 @@ class ChaosRun:
     def sigkill(self, fault: Fault, pod_prefix: str, namespace: str = "kube-system",
                 nodes: Sequence[str] | None = None) -> str:  # fmt: skip
         """SIGKILL the main process of a running container whose pod name starts with
-        ``pod_prefix``, found in the nodes' runtime state (not through the API)."""
-        targets = [
-            (name, item["pod"], item["pid"])
-            for name, node in self.nodes.items()
-            if nodes is None or name in nodes
-            for item in self.running(node)
-            if item["namespace"] == namespace and item["pod"].startswith(pod_prefix)
-        ]
+        ``pod_prefix``, found in the nodes' runtime state (not through the API); when none
+        runs (the kubelet's back-off after an earlier kill), wait up to a minute for one."""
+        deadline = time.monotonic() + 60
+        while True:
+            targets = [
+                (name, item["pod"], item["pid"])
+                for name, node in self.nodes.items()
+                if nodes is None or name in nodes
+                for item in self.running(node)
+                if item["namespace"] == namespace and item["pod"].startswith(pod_prefix)
+            ]
+            if targets or time.monotonic() > deadline:
+                break
+            time.sleep(2)
         node, pod, pid = self.pick(fault, targets)
         os.kill(pid, signal.SIGKILL)
         return f"{node} {namespace}/{pod} pid {pid}"
