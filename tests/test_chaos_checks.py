@@ -204,22 +204,36 @@ def test_pending_and_failed_pods_need_a_readable_reason() -> None:
 # -- recovery and the report ------------------------------------------------------------------
 
 
-def test_recovery_is_measured_from_each_faults_end() -> None:
+def test_recovery_is_measured_from_each_faults_end_over_its_dip() -> None:
     records = [
-        FaultRecord(1, "kubelet-restart", 10, 12),
-        FaultRecord(2, "kubelet-restart", 30, 31),
-        FaultRecord(3, "plugin-kill", 50, 50, error="ChaosFailed: no target"),
-        FaultRecord(4, "apiserver-down", 60, 80),
+        FaultRecord(1, "kubelet-restart", 10, 12),  # allocatable dips 13-15
+        FaultRecord(2, "kubelet-restart", 30, 31),  # no dip at all
+        FaultRecord(3, "plugin-kill", 50, 50, error="ChaosFailed: no target"),  # not injected
+        FaultRecord(4, "apiserver-down", 60, 80),  # allocatable never right again
     ]
-    probes = [Probe(float(t), t >= 15, t >= 13, True) for t in range(10, 40)]
-    probes += [Probe(float(t), False, True, True) for t in range(80, 90)]
+    probes = [Probe(float(t), not 13 <= t < 15, not 13 <= t < 14, True) for t in range(0, 50)]
+    probes += [Probe(float(t), False, True, True) for t in range(60, 90)]
     found = chaos.recovery(records, probes)
     assert set(found) == {"kubelet-restart", "apiserver-down"}
     allocatable = found["kubelet-restart"]["allocatable"]
-    assert allocatable["n"] == 2 and allocatable["max"] == 3.0 and allocatable["never"] == 0
-    assert found["kubelet-restart"]["plugins_ready"]["max"] == 1.0
+    assert (allocatable["n"], allocatable["max"], allocatable["p50"]) == (2, 3.0, 1.5)
+    assert found["kubelet-restart"]["plugins_ready"]["max"] == 2.0
+    assert found["kubelet-restart"]["pending_scheduled"]["max"] == 0.0
     assert found["apiserver-down"]["allocatable"]["never"] == 1
-    assert found["apiserver-down"]["pending_scheduled"]["p50"] == 0.0
+    # The same from the transitions alone, as a saved report keeps them.
+    assert chaos.recovery(records, chaos.probes_of(chaos.changes(probes))) == found
+
+
+def test_recovery_tells_isolated_faults_from_overlapping_ones() -> None:
+    records = [
+        FaultRecord(1, "plugin-kill", 10, 10),  # dip 11-40 (the API server was down 12-38)
+        FaultRecord(2, "apiserver-down", 12, 38),
+        FaultRecord(3, "plugin-kill", 60, 60),  # dip 61-63, alone
+    ]
+    probes = [Probe(float(t), not (11 <= t < 40 or 61 <= t < 64), True, True) for t in range(90)]
+    found = chaos.recovery(records, probes)["plugin-kill"]["allocatable"]
+    assert (found["n"], found["max"]) == (2, 30.0)
+    assert (found["isolated"]["n"], found["isolated"]["max"]) == (1, 4.0)
 
 
 def test_probe_changes_keep_only_the_transitions() -> None:

@@ -407,33 +407,85 @@ class FaultRecord:
     error: str = ""  # why it could not be injected (then it does not count)
 
 
-def recovery(records: Sequence[FaultRecord], probes: Sequence[Probe]) -> dict[str, dict[str, Any]]:
-    """Per fault kind and condition: seconds from each injected fault's end to the first probe
-    at or after it where the condition holds; p50, max and how many never recovered."""
+RECOVERY_WINDOW = 20.0  # seconds after a fault's end in which its dip must show
+
+
+def _stats(values: Sequence[float | None]) -> dict[str, Any]:
+    done = sorted(v for v in values if v is not None)
+    return {
+        "n": len(values),
+        "p50": round(statistics.median(done), 2) if done else None,
+        "p99": round(done[min(len(done) - 1, int(0.99 * len(done)))], 2) if done else None,
+        "max": done[-1] if done else None,
+        "never": len(values) - len(done),
+    }
+
+
+def recovered_after(ordered: Sequence[Probe], record: FaultRecord, condition: str) -> float | None:
+    """Seconds from the fault's end until ``condition`` held again after the dip it caused:
+    the first probe where it failed (the state at the fault's start, or a probe up to
+    :data:`RECOVERY_WINDOW` after its end), then the first probe after that where it held.
+    0 when it never failed; None when it never held again. The same from every probe or from
+    only the probes where a condition changed (:func:`changes`)."""
+    before = [p for p in ordered if p.at <= record.started]
+    failed: float | None = None
+    if before and not getattr(before[-1], condition):
+        failed = record.started
+    else:
+        failed = next(
+            (p.at for p in ordered
+             if record.started <= p.at <= record.ended + RECOVERY_WINDOW
+             and not getattr(p, condition)),
+            None,
+        )  # fmt: skip
+    if failed is None:
+        return 0.0
+    held = next((p.at for p in ordered if p.at > failed and getattr(p, condition)), None)
+    return None if held is None else round(max(0.0, held - record.ended), 2)
+
+
+Values = dict[str, dict[str, tuple[list[float | None], list[float | None]]]]
+
+
+def recovery_values(records: Sequence[FaultRecord], probes: Sequence[Probe]) -> Values:
+    """``{kind: {condition: (every value, the isolated ones)}}``: :func:`recovered_after` for
+    each injected fault; isolated when no other fault ran between its start and its recovery."""
     ordered = sorted(probes, key=lambda p: p.at)
-    found: dict[str, dict[str, list[float | None]]] = {}
-    for record in records:
-        if record.error or record.ended < 0:
-            continue
-        per = found.setdefault(record.kind, {c: [] for c in CONDITIONS})
+    injected = [r for r in records if not r.error and r.ended >= 0]
+    found: Values = {}
+    for record in injected:
+        per = found.setdefault(record.kind, {c: ([], []) for c in CONDITIONS})
         for condition in CONDITIONS:
-            first = next(
-                (p.at for p in ordered if p.at >= record.ended and getattr(p, condition)), None
+            value = recovered_after(ordered, record, condition)
+            until = record.ended + (value if value is not None else 10**9)
+            alone = not any(
+                other is not record and other.started < until and other.ended > record.started
+                for other in injected
             )
-            per[condition].append(None if first is None else round(first - record.ended, 2))
-    summary: dict[str, dict[str, Any]] = {}
-    for kind, per in sorted(found.items()):
-        summary[kind] = {}
-        for condition, values in per.items():
-            done = sorted(v for v in values if v is not None)
-            summary[kind][condition] = {
-                "n": len(values),
-                "p50": round(statistics.median(done), 2) if done else None,
-                "p99": round(done[min(len(done) - 1, int(0.99 * len(done)))], 2) if done else None,
-                "max": done[-1] if done else None,
-                "never": len(values) - len(done),
-            }
-    return summary
+            per[condition][0].append(value)
+            if alone:
+                per[condition][1].append(value)
+    return found
+
+
+def summarize_recovery(found: Values) -> dict[str, dict[str, Any]]:
+    """p50, p99, max and how many never recovered, over all and over the isolated faults."""
+    return {
+        kind: {c: {**_stats(every), "isolated": _stats(alone)} for c, (every, alone) in per.items()}
+        for kind, per in sorted(found.items())
+    }
+
+
+def recovery(records: Sequence[FaultRecord], probes: Sequence[Probe]) -> dict[str, dict[str, Any]]:
+    """Per fault kind and condition: :func:`recovered_after` for each injected fault; p50,
+    p99, max and how many never recovered, over all of them and over the ``isolated`` ones
+    (no other fault ran between the fault's start and its recovery)."""
+    return summarize_recovery(recovery_values(records, probes))
+
+
+def probes_of(changed: Sequence[Sequence[Any]]) -> list[Probe]:
+    """The probes a report's ``probe_changes`` keeps (enough for :func:`recovery`)."""
+    return [Probe(float(c[0]), bool(c[1]), bool(c[2]), bool(c[3])) for c in changed]
 
 
 def changes(probes: Sequence[Probe]) -> list[list[Any]]:
