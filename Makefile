@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup demo test lint types contracts unit proto bench clean e2e e2e-cluster demo-cluster dist chart-package
+.PHONY: setup demo test lint types contracts unit proto bench clean e2e e2e-cluster demo-cluster chaos dist chart-package
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -41,6 +41,12 @@ e2e-cluster: setup
 # A five-minute tour on the real-cluster tier (README, "Quick start"; reuses its cached build).
 demo-cluster: setup
 	@bash scripts/demo-cluster.sh
+
+# Ten minutes of GCU pods churning under faults on the real-cluster tier (docs/chaos.md);
+# CHAOS_ARGS passes options, e.g. CHAOS_ARGS="--minutes 3 --min-faults 15".
+CHAOS_ARGS ?= --seed 1 --minutes 10 --min-faults 50 --report chaos-report.json
+chaos: setup
+	@bash scripts/chaos.sh $(CHAOS_ARGS)
 
 # Release artifacts into dist/ (docs/packaging.md): wheel, sdist, .deb, .rpm, offline bundle.
 dist: setup

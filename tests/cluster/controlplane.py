@@ -188,6 +188,7 @@ class ControlPlane:
         self.server = f"https://127.0.0.1:{self.port}"
         self.kubeconfig = os.path.join(work, "admin.kubeconfig")
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.commands: dict[str, list[str]] = {}  # each piece's command line, for restart()
         self.certs: Certificates | None = None
         self._ssl: ssl.SSLContext | None = None
 
@@ -348,6 +349,21 @@ class ControlPlane:
         self.scheduler_config = dict(config or {})
         self._start_scheduler()
 
+    def restart(self, name: str, down_for: float = 0.0) -> float:
+        """SIGKILL one piece (``etcd``, ``kube-apiserver``, ``kube-scheduler``,
+        ``kube-controller-manager``: no clean shutdown, as a crash), keep it down ``down_for``
+        seconds, start it again with the same command line; the seconds it was down."""
+        command = self.commands[name]
+        process = self.processes.pop(name, None)
+        started = time.monotonic()
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            process.wait(10)
+        time.sleep(down_for)
+        self._spawn(name, command)
+        return time.monotonic() - started
+
     def stop(self) -> None:
         """Stop every piece by PID, newest first (SIGTERM, SIGKILL after 10 s)."""
         for name in reversed(list(self.processes)):
@@ -367,6 +383,7 @@ class ControlPlane:
                 command, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
             )
         self.processes[name] = process
+        self.commands[name] = command
         if self.on_start is not None:
             self.on_start(process.pid, command[0])
 

@@ -155,6 +155,7 @@ class ClusterNode:
         self.holder: subprocess.Popen[bytes] | None = None
         self.containerd: subprocess.Popen[bytes] | None = None
         self.kubelet: subprocess.Popen[bytes] | None = None
+        self.kubelet_command: list[str] = []
         self.ctd_dir = os.path.join(work, "ctd")
         # containerd listens where its layout says (on a stock node its own /run/containerd), so
         # the toolkit finds it as on any such node; from outside the node it is the private dir's.
@@ -184,13 +185,21 @@ class ClusterNode:
         finds every one of them by cgroup, whatever socket they name)."""
         return f"{self.cgroup_root}-daemons"
 
-    def _join_daemon_cgroup(self) -> None:
+    def _in_daemon_cgroup(self, command: list[str]) -> list[str]:
+        """``command`` run by a shell that first moves itself into the daemon cgroup of every
+        hierarchy, then execs (no preexec_fn: the chaos run restarts daemons from a process
+        with threads, where running Python between fork and exec is unsafe)."""
         from tests.kubelet import host
 
-        for hierarchy in host.cgroup_hierarchies():
-            procs = os.path.join(hierarchy, self.daemon_cgroup.strip("/"), "cgroup.procs")
-            with contextlib.suppress(OSError), open(procs, "w", encoding="utf-8") as handle:
-                handle.write(str(os.getpid()))
+        procs = [
+            os.path.join(hierarchy, self.daemon_cgroup.strip("/"), "cgroup.procs")
+            for hierarchy in host.cgroup_hierarchies()
+        ]
+        script = (
+            'for p in "$@"; do [ "$p" = -- ] && break; echo $$ 2>/dev/null >"$p"; shift; done; '
+            'shift; exec "$@"'
+        )
+        return ["sh", "-c", script, "sh", *procs, "--", *command]
 
     def _nsenter(self) -> list[str]:
         if self.holder is None:
@@ -369,16 +378,20 @@ class ClusterNode:
         with open(os.path.join(self.ctd_dir, "cni", "conf", "10-e2e.conflist"), "w") as handle:
             json.dump(cni, handle)
         make_cgroup(self.daemon_cgroup)
+        self._spawn_containerd()
+
+    def _spawn_containerd(self) -> None:
+        """containerd in the node's namespace and daemon cgroup, on its config as it is now
+        (the toolkit's edits included); returns once it answers."""
         binary = self.layout.binary or self.binaries.containerd
         command = [binary, "--config", self.layout.config]
         with open(os.path.join(self.work, "containerd.log"), "ab") as log:
             self.containerd = subprocess.Popen(
-                [*self._nsenter(), *command],
+                self._in_daemon_cgroup([*self._nsenter(), *command]),
                 stdout=log,
                 stderr=log,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=self._join_daemon_cgroup,  # noqa: PLW1509 (no threads started yet)
             )
         self.ledger.started(self.containerd.pid, command[0])
 
@@ -473,14 +486,18 @@ class ClusterNode:
             f"--node-ip={self.node_ip}",
             "--v=2",
         ]
+        self.kubelet_command = command
+        self._spawn_kubelet()
+
+    def _spawn_kubelet(self) -> None:
+        command = self.kubelet_command
         with open(os.path.join(self.work, "kubelet.log"), "ab") as log:
             self.kubelet = subprocess.Popen(
-                [*self._nsenter(), *command],
+                self._in_daemon_cgroup([*self._nsenter(), *command]),
                 stdout=log,
                 stderr=log,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=self._join_daemon_cgroup,  # noqa: PLW1509 (no threads started yet)
             )
         self.ledger.started(self.kubelet.pid, command[0])
 
@@ -523,6 +540,29 @@ class ClusterNode:
             self.import_archive(archive)
         self.start_kubelet()
         self.wait_ready()
+
+    # -- faults (the chaos run, tests/cluster/chaos.py) -------------------------------------
+
+    @staticmethod
+    def _kill(process: subprocess.Popen[bytes] | None) -> None:
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            process.wait(10)
+
+    def restart_kubelet(self, down_for: float = 0.0) -> None:
+        """SIGKILL the kubelet (no clean shutdown), keep it down ``down_for`` seconds, start it
+        again with the same command line and config; its containers run on meanwhile."""
+        self._kill(self.kubelet)
+        time.sleep(down_for)
+        self._spawn_kubelet()
+
+    def restart_containerd(self, down_for: float = 0.0) -> None:
+        """SIGKILL containerd (its shims and containers live on), keep it down ``down_for``
+        seconds, start it again on its config file as it is now (the toolkit's edits kept)."""
+        self._kill(self.containerd)
+        time.sleep(down_for)
+        self._spawn_containerd()
 
     # -- the simulated cards ----------------------------------------------------------------
 

@@ -317,6 +317,30 @@ def test_driver_loaded_after_start_is_discovered_without_restart() -> None:
     asyncio.run(main())
 
 
+def test_card_plugged_in_after_start_is_served_without_restart() -> None:
+    """Found by the chaos run (issue 37): a plugin that (re)started while a card was unplugged
+    never offered that card after it was plugged back (allocatable 7 of 8 for good)."""
+
+    async def main() -> None:
+        work, root, plugins = plugin_process.make_node("flat-4card")
+        simulate.unplug(root, 2)
+        plugin = plugin_process.PluginProcess(plugins, root, EVENTS_ONLY)
+        try:
+            async with KubeletStub(plugins) as kubelet:
+                await plugin.start()
+                await kubelet.wait_for(lambda k: len(k.allocatable()) == 3, 10, "3 cards")
+                simulate.replug(root, 2)
+                await kubelet.wait_for(lambda k: len(k.allocatable()) == 4, 5, "4 cards")
+                pod = await kubelet.allocate_pod("p", {"main": 4})
+                assert pod["main"].device_ids == ("gcu0", "gcu1", "gcu2", "gcu3")
+            assert "rediscovered after new device node(s) gcu2" in plugin.log_text()
+        finally:
+            assert await plugin.stop() == 0
+            shutil.rmtree(work)
+
+    asyncio.run(main())
+
+
 def test_fail_on_init_error_exits_1_when_no_card_is_usable() -> None:
     async def main() -> None:
         work, root, plugins = plugin_process.make_node("flat-4card")

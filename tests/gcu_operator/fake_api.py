@@ -351,6 +351,10 @@ class FakeCluster:
         # Nodes whose kubelet is gone (NotReady): nothing there starts or finishes terminating.
         self.down_nodes: set[str] = set()
         self.bad_nodes: set[str] = set()
+        # Nodes whose kubelet refuses the next GCU pod it admits as a real kubelet does while
+        # its device plugin re-registers (after a kubelet or plugin restart): Failed,
+        # UnexpectedAdmissionError, "devices unavailable ... which is unexpected".
+        self.unexpected_admission: set[str] = set()
         self.undo_log: list[str] = []
         for name in node_names:
             # A node name may run to 253 characters; a label value only to 63.
@@ -442,6 +446,15 @@ class FakeCluster:
         node = pods.node_of(pod)
         for container in pod["spec"]["containers"]:
             wanted = ((container.get("resources") or {}).get("limits") or {}).get("enflame.com/gcu")
+            if wanted and node in self.unexpected_admission:
+                self.unexpected_admission.discard(node)
+                return {
+                    "phase": "Failed",
+                    "reason": "UnexpectedAdmissionError",
+                    "message": "Pod Allocate failed due to requested number of devices "
+                    f"unavailable for enflame.com/gcu. Requested: {wanted}, Available: 0, "
+                    "which is unexpected",
+                }
             if wanted and self._ready_component(node, "devicePlugin") is None:
                 return {
                     "phase": "Failed",

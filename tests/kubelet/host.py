@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -50,6 +51,7 @@ SYSCTLS = (
 CGROUP_MOUNT = "/sys/fs/cgroup"
 # The machine is shared with other test runs (their runc containers make cgroups and mounts of
 # their own): only cgroups and mounts the kubelet tier could have made count as differences.
+_SAVE_LOCK = threading.Lock()  # Ledger.save from several threads
 OUR_CGROUPS = ("enflame-e2e-", "kubepods", "pod")
 OUR_MOUNTS = ("/var/lib/kubelet", "/var/log", "/run/containerd", "/tmp/enf-kl-", "/usr/libexec")
 
@@ -204,12 +206,13 @@ class Ledger:
 
     def save(self) -> None:
         """Write the ledger atomically (called before every change it records)."""
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        data = asdict(self)
-        temporary = f"{self.path}.tmp"
-        with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=1)
-        os.replace(temporary, self.path)
+        with _SAVE_LOCK:  # the chaos run's fault threads restart daemons concurrently
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            data = asdict(self)
+            temporary = f"{self.path}.tmp"
+            with open(temporary, "w", encoding="utf-8") as handle:
+                json.dump(data, handle, indent=1)
+            os.replace(temporary, self.path)
 
     @classmethod
     def load(cls, path: str) -> Ledger | None:

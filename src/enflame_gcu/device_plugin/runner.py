@@ -60,6 +60,12 @@ def _describe_assignment(placed: resources.Assignment, config: plugin_config.Plu
     )
 
 
+def _usable(inventory: devices.Inventory) -> frozenset[str]:
+    """The device nodes a discovery made usable (cards and vGCUs)."""
+    usable = {card.name for card in inventory.cards if card.usable}
+    return frozenset(usable | {vgcu.name for vgcu in inventory.vgcus if vgcu.usable})
+
+
 class NodeResources:
     """One discovery and health monitor; a :class:`PluginState` per served resource."""
 
@@ -81,6 +87,8 @@ class NodeResources:
             interval=config.health_interval,
             disabled=config.disable_healthchecks,
         )
+        # Device nodes outside the usable ones are arrivals (a card plugged in after start).
+        self.monitor.expect(_usable(inventory))
         kinds, self.assignment = resources.build(inventory, config, instances)
         report = self.monitor.report
         self.states: dict[str, plugin_state.PluginState] = {}
@@ -111,16 +119,36 @@ class NodeResources:
                 self._listener(names[key], state.snapshot)
 
     def on_health(self, update: health.HealthUpdate) -> None:
-        """Apply a health update; a driver change means the cards may differ: rediscover."""
-        if update.rediscover:
+        """Apply a health update; a driver change, or device nodes that discovery did not make
+        usable (a card plugged in after start, or while this process started), mean the cards
+        may differ: rediscover."""
+        inventory = None
+        if update.rediscover or update.appeared:
             inventory = devices.discover(self.config.host_root)
-            report = self.monitor.reset(inventory.cards, inventory.driver_version)
-            kinds, self.assignment = resources.build(inventory, self.config, self._instances)
-            log.info("rediscovered after driver change: %s", _describe(inventory))
-            for key, kind in kinds.items():
-                self.states[key].replace(
-                    plugin_state.Snapshot(kind, resources.health_of(kind, report))
+            if not update.rediscover and _usable(inventory) == _usable(self.inventory):
+                log.debug(
+                    "device node(s) %s present but not usable yet", ", ".join(update.appeared)
                 )
+                inventory = None
+                if not update.report_changed:
+                    return
+        if inventory is not None:
+            report = self.monitor.reset(inventory.cards, inventory.driver_version)
+            self.monitor.expect(_usable(inventory))
+            kinds, self.assignment = resources.build(inventory, self.config, self._instances)
+            why = (
+                "driver change"
+                if update.rediscover
+                else "new device node(s) " + ", ".join(update.appeared)
+            )
+            log.info("rediscovered after %s: %s", why, _describe(inventory))
+            for key, kind in kinds.items():
+                if key in self.states:
+                    self.states[key].replace(
+                        plugin_state.Snapshot(kind, resources.health_of(kind, report))
+                    )
+                else:
+                    log.warning("%s is served after a restart (SIGHUP), not by this process", key)
         else:
             for state in self.states.values():
                 kind = state.snapshot.kind
