@@ -179,3 +179,27 @@ def test_make_test_scratch_is_a_private_tmpfs_that_leaves_nothing_mounted() -> N
     finally:
         if os.path.exists(marker):
             os.unlink(marker)
+
+
+def test_a_checkout_under_tmp_keeps_its_scratch_on_disk_instead_of_hiding_itself(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Found when CI's command ran from a clone in /tmp: the tmpfs mounted on /tmp hid the
+    # checkout, and the suite died with "scripts/pytest.sh: No such file or directory".
+    if os.geteuid() != 0:
+        pytest.skip("mount namespaces need root (make test runs as root)")
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "pytest.sh", checkout / "scripts" / "pytest.sh")
+    python = checkout / ".venv" / "bin" / "python"
+    python.write_text('#!/bin/sh\necho "ran in $PWD with $*"\n', "utf-8")
+    python.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "ENFLAME_TEST_TMPFS_MOUNTED"}
+    result = subprocess.run(
+        ["bash", "scripts/pytest.sh", "-q"], cwd=checkout, capture_output=True, text=True,
+        timeout=60, check=False, env={**env, "ENFLAME_TEST_TMPFS": "1", "ENFLAME_HOST_CHECK": "0"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"ran in {checkout} with -m pytest -q" in result.stdout
+    assert "the checkout is under /tmp" in result.stderr
