@@ -148,32 +148,6 @@ def test_failing_node_stops_the_rollout_and_the_old_version_rolls_back() -> None
     assert status(fake, ours())["phase"] == "Running"
 
 
-def test_a_validator_refused_as_unexpected_by_the_kubelet_is_tried_again() -> None:
-    """Seen by the chaos run (issue 37): the kubelet refused the validator pod of a new plugin
-    version with UnexpectedAdmissionError (its plugin had not listed the devices yet after a
-    restart), and the operator took that as a failed validation and stopped the rollout for
-    good. The pod never ran: the operator says so on the node and makes a new one."""
-    fake, cluster, operator = _start(ours())
-    converge(operator, cluster)
-    set_spec(fake, ours(), ["devicePlugin", "version"], "0.2.0")
-    cluster.unexpected_admission.add("node-b")
-    said: list[str] = []
-
-    def check() -> None:
-        node_b = next(n for n in status(fake, ours()).get("nodes") or [] if n["name"] == "node-b")
-        said.append(node_b["lastError"])
-
-    converge(operator, cluster, check=check)
-    assert not cluster.unexpected_admission  # the kubelet did refuse one validator pod
-    st = status(fake, ours())
-    assert (st["phase"], st["rollout"]["failed"]) == ("Running", [])
-    assert any("refused by the kubelet, trying again: Pod Allocate failed" in s for s in said)
-    assert cluster.node_labels("node-b")[names.VALIDATED_LABEL] == "true"
-    assert set(_plugin_images(fake).values()) == {
-        f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-device-plugin:0.2.0"
-    }
-
-
 def test_validator_failure_removes_the_label_and_says_why() -> None:
     fake, cluster, operator = _start(ours())
     cluster.bad_nodes.add("node-b")

@@ -80,20 +80,6 @@ def failure(pod: Mapping[str, Any], now: float, timeout: int) -> str | None:
     return None
 
 
-def refused_unexpectedly(pod: Mapping[str, Any]) -> str | None:
-    """The kubelet's message when it refused the pod at admission for a reason it calls
-    unexpected (``UnexpectedAdmissionError``: its device plugin had not listed the devices yet,
-    as right after a kubelet or plugin restart): no container ran, nothing was tried. None for
-    any other pod."""
-    status = pod.get("status") or {}
-    if phase(pod) != "Failed" or status.get("reason") != "UnexpectedAdmissionError":
-        return None
-    for container in status.get("containerStatuses") or []:
-        if (container.get("state") or {}).get("terminated") or container.get("containerID"):
-            return None
-    return str(status.get("message") or "UnexpectedAdmissionError")
-
-
 def termination_message(pod: Mapping[str, Any]) -> str:
     """What a finished pod's container said when it ended (its message or exit code)."""
     for status in pod.get("status", {}).get("containerStatuses") or []:

@@ -212,21 +212,7 @@ def _validate(
                 )
             continue
         result = pods.phase(pod)
-        refused = pods.refused_unexpectedly(pod)
-        if refused is not None:
-            # Not a result: the kubelet refused the pod before running it while its device
-            # plugin (re-)registered. Said on the node, and a new validator pod is made once
-            # this one is gone; a rollout neither stops nor goes on meanwhile.
-            state = dataclasses.replace(
-                state,
-                validated_target="",
-                validated_ok=False,
-                validation_message=f"validator pod {pod['metadata']['name']} refused by the "
-                f"kubelet, trying again: {refused}",
-            )
-            if pod["metadata"].get("deletionTimestamp"):
-                return state  # being deleted: the next one once it is gone
-        elif result == "Succeeded":
+        if result == "Succeeded":
             state = dataclasses.replace(
                 state, validated_target=target, validated_ok=True, validation_message=""
             )
