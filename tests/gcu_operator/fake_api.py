@@ -355,6 +355,9 @@ class FakeCluster:
         # its device plugin re-registers (after a kubelet or plugin restart): Failed,
         # UnexpectedAdmissionError, "devices unavailable ... which is unexpected".
         self.unexpected_admission: set[str] = set()
+        # Nodes whose kubelet refuses every GCU pod that way: their plugin serves no card (or
+        # none is free), for good.
+        self.refusing_nodes: set[str] = set()
         self.undo_log: list[str] = []
         for name in node_names:
             # A node name may run to 253 characters; a label value only to 63.
@@ -446,7 +449,7 @@ class FakeCluster:
         node = pods.node_of(pod)
         for container in pod["spec"]["containers"]:
             wanted = ((container.get("resources") or {}).get("limits") or {}).get("enflame.com/gcu")
-            if wanted and node in self.unexpected_admission:
+            if wanted and (node in self.unexpected_admission or node in self.refusing_nodes):
                 self.unexpected_admission.discard(node)
                 return {
                     "phase": "Failed",
@@ -648,6 +651,12 @@ class FakeCluster:
             else:
                 pod["status"] = {
                     "phase": "Running",
-                    "conditions": [{"type": "Ready", "status": "True"}],
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "lastTransitionTime": pods.rfc3339(fake.now),
+                        }
+                    ],
                 }
             pod["metadata"]["resourceVersion"] = str(next(fake._rv))

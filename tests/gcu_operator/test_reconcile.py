@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from enflame_gcu.gcu_operator import api, names, runner
+from enflame_gcu.gcu_operator import api, names, reconcile, runner
 from enflame_gcu.gcu_operator import resource as rs
 from tests.gcu_operator.fake_api import FakeApi, FakeCluster
 from tests.gcu_operator.helpers import converge, kind_of, ours, set_spec, status, vendor_example
@@ -146,6 +146,98 @@ def test_failing_node_stops_the_rollout_and_the_old_version_rolls_back() -> None
         f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-device-plugin:{rs.DEFAULT_VERSION}"
     }
     assert status(fake, ours())["phase"] == "Running"
+
+
+def test_a_validator_refused_as_unexpected_by_the_kubelet_is_tried_again() -> None:
+    """Seen by the chaos run (issue 37): the kubelet refused the validator pod of a new plugin
+    version with UnexpectedAdmissionError (its plugin had not listed the devices yet after a
+    restart), and the operator took that as a failed validation and stopped the rollout for
+    good. The pod never ran and the plugin had just become Ready: the operator says so on the
+    node and makes a new one."""
+    fake, cluster, operator = _start(ours())
+    converge(operator, cluster)
+    set_spec(fake, ours(), ["devicePlugin", "version"], "0.2.0")
+    cluster.unexpected_admission.add("node-b")
+    said: list[str] = []
+
+    def check() -> None:
+        node_b = next(n for n in status(fake, ours()).get("nodes") or [] if n["name"] == "node-b")
+        said.append(node_b["lastError"])
+
+    converge(operator, cluster, check=check)
+    assert not cluster.unexpected_admission  # the kubelet did refuse one validator pod
+    st = status(fake, ours())
+    assert (st["phase"], st["rollout"]["failed"]) == ("Running", [])
+    assert any("refused by the kubelet, trying again: Pod Allocate failed" in s for s in said)
+    assert cluster.node_labels("node-b")[names.VALIDATED_LABEL] == "true"
+    assert set(_plugin_images(fake).values()) == {
+        f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-device-plugin:0.2.0"
+    }
+
+
+def test_a_node_that_keeps_refusing_its_validator_stops_the_rollout_after_the_grace() -> None:
+    """The other side of the retry: a plugin that serves no card (or a node with none free) is
+    refused the same way, for good. The operator tries again only while the plugin is settling
+    (REFUSAL_GRACE after it became Ready); then the refusal is the validation's answer and the
+    rollout stops on that node, naming the kubelet's message. Retrying for ever hung the real
+    cluster tier's rollout test."""
+    fake, cluster, operator = _start(ours())
+    converge(operator, cluster)
+    set_spec(fake, ours(), ["devicePlugin", "version"], "0.2.0")
+    cluster.refusing_nodes.add("node-a")  # the rollout's first node
+    refused_at: list[float] = []
+    for _ in range(40):
+        operator.run_once()
+        st = status(fake, ours())
+        node_a = next((n for n in st.get("nodes") or [] if n["name"] == "node-a"), {})
+        if "trying again" in str(node_a.get("lastError")):
+            refused_at.append(fake.now)
+        # Never a rollout past a node still refusing, never a label on it.
+        assert names.VALIDATED_LABEL not in cluster.node_labels("node-a") or not refused_at
+        if st.get("phase") == "Failed":
+            break
+        cluster.step()
+    st = status(fake, ours())
+    assert st["phase"] == "Failed", st
+    failed = st["rollout"]["failed"]
+    assert [f["node"] for f in failed] == ["node-a"]
+    assert (
+        "UnexpectedAdmissionError" in failed[0]["reason"]
+        or "Pod Allocate failed" in (failed[0]["reason"])
+    )
+    # It did try again first, for about the grace and not much longer.
+    assert refused_at
+    span = refused_at[-1] - refused_at[0]
+    assert reconcile.REFUSAL_GRACE - 15 <= span <= reconcile.REFUSAL_GRACE + 15, refused_at
+    images = _plugin_images(fake)
+    assert (
+        sorted(images.values()).count(f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-device-plugin:0.2.0")
+        == 1
+    )  # the other nodes were left on the old version
+
+
+def test_a_refusal_the_times_cannot_place_fails_the_validation() -> None:
+    """A plugin pod whose Ready condition gives no time: the refusal cannot be shown to be a
+    settling plugin's, so it counts as the node's answer (fail closed)."""
+    fake, cluster, operator = _start(ours(), nodes=["node-a"])
+    converge(operator, cluster)
+    for pod in fake.objects(api.POD):
+        for condition in pod.get("status", {}).get("conditions") or []:
+            condition.pop("lastTransitionTime", None)
+        fake.store[fake._key(api.POD, pod["metadata"]["name"], pod["metadata"]["namespace"])] = pod
+    node = fake.find(api.NODE, "node-a")
+    assert node is not None
+    annotations = node["metadata"].get("annotations") or {}
+    annotations.pop(names.NODE_STATE_ANNOTATION, None)  # validate again
+    fake.replace(api.NODE, node)
+    cluster.unexpected_admission.add("node-a")
+    for _ in range(10):
+        operator.run_once()
+        cluster.step()
+    st = status(fake, ours())
+    node_a = st["nodes"][0]
+    assert not node_a["validated"] and "Pod Allocate failed" in node_a["lastError"], node_a
+    assert "trying again" not in node_a["lastError"]
 
 
 def test_validator_failure_removes_the_label_and_says_why() -> None:

@@ -66,6 +66,16 @@ class NodeView:
         """Every component here has a ready pod (current or not)."""
         return all(k in self.pods and pods.ready(self.pods[k]) for k in self.components)
 
+    def ready_since(self) -> float | None:
+        """When the last of this node's component pods became Ready (None while one is not
+        Ready, or does not say when)."""
+        times = [
+            pods.ready_since(self.pods[k]) if k in self.pods else None for k in self.components
+        ]
+        if not times or any(t is None for t in times):
+            return None
+        return max(t for t in times if t is not None)
+
 
 def in_scope(node: Mapping[str, Any], component: rs.Component) -> bool:
     node_labels = node.get("metadata", {}).get("labels") or {}

@@ -80,6 +80,31 @@ def failure(pod: Mapping[str, Any], now: float, timeout: int) -> str | None:
     return None
 
 
+def refused_unexpectedly(pod: Mapping[str, Any]) -> str | None:
+    """The kubelet's message when it refused the pod at admission for a reason it calls
+    unexpected (``UnexpectedAdmissionError``: its device plugin had not listed the devices yet,
+    as right after a kubelet or plugin restart, or had none free to list): no container ran.
+    None for any other pod."""
+    status = pod.get("status") or {}
+    if phase(pod) != "Failed" or status.get("reason") != "UnexpectedAdmissionError":
+        return None
+    for container in status.get("containerStatuses") or []:
+        if (container.get("state") or {}).get("terminated") or container.get("containerID"):
+            return None
+    return str(status.get("message") or "UnexpectedAdmissionError")
+
+
+def ready_since(pod: Mapping[str, Any]) -> float | None:
+    """When the pod last became Ready (its Ready condition's lastTransitionTime); None when it
+    is not Ready or the time is missing or unreadable."""
+    if not ready(pod):
+        return None
+    for condition in pod.get("status", {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return timestamp(condition.get("lastTransitionTime"))
+    return None
+
+
 def termination_message(pod: Mapping[str, Any]) -> str:
     """What a finished pod's container said when it ended (its message or exit code)."""
     for status in pod.get("status", {}).get("containerStatuses") or []:

@@ -190,6 +190,13 @@ def _removal_rank(obj: Mapping[str, Any]) -> int:
     return -rs.ORDER.index(key) if key in rs.ORDER else 0
 
 
+# How long after a node's component pods became Ready a validator pod the kubelet refuses with
+# UnexpectedAdmissionError is made again rather than failed: a restarted kubelet or plugin lists
+# its cards within seconds (the chaos runs measured allocatable right again within 23 s of a
+# plugin kill, p99).
+REFUSAL_GRACE = 60.0
+
+
 def _validate(
     observed: Observed,
     *,
@@ -212,7 +219,21 @@ def _validate(
                 )
             continue
         result = pods.phase(pod)
-        if result == "Succeeded":
+        refused = pods.refused_unexpectedly(pod)
+        if refused is not None and _settling(view, pod):
+            # Not a result: the kubelet refused the pod before running it while the node's
+            # plugin (re-)registered its cards. Said on the node, and a new validator pod is
+            # made once this one is gone; a rollout neither stops nor goes on meanwhile.
+            state = dataclasses.replace(
+                state,
+                validated_target="",
+                validated_ok=False,
+                validation_message=f"validator pod {pod['metadata']['name']} refused by the "
+                f"kubelet, trying again: {refused}",
+            )
+            if pod["metadata"].get("deletionTimestamp"):
+                return state  # being deleted: the next one once it is gone
+        elif result == "Succeeded":
             state = dataclasses.replace(
                 state, validated_target=target, validated_ok=True, validation_message=""
             )
@@ -247,6 +268,16 @@ def _validate(
         if pod_obj["metadata"]["name"] not in live:
             work.actions.append(Create(pod_obj))
     return state
+
+
+def _settling(view: nodes.NodeView, pod: Mapping[str, Any]) -> bool:
+    """Whether a validator pod the kubelet refused as unexpected was made while the node's
+    plugin was still settling: before its pods last became Ready, or within REFUSAL_GRACE
+    after. A refusal later than that is the node's answer (a plugin that serves no card, or
+    none free) and fails the validation; so does one the times cannot place."""
+    since = view.ready_since()
+    created = pods.timestamp(pod["metadata"].get("creationTimestamp"))
+    return since is not None and created is not None and created - since < REFUSAL_GRACE
 
 
 def _drained(observed: Observed, view: nodes.NodeView, work: _Work) -> bool:

@@ -55,6 +55,8 @@ def _node_report(
     validated = bool(target) and state.validated_target == target and state.validated_ok
     if validating and state.validated_target == target and not state.validated_ok and target:
         errors.append(state.validation_message)
+    elif validating and target and not state.validated_target and state.validation_message:
+        errors.append(state.validation_message)  # a validator pod refused, tried again
     report: Obj = {
         "name": view.name,
         "mode": view.mode,
