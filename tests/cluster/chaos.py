@@ -1197,16 +1197,12 @@ def deploy(cluster: Any, say: Callable[[str], None]) -> tuple[Any, str]:
     """The product as the guide installs it (operator, its GcuResource, the extender beside
     the scheduler), with slices on gcu-node-2; the operator's Bench and the extender's pod
     name prefix."""
-    import yaml
 
     from tests.cluster.cluster import PLUGIN_SELECTOR, wait_for
     from tests.cluster.demo import PLUGIN_DS
     from tests.cluster.test_extender_chart import (
         CONTROL_PLANE_LABEL,
-        EXTENDER_CONFIG,
-        extender_pod,
-        extender_stats,
-        states_published,
+        extender_beside_scheduler,
     )
     from tests.cluster.test_helm import CHART, HELM_PYTHON, helm
     from tests.cluster.test_operator import (
@@ -1265,18 +1261,8 @@ def deploy(cluster: Any, say: Callable[[str], None]) -> tuple[Any, str]:
 
     wait_for(f"allocatable {expected}", shown, 120, 1,
              detail=lambda: cluster.describe("node", SHARED_NODE))  # fmt: skip
-    pod = extender_pod(cluster)
+    pod = extender_beside_scheduler(cluster)
     probe.extender_prefix = pod["metadata"]["name"].rsplit("-", 1)[0] + "-"
-    with open(cluster.repo_file(EXTENDER_CONFIG), encoding="utf-8") as handle:
-        config = yaml.safe_load(handle)
-    config.pop("clientConnection")
-    cluster.plane.restart_scheduler(config)
-    wait_for("the plugins to publish both nodes' state", lambda: states_published(cluster), 120)
-    wait_for(
-        "the extender to know both nodes",
-        lambda: extender_stats(cluster, pod)["cache"].get("nodes_with_state") == 2,
-        60,
-    )
     say(
         f"deployed in {time.monotonic() - started:.0f} s: {RESOURCE} {status.get('phase')}, "
         f"allocatable {expected}, extender {pod['metadata']['name']} beside the scheduler"

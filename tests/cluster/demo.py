@@ -34,8 +34,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import yaml
-
 from enflame_gcu.simulation import efmlsim
 from tests.cluster.cluster import PLUGIN_SELECTOR, Cluster, wait_for
 from tests.cluster.nodes import SIM_MOUNT, ClusterNode
@@ -43,12 +41,10 @@ from tests.cluster.service_route import ServiceRoute
 from tests.cluster.session import running_cluster
 from tests.cluster.test_extender_chart import (
     CONTROL_PLANE_LABEL,
-    EXTENDER_CONFIG,
     asked,
-    extender_pod,
+    extender_beside_scheduler,
     extender_stats,
     schedule_through_extender,
-    states_published,
 )
 from tests.cluster.test_helm import CHART, HELM_PYTHON, helm
 from tests.cluster.test_operator import (
@@ -230,17 +226,7 @@ def tour(cluster: Cluster, started: float) -> None:
             started,
         )
 
-        pod = extender_pod(cluster)
-        with open(cluster.repo_file(EXTENDER_CONFIG), encoding="utf-8") as handle:
-            config = yaml.safe_load(handle)
-        config.pop("clientConnection")
-        cluster.plane.restart_scheduler(config)
-        wait_for("the plugins to publish both nodes' state", lambda: states_published(cluster), 120)
-        wait_for(
-            "the extender to know both nodes",
-            lambda: extender_stats(cluster, pod)["cache"].get("nodes_with_state") == 2,
-            60,
-        )
+        pod = extender_beside_scheduler(cluster)
         before = asked(extender_stats(cluster, pod))
         node_name, cards = schedule_through_extender(cluster, POD)
         after = asked(extender_stats(cluster, pod))

@@ -138,6 +138,24 @@ def extender_pod(cluster: Cluster) -> dict[str, Any]:
     return found
 
 
+def extender_beside_scheduler(cluster: Cluster) -> dict[str, Any]:
+    """docs/scheduler-extender.md, way 1: once the chart's extender pod is Ready, the tier's
+    kube-scheduler restarted with deploy/extender's ``extenders`` stanza; returns the extender
+    pod once it knows both nodes' state."""
+    pod = extender_pod(cluster)
+    with open(cluster.repo_file(EXTENDER_CONFIG), encoding="utf-8") as handle:
+        config = yaml.safe_load(handle)
+    config.pop("clientConnection")
+    cluster.plane.restart_scheduler(config)
+    wait_for("the plugins to publish both nodes' state", lambda: states_published(cluster), 120)
+    wait_for(
+        "the extender to know both nodes",
+        lambda: extender_stats(cluster, pod)["cache"].get("nodes_with_state") == 2,
+        60,
+    )
+    return pod
+
+
 def states_published(cluster: Cluster) -> bool:
     """Both nodes carry the plugin's node-state annotation."""
     return all(
@@ -220,16 +238,8 @@ def test_chart_extender_beside_the_clusters_scheduler(chart_cluster: Cluster) ->
     cluster.kubectl("label", "node", "gcu-node-2", f"{CONTROL_PLANE_LABEL}=", "--overwrite")
     install(cluster, "daemonset")
     try:
-        pod = extender_pod(cluster)
+        pod = extender_beside_scheduler(cluster)
         assert pod["spec"]["nodeName"] == "gcu-node-2" and pod["spec"]["hostNetwork"]
-        # docs/scheduler-extender.md, way 1: the cluster's scheduler gets the extenders stanza.
-        with open(cluster.repo_file(EXTENDER_CONFIG), encoding="utf-8") as handle:
-            config = yaml.safe_load(handle)
-        config.pop("clientConnection")
-        cluster.plane.restart_scheduler(config)
-        wait_for("the extender to know both nodes",
-                 lambda: extender_stats(cluster, pod)["cache"].get("nodes_with_state") == 2,
-                 60)  # fmt: skip
         before = asked(extender_stats(cluster, pod))
         node, cards = schedule_through_extender(cluster, "chart-beside")
         after = asked(extender_stats(cluster, pod))
