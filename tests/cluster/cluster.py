@@ -214,17 +214,20 @@ def one_of(values: Sequence[T]) -> T:
     return values[0]
 
 
-def pinned(name: str, node: str, gcus: int = 2) -> str:
-    """A debian:12-slim pod in ``enflame`` on ``node`` asking for ``gcus`` cards, listing them."""
+def listing_pod(name: str, gcus: int = 2, *, node: str = "", scheduler: str = "") -> str:
+    """A debian:12-slim pod in ``enflame`` asking for ``gcus`` cards and listing them; on
+    ``node`` when given (else wherever the scheduler puts it), by ``scheduler`` when given."""
+    lines = [f"  schedulerName: {scheduler}"] if scheduler else []
+    if node:
+        lines += ["  nodeSelector:", f"    kubernetes.io/hostname: {node}"]
+    placement = "".join(line + "\n" for line in lines)
     return f"""apiVersion: v1
 kind: Pod
 metadata:
   name: {name}
   namespace: enflame
 spec:
-  nodeSelector:
-    kubernetes.io/hostname: {node}
-  terminationGracePeriodSeconds: 1
+{placement}  terminationGracePeriodSeconds: 1
   containers:
     - name: gcu
       image: debian:12-slim
@@ -233,3 +236,8 @@ spec:
         limits:
           {RESOURCE}: {gcus}
 """
+
+
+def pinned(name: str, node: str, gcus: int = 2) -> str:
+    """A listing pod on ``node`` asking for ``gcus`` cards."""
+    return listing_pod(name, gcus, node=node)

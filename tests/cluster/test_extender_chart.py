@@ -34,7 +34,14 @@ from enflame_gcu import node_state
 from enflame_gcu.simulation import topofile
 from enflame_gcu.simulation.testing import oci_image
 from tests.cluster import session
-from tests.cluster.cluster import PLUGIN_SELECTOR, Cluster, cards_in, pod_ready, wait_for
+from tests.cluster.cluster import (
+    PLUGIN_SELECTOR,
+    Cluster,
+    cards_in,
+    listing_pod,
+    pod_ready,
+    wait_for,
+)
 from tests.cluster.service_route import ServiceRoute
 from tests.cluster.test_helm import CHART, HELM_PYTHON, helm, plugin_pods_ready
 
@@ -59,23 +66,8 @@ def one_switch(node: str, cards: list[str]) -> bool:
 
 
 def gcu_pod(name: str, scheduler: str = "") -> str:
-    """A debian:12-slim pod in ``enflame`` asking for 2 cards, listing them; no node selector."""
-    scheduler_line = f"\n  schedulerName: {scheduler}" if scheduler else ""
-    return f"""apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: enflame
-spec:{scheduler_line}
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: gcu
-      image: debian:12-slim
-      command: ["sh", "-c", "ls -l /dev/gcu* && sleep infinity"]
-      resources:
-        limits:
-          enflame.com/gcu: 2
-"""
+    """A pod asking for 2 cards, listing them; no node selector."""
+    return listing_pod(name, 2, scheduler=scheduler)
 
 
 def scheduler_image(cluster: Cluster) -> None:
