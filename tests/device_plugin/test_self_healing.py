@@ -18,6 +18,7 @@ from enflame_gcu._proto import api_pb2, api_pb2_grpc
 from enflame_gcu.simulation import simulate
 from enflame_gcu.simulation.testing import plugin_process
 from enflame_gcu.simulation.testing.kubelet_stub import KubeletStub
+from enflame_gcu.support import unix_sockets
 
 Scenario = Callable[[plugin_process.RunningNode], Awaitable[None]]
 # A long rescan interval: anything seen within seconds was seen through inotify.
@@ -168,6 +169,58 @@ def test_replaced_plugin_socket_is_served_anew_and_reregistered() -> None:
         assert "was deleted or replaced" in node.plugin.log_text()
         pod = await node.kubelet.allocate_pod("p", {"main": 1})
         assert pod["main"].device_ids == ("gcu2",)
+
+    run_on_node(scenario)
+
+
+async def _log_says(node: plugin_process.RunningNode, text: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in node.plugin.log_text():
+        assert time.monotonic() < deadline, node.plugin.log_text()[-2000:]
+        await asyncio.sleep(0.05)
+
+
+def test_a_directory_put_at_the_socket_path_is_named_kept_and_served_over_once_gone() -> None:
+    """Hostile input on re-publication: a directory (with a file in it) put at our socket path.
+    The plugin neither removes nor enters it: it says why it cannot serve and serves and
+    registers again once the directory is gone."""
+
+    async def scenario(node: plugin_process.RunningNode) -> None:
+        aside = node.socket_path + ".d"
+        os.mkdir(aside)
+        with open(os.path.join(aside, "keep"), "w", encoding="utf-8") as handle:
+            handle.write("not the plugin's")
+        os.replace(node.socket_path, node.socket_path + ".gone")  # free the name
+        os.rename(aside, node.socket_path)
+        await _log_says(node, f"cannot remove stale {node.socket_path}: Is a directory")
+        with open(os.path.join(node.socket_path, "keep"), encoding="utf-8") as handle:
+            assert handle.read() == "not the plugin's"
+        assert os.listdir(node.socket_path) == ["keep"]
+        shutil.rmtree(node.socket_path)
+        await node.kubelet.wait_for(registered(2), 20, "re-registration once the dir is gone")
+        assert unix_sockets.listening(node.socket_path)
+        pod = await node.kubelet.allocate_pod("p", {"main": 1})
+        assert len(pod["main"].device_ids) == 1
+
+    run_on_node(scenario)
+
+
+def test_a_symlink_put_at_the_socket_path_is_replaced_never_followed() -> None:
+    """Hostile input on re-publication: a symlink at our socket path to a file outside the
+    plugin dir. The plugin removes the link, not what it names, and serves its own socket."""
+
+    async def scenario(node: plugin_process.RunningNode) -> None:
+        victim = os.path.join(node.work, "victim")
+        with open(victim, "w", encoding="utf-8") as handle:
+            handle.write("host file")
+        link = node.socket_path + ".l"
+        os.symlink(victim, link)
+        os.rename(link, node.socket_path)
+        await node.kubelet.wait_for(registered(2), 10, "re-registration after the symlink")
+        with open(victim, encoding="utf-8") as handle:
+            assert handle.read() == "host file"
+        assert not os.path.islink(node.socket_path)
+        assert unix_sockets.listening(node.socket_path)
 
     run_on_node(scenario)
 
