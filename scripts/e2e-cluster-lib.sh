@@ -1,7 +1,12 @@
 # shellcheck shell=bash
-# Shared by scripts/e2e-cluster.sh (`make e2e-cluster`) and scripts/demo-cluster.sh
-# (`make demo-cluster`); sourced from the checkout's root with `say` defined.
+# Shared by scripts/e2e-cluster.sh (`make e2e-cluster`), scripts/demo-cluster.sh
+# (`make demo-cluster`) and scripts/chaos.sh (`make chaos`); sourced from the checkout's root
+# with `say` defined.
 #
+# cluster_tier_run CMD [ARG...]: all of the below, then CMD in a private network namespace
+#   (ENFLAME_E2E_NETNS=private: the pod network's bridges, veths and routes die with it); the
+#   ledger of host changes is undone whatever happens to CMD, and the host compared with the
+#   snapshot taken before. Returns CMD's exit status, or 1 when the host check finds something.
 # cluster_tier_lock: take the machine-wide tier lock on fd 9 (waits, saying so, when held).
 # cluster_tier_build: the kubelet and control plane (scripts/e2e-build-*.sh, cached in
 #   /var/cache/enflame-e2e), the plugin/toolkit images (cached per source tree), and the
@@ -40,4 +45,30 @@ cluster_tier_build() {
     fi
     ls -l "$images" >&2
     export ENFLAME_E2E_KUBELET_DIR="$kubelet_dir" ENFLAME_E2E_CLUSTER_DIR="$cluster_dir" ENFLAME_E2E_IMAGES="$images"
+}
+
+cluster_tier_run() {
+    local started ran rc
+    if [ "$(id -u)" != 0 ]; then
+        say "needs root (a control plane, kubelets and mount namespaces)"
+        return 1
+    fi
+    cluster_tier_lock
+    started=$(date +%s)
+    if ! compgen -G "/var/cache/enflame-e2e/cluster-*/stamp" >/dev/null; then
+        say "first run: building Kubernetes and the images (about 8 min idle, 45 min on a loaded machine)"
+    fi
+    cluster_tier_build || return 1
+    say "builds ready in $(($(date +%s) - started)) s"
+
+    trap '.venv/bin/python -m tests.kubelet.host restore' EXIT
+    trap 'exit 130' INT TERM
+    ran=$(date +%s)
+    unshare --net -- bash -c 'ip link set lo up && ENFLAME_E2E_NETNS=private exec "$@"' tier "$@"
+    rc=$?
+    say "ran $(($(date +%s) - ran)) s (exit $rc); everything $(($(date +%s) - started)) s"
+    .venv/bin/python -m tests.kubelet.host restore
+    trap - EXIT
+    .venv/bin/python -m tests.kubelet.host check || rc=1
+    return "$rc"
 }

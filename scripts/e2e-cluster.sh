@@ -5,7 +5,9 @@
 # (deploy/build-image.sh --from-debian; cached per source tree), then runs tests/cluster/ in a
 # private network namespace: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
 # two simulated GCU nodes on 127.0.0.1. Whatever happens to pytest, the ledger of host changes
-# is undone on exit and the host is compared with the snapshot taken before the run.
+# is undone on exit and the host is compared with the snapshot taken before the run
+# (cluster_tier_run in scripts/e2e-cluster-lib.sh; one tier run at a time on a machine, as
+# `make e2e`: the same fixed host dirs).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 export PATH="$PWD/.venv/bin:$PATH"
@@ -14,21 +16,4 @@ say() { echo "e2e-cluster: $*" >&2; }
 # shellcheck source=scripts/e2e-cluster-lib.sh
 . scripts/e2e-cluster-lib.sh
 
-# Same fixed host dirs as `make e2e`: one tier run at a time on a machine.
-cluster_tier_lock
-started=$(date +%s)
-cluster_tier_build || exit 1
-
-restore() { .venv/bin/python -m tests.kubelet.host restore; }
-trap restore EXIT
-trap 'exit 130' INT TERM
-
-tier_started=$(date +%s)
-# A private network namespace: the pod network's bridges, veths and routes die with it.
-unshare --net -- bash -c 'ip link set lo up && ENFLAME_E2E_NETNS=private exec bash scripts/pytest.sh -m cluster -p no:cacheprovider --timeout=900 tests/cluster "$@"' e2e-cluster "$@"
-rc=$?
-say "tier took $(($(date +%s) - tier_started)) s (pytest exit $rc); everything $(($(date +%s) - started)) s"
-restore
-trap - EXIT
-.venv/bin/python -m tests.kubelet.host check || rc=1
-exit "$rc"
+cluster_tier_run bash scripts/pytest.sh -m cluster -p no:cacheprovider --timeout=900 tests/cluster "$@"

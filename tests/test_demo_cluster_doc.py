@@ -35,6 +35,7 @@ def test_the_makefile_target_runs_the_demo_script() -> None:
     assert re.search(r"^\.PHONY:.*\bdemo-cluster\b", makefile, flags=re.MULTILINE)
     script = _read("scripts/demo-cluster.sh")
     assert "tests.cluster.demo" in script and "e2e-cluster-lib.sh" in script
+    assert re.search(r"^cluster_tier_run .*tests\.cluster\.demo", script, flags=re.MULTILINE)
 
 
 def test_the_demo_prints_its_steps_in_order() -> None:
@@ -53,8 +54,8 @@ def test_the_readme_describes_the_steps_the_demo_runs(readme: str, targets: str)
     missing = [p for p, at in zip(phrases, positions, strict=True) if at < 0]
     assert not missing, f"{readme}'s tour paragraph does not name: {missing}"
     assert positions == sorted(positions), f"{readme} names the steps out of order: {phrases}"
-    # The first build's time, as the script says it.
-    script = _read("scripts/demo-cluster.sh")
+    # The first build's time, as the tier's shared runner says it.
+    script = _read("scripts/e2e-cluster-lib.sh")
     for minutes in re.findall(r"about (\d+) min idle, (\d+) min", script)[0]:
         assert minutes in paragraph, (readme, minutes)
     assert "/var/cache/enflame-e2e" in paragraph
