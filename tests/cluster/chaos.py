@@ -1197,7 +1197,6 @@ def deploy(cluster: Any, say: Callable[[str], None]) -> tuple[Any, str]:
     """The product as the guide installs it (operator, its GcuResource, the extender beside
     the scheduler), with slices on gcu-node-2; the operator's Bench and the extender's pod
     name prefix."""
-
     from tests.cluster.cluster import PLUGIN_SELECTOR, wait_for
     from tests.cluster.demo import PLUGIN_DS
     from tests.cluster.test_extender_chart import (
