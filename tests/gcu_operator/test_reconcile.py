@@ -189,7 +189,9 @@ def test_a_node_that_keeps_refusing_its_validator_stops_the_rollout_after_the_gr
     for _ in range(40):
         operator.run_once()
         st = status(fake, ours())
-        node_a: dict[str, Any] = next((n for n in st.get("nodes") or [] if n["name"] == "node-a"), {})
+        node_a: dict[str, Any] = next(
+            (n for n in st.get("nodes") or [] if n["name"] == "node-a"), {}
+        )
         if "trying again" in str(node_a.get("lastError")):
             refused_at.append(fake.now)
         # Never a rollout past a node still refusing, never a label on it.
