@@ -27,11 +27,9 @@ fi
 # (pytest 348 s -> 260 s; docs/benchmarks.md, "make test"). The kubelet and cluster tiers keep
 # the real disk.
 if [ "${ENFLAME_TEST_TMPFS:-0}" = 1 ] && [ -z "${ENFLAME_TEST_TMPFS_MOUNTED:-}" ]; then
-    case "$PWD/" in
-        /tmp/*)
-            echo "pytest.sh: the checkout is under /tmp, which the tmpfs would hide: the tests' scratch space stays on disk" >&2
-            ;;
-        *) if [ "$(id -u)" -eq 0 ] && unshare --mount --propagation private true 2>/dev/null; then
+    if [[ "$PWD/" == /tmp/* ]]; then
+        echo "pytest.sh: the checkout is under /tmp, which the tmpfs would hide: the tests' scratch space stays on disk" >&2
+    elif [ "$(id -u)" -eq 0 ] && unshare --mount --propagation private true 2>/dev/null; then
         export ENFLAME_TEST_TMPFS_MOUNTED=/tmp
         # shellcheck disable=SC2016 # expanded by the inner bash, in the new namespace
         inner='mount -t tmpfs -o mode=1777 enflame-test-scratch /tmp || {
@@ -40,10 +38,9 @@ if [ "${ENFLAME_TEST_TMPFS:-0}" = 1 ] && [ -z "${ENFLAME_TEST_TMPFS_MOUNTED:-}" 
         }
         exec bash "$0" "$@"'
         exec unshare --mount --propagation private -- bash -c "$inner" "$self" "$@"
-        fi
+    else
         echo "pytest.sh: not root or no mount namespaces here: the tests' scratch space stays on disk" >&2
-        ;;
-    esac
+    fi
 fi
 # -n auto: one worker more than there are cores. A fifth of a worker's time is spent waiting
 # (on daemons it started, on sleeps in retry loops, on runc), so with one worker per core the
