@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from enflame_gcu.gcu_operator import api, names, reconcile, runner
+import pytest
+
+from enflame_gcu.gcu_operator import api, names, pods, reconcile, runner
 from enflame_gcu.gcu_operator import resource as rs
 from tests.gcu_operator.fake_api import FakeApi, FakeCluster
 from tests.gcu_operator.helpers import converge, kind_of, ours, set_spec, status, vendor_example
@@ -218,14 +220,21 @@ def test_a_node_that_keeps_refusing_its_validator_stops_the_rollout_after_the_gr
     )  # the other nodes were left on the old version
 
 
-def test_a_refusal_the_times_cannot_place_fails_the_validation() -> None:
-    """A plugin pod whose Ready condition gives no time: the refusal cannot be shown to be a
-    settling plugin's, so it counts as the node's answer (fail closed)."""
+@pytest.mark.parametrize("ready_at", ["none", "unreadable", "an hour ahead"])
+def test_a_refusal_the_times_cannot_place_fails_the_validation(ready_at: str) -> None:
+    """A plugin pod whose Ready condition gives no time, or one the operator cannot read, or
+    one an hour after the validator's making (its node's clock far ahead): the refusal cannot
+    be shown to be a settling plugin's, so it counts as the node's answer (fail closed). A
+    skewed clock would otherwise stretch the retry by the skew."""
     fake, cluster, operator = _start(ours(), nodes=["node-a"])
     converge(operator, cluster)
     for pod in fake.objects(api.POD):
         for condition in pod.get("status", {}).get("conditions") or []:
             condition.pop("lastTransitionTime", None)
+            if ready_at == "unreadable":
+                condition["lastTransitionTime"] = "yesterday"
+            elif ready_at == "an hour ahead":
+                condition["lastTransitionTime"] = pods.rfc3339(fake.now + 3600)
         fake.store[fake._key(api.POD, pod["metadata"]["name"], pod["metadata"]["namespace"])] = pod
     node = fake.find(api.NODE, "node-a")
     assert node is not None

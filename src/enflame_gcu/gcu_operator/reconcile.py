@@ -272,12 +272,16 @@ def _validate(
 
 def _settling(view: nodes.NodeView, pod: Mapping[str, Any]) -> bool:
     """Whether a validator pod the kubelet refused as unexpected was made while the node's
-    plugin was still settling: before its pods last became Ready, or within REFUSAL_GRACE
-    after. A refusal later than that is the node's answer (a plugin that serves no card, or
-    none free) and fails the validation; so does one the times cannot place."""
+    plugin was still settling: within REFUSAL_GRACE of its pods last becoming Ready, before
+    (the plugin restarted under the pod) or after. A refusal later than that is the node's
+    answer (a plugin that serves no card, or none free) and fails the validation; so does one
+    the times cannot place, or a Ready time far after the pod's making (a node clock ahead of
+    the API server's would otherwise stretch the retry by its skew)."""
     since = view.ready_since()
     created = pods.timestamp(pod["metadata"].get("creationTimestamp"))
-    return since is not None and created is not None and created - since < REFUSAL_GRACE
+    if since is None or created is None:
+        return False
+    return -REFUSAL_GRACE < created - since < REFUSAL_GRACE
 
 
 def _drained(observed: Observed, view: nodes.NodeView, work: _Work) -> bool:
