@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup demo test lint types contracts unit proto bench clean e2e e2e-cluster demo-cluster chaos dist chart-package
+.PHONY: setup demo test lint types contracts unit proto bench clean e2e e2e-cluster demo-cluster chaos dist chart-package controlplane scale
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -33,6 +33,16 @@ bench: setup
 
 e2e: setup
 	@bash scripts/e2e.sh
+
+# Kubernetes' own control plane with simulated nodes, no kubelet (README, "The control-plane harness").
+controlplane: setup
+	@bash scripts/controlplane.sh
+
+# The scheduler, the extender, the operator and the node-state writers at 1,000 and 5,000
+# simulated nodes (docs/benchmarks.md); SCALE_ARGS passes options, e.g. SCALE_ARGS="--nodes 200".
+SCALE_ARGS ?= --nodes 1000,5000
+scale: setup
+	@bash scripts/scale.sh $(SCALE_ARGS)
 
 # The real control plane + two simulated GCU nodes (README, "The real-cluster tier").
 e2e-cluster: setup

@@ -12,6 +12,7 @@ Reusable outside the cluster tier (the scheduler extender benchmark, the operato
         print(cp.kubeconfig)               # an admin kubeconfig for any client
 
 Options: ``scheduler=False`` / ``controller_manager=False`` leave a piece out;
+``controller_manager_args`` adds (or, given later, overrides) kube-controller-manager flags;
 ``scheduler_config`` is a KubeSchedulerConfiguration dict (``kubescheduler.config.k8s.io/v1beta1``;
 its ``clientConnection.kubeconfig`` is filled in), e.g. with ``extenders``; ``apiserver_args``
 adds flags; ``on_start(pid, argv0)`` is called for each process started (the cluster tier passes
@@ -173,6 +174,7 @@ class ControlPlane:
         controller_manager: bool = True,
         scheduler_config: Mapping[str, Any] | None = None,
         apiserver_args: Sequence[str] = (),
+        controller_manager_args: Sequence[str] = (),
         on_start: Callable[[int, str], None] | None = None,
         verbosity: int = 1,
     ) -> None:
@@ -182,6 +184,7 @@ class ControlPlane:
         self.with_controller_manager = controller_manager
         self.scheduler_config = dict(scheduler_config or {})
         self.apiserver_args = list(apiserver_args)
+        self.controller_manager_args = list(controller_manager_args)
         self.on_start = on_start
         self.verbosity = verbosity
         self.port = free_port()
@@ -295,6 +298,7 @@ class ControlPlane:
                     "--node-monitor-grace-period=40s",
                     "--pod-eviction-timeout=10m",
                     f"--v={self.verbosity}",
+                    *self.controller_manager_args,
                 ],
             )
         if self.with_scheduler:
@@ -327,6 +331,10 @@ class ControlPlane:
                 **dict(config.get("clientConnection") or {}),
                 "kubeconfig": self.kubeconfig,
             }
+            # With --config, kube-scheduler 1.20 ignores --port=0 and serves healthz and
+            # metrics on 0.0.0.0:10251: a second control plane on the machine would collide.
+            config.setdefault("healthzBindAddress", f"127.0.0.1:{free_port()}")
+            config.setdefault("metricsBindAddress", f"127.0.0.1:{free_port()}")
             path = os.path.join(self.work, "scheduler.yaml")
             with open(path, "w", encoding="utf-8") as handle:
                 json.dump(config, handle, indent=1)

@@ -183,6 +183,10 @@ class LightkubeApi:
                 "metadata": {"name": name, "namespace": namespace},
             }
             eviction: Any = Pod.Eviction.from_dict(body)
+            # lightkube's model puts its own apiVersion (policy/v1) in from_dict's result: a
+            # server before 1.22 refuses that body with 400 "no kind Eviction is registered for
+            # version policy/v1", so the version asked for is set on the object itself.
+            eviction.apiVersion = version
             _request(lambda: self._client.create(eviction, name=name, namespace=namespace))
 
         try:

@@ -1,0 +1,578 @@
+"""Placement, the operator and node state at 1,000 and 5,000 simulated nodes, on Kubernetes' own
+control plane (tests/controlplane: etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager 1.20 from the cluster tier's build; simulated nodes, no kubelet); JSON.
+
+Per node count, one control plane and N vendor 8-card nodes (``gcu0``-``gcu6`` whole through
+the device plugin's own service code, ``gcu7`` as 6 shared slices), each publishing its node
+state with the plugin's own writer on the plugin's cadence (tests/controlplane/agent.py):
+
+- **idle node state**: for ``--idle`` seconds with nothing scheduled, the API writes a second
+  the node-state writers make, and the bytes a minute one client watching all Nodes receives
+  (every watch event's bytes, as a node-local agent such as flannel receives them);
+- **prefill**: pods bound straight to nodes (a seeded pattern of 1/2/4-card pods) up to
+  ``--load`` of the cards, so the measured pods meet a fragmented cluster;
+- **scheduler arms**, alternating, ``--runs`` times each: ``default`` (kube-scheduler with no
+  configuration: its adaptive percentageOfNodesToScore, no extender) and ``chart`` (the chart's
+  KubeSchedulerConfiguration as Helm renders it, extender settings and percentageOfNodesToScore
+  included, with ``enflame-scheduler-extender`` as its own process; as the cluster's only
+  scheduler, so every pod pays for it). Each arm creates ``--pods`` pods at once (1/2/4/8-card,
+  shared-slice and non-GCU: 30/25/10/5/10/20 %), and reports pods bound a second (first create
+  to last bind), p50/p99 create-to-bind per kind, pods left pending, and for multi-card pods the
+  share whose cards the plugin's allocation put under one PCIe switch; then deletes them and
+  waits for the nodes to publish the release;
+- **operator** (``--operator``): the chart's operator as its ServiceAccount deploys the
+  example resource on every node, then, converged, its API requests a minute (from the API
+  server's audit log, every request of its user), its resident memory and the GcuResource's
+  size.
+
+    .venv/bin/python benchmarks/bench_scale.py [--nodes 1000,5000] [--pods 500] [--runs 3]
+        [--load 0.5] [--idle 60] [--arms default,chart] [--operator]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import bench_cluster
+import yaml
+
+from enflame_gcu import topology
+from enflame_gcu.device_plugin import node_annotation
+from enflame_gcu.device_plugin import service as plugin_service
+from enflame_gcu.device_plugin import state as plugin_state
+from tests.controlplane import agent, operator_env
+from tests.controlplane.harness import Harness
+
+GCU = "enflame.com/gcu"
+SHARED = "enflame.com/shared-gcu"
+EXTENDER_BIN = os.path.join(os.path.dirname(sys.executable), "enflame-scheduler-extender")
+MIX = ((1, 0.30), (2, 0.25), (4, 0.10), (8, 0.05), (-1, 0.10), (0, 0.20))  # cards; -1 shared
+
+
+def progress(message: str) -> None:
+    print(f"[bench_scale {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def quantiles(values: Sequence[float]) -> dict[str, float | None]:
+    ordered = sorted(values)
+    if not ordered:
+        return {"p50": None, "p99": None, "count": 0}
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {"p50": round(pick(0.5), 4), "p99": round(pick(0.99), 4), "count": len(ordered)}
+
+
+class Board:
+    """The vendor 8-card board, discovered once from a simulated node; per node its own plugin
+    state and service over that discovery, and its own node-state writer."""
+
+    def __init__(self, directory: str) -> None:
+        self.inventory, self.report, self.assignment, self.config = bench_cluster.vendor_node(
+            directory, shared_slices=6
+        )
+        self.whole = [card.name for card in self.assignment.whole]
+        self.slices = [f"{bench_cluster.SHARED_CARD}-slice{i}" for i in range(6)]
+        self.topology = topology.Topology.from_inventory(self.inventory)
+
+    def plugins(self, _name: str) -> dict[str, agent.PluginDevices]:
+        from enflame_gcu.device_plugin import resources
+
+        cards = [c for c in self.inventory.cards if c.name in self.whole]
+        kind = resources.whole_cards(self.inventory, cards, "topology")
+        health = {c.name: True for c in cards}
+        state = plugin_state.PluginState(plugin_state.Snapshot(kind, health))
+        service = plugin_service.DevicePluginService(state, self.config, GCU)
+        return {GCU: agent.PluginDevices(GCU, service, state)}
+
+    def writer(self, nodes: agent.SimNodes, name: str) -> node_annotation.NodeAnnotator:
+        annotator = node_annotation.NodeAnnotator(_AgentNodeApi(nodes), name)
+        annotator.set_node(self.inventory, self.report, self.assignment, self.config)
+        return annotator
+
+    def node(self, nodes: agent.SimNodes, name: str) -> agent.NodeSpec:
+        return agent.NodeSpec(
+            name=name,
+            labels={"enflame.com/gcu.present": "true"},
+            devices={GCU: self.whole, SHARED: self.slices},
+            plugins=self.plugins(name),
+            node_state=self.writer(nodes, name),
+        )
+
+    def switch_local(self, ids: Sequence[str]) -> bool:
+        switches = {self.topology.placement(i).switch for i in ids}
+        return len(switches) == 1 and not next(iter(switches)).startswith("own:")
+
+
+class _AgentNodeApi:
+    """The plugin writer's NodeApi over the agent's client (counted as node-state writes)."""
+
+    def __init__(self, nodes: agent.SimNodes) -> None:
+        self.nodes = nodes
+
+    async def patch_annotations(self, node: str, annotations: Any) -> None:
+        await self.nodes.call(
+            "PATCH", f"/api/v1/nodes/{node}", {"metadata": {"annotations": dict(annotations)}},
+            kind="node-state",
+        )  # fmt: skip
+
+
+def chart_scheduler_config(port: int) -> dict[str, Any]:
+    """The chart's KubeSchedulerConfiguration (Helm renders it), for the cluster's own
+    scheduler: its profile named default-scheduler, no leader election, the extender on
+    ``port``; everything else as shipped."""
+    from tests.deploy import helm_render
+
+    with tempfile.TemporaryDirectory(prefix="enflame-chart-") as work:
+        rendered = helm_render.render(work, {"extender": {"enabled": True}})
+    config_map = next(
+        d
+        for d in rendered["extender.yaml"]
+        if d["kind"] == "ConfigMap" and "config.yaml" in d.get("data", {})
+    )
+    config = dict(yaml.safe_load(config_map["data"]["config.yaml"]))
+    config.pop("leaderElection", None)
+    config["profiles"] = [{**config["profiles"][0], "schedulerName": "default-scheduler"}]
+    for extender in config.get("extenders") or []:
+        extender["urlPrefix"] = f"http://127.0.0.1:{port}"
+    return config
+
+
+def pod_body(name: str, cards: int, *, node: str = "") -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "c", "image": "busybox"}
+    if cards > 0:
+        container["resources"] = {"limits": {GCU: str(cards)}}
+    elif cards < 0:
+        container["resources"] = {"limits": {SHARED: str(-cards)}}
+    else:
+        container["resources"] = {"requests": {"cpu": "100m"}}
+    spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": 0}
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+async def prefill(nodes: agent.SimNodes, names: list[str], load: float, seed: int) -> int:
+    """Bind 1/2/4-card pods straight to nodes until ``load`` of the whole cards are held."""
+    rng = random.Random(seed)  # noqa: S311 (a seeded pattern)
+    free = {n: 7 for n in names}
+    target = int(load * 7 * len(names))
+    bodies: list[dict[str, Any]] = []
+    held = 0
+    while held < target:
+        node = rng.choice(names)
+        size = rng.choice((1, 1, 2, 2, 4))
+        if free[node] < size:
+            continue
+        free[node] -= size
+        held += size
+        bodies.append(pod_body(f"fill-{len(bodies)}", size, node=node))
+    for start in range(0, len(bodies), 64):
+        await asyncio.gather(
+            *(
+                nodes.call("POST", "/api/v1/namespaces/fill/pods", b, kind="bench")
+                for b in bodies[start : start + 64]
+            )
+        )
+    return len(bodies)
+
+
+async def one_arm(
+    harness: Harness, board: Board, arm: str, *, pods: int, seed: int
+) -> dict[str, Any]:
+    nodes = harness.nodes
+    namespace = "measured"
+    rng = random.Random(seed)  # noqa: S311
+    kinds = [c for c, _ in MIX]
+    weights = [w for _, w in MIX]
+    trace = [(f"p{i}", rng.choices(kinds, weights)[0]) for i in range(pods)]
+    created: dict[str, float] = {}
+    bound: dict[str, float] = {}
+    client = nodes._http()  # the agent's pooled client (the bench watches and writes through it)
+    listed = await nodes.call("GET", f"/api/v1/namespaces/{namespace}/pods")
+    version = listed["metadata"]["resourceVersion"]
+
+    async def follow() -> None:
+        path = f"/api/v1/namespaces/{namespace}/pods?watch=1&resourceVersion={version}"
+        import httpx2
+
+        async with client.stream("GET", path, timeout=httpx2.Timeout(30.0, read=600.0)) as stream:
+            async for line in stream.aiter_lines():
+                if not line:
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                name = (obj.get("metadata") or {}).get("name", "")
+                if (obj.get("spec") or {}).get("nodeName") and name not in bound:
+                    bound[name] = time.monotonic()
+                    if len(bound) == pods:
+                        return
+
+    watcher = asyncio.ensure_future(follow())
+    await asyncio.sleep(0.5)
+    started = time.monotonic()
+
+    async def create(name: str, cards: int) -> None:
+        created[name] = time.monotonic()
+        await nodes.call(
+            "POST", f"/api/v1/namespaces/{namespace}/pods", pod_body(name, cards), kind="bench"
+        )
+
+    for start in range(0, len(trace), 32):
+        await asyncio.gather(*(create(n, c) for n, c in trace[start : start + 32]))
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.shield(watcher), 300)
+    watcher.cancel()
+    ended = max(bound.values(), default=time.monotonic())
+    latency: dict[str, list[float]] = {"gcu": [], "shared": [], "non_gcu": []}
+    for name, cards in trace:
+        if name in bound:
+            kind = "gcu" if cards > 0 else "shared" if cards < 0 else "non_gcu"
+            latency[kind].append(bound[name] - created[name])
+    await asyncio.sleep(2)  # the agent admits what was bound last
+    local = multi = 0
+    for node in nodes.nodes.values():
+        for admitted in node.admitted.values():
+            if admitted.namespace != namespace:
+                continue
+            ids = admitted.devices.get(GCU, ())
+            if len(ids) > 1:
+                multi += 1
+                local += board.switch_local(ids)
+    result = {
+        "arm": arm,
+        "pods": pods,
+        "bound": len(bound),
+        "pending": pods - len(bound),
+        "pods_per_second": round(len(bound) / max(1e-9, ended - started), 2),
+        "bind_seconds": {k: quantiles(v) for k, v in latency.items()},
+        "multi_card_switch_local": round(local / multi, 4) if multi else None,
+        "multi_card_pods": multi,
+    }
+    progress(
+        f"{arm}: {result['pods_per_second']} pods/s, {result['pending']} pending, "
+        f"switch-local {result['multi_card_switch_local']}"
+    )
+    await nodes.call(
+        "DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0}, kind="bench"
+    )
+    while (await nodes.call("GET", f"/api/v1/namespaces/{namespace}/pods?limit=1"))["items"]:
+        await asyncio.sleep(1)
+    await asyncio.sleep(nodes.holdings_every + 2)  # the plugins publish the release
+    return result
+
+
+async def idle_node_state(harness: Harness, seconds: float) -> dict[str, Any]:
+    """Writes a second by the node-state writers, and bytes a minute to one all-Nodes watcher."""
+    nodes = harness.nodes
+    import httpx2
+
+    listed = await nodes.call("GET", "/api/v1/nodes?limit=1")
+    received = 0
+    events = 0
+
+    async def watch() -> None:
+        nonlocal received, events
+        path = f"/api/v1/nodes?watch=1&resourceVersion={listed['metadata']['resourceVersion']}"
+        async with nodes._http().stream(
+            "GET", path, timeout=httpx2.Timeout(30.0, read=seconds + 60)
+        ) as stream:
+            async for chunk in stream.aiter_bytes():
+                received += len(chunk)
+                events += chunk.count(b"\n")
+
+    before = dict(nodes.writes)
+    watcher = asyncio.ensure_future(watch())
+    await asyncio.sleep(seconds)
+    watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher
+    delta = {k: nodes.writes[k] - before.get(k, 0) for k in nodes.writes}
+    return {
+        "seconds": seconds,
+        "node_state_writes_per_second": round(delta.get("node-state", 0) / seconds, 2),
+        "lease_writes_per_second": round(delta.get("lease", 0) / seconds, 2),
+        "all_writes_per_second": round(sum(delta.values()) / seconds, 2),
+        "watcher_bytes_per_minute": int(received * 60 / seconds),
+        "watcher_events_per_minute": int(events * 60 / seconds),
+    }
+
+
+def start_extender(harness: Harness, port: int) -> subprocess.Popen[bytes]:
+    log = open(os.path.join(harness.plane.work, "extender.log"), "ab")  # noqa: SIM115
+    process = subprocess.Popen(
+        [
+            EXTENDER_BIN,
+            f"--kubeconfig={harness.plane.kubeconfig}",
+            f"--port={port}",
+            "--bind-address=127.0.0.1",
+        ],
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    bench_cluster.wait_ready(port, 120)
+    return process
+
+
+def run_nodes(count: int, options: argparse.Namespace) -> dict[str, Any]:
+    renew = 10.0 if count <= 500 else 60.0
+    result: dict[str, Any] = {"nodes": count, "lease_renew_seconds": renew}
+    with tempfile.TemporaryDirectory(prefix="enflame-scale-") as work:
+        board = Board(os.path.join(work, "board"))
+        os.makedirs(os.path.join(work, "plane"))
+        with Harness.started(
+            os.path.join(work, "plane"), renew=renew, status_every=300.0
+        ) as harness:
+            started = time.monotonic()
+            specs = [board.node(harness.nodes, f"gcu-{i:05d}") for i in range(count)]
+            harness.add(specs)
+            result["nodes_ready_seconds"] = round(time.monotonic() - started, 1)
+            progress(
+                f"{count} nodes ready in {result['nodes_ready_seconds']} s "
+                f"(load {os.getloadavg()[0]:.1f})"
+            )
+            time.sleep(10)  # every writer's first state is out
+            result["idle"] = harness.run(
+                idle_node_state(harness, options.idle), timeout=options.idle + 120
+            )
+            progress(f"idle: {result['idle']}")
+            for ns in ("fill", "measured"):
+                harness.plane.api(
+                    "POST",
+                    "/api/v1/namespaces",
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+                )
+            harness.wait(
+                "default ServiceAccounts",
+                lambda: all(
+                    harness.plane.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")
+                    for ns in ("fill", "measured")
+                ),
+                60,
+            )
+            result["prefill_pods"] = harness.run(
+                prefill(harness.nodes, list(harness.nodes.nodes), options.load, options.seed),
+                timeout=1800,
+            )
+            time.sleep(harness.nodes.holdings_every + 5)
+            port = bench_cluster.free_port()
+            extender = start_extender(harness, port)
+            arms: list[dict[str, Any]] = []
+            try:
+                for run in range(options.runs):
+                    for arm in options.arms:
+                        config = chart_scheduler_config(port) if arm == "chart" else None
+                        harness.plane.restart_scheduler(config)
+                        time.sleep(3)
+                        outcome = harness.run(
+                            one_arm(
+                                harness, board, arm, pods=options.pods, seed=options.seed + run
+                            ),
+                            timeout=1200,
+                        )
+                        outcome["run"] = run
+                        outcome["load_average"] = round(os.getloadavg()[0], 2)
+                        arms.append(outcome)
+            finally:
+                extender.terminate()
+                extender.wait(10)
+            result["arms"] = arms
+            result["summary"] = summarize(arms)
+            if options.operator:
+                result["operator"] = operator_section(harness, options)
+    return result
+
+
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "users": [f"system:serviceaccount:{operator_env.NAMESPACE}:"
+                                        f"{operator_env.SERVICE_ACCOUNT}"]},
+        {"level": "None"},
+    ],
+}  # fmt: skip
+
+
+def audit_args(work: str) -> list[str]:
+    """kube-apiserver flags that log every request of the operator's ServiceAccount."""
+    policy = os.path.join(work, "audit-policy.json")
+    with open(policy, "w", encoding="utf-8") as handle:
+        json.dump(AUDIT_POLICY, handle)
+    return [
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={os.path.join(work, 'audit.log')}",
+        "--audit-log-format=json",
+        "--audit-log-maxsize=0",
+    ]
+
+
+def audited(work: str) -> int:
+    """Requests of the operator's account so far (ResponseComplete events)."""
+    try:
+        with open(os.path.join(work, "audit.log"), encoding="utf-8") as handle:
+            return sum(1 for line in handle if '"stage":"ResponseComplete"' in line)
+    except FileNotFoundError:
+        return 0
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def operator_section(harness: Harness, options: argparse.Namespace) -> dict[str, Any]:
+    """Deploy the example on every node as the chart's operator, then measure it converged,
+    then (``--rollout``) a plugin version change under ``maxUnavailable: 10%``."""
+    kubeconfig = operator_env.install(harness)
+    names = list(harness.nodes.nodes)
+    result: dict[str, Any] = {}
+    with operator_env.operator_process(
+        harness, kubeconfig, "--interval=5", "--max-interval=300"
+    ) as process:
+        started = time.monotonic()
+        body = operator_env.resource_body("scale", upgradePolicy={"maxUnavailable": "10%"})
+        harness.plane.api("POST", operator_env.GR_PATH, body)
+        phase = harness.wait(
+            "the operator's resource Running",
+            lambda: operator_env.phase(harness, "scale") == "Running",
+            options.operator_timeout,
+        )
+        del phase
+        result["deploy_seconds"] = round(time.monotonic() - started, 1)
+        time.sleep(30)  # settle: the last status write, the idle wait begins
+        before = audited(harness.plane.work)
+        time.sleep(options.operator_idle)
+        after = audited(harness.plane.work)
+        result["converged_requests_per_minute"] = round(
+            (after - before) * 60 / options.operator_idle, 1
+        )
+        result["rss_mib"] = rss_mib(process.pid)
+        found = operator_env.get_resource(harness, "scale") or {}
+        result["gcuresource_bytes"] = len(json.dumps(found, separators=(",", ":")))
+        progress(f"operator: {result}")
+        if options.rollout:
+            limit = max(1, len(names) // 10)
+            worst = 0
+            started = time.monotonic()
+            harness.plane.api(
+                "PATCH",
+                f"{operator_env.GR_PATH}/scale",
+                {"spec": {"devicePlugin": {"version": "0.1.1-scale"}}},
+            )
+            deadline = started + options.operator_timeout
+            rolled = False
+            while time.monotonic() < deadline:
+                pods = harness.plane.api(
+                    "GET",
+                    "/api/v1/namespaces/kube-system/pods?labelSelector=enflame.com/gcu.component",
+                )["items"]
+                ready: dict[str, int] = {}
+                new: set[str] = set()
+                for pod in pods:
+                    node = pod["spec"].get("nodeName", "")
+                    ok = any(
+                        c["type"] == "Ready" and c["status"] == "True"
+                        for c in pod.get("status", {}).get("conditions") or []
+                    )
+                    if ok and not pod["metadata"].get("deletionTimestamp"):
+                        ready[node] = ready.get(node, 0) + 1
+                    if any("0.1.1-scale" in c["image"] for c in pod["spec"]["containers"]):
+                        new.add(node)
+                down = sum(1 for n in names if ready.get(n, 0) < 2)
+                worst = max(worst, down)
+                if len(new) == len(names) and operator_env.phase(harness, "scale") == "Running":
+                    rolled = True
+                    break
+                time.sleep(2)
+            result["rollout"] = {
+                "seconds": round(time.monotonic() - started, 1),
+                "completed": rolled,
+                "budget": limit,
+                "worst_down": worst,
+            }
+            progress(f"rollout: {result['rollout']}")
+    return result
+
+
+def summarize(arms: list[dict[str, Any]]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for arm in {a["arm"] for a in arms}:
+        mine = [a for a in arms if a["arm"] == arm]
+        rates = [a["pods_per_second"] for a in mine]
+        summary[arm] = {
+            "pods_per_second_mean": round(statistics.mean(rates), 2),
+            "pods_per_second_min": min(rates),
+            "pods_per_second_max": max(rates),
+            "non_gcu_p99_seconds_mean": _mean([a["bind_seconds"]["non_gcu"]["p99"] for a in mine]),
+            "gcu_p99_seconds_mean": _mean([a["bind_seconds"]["gcu"]["p99"] for a in mine]),
+            "multi_card_switch_local_mean": _mean([a["multi_card_switch_local"] for a in mine]),
+            "pending_max": max(a["pending"] for a in mine),
+        }
+    if "default" in summary and "chart" in summary:
+        summary["chart_over_default"] = round(
+            summary["chart"]["pods_per_second_mean"] / summary["default"]["pods_per_second_mean"], 3
+        )
+    return summary
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    found = [v for v in values if v is not None]
+    return round(statistics.mean(found), 4) if found else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", default="1000,5000")
+    parser.add_argument("--pods", type=int, default=500)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--load", type=float, default=0.5)
+    parser.add_argument("--idle", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=46)
+    parser.add_argument("--arms", default="default,chart")
+    parser.add_argument("--operator", action="store_true", help="measure the operator too")
+    parser.add_argument("--operator-idle", type=float, default=120.0)
+    parser.add_argument("--operator-timeout", type=float, default=1800.0)
+    parser.add_argument("--rollout", action="store_true", help="and a full plugin rollout")
+    options = parser.parse_args(argv)
+    options.arms = [a for a in options.arms.split(",") if a]
+    if not set(options.arms) <= {"default", "chart"}:
+        parser.error("--arms takes default and chart")
+    report: dict[str, Any] = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        },
+        "options": {k: v for k, v in vars(options).items()},
+        "runs": [],
+    }
+    for count in (int(n) for n in options.nodes.split(",") if n):
+        report["runs"].append(run_nodes(count, options))
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

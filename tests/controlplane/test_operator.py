@@ -1,0 +1,465 @@
+"""The operator on Kubernetes' own scheduler and controllers, as the chart's ServiceAccount.
+
+Each test creates its own simulated GCU nodes and one GcuResource, and removes both after it
+(the nodes of one test are the only GCU nodes while it runs). The operator process runs for the
+whole module with the chart's RBAC under the real authorizer. Invariants that must hold at every
+step of a rollout (the ``maxUnavailable`` budget) are checked by a sampler thread throughout,
+not only at the end.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from enflame_gcu.gcu_operator import names
+from tests.controlplane import conftest, operator_env
+from tests.controlplane.harness import Harness, until
+
+pytestmark = [*conftest.MARKS, pytest.mark.timeout(900)]
+GCU = "enflame.com/gcu"
+COMPONENT_NAMESPACE = "kube-system"
+
+
+@pytest.fixture(scope="module")
+def operator(harness: Harness) -> Iterator[str]:
+    """The operator process (as its ServiceAccount) for this module; its kubeconfig."""
+    kubeconfig = operator_env.install(harness)
+    with operator_env.operator_process(harness, kubeconfig) as process:
+        yield kubeconfig
+        assert process.poll() is None, "the operator exited:\n" + operator_env.log_tail(harness)
+
+
+@pytest.fixture
+def resource(harness: Harness, operator: str) -> Iterator[str]:
+    """A name for this test's GcuResource; the resource is deleted (and waited for) after."""
+    name = f"gr-{int(time.monotonic() * 1000) % 10_000_000}"
+    yield name
+    operator_env.delete_resource(harness, name)
+
+
+def create(harness: Harness, name: str, **spec: Any) -> None:
+    harness.plane.api("POST", operator_env.GR_PATH, operator_env.resource_body(name, **spec))
+
+
+def set_version(harness: Harness, name: str, component: str, version: str) -> None:
+    harness.plane.api(
+        "PATCH", f"{operator_env.GR_PATH}/{name}", {"spec": {component: {"version": version}}}
+    )
+
+
+def wait_phase(harness: Harness, name: str, wanted: str, timeout: float = 240) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        found = operator_env.get_resource(harness, name)
+        status = (found or {}).get("status") or {}
+        return status if status.get("phase") == wanted else None
+
+    try:
+        reached_status: dict[str, Any] = until(reached, f"phase {wanted}", timeout, every=1)
+        return reached_status
+    except AssertionError as exc:
+        found = operator_env.get_resource(harness, name) or {}
+        raise AssertionError(
+            f"{exc}\nstatus: {found.get('status')}\noperator log:\n{operator_env.log_tail(harness)}"
+        ) from None
+
+
+def component_pods(harness: Harness, nodes: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """The operator's component pods per node (of ``nodes``)."""
+    pods = harness.plane.api(
+        "GET",
+        f"/api/v1/namespaces/{COMPONENT_NAMESPACE}/pods?labelSelector={names.COMPONENT_LABEL}",
+    )["items"]
+    found: dict[str, list[dict[str, Any]]] = {n: [] for n in nodes}
+    for pod in pods:
+        node = pod["spec"].get("nodeName")
+        if node in found:
+            found[node].append(pod)
+    return found
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+class Budget:
+    """Samples the nodes every 0.3 s while a rollout runs: how many were down at once (a
+    component pod missing or not Ready, or cordoned by anyone), and the worst seen."""
+
+    def __init__(self, harness: Harness, nodes: list[str], components: int) -> None:
+        self.harness, self.nodes, self.components = harness, nodes, components
+        self.worst = 0
+        self.samples = 0
+        self.cordoned_ever: set[str] = set()
+        self.lost: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def down(self) -> set[str]:
+        pods = component_pods(self.harness, self.nodes)
+        nodes = {
+            n["metadata"]["name"]: n
+            for n in self.harness.plane.api("GET", "/api/v1/nodes")["items"]
+        }
+        found = set()
+        for name in self.nodes:
+            ready = [
+                p for p in pods[name] if pod_ready(p) and not p["metadata"].get("deletionTimestamp")
+            ]
+            cordoned = bool(nodes.get(name, {}).get("spec", {}).get("unschedulable"))
+            if cordoned:
+                self.cordoned_ever.add(name)
+            if len(ready) < self.components or cordoned:
+                found.add(name)
+        return found
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.worst = max(self.worst, len(self.down()))
+                self.samples += 1
+            except Exception as exc:
+                self.lost.append(repr(exc))
+            time.sleep(0.3)
+
+    def __enter__(self) -> Budget:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def images(harness: Harness, nodes: list[str]) -> dict[str, set[str]]:
+    """Per node, the images of its component pods."""
+    return {
+        node: {c["image"] for p in pods for c in p["spec"]["containers"]}
+        for node, pods in component_pods(harness, nodes).items()
+    }
+
+
+def workload(harness: Harness, namespace: str, node: str, name: str) -> None:
+    harness.plane.api(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeName": node,
+                "containers": [
+                    {"name": "c", "image": "busybox", "resources": {"limits": {GCU: "1"}}}
+                ],
+            },
+        },
+    )
+
+
+def test_a_version_change_drains_and_rolls_node_by_node_within_the_budget(
+    harness: Harness, sim_nodes: conftest.MakeNodes, resource: str, namespace: str
+) -> None:
+    nodes = sim_nodes(3)
+    create(harness, resource, upgradePolicy={"maxUnavailable": 1, "drain": {"enable": True}})
+    wait_phase(harness, resource, "Running")
+    for node in nodes:
+        workload(harness, namespace, node, f"w-{node}")
+    until(
+        lambda: all(
+            (harness.plane.get(f"/api/v1/namespaces/{namespace}/pods/w-{n}") or {})
+            .get("status", {})
+            .get("phase")
+            == "Running"
+            for n in nodes
+        ),
+        "the workloads running",
+        60,
+    )
+    before = images(harness, nodes)
+    with Budget(harness, nodes, components=2) as budget:
+        set_version(harness, resource, "devicePlugin", "0.1.1-harness")
+        status = wait_phase(harness, resource, "Upgrading", 60)
+        assert status["phase"] == "Upgrading"
+        until(
+            lambda: all(
+                any("0.1.1-harness" in i for i in imgs) for imgs in images(harness, nodes).values()
+            ),
+            "every node on the new version",
+            300,
+            every=1,
+        )
+        wait_phase(harness, resource, "Running")
+    assert budget.samples > 10
+    assert budget.worst == 1, f"nodes down at once: {budget.worst} (maxUnavailable 1)"
+    assert budget.cordoned_ever == set(nodes), "drain cordons every node once"
+    after = harness.plane.api("GET", "/api/v1/nodes")["items"]
+    assert not [
+        n["metadata"]["name"]
+        for n in after
+        if n["metadata"]["name"] in nodes and n["spec"].get("unschedulable")
+    ]
+    for node in nodes:  # drained: the GCU workload was evicted
+        assert harness.plane.get(f"/api/v1/namespaces/{namespace}/pods/w-{node}") is None
+    assert before != images(harness, nodes)
+
+
+def test_a_broken_version_stops_on_the_first_node_and_the_old_version_rolls_it_back(
+    harness: Harness, sim_nodes: conftest.MakeNodes, resource: str
+) -> None:
+    nodes = sim_nodes(3)
+    create(harness, resource, upgradePolicy={"maxUnavailable": 1, "podReadyTimeoutSeconds": 20})
+    wait_phase(harness, resource, "Running")
+    old = images(harness, nodes)
+    harness.call_soon(lambda: harness.nodes.never_ready_images.add(":9.9.9-broken"))
+    try:
+        with Budget(harness, nodes, components=2) as budget:
+            set_version(harness, resource, "devicePlugin", "9.9.9-broken")
+            status = wait_phase(harness, resource, "Failed", 240)
+            failed = [f["node"] for f in (status.get("rollout") or {}).get("failed") or []]
+            assert len(failed) == 1, status
+            now = images(harness, nodes)
+            untouched = [n for n in nodes if n not in failed]
+            assert all(now[n] == old[n] for n in untouched), "the other nodes keep the old version"
+            previous = next(
+                i.rsplit(":", 1)[1] for i in old[nodes[0]] if "device-plugin" in i or "plugin" in i
+            )
+            set_version(harness, resource, "devicePlugin", previous)
+            wait_phase(harness, resource, "Running", 300)
+        assert budget.worst <= 1
+        assert images(harness, nodes) == old
+    finally:
+        harness.call_soon(lambda: harness.nodes.never_ready_images.discard(":9.9.9-broken"))
+
+
+def test_a_resource_scoped_by_node_selector_runs_on_its_nodes_only(
+    harness: Harness, sim_nodes: conftest.MakeNodes, resource: str
+) -> None:
+    pool = sim_nodes(2, labels={"pool": resource})
+    other = sim_nodes(1)
+    selector = {"pool": resource}
+    create(
+        harness,
+        resource,
+        containerToolkit={"nodeSelector": selector},
+        devicePlugin={"nodeSelector": selector},
+    )
+    status = wait_phase(harness, resource, "Running", 180)
+    reported = {n["name"] for n in status.get("nodes") or []}
+    assert set(pool) <= reported and not set(other) & reported, status
+    assert not component_pods(harness, other)[other[0]]
+
+
+def test_a_node_with_an_untolerated_taint_is_reported_and_left_out_of_the_budget(
+    harness: Harness, sim_nodes: conftest.MakeNodes, resource: str
+) -> None:
+    plain = sim_nodes(2)
+    taint = {"key": "dedicated", "value": "inference", "effect": "NoSchedule"}
+    tainted = sim_nodes(1, taints=[taint])
+    create(harness, resource, upgradePolicy={"maxUnavailable": 1})
+    status = wait_phase(harness, resource, "Running", 180)
+    entry = next(n for n in status.get("nodes") or [] if n["name"] == tainted[0])
+    assert "dedicated" in str(entry), entry
+    # Tolerating it brings the components there, and a version change still rolls.
+    toleration = {
+        "key": "dedicated",
+        "operator": "Equal",
+        "value": "inference",
+        "effect": "NoSchedule",
+    }
+    harness.plane.api(
+        "PATCH",
+        f"{operator_env.GR_PATH}/{resource}",
+        {
+            "spec": {
+                "containerToolkit": {"tolerations": [toleration]},
+                "devicePlugin": {"tolerations": [toleration]},
+            }
+        },
+    )
+    until(
+        lambda: len(component_pods(harness, tainted)[tainted[0]]) == 2,
+        "components on the tainted node",
+        120,
+    )
+    wait_phase(harness, resource, "Running", 180)
+    assert all(len(p) == 2 for p in component_pods(harness, plain).values())
+
+
+def test_a_drain_rollout_leaves_an_admins_cordon_in_place(
+    harness: Harness, sim_nodes: conftest.MakeNodes, resource: str
+) -> None:
+    nodes = sim_nodes(2)
+    create(harness, resource, upgradePolicy={"maxUnavailable": 1, "drain": {"enable": True}})
+    wait_phase(harness, resource, "Running")
+    harness.plane.api("PATCH", f"/api/v1/nodes/{nodes[0]}", {"spec": {"unschedulable": True}})
+    set_version(harness, resource, "devicePlugin", "0.1.2-harness")
+    until(
+        lambda: all(
+            any("0.1.2-harness" in i for i in imgs) for imgs in images(harness, nodes).values()
+        ),
+        "every node on the new version",
+        300,
+        every=1,
+    )
+    wait_phase(harness, resource, "Running")
+    spec = harness.plane.api("GET", f"/api/v1/nodes/{nodes[0]}")["spec"]
+    assert spec.get("unschedulable") is True, "the admin's cordon was lifted"
+    assert not harness.plane.api("GET", f"/api/v1/nodes/{nodes[1]}")["spec"].get("unschedulable")
+
+
+def test_a_second_resource_for_the_same_nodes_is_ignored_naming_the_owner(
+    harness: Harness, sim_nodes: conftest.MakeNodes, resource: str
+) -> None:
+    nodes = sim_nodes(2)
+    create(harness, resource)
+    wait_phase(harness, resource, "Running")
+    second = f"{resource}-b"
+    try:
+        create(harness, second)
+        status = wait_phase(harness, second, "Ignored", 60)
+        assert resource in str(status.get("conditions")), status
+        # The real DaemonSet controller schedules exactly one toolkit per node.
+        daemonsets = harness.plane.api(
+            "GET",
+            f"/apis/apps/v1/namespaces/{COMPONENT_NAMESPACE}/daemonsets?labelSelector={names.COMPONENT_LABEL}",
+        )["items"]
+        scheduled = sum(d["status"].get("desiredNumberScheduled", 0) for d in daemonsets)
+        assert scheduled == 2 * len(nodes), [
+            (d["metadata"]["name"], d["status"]) for d in daemonsets
+        ]
+    finally:
+        operator_env.delete_resource(harness, second)
+
+
+def test_the_operators_account_cannot_delete_or_rewrite_what_is_not_its_own(
+    harness: Harness, operator: str
+) -> None:
+    """Under the real authorizer, with the operator's own token (kubectl auth can-i asks the
+    API server, which answers from the chart's RBAC)."""
+    plane = harness.plane
+    plane.api(
+        "POST",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "someone-elses"}, "rules": []},
+    )  # fmt: skip
+    try:
+        refusals = {}
+        for verb, target, namespace in (
+            ("delete", "clusterrole/someone-elses", ""),
+            ("update", "clusterrole/someone-elses", ""),
+            ("delete", "clusterrolebinding/cluster-admin", ""),
+            ("delete", "daemonset/kube-proxy", COMPONENT_NAMESPACE),
+            ("update", "serviceaccount/default", COMPONENT_NAMESPACE),
+            ("delete", "runtimeclass/someone-elses", ""),
+        ):
+            args = ["auth", "can-i", verb, target] + (["-n", namespace] if namespace else [])
+            answer = plane.kubectl(*args, check=False, kubeconfig=operator).stdout.strip()
+            refusals[f"{verb} {target}"] = answer
+        assert all(a == "no" for a in refusals.values()), refusals
+        # And the API server refuses the real request too.
+        result = plane.kubectl(
+            "delete", "clusterrole", "someone-elses", check=False, kubeconfig=operator
+        )
+        assert result.returncode != 0 and "forbidden" in result.stderr.lower(), result
+    finally:
+        plane.request("DELETE", "/apis/rbac.authorization.k8s.io/v1/clusterroles/someone-elses")
+
+
+def test_the_hand_written_fake_agrees_with_kubernetes_on_a_deploy_and_a_rollout(
+    harness: Harness, sim_nodes: conftest.MakeNodes, resource: str
+) -> None:
+    """One scenario on both: FakeCluster (tests/gcu_operator/fake_api.py) and the harness.
+    A fake that drifts from Kubernetes fails here."""
+    from enflame_gcu.gcu_operator import runner
+    from tests.gcu_operator import helpers
+    from tests.gcu_operator.fake_api import FakeApi, FakeCluster
+
+    nodes = sim_nodes(2)
+    spec = {"upgradePolicy": {"maxUnavailable": 1}}
+
+    def summary(status: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "phase": status.get("phase"),
+            "readyResource": status.get("readyResource"),
+            "nodes": sorted(
+                (
+                    n.get("mode"),
+                    n.get("ready"),
+                    n.get("validated"),
+                    tuple(
+                        sorted(
+                            (c.get("name"), c.get("state") or c.get("status"))
+                            for c in n.get("components") or []
+                        )
+                    ),
+                )
+                for n in status.get("nodes") or []
+            ),
+        }
+
+    fake = FakeApi()
+    cluster = FakeCluster(fake, [f"fake-{i}" for i in range(len(nodes))])
+    body = operator_env.resource_body("gcu", **copy.deepcopy(spec))
+    fake.create(helpers.kind_of(body), body)
+    operator = runner.Operator(fake)
+    helpers.converge(operator, cluster)
+    fake_deployed = summary(helpers.status(fake, body))
+    helpers.set_spec(fake, body, ["devicePlugin", "version"], "0.1.3-harness")
+    helpers.converge(operator, cluster)
+    fake_rolled = summary(helpers.status(fake, body))
+
+    create(harness, resource, **copy.deepcopy(spec))
+    real_deployed = summary(wait_phase(harness, resource, "Running"))
+    set_version(harness, resource, "devicePlugin", "0.1.3-harness")
+    until(
+        lambda: all(
+            any("0.1.3-harness" in i for i in imgs) for imgs in images(harness, nodes).values()
+        ),
+        "every node on the new version",
+        300,
+        every=1,
+    )
+    real_rolled = summary(wait_phase(harness, resource, "Running"))
+    assert fake_deployed == real_deployed
+    assert fake_rolled == real_rolled
+
+
+def test_relabelling_nodes_to_dra_moves_them_one_at_a_time_within_the_budget(
+    harness: Harness, sim_nodes: conftest.MakeNodes, resource: str
+) -> None:
+    """A mode change is an upgrade of the node: budgeted. Kubernetes 1.20 serves no DRA API, so
+    a node moved to DRA never validates here, and the budget must keep every other node on the
+    device plugin: at most ``maxUnavailable`` nodes ever lose their plugin pod."""
+    nodes = sim_nodes(3)
+    create(harness, resource, upgradePolicy={"maxUnavailable": 1})
+    wait_phase(harness, resource, "Running")
+
+    def plugins() -> dict[str, bool]:
+        pods = component_pods(harness, nodes)
+        return {
+            node: any("plugin" in p["metadata"]["name"] and pod_ready(p) for p in found)
+            for node, found in pods.items()
+        }
+
+    assert all(plugins().values())
+    for node in nodes[:2]:
+        harness.plane.api(
+            "PATCH", f"/api/v1/nodes/{node}", {"metadata": {"labels": {names.MODE_LABEL: "dra"}}}
+        )
+    worst = 0
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline:
+        worst = max(worst, sum(not ready for ready in plugins().values()))
+        time.sleep(0.5)
+    assert worst <= 1, f"{worst} nodes left the device plugin at once (maxUnavailable 1)"
+    assert plugins()[nodes[2]], "the node that was not relabelled keeps its plugin"
