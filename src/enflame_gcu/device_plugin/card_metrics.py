@@ -39,10 +39,17 @@ class CardCollector(Collector):
         self.host = host or os.environ.get("NODE_NAME") or socket.gethostname()
         self._view: holders.NodeView | None = None
         self._known = False
+        self._version = 0
 
     def update(self, view: holders.NodeView, *, known: bool) -> None:
         """Publish a new view; ``known`` is False while PodResources cannot be read."""
-        self._view, self._known = view, known
+        if (view, known) != (self._view, self._known):  # the same content is no change
+            self._view, self._known = view, known
+            self._version += 1
+
+    def version(self) -> int:
+        """Changes whenever the view's content does (the scrape's cache key)."""
+        return self._version
 
     def current(self) -> tuple[holders.NodeView | None, bool]:
         """The latest view and whether its holders are known (read by the telemetry families)."""

@@ -276,6 +276,11 @@ class TelemetryMetrics(Collector):
         # series; the per-pass families (timings, totals) are built on each scrape.
         self._cached: tuple[object, list[Metric]] | None = None
 
+    def version(self) -> object:
+        """What the families are rendered from, bar the holders view (the card collector's
+        version covers it): the last pass, a new object per pass."""
+        return self.collector.snapshot
+
     def describe(self) -> Iterator[Metric]:
         """No fixed description: the families depend on the cards."""
         return iter(())
