@@ -1,7 +1,8 @@
 """The NetworkPolicies on the device plugin and DRA driver pods (issue 22 item 2, issue 48
 point 6): only their HTTP port, only from the scraper's namespace named by
 kubernetes.io/metadata.name (no user can set it), nobody until it is set; on by default in the
-chart, with an off-switch; the static manifests say the same. Rendered with Helm's own engine, validated against Kubernetes' published schemas."""
+chart, with an off-switch; the static manifests say the same. Rendered with Helm's own
+engine, validated against Kubernetes' published schemas."""
 
 from __future__ import annotations
 
