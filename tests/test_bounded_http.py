@@ -197,3 +197,97 @@ def test_a_bad_tls_file_is_a_config_error_naming_it(tmp_path: object) -> None:
 
     with pytest.raises(ConfigError, match=r"missing\.crt"):
         bounded_http.tls_context("missing.crt", "missing.key")
+
+
+def _raw(port: int, data: bytes) -> bytes:
+    client = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        client.sendall(data)
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+        return answer
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("length", ["²", "١٢", "1_0", "+5", " "])
+def test_a_malformed_content_length_is_a_400_and_one_log_line(
+    length: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def answer(request: bounded_http.Request) -> bounded_http.Response:
+        return bounded_http.Response(200, request.body)
+
+    limits = bounded_http.Limits(body_bytes=64, methods=("GET", "POST"))
+    served = bounded_http.serve(answer, "127.0.0.1", 0, limits)
+    caplog.set_level("DEBUG", logger="enflame_gcu.bounded_http")
+    try:
+        head = f"POST /x HTTP/1.1\r\nContent-Length: {length}\r\n\r\n".encode()
+        reply = _raw(served.port, head + b"ab")
+        assert reply.startswith(b"HTTP/1.1 400 "), reply
+        assert b"malformed Content-Length" in reply
+        # The server goes on: a well-formed request after it is answered.
+        assert _raw(served.port, b"POST /x HTTP/1.1\r\nContent-Length: 2\r\n\r\nok").endswith(b"ok")
+    finally:
+        served.stop()
+    records = [r for r in caplog.records if r.name == "enflame_gcu.bounded_http"]
+    assert len(records) == 1, [r.getMessage() for r in records]
+    assert records[0].exc_info is None  # no traceback
+    assert "malformed Content-Length" in records[0].getMessage()
+
+
+def test_an_offloaded_answer_being_built_does_not_hold_up_the_others() -> None:
+    """A scrape that takes long to build (here: until released) is built off the loop, so
+    the probe beside it is answered meanwhile; on the loop, the probe waited for it."""
+    release = threading.Event()
+    inside = threading.Event()
+
+    def answer(request: bounded_http.Request) -> bounded_http.Response:
+        if request.path == "/metrics":
+            inside.set()
+            release.wait(20)
+            return bounded_http.Response(200, "scraped\n")
+        return bounded_http.Response(200, "ok\n")
+
+    served = bounded_http.serve(
+        answer, "127.0.0.1", 0, offload=lambda request: request.path == "/metrics"
+    )
+    scraped: list[tuple[int, bytes]] = []
+    scraper = threading.Thread(target=lambda: scraped.append(_get(served.port, "/metrics")))
+    try:
+        scraper.start()
+        assert inside.wait(5)
+        assert _get(served.port, "/healthz") == (200, b"ok\n")  # timed out before: the loop
+        assert not scraped  # ... while the scrape is still being built
+    finally:
+        release.set()
+        scraper.join(10)
+        served.stop()
+    assert scraped == [(200, b"scraped\n")]
+
+
+def test_offloaded_requests_past_the_queue_get_503_and_the_rest_are_answered() -> None:
+    release = threading.Event()
+
+    def answer(request: bounded_http.Request) -> bounded_http.Response:
+        release.wait(20)
+        return bounded_http.Response(200, "done\n")
+
+    limits = bounded_http.Limits(offloaded=2)
+    served = bounded_http.serve(answer, "127.0.0.1", 0, limits, offload=lambda _: True)
+    results: list[tuple[int, bytes]] = []
+    first = [threading.Thread(target=lambda: results.append(_get(served.port, "/"))) for _ in "ab"]
+    try:
+        for thread in first:
+            thread.start()
+        deadline = time.monotonic() + 5
+        while served._waiting < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        status, body = _get(served.port, "/")
+        assert status == 503 and b"busy" in body
+    finally:
+        release.set()
+        for thread in first:
+            thread.join(10)
+        served.stop()
+    assert results == [(200, b"done\n")] * 2

@@ -15,7 +15,11 @@ reaches the port can open connections, so every one is bounded:
   ``Content-Length``, 413 over the limit, before a byte of it is read), and the whole request,
   head and body, must arrive within ``request_timeout`` seconds *in total* (dripping a byte at
   a time does not extend it); a kept-alive connection may then idle ``idle_timeout`` seconds;
-- an answer that must be taken within ``write_timeout`` seconds; only ``methods``.
+- an answer that must be taken within ``write_timeout`` seconds; only ``methods``;
+- a request the ``offload`` predicate picks (the metrics exposition) is answered on one worker
+  thread of the server's, never on the loop, with at most ``offloaded`` waiting for it (the
+  rest get 503): however long an answer takes to build, the loop goes on answering the others
+  (the kubelet's probes), and a client within its rate limit cannot queue more than that.
 
 Memory and threads stay flat whatever arrives: at most ``connections`` x (``head_bytes`` +
 ``body_bytes``) of requests are held. With ``ssl_context`` the port speaks HTTPS (the TLS
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import errno
 import logging
@@ -77,6 +82,7 @@ class Limits:
     keep_alive: bool = False  # False: one request per connection
     idle_timeout: float = 30.0  # a kept-alive connection until its next request's head
     methods: tuple[str, ...] = ("GET", "HEAD")
+    offloaded: int = 4  # requests waiting for (or on) the worker thread; more get 503
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +107,7 @@ class Response:
 
 
 Handler = Callable[[Request], Response]
+Offload = Callable[[Request], bool]
 
 
 class _Connection:
@@ -135,8 +142,10 @@ class BoundedServer:
         *,
         name: str = "http",
         ssl_context: ssl.SSLContext | None = None,
+        offload: Offload | None = None,
     ) -> None:
         self.handler = handler
+        self.offload = offload
         self.limits = limits
         self.socket = sock
         self.ssl_context = ssl_context
@@ -149,6 +158,9 @@ class BoundedServer:
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._stopping: asyncio.Event | None = None
+        # The worker for offloaded answers, made on first use; its queue length.
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._waiting = 0
 
     @property
     def port(self) -> int:
@@ -195,6 +207,8 @@ class BoundedServer:
             for task in others:
                 task.cancel()
             await asyncio.gather(*others, return_exceptions=True)
+            if self._worker is not None:
+                self._worker.shutdown(wait=False, cancel_futures=True)
 
     def _accept(self) -> None:
         """Take what the kernel queued. A peer over its connection rate is closed at once,
@@ -343,12 +357,31 @@ class BoundedServer:
         except _Refused as refused:
             await self._send(writer, Response(refused.status, refused.text + "\n"))
             return False
-        response = self.handler(request)
+        response = await self._answer(request)
         keep = keep and limits.keep_alive
         await self._send(writer, response, head_only=request.method == "HEAD", keep=keep)
         connection.busy = False
         connection.answered += 1
         return keep
+
+    async def _answer(self, request: Request) -> Response:
+        """The handler's answer: on the loop, or on the worker thread for what ``offload``
+        picks (503 when ``offloaded`` requests already wait for it)."""
+        if self.offload is None or not self.offload(request):
+            return self.handler(request)
+        if self._waiting >= self.limits.offloaded:
+            log.debug("%s %s from %s: %d answers already queued", request.method, request.path,
+                      request.peer, self._waiting)  # fmt: skip
+            return Response(503, f"busy: {self._waiting} such requests are being answered\n")
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=f"{self._thread.name}-answer"
+            )
+        self._waiting += 1
+        try:
+            return await self._loop.run_in_executor(self._worker, self.handler, request)
+        finally:
+            self._waiting -= 1
 
     def _parse(self, head: bytes, peer: str) -> tuple[Request, bool]:
         lines = head.decode("latin-1").split("\r\n")
@@ -373,9 +406,20 @@ class BoundedServer:
     async def _body(self, reader: asyncio.StreamReader, request: Request, deadline: float) -> bytes:
         if "transfer-encoding" in request.headers:
             raise _Refused(411, "chunked bodies are not read: send a Content-Length")
-        text = request.headers.get("content-length", "")
-        if not text.isdigit():
+        if "content-length" not in request.headers:
             raise _Refused(411, "Content-Length required")
+        text = request.headers["content-length"]
+        # ASCII digits only: str.isdigit() also takes "²" (which int() refuses) and other
+        # scripts' digits.
+        if not (text.isascii() and text.isdigit()):
+            log.warning(
+                "%s %s from %s: malformed Content-Length %r; refused",
+                request.method,
+                request.path,
+                request.peer,
+                text[:40],
+            )
+            raise _Refused(400, "malformed Content-Length: decimal digits expected")
         length = int(text)
         if length > self.limits.body_bytes:
             log.warning(
@@ -408,7 +452,9 @@ class BoundedServer:
             f"Content-Type: {response.content_type}\r\nContent-Length: {len(payload)}\r\n"
             f"{extra}Connection: {'keep-alive' if keep else 'close'}\r\n\r\n"
         ).encode("latin-1")
-        writer.write(head if head_only else head + payload)
+        writer.write(head)
+        if not head_only:
+            writer.write(payload)  # not joined to the head: a large exposition is not copied
         await asyncio.wait_for(writer.drain(), timeout=self.limits.write_timeout)
 
 
@@ -482,6 +528,7 @@ def serve(
     name: str = "http",
     what: str = "the port",
     ssl_context: ssl.SSLContext | None = None,
+    offload: Offload | None = None,
 ) -> BoundedServer:
     """Listen on ``address`` (empty = all) and ``port`` in a daemon thread; the server.
 
@@ -489,7 +536,7 @@ def serve(
     limits = limits or Limits()
     server = BoundedServer(
         handler, listen(address, port, limits.backlog, what), limits, name=name,
-        ssl_context=ssl_context,
+        ssl_context=ssl_context, offload=offload,
     )  # fmt: skip
     server.start()
     return server

@@ -148,10 +148,11 @@ def card_table(text: str) -> list[tuple[str, float, float, str]]:
     rows: dict[str, dict[str, Any]] = {}
     for metric, key in (("enflame_gcu_temperatures", "temp"), ("enflame_gcu_usage", "usage")):
         for labels, value in samples(text, metric):
-            row = rows.setdefault(labels["card"], {"pod": ""})
-            row[key] = value
-            if labels.get("pod_name"):
-                row["pod"] = f"{labels.get('pod_namespace', '')}/{labels['pod_name']}"
+            rows.setdefault(labels["card"], {"pod": ""})[key] = value
+    # The holder is a label of allocation_info only (one series per held device).
+    for labels, _ in samples(text, "enflame_gcu_allocation_info"):
+        if labels.get("pod_name") and labels["card"] in rows:
+            rows[labels["card"]]["pod"] = f"{labels.get('pod_namespace', '')}/{labels['pod_name']}"
     return sorted(
         (
             (card, row["temp"], row["usage"], row["pod"])

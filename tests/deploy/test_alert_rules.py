@@ -24,6 +24,23 @@ def series(name: str, values: str, **labels: str) -> dict[str, str]:
     return {"series": f"{name}{{{text}}}", "values": values}
 
 
+def held(holder: dict[str, str], values: str, card: str = "gcu0") -> dict[str, str]:
+    """enflame_gcu_allocation_info of a whole card held by ``holder``."""
+    return series("enflame_gcu_allocation_info", values, card=card, device=card, **holder)
+
+
+def events(kind: str, values: str, **labels: str) -> dict[str, str]:
+    text = ", ".join(f'{k}="{v}"' for k, v in {"node": "n1", "type": kind, **labels}.items())
+    return {"series": f"enflame_gcu_events_total{{{text}}}", "values": values}
+
+
+def reset_fired() -> dict[str, Any]:
+    return {
+        "exp_labels": {"node": "n1", "type": "reset_start", "severity": "warning"},
+        "exp_annotations": {"summary": RESET},
+    }
+
+
 def alert(at: str, name: str, *fired: dict[str, str]) -> dict[str, Any]:
     """``name`` at ``at`` fires exactly for ``fired`` (labels; severity and summary not compared
     by promtool when only labels are listed, so each carries its own)."""
@@ -46,8 +63,22 @@ RESET = (
 )
 # name -> (input series, alert expectations)
 SCENARIOS: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
+    # The holder is a label of enflame_gcu_allocation_info only; usage has one series per card.
     "idle_for_the_whole_window_fires": (
-        [series("enflame_gcu_usage", "0x150", **HOLDER_A)],
+        [series("enflame_gcu_usage", "0x150"), held(HOLDER_A, "1x150")],
+        [
+            alert("1h50m", "EnflameGCUAllocatedButIdle"),
+            alert(
+                "2h5m",
+                "EnflameGCUAllocatedButIdle",
+                fired("info", IDLE.format(pod="a"), pod_namespace="ml", pod_name="a"),
+            ),
+        ],
+    ),
+    "one_failed_scrape_in_an_idle_stretch_still_fires_on_time": (
+        # A failed scrape marks every series of the target stale: before, the "for" started
+        # again there and the alert fired an hour late.
+        [series("enflame_gcu_usage", "0x60 stale 0x90"), held(HOLDER_A, "1x60 stale 1x90")],
         [
             alert("1h50m", "EnflameGCUAllocatedButIdle"),
             alert(
@@ -59,8 +90,10 @@ SCENARIOS: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
     ),
     "float_noise_is_idle_and_real_work_is_not": (
         [
-            series("enflame_gcu_usage", "0.0001x150", **HOLDER_A),
-            series("enflame_gcu_usage", "35x150", card="gcu1", **HOLDER_B),
+            series("enflame_gcu_usage", "0.0001x150"),
+            held(HOLDER_A, "1x150"),
+            series("enflame_gcu_usage", "35x150", card="gcu1"),
+            held(HOLDER_B, "1x150", card="gcu1"),
         ],
         [
             alert(
@@ -71,13 +104,14 @@ SCENARIOS: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
         ],
     ),
     "a_pod_younger_than_the_idle_window_does_not_fire": (
-        [series("enflame_gcu_usage", "0x40", **HOLDER_A)],
-        [alert("10m", "EnflameGCUAllocatedButIdle"), alert("40m", "EnflameGCUAllocatedButIdle")],
+        [series("enflame_gcu_usage", "0x150"), held(HOLDER_A, "_x110 1x40")],
+        [alert("2h5m", "EnflameGCUAllocatedButIdle"), alert("2h30m", "EnflameGCUAllocatedButIdle")],
     ),
     "a_new_holder_starts_the_idle_window_again": (
         [
-            series("enflame_gcu_usage", "0x90", **HOLDER_A),
-            series("enflame_gcu_usage", "_x91 0x150", **HOLDER_B),
+            series("enflame_gcu_usage", "0x240"),
+            held(HOLDER_A, "1x90"),
+            held(HOLDER_B, "_x91 1x150"),
         ],
         [
             alert("2h30m", "EnflameGCUAllocatedButIdle"),
@@ -89,7 +123,7 @@ SCENARIOS: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
         ],
     ),
     "an_idle_card_that_drops_out_of_telemetry_is_not_called_idle": (
-        [series("enflame_gcu_usage", "0x60 _x20 0x60", **HOLDER_A)],
+        [series("enflame_gcu_usage", "0x60 _x20 0x60"), held(HOLDER_A, "1x141")],
         [alert("2h15m", "EnflameGCUAllocatedButIdle")],
     ),
     "ecc_error_fires_and_a_steady_count_does_not": (
@@ -111,6 +145,28 @@ SCENARIOS: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
             series("enflame_gcu_allocation_info", "_x10 1x30", device="gcu0", **HOLDER_B),
         ],
         [alert("12m", "EnflameGCUEccErrorsRising", fired("warning", ECC))],
+    ),
+    "ecc_error_while_the_plugin_pod_is_replaced_fires": (
+        # The old plugin pod's series ends (stale) at 10m, the new pod's starts at 12m with the
+        # card's count, already 3 on gcu0: before, increase() on each series saw nothing.
+        [
+            series("enflame_gcu_ecc_double_bit_errors_total", "2x10 stale", pod="plugin-a"),
+            series("enflame_gcu_ecc_double_bit_errors_total", "_x12 3x20", pod="plugin-b"),
+            series(
+                "enflame_gcu_ecc_double_bit_errors_total", "5x10 stale", card="gcu1", pod="plugin-a"
+            ),
+            series(
+                "enflame_gcu_ecc_double_bit_errors_total", "_x12 5x20", card="gcu1", pod="plugin-b"
+            ),
+        ],
+        [
+            alert("9m", "EnflameGCUEccErrorsRising"),
+            alert("15m", "EnflameGCUEccErrorsRising", fired("warning", ECC)),
+        ],
+    ),
+    "a_double_bit_count_that_goes_down_does_not_fire": (
+        [series("enflame_gcu_ecc_double_bit_errors_total", "4x10 0x20")],  # a driver reload
+        [alert("15m", "EnflameGCUEccErrorsRising"), alert("25m", "EnflameGCUEccErrorsRising")],
     ),
     "ecc_error_while_the_card_was_out_of_telemetry_fires": (
         [series("enflame_gcu_ecc_double_bit_errors_total", "2x10 _x10 3x10")],
@@ -142,6 +198,25 @@ SCENARIOS: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
             },
             alert("20m", "EnflameGCUResetEvents"),  # older than the 10-minute window
         ],
+    ),
+    "a_reset_event_counted_at_a_new_plugin_pods_first_scrape_fires": (
+        # The new plugin pod (perhaps restarted by the reset) counts the event before its first
+        # scrape: its series starts at 1. Before, increase() saw no growth and never fired.
+        [
+            events("reset_start", "0x10 stale", pod="plugin-a"),
+            events("reset_start", "_x12 1x20", pod="plugin-b"),
+            events("reset_finish", "_x12 1x20", pod="plugin-b"),
+            events("dtu_suspend", "_x12 0x20", pod="plugin-b"),
+        ],
+        [
+            alert("11m", "EnflameGCUResetEvents"),
+            alert("15m", "EnflameGCUResetEvents", reset_fired()),
+            alert("25m", "EnflameGCUResetEvents"),  # counted once, and now older than the window
+        ],
+    ),
+    "a_plugin_pod_back_after_a_short_gap_does_not_count_its_old_events_again": (
+        [events("reset_start", "1x30 _x15 1x30", pod="plugin-a")],
+        [alert("50m", "EnflameGCUResetEvents")],
     ),
     "hot_for_ten_minutes_fires_across_a_handover": (
         [

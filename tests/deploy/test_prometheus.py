@@ -251,12 +251,21 @@ def check(server: Prometheus, root: str, pm_job: str) -> None:
             assert series["metric"]["namespace"] == NAMESPACE
             assert series["metric"]["pod"] == PLUGIN_POD
             assert series["metric"]["container_name"] == "main"
-        usage = server.query(f'enflame_gcu_usage{{job="{job}", pod_name="pod2"}}')
+        # The telemetry has no holder labels: the holder is joined from allocation_info.
+        usage = server.query(
+            f'enflame_gcu_usage{{job="{job}"}} * on (node, card) group_left (pod_name)'
+            f' max by (node, card, pod_name) (enflame_gcu_allocation_info{{job="{job}",'
+            ' pod_name="pod2"})'
+        )
         assert len(usage) == 1 and "exported_pod" not in usage[0]["metric"]
         card = int(usage[0]["metric"]["card"].removeprefix("gcu"))
         assert float(usage[0]["value"][1]) == 10 * card + 5  # what the sim says for that card
-        vgcu = server.query(f'enflame_vgcu_usage{{job="{job}", pod_name="vpod"}}')
-        assert [r["metric"]["card"] for r in vgcu] == ["gcu4"]
+        vgcu = server.query(
+            f'enflame_vgcu_usage{{job="{job}"}} * on (node, card) group_left (pod_name)'
+            f' max by (node, card, pod_name) (enflame_gcu_allocation_info{{job="{job}",'
+            ' pod_name="vpod"})'
+        )
+        assert sorted({r["metric"]["card"] for r in vgcu}) == ["gcu4"]
 
     empty = []
     for expr in guide_queries():

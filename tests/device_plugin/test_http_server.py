@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from enflame_gcu import devices, health, holders
 from enflame_gcu.device_plugin import http_server, metrics
 from enflame_gcu.errors import ConfigError
+from tests.conftest import MakeNode
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -157,3 +159,90 @@ def test_the_plugin_exits_with_one_line_when_its_metrics_port_is_taken(tmp_path:
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert f"cannot serve the metrics port on 127.0.0.1:{port}" in result.stderr
+
+
+class _Blocking:
+    """A collector whose families take until released (a scrape of a very large node)."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    def describe(self) -> Iterator[object]:
+        return iter(())  # registering it must not collect
+
+    def collect(self) -> Iterator[object]:
+        self.inside.set()
+        self.release.wait(30)
+        return iter(())
+
+
+def test_a_scrape_being_built_does_not_hold_up_the_probe(exported: metrics.Metrics) -> None:
+    """Before: the exposition was built on the server's loop, so /healthz waited for it (about
+    1 s on a 64-card node with telemetry, and half the kubelet's probes failed)."""
+    blocking = _Blocking()
+    exported.registry.register(blocking)  # type: ignore[arg-type]
+    served = http_server.start(exported, 0, "127.0.0.1")
+    port = served.address[1]
+    scraped: list[bytes] = []
+    scraper = threading.Thread(
+        target=lambda: scraped.append(_request(port, b"GET /metrics HTTP/1.1\r\n\r\n"))
+    )
+    try:
+        scraper.start()
+        assert blocking.inside.wait(10)
+        probe = _request(port, b"GET /healthz HTTP/1.1\r\n\r\n", "127.0.0.2")
+        assert probe.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert not scraped  # the scrape is still being built beside it
+    finally:
+        blocking.release.set()
+        scraper.join(30)
+        served.stop()
+    assert scraped and scraped[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"enflame_gcu_build_info" in scraped[0]
+
+
+def test_the_card_families_are_encoded_once_per_change(
+    exported: metrics.Metrics, server: http_server.MetricsServer, make_node: MakeNode
+) -> None:
+    """Ten scrapes of an unchanged node build the card families once, not ten times; a new
+    holder builds them again, a PodResources read with the same content does not."""
+    root = make_node("vendor-8card")
+    inventory = devices.discover(root)
+    exported.retain(["enflame.com/gcu"])
+    exported.set_node(inventory, health.check(root, inventory.cards))
+    exported.set_holdings([])
+    built = []
+    collect = exported.cards.collect
+
+    def counted() -> Iterator[object]:
+        built.append(1)
+        return collect()
+
+    exported.cards.collect = counted  # type: ignore[method-assign,assignment]
+    port = server.address[1]
+
+    def scrape() -> bytes:
+        answer = _request(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:200]
+        return answer
+
+    first = [scrape() for _ in range(10)]
+    assert len(built) == 1  # was 10: every scrape built and encoded every family
+    assert b'enflame_gcu_card_healthy{card="gcu0"' in first[-1]
+    assert b"enflame_gcu_cards_allocated 0.0" in first[-1]
+    held = holders.Holding("ml", "p", "main", "enflame.com/gcu", ("gcu3",))
+    exported.set_holdings([held])
+    changed = scrape()
+    assert len(built) == 2
+    assert b"enflame_gcu_cards_allocated 1.0" in changed
+    exported.set_holdings([held])  # the next read: the same holders
+    scrape()
+    assert len(built) == 2
+    # OpenMetrics: the cached families and the rest in one document with one EOF at its end.
+    open_metrics = _request(
+        port, b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text\r\n\r\n"
+    )
+    body = open_metrics.partition(b"\r\n\r\n")[2]
+    assert body.endswith(b"# EOF\n") and body.count(b"# EOF") == 1
+    assert b"enflame_gcu_cards_allocated 1.0" in body and b"enflame_gcu_build_info" in body

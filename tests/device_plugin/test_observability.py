@@ -31,14 +31,16 @@ def series(samples: Samples, name: str) -> dict[tuple[tuple[str, str], ...], flo
 
 
 def holders_of(samples: Samples) -> dict[str, set[str]]:
-    """``{card: {namespace/pod/container}}`` from enflame_gcu_card_healthy."""
-    result: dict[str, set[str]] = {}
-    for labels, _ in series(samples, "enflame_gcu_card_healthy").items():
+    """``{card: {namespace/pod/container}}``: every card of enflame_gcu_card_healthy, its
+    holders from enflame_gcu_allocation_info (the one family with holder labels)."""
+    result: dict[str, set[str]] = {
+        dict(labels)["card"]: set() for labels in series(samples, "enflame_gcu_card_healthy")
+    }
+    for labels in series(samples, "enflame_gcu_allocation_info"):
         got = dict(labels)
-        who = "/".join(got[k] for k in ("pod_namespace", "pod_name", "container_name"))
-        result.setdefault(got["card"], set())
-        if who != "//":
-            result[got["card"]].add(who)
+        result[got["card"]].add(
+            "/".join(got[k] for k in ("pod_namespace", "pod_name", "container_name"))
+        )
     return result
 
 
@@ -139,12 +141,14 @@ def test_an_unhealthy_card_has_a_reason_and_keeps_its_holder() -> None:
             await eventually(reason, "gcu1's unhealthy reason")
             assert "gone" in (reason() or "")
             samples = scrape(port)
-            gcu1 = {
-                dict(k)["pod_name"]: v
+            gcu1 = [
+                (dict(k), v)
                 for k, v in series(samples, "enflame_gcu_card_healthy").items()
                 if dict(k)["card"] == "gcu1"
-            }
-            assert gcu1 == {"pod1": 0}
+            ]
+            # One series per card: the holder is on allocation_info, not repeated here.
+            assert [v for _, v in gcu1] == [0] and "pod_name" not in gcu1[0][0]
+            assert holders_of(samples)["gcu1"] == {"default/pod1/main"}
             assert samples[("enflame_gcu_cards", (("health", "Unhealthy"),))] == 1
             assert samples[("enflame_gcu_cards", (("health", "Healthy"),))] == 7
 

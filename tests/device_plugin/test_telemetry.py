@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from enflame_gcu.device_plugin import card_metrics
 from enflame_gcu.simulation import efmlsim, simulate
 from enflame_gcu.simulation.testing import plugin_process
 from tests.device_plugin.test_metrics import free_port, scrape
@@ -195,17 +196,22 @@ def test_telemetry_names_the_pod_holding_the_card_and_the_vgcu() -> None:
 
             def held() -> list[dict[str, str]]:
                 return labelled(
-                    scrape(port), "enflame_vgcu_usage", vindex=index, pod_name="trainer"
+                    scrape(port), "enflame_gcu_allocation_info", device=vgcu, pod_name="trainer"
                 )
 
-            await eventually(held, "the vGCU's holder on its telemetry")
+            await eventually(held, "the vGCU's holder on allocation_info")
             [labels] = held()
             assert (labels["pod_namespace"], labels["container_name"]) == ("ml", "main")
             card = labels["card"]
             samples = scrape(port)
-            assert labelled(samples, "enflame_gcu_usage", card=card, pod_name="trainer")
-            other = {"gcu0": "gcu1", "gcu1": "gcu0"}[card]
-            assert labelled(samples, "enflame_gcu_usage", card=other, pod_name="")
+            # The telemetry joins the holder on (card, Hostname): one series per card and per
+            # vGCU, whoever holds them, and none carries holder labels.
+            [usage] = labelled(samples, "enflame_vgcu_usage", vindex=index)
+            assert usage["card"] == card and labels["Hostname"] == usage["Hostname"]
+            for name in ("enflame_gcu_usage", "enflame_gcu_temperatures", "enflame_vgcu_usage"):
+                found = labelled(samples, name)
+                assert found and not any(set(card_metrics.POD_LABELS) & set(f) for f in found)
+            assert len(labelled(samples, "enflame_gcu_usage", card=card)) == 1
             # The Prometheus Operator's target labels are not ours: nothing to overwrite.
             assert not {"namespace", "pod", "container"} & set(labels)
 

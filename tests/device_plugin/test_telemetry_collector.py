@@ -5,6 +5,7 @@ and a scrape cache keyed on content."""
 
 from __future__ import annotations
 
+import pathlib
 import time
 from collections.abc import Iterator
 
@@ -162,3 +163,22 @@ def test_the_scrape_cache_is_keyed_on_content(node: Node) -> None:
         "gcu0": 50,
         "gcu1": 0,
     }
+
+
+def test_a_driver_reload_reinitialises_libefml_only_when_no_call_is_inside(node: Node) -> None:
+    """The events thread is inside EfmlGetEvent almost all the time; before, the re-init after
+    a driver reload ran EfmlShutdown and EfmlInit under it (the simulated libefml records it)."""
+    node.collector.start()
+    deadline = time.monotonic() + 10
+    while not node.collector.snapshot.up:
+        assert time.monotonic() < deadline, node.collector.snapshot
+        time.sleep(0.05)
+    for version in ("9.9.1", "9.9.2"):
+        efmlsim.set_values(node.root, "node", {"driver_ver": version})
+        deadline = time.monotonic() + 15
+        while node.collector.snapshot.driver_version != version:
+            assert time.monotonic() < deadline, node.collector.snapshot
+            time.sleep(0.05)
+    assert node.collector.snapshot.inits == 3 and node.collector.snapshot.up
+    path = pathlib.Path(node.root, efmlsim.EFML_DIR, "overlaps")
+    assert not path.exists(), path.read_text(encoding="utf-8")

@@ -182,3 +182,52 @@ def test_the_metrics_doc_lists_every_family_with_its_type(make_node: MakeNode, d
     )
     documented = documented_types(os.path.join(PROJECT_ROOT, "docs", doc))
     assert {name: documented.get(name) for name in rendered} == rendered
+
+
+def test_a_card_shared_by_six_holders_is_one_series_per_family_not_six(
+    make_node: MakeNode,
+) -> None:
+    """8 cards, each shared by 6 slice holders: every telemetry family keeps one series per
+    card (before: one per holder, 1,331 telemetry series instead of 291); the holders are on
+    enflame_gcu_allocation_info only, one series per held slice."""
+    root = make_node("vendor-8card")
+    efmlsim.install(root)
+    collector = telemetry.TelemetryCollector(root, 10, 5)
+    collector.snapshot = collector.collect_once()
+    inventory = devices.discover(root)
+    slices = "enflame.com/shared-gcu"
+    held = [
+        holders.Holding("ml", f"p{c}-{h}", "main", slices, (f"{card.name}-slice{h}",))
+        for c, card in enumerate(inventory.cards)
+        for h in range(6)
+    ]
+    cards = card_metrics.CardCollector(host="n1")
+    free_registry, shared_registry = CollectorRegistry(), CollectorRegistry()
+    for registry in (free_registry, shared_registry):
+        registry.register(telemetry_metrics.TelemetryMetrics(collector, cards.current, host="n1"))
+    try:
+        cards.update(holders.build(inventory, []), known=True)
+        free = generate_latest(free_registry).decode()
+        cards.update(holders.build(inventory, held), known=True)
+        shared = generate_latest(shared_registry).decode()
+        info = generate_latest(_only(cards)).decode()
+    finally:
+        collector.stop()
+    samples = [s for f in text_string_to_metric_families(shared) for s in f.samples]
+    assert samples and not any(set(telemetry_metrics.POD_LABELS) & set(s.labels) for s in samples)
+    assert len(samples) == len([s for f in text_string_to_metric_families(free) for s in f.samples])
+    per_card = [s for s in samples if s.name == "enflame_gcu_usage"]
+    assert sorted(s.labels["card"] for s in per_card) == sorted(c.name for c in inventory.cards)
+    holders_seen = [
+        (s.labels["card"], s.labels["pod_name"])
+        for f in text_string_to_metric_families(info)
+        for s in f.samples
+        if s.name == "enflame_gcu_allocation_info"
+    ]
+    assert len(holders_seen) == 48 and len(set(holders_seen)) == 48
+
+
+def _only(collector: card_metrics.CardCollector) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return registry

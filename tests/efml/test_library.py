@@ -3,6 +3,8 @@ errors, a function the library lacks, and calls bounded so a hung card stalls no
 
 from __future__ import annotations
 
+import pathlib
+import threading
 import time
 
 import pytest
@@ -195,3 +197,46 @@ def test_several_hung_cards_cost_one_timeout_not_one_each(make_node: MakeNode) -
     assert (hung, read) == ([1, 3, 5, 7], [0, 2, 4, 6])
     for index in (1, 3, 5, 7):
         efmlsim.set_values(root, f"card{index}", {"hang": None})
+
+
+def _overlaps(root: str) -> str:
+    """What the simulated libefml wrote when init or shutdown found a call inside it."""
+    path = pathlib.Path(root, efmlsim.EFML_DIR, "overlaps")
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+def test_init_and_shutdown_wait_for_a_call_inside_the_library(
+    node: str, lib: library.Library
+) -> None:
+    """The events thread sits in EfmlGetEvent (up to a second by design) when the collector
+    re-initialises after a driver reload; before, shutdown and init ran under it."""
+    answered: list[object] = []
+    waiting = threading.Thread(target=lambda: answered.append(lib.event(600)))
+    waiting.start()
+    time.sleep(0.2)  # inside EfmlGetEvent, waiting for an event that does not come
+    lib.shutdown()
+    lib.init()
+    waiting.join(10)
+    assert answered == [None]  # its call ended normally (TIMEOUT: no event)
+    assert _overlaps(node) == ""  # was "EfmlShutdown with 1 call(s) inside"
+    assert lib.device_count() == 2
+
+
+def test_a_call_that_never_returns_keeps_init_out_with_a_timeout(
+    node: str, lib: library.Library
+) -> None:
+    """Init does not run under a hung card's call: it gives up, named, and works once the
+    call has returned; calls made meanwhile are not lost."""
+    lib.exclusive_wait = 0.5
+    efmlsim.set_values(node, "card1", {"hang": "1"})
+    stuck = threading.Thread(target=lambda: lib.memory(1))
+    stuck.start()
+    time.sleep(0.2)
+    with pytest.raises(EfmlTimeout, match=r"1 libefml call\(s\) still inside"):
+        lib.reinit()
+    assert lib.memory(0).total_bytes > 0  # other calls go on after init gave up
+    efmlsim.set_values(node, "card1", {"hang": None})
+    stuck.join(10)
+    lib.reinit()
+    assert _overlaps(node) == ""
+    assert lib.device_count() == 2

@@ -1,8 +1,11 @@
-"""Per-card metrics, labelled with the pod, namespace and container holding the card.
+"""Per-card allocation metrics: health, who holds what, and the holder join.
 
-Computed at scrape time from one :class:`~enflame_gcu.holders.NodeView` (swapped whole by
-:meth:`CardCollector.update`), the way dcgm-exporter labels GPU metrics: a card held by several
-containers (slices, vGCUs) has one series per container; a free card one with empty labels.
+Computed from one :class:`~enflame_gcu.holders.NodeView` (swapped whole by
+:meth:`CardCollector.update`). The holder (pod, namespace, container) is a label of
+``enflame_gcu_allocation_info`` (one series per held device, the join every other family uses)
+and of ``enflame_gcu_card_allocated`` (one series per holder of a card, counting its devices);
+``enflame_gcu_card_healthy`` and the telemetry families have one series per card whoever holds
+it, so a card shared by six slice holders is not six copies of each gauge.
 """
 
 from __future__ import annotations
@@ -25,12 +28,6 @@ def _numa(view: holders.CardView) -> str:
     return "" if view.card.numa_node is None else str(view.card.numa_node)
 
 
-def _who(view: holders.CardView) -> list[tuple[str, str, str]]:
-    """Distinct containers holding the card, in order; one empty entry for a free card."""
-    found = dict.fromkeys((h.namespace, h.pod, h.container) for h in view.holders)
-    return list(found) or [("", "", "")]
-
-
 class CardCollector(Collector):
     """Yields the ``enflame_gcu_card*`` families from the latest view."""
 
@@ -39,10 +36,17 @@ class CardCollector(Collector):
         self.host = host or os.environ.get("NODE_NAME") or socket.gethostname()
         self._view: holders.NodeView | None = None
         self._known = False
+        self._version = 0
 
     def update(self, view: holders.NodeView, *, known: bool) -> None:
         """Publish a new view; ``known`` is False while PodResources cannot be read."""
-        self._view, self._known = view, known
+        if (view, known) != (self._view, self._known):  # the same content is no change
+            self._view, self._known = view, known
+            self._version += 1
+
+    def version(self) -> int:
+        """Changes whenever the view's content does (the scrape's cache key)."""
+        return self._version
 
     def current(self) -> tuple[holders.NodeView | None, bool]:
         """The latest view and whether its holders are known (read by the telemetry families)."""
@@ -59,9 +63,8 @@ class CardCollector(Collector):
             return
         healthy = GaugeMetricFamily(
             "enflame_gcu_card_healthy",
-            "1 when the card is healthy; labelled with the pod_namespace, pod_name, container_name "
-            "holding it",
-            labels=["card", "model", "numa_node", *POD_LABELS],
+            "1 when the card is healthy (its holders: enflame_gcu_allocation_info)",
+            labels=["card", "model", "numa_node"],
         )
         unhealthy = GaugeMetricFamily(
             "enflame_gcu_card_unhealthy",
@@ -88,8 +91,7 @@ class CardCollector(Collector):
         )
         for card in view.cards:
             base = [card.card.name, card.card.model]
-            for who in _who(card) if known else [("", "", "")]:
-                healthy.add_metric([*base, _numa(card), *who], 1 if card.healthy else 0)
+            healthy.add_metric([*base, _numa(card)], 1 if card.healthy else 0)
             if not card.healthy:
                 unhealthy.add_metric([card.card.name, card.reason or "unknown"], 1)
             if known:

@@ -6,7 +6,10 @@ and registration run on (a stuck plugin loop still gets ``/healthz`` answered wi
 address a connection rate and a cap, a cap in all (the oldest connection not being answered is
 dropped for a newcomer), a request head of at most ``head_bytes`` that must arrive within
 ``head_timeout`` seconds *in total*, an answer that must be taken within ``write_timeout``, one
-request per connection, GET and HEAD only. Memory and threads stay flat whatever arrives.
+request per connection, GET and HEAD only. Memory and threads stay flat whatever arrives. The
+exposition is built on the server's one worker thread (its card and telemetry families encoded
+once per change, :meth:`metrics.Metrics.exposition`), so a scrape of a large node never holds up
+a probe on the server's loop.
 
 An empty bind address means every address: IPv6 and IPv4 on a dual-stack socket where the host
 has IPv6, else every IPv4 address.
@@ -16,8 +19,6 @@ from __future__ import annotations
 
 import logging
 import socket
-
-from prometheus_client import exposition
 
 from enflame_gcu import bounded_http
 from enflame_gcu.device_plugin import metrics
@@ -41,10 +42,15 @@ def handler(exported: metrics.Metrics) -> bounded_http.Handler:
             return bounded_http.Response(
                 404, "not found: /metrics, /healthz and /readyz are served\n"
             )
-        encoder, content_type = exposition.choose_encoder(request.headers.get("accept", ""))
-        return bounded_http.Response(200, encoder(exported.registry), content_type)
+        body, content_type = exported.exposition(request.headers.get("accept", ""))
+        return bounded_http.Response(200, body, content_type)
 
     return answer
+
+
+def off_the_loop(request: bounded_http.Request) -> bool:
+    """The exposition is built on the server's worker thread; probes and 404s on its loop."""
+    return request.path in METRICS_PATHS
 
 
 def listen(address: str, port: int, backlog: int = 128) -> socket.socket:
@@ -62,7 +68,11 @@ def start(
     """
     limits = limits or Limits()
     server = MetricsServer(
-        handler(exported), listen(address, port, limits.backlog), limits, name="metrics"
+        handler(exported),
+        listen(address, port, limits.backlog),
+        limits,
+        name="metrics",
+        offload=off_the_loop,
     )
     server.start()
     host = server.address[0]

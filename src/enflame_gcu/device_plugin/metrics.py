@@ -5,12 +5,19 @@ and carries no ``_created`` series. What each metric means is listed in docs/use
 "Observe your GCUs"; the per-card families are computed at scrape time by
 :class:`~.card_metrics.CardCollector` from one immutable view, so a scrape never sees half an
 update. Every method here is called on the event loop; the HTTP thread only reads.
+
+A scrape's bytes (:meth:`Metrics.exposition`) come in two parts: the families that change only
+with a new view of the cards or a new telemetry pass (hundreds of series per card on a large
+node) are encoded once per such change and kept; the plugin's own counters, histograms and
+process figures (a few dozen series) are encoded on each scrape. Both on the HTTP server's worker
+thread, never on the event loop the kubelet's calls run on.
 """
 
 from __future__ import annotations
 
 import logging
 import platform
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -21,7 +28,9 @@ from prometheus_client import (
     Histogram,
     ProcessCollector,
     disable_created_metrics,
+    exposition,
 )
+from prometheus_client.registry import Collector
 
 from enflame_gcu import __version__, devices, health, holders, topology, virtual
 from enflame_gcu.device_plugin import card_metrics
@@ -39,10 +48,17 @@ class Metrics:
 
     def __init__(self) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]
+        # Encoded on every scrape: the plugin's own counters and the process's figures.
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
+        # Encoded once per change of what they render (see :meth:`add_cached`).
+        self.cached = CollectorRegistry(auto_describe=False)
+        self._versions: list[Callable[[], object]] = []
+        self._encoded: dict[bool, tuple[tuple[object, ...], bytes]] = {}
+        self._encoding = threading.Lock()
+        self.encodes = 0  # times the cached families were encoded (tests and benchmarks)
         self.cards = card_metrics.CardCollector()
-        self.registry.register(self.cards)
+        self.add_cached(self.cards, self.cards.version)
         labels = {"version": __version__, "python_version": platform.python_version()}
         Gauge(
             "enflame_gcu_build_info",
@@ -128,6 +144,37 @@ class Metrics:
         self._beat = time.monotonic()
         # Set by the PodResources reader: an Allocate means a holder appears soon.
         self.after_allocate: Callable[[], None] | None = None
+
+    # --- exposition ------------------------------------------------------------------------
+
+    def add_cached(self, collector: Collector, version: Callable[[], object]) -> None:
+        """Serve ``collector``'s families encoded once per value of ``version()`` (compared
+        with ==; an object it returns is held, so identity cannot be reused)."""
+        self.cached.register(collector)
+        self._versions.append(version)
+
+    def exposition(self, accept: str = "") -> tuple[bytes, str]:
+        """One scrape's bytes for the client's Accept header, and their content type."""
+        encoder, content_type = exposition.choose_encoder(accept)
+        openmetrics = content_type.startswith("application/openmetrics-text")
+        live = encoder(self.registry)
+        cached = self._cached_bytes(encoder, openmetrics)
+        if openmetrics:  # one "# EOF" at the very end
+            return live.removesuffix(b"# EOF\n") + cached.removesuffix(b"# EOF\n") + (
+                b"# EOF\n"
+            ), content_type
+        return live + cached, content_type
+
+    def _cached_bytes(self, encoder: Callable[[CollectorRegistry], bytes], key: bool) -> bytes:
+        with self._encoding:  # one encodes, a scrape beside it then takes the same bytes
+            version = tuple(version() for version in self._versions)
+            kept = self._encoded.get(key)
+            if kept is not None and kept[0] == version:
+                return kept[1]
+            encoded = encoder(self.cached)
+            self.encodes += 1
+            self._encoded[key] = (version, encoded)
+            return encoded
 
     # --- devices and cards ----------------------------------------------------------------
 

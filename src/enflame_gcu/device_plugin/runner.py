@@ -353,9 +353,8 @@ def _telemetry(config: plugin_config.PluginConfig, exported: metrics.Metrics) ->
     else:
         collector = telemetry.TelemetryCollector(*settings)
         efml_library.ignore_user_signals()  # before the library loads, as gcu-exporter does
-    exported.registry.register(
-        telemetry_metrics.TelemetryMetrics(collector, exported.cards.current)
-    )
+    families = telemetry_metrics.TelemetryMetrics(collector, exported.cards.current)
+    exported.add_cached(families, families.version)
     collector.start()
     return collector
 

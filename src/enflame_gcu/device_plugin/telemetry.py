@@ -149,11 +149,8 @@ class TelemetryCollector:
     def _reinit(self, lib: library.Library, why: str) -> None:
         """Shut libefml down and initialise it again (a driver reload, repeated node errors)."""
         log.warning("re-initialising libefml: %s", why)
-        try:
-            self.calls.run("node", lib.shutdown, "EfmlShutdown")
-        except EfmlError as exc:
-            log.warning("libefml shutdown before re-init: %s", exc)
-        self.calls.run("node", lib.init, "EfmlInit")
+        # Shutdown and init in one go, once no other call (the events thread's) is inside.
+        self.calls.run("node", lib.reinit, "EfmlInit")
         self._inits += 1
         self._node_errors = 0
 

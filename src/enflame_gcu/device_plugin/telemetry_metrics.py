@@ -5,11 +5,12 @@ Names and meanings are defined once, here (docs/metrics.md lists them with units
 Labels follow dcgm-exporter (``gpu``, ``UUID``, ``pci_bus_id``, ``modelName``, ``Hostname``)
 plus our ``card``; the holder is ``pod_namespace``/``pod_name``/``container_name`` (gcu-exporter's
 own names), which the Prometheus Operator's target labels (``namespace``, ``pod``,
-``container``, ``service``, ``endpoint``) can never overwrite. A card several containers hold
-has one series per container; a free card one series with empty holder labels. Counts that
-must survive a change of holder (ECC errors, PCIe NAKs) are Prometheus counters with one series
-per card and no holder labels; the holder is joined through ``enflame_gcu_allocation_info``
-(card_metrics.py), as kube-state-metrics joins a pod's owner.
+``container``, ``service``, ``endpoint``) can never overwrite. It is a label of
+``enflame_gcu_allocation_info`` only (card_metrics.py), one series per held device: every family
+here has one series per card (per vGCU for the vGCU families) whoever holds it, so a card shared
+by six slice holders is not six copies of each gauge, and a count that must survive a change of
+holder (ECC errors, PCIe NAKs) keeps its one series. The holder is joined on ``card`` (and
+``node``/``Hostname``), as kube-state-metrics joins a pod's owner.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ from enflame_gcu.device_plugin import telemetry
 from enflame_gcu.efml import reading, types
 
 CARD_LABELS = ("card", "gpu", "UUID", "pci_bus_id", "modelName", "Hostname")
-POD_LABELS = ("pod_namespace", "pod_name", "container_name")
-Who = tuple[str, str, str]
+POD_LABELS = ("pod_namespace", "pod_name", "container_name")  # allocation_info's only
 Value = Callable[[reading.CardReading], "float | None"]
 
 
@@ -40,9 +40,6 @@ class CardMetric:
     help: str
     value: Value
     vgcu: bool = False  # also emitted per vGCU with the parent card's value (gcu-exporter)
-    # False: one series per card without holder labels (a count that must survive a change of
-    # holder; join the holder through enflame_gcu_allocation_info).
-    holder: bool = True
     counter: bool = False  # a Prometheus counter (its name ends in _total)
 
 
@@ -117,7 +114,6 @@ CARD_METRICS: tuple[CardMetric, ...] = (
         ),
         lambda r: None if r.ecc is None else r.ecc.single_bit,
         vgcu=True,
-        holder=False,
     ),
     CardMetric(
         "enflame_gcu_ecc_double_bit_error_total_count",
@@ -128,7 +124,6 @@ CARD_METRICS: tuple[CardMetric, ...] = (
         ),
         lambda r: None if r.ecc is None else r.ecc.double_bit,
         vgcu=True,
-        holder=False,
     ),
     CardMetric(
         "enflame_gcu_ecc_enabled",
@@ -173,21 +168,18 @@ CARD_METRICS: tuple[CardMetric, ...] = (
         "enflame_gcu_pcie_tx_naks_total",
         "PCIe transmit NAKs since the driver loaded (EfmlGetPcieThroughput tx_nak)",
         lambda r: None if r.pcie_throughput is None else r.pcie_throughput.tx_nak,
-        holder=False,
         counter=True,
     ),
     CardMetric(
         "enflame_gcu_pcie_rx_naks_total",
         "PCIe receive NAKs since the driver loaded (EfmlGetPcieThroughput rx_nak)",
         lambda r: None if r.pcie_throughput is None else r.pcie_throughput.rx_nak,
-        holder=False,
         counter=True,
     ),
     CardMetric(
         "enflame_gcu_ecc_single_bit_errors_total",
         "Corrected (single-bit) ECC errors since the driver loaded (EfmlGetDevEccStatus)",
         lambda r: None if r.ecc is None else r.ecc.single_bit,
-        holder=False,
         counter=True,
     ),
     CardMetric(
@@ -197,7 +189,6 @@ CARD_METRICS: tuple[CardMetric, ...] = (
             "else EfmlGetDevRmaDetails' dbe_count)"
         ),
         lambda r: None if r.ecc is None else r.ecc.double_bit,
-        holder=False,
         counter=True,
     ),
     CardMetric(
@@ -224,17 +215,6 @@ CARD_METRICS: tuple[CardMetric, ...] = (
 def hostname() -> str:
     """The node's name: $NODE_NAME (the chart sets it from the pod's node) or the host name."""
     return os.environ.get("NODE_NAME") or socket.gethostname()
-
-
-def _who(view: holders.CardView | None, known: bool, device: str | None = None) -> list[Who]:
-    if view is None or not known:
-        return [("", "", "")]
-    found = dict.fromkeys(
-        (h.namespace, h.pod, h.container)
-        for h in view.holders
-        if device is None or h.device == device
-    )
-    return list(found) or [("", "", "")]
 
 
 class _Families:
@@ -275,6 +255,11 @@ class TelemetryMetrics(Collector):
         # pass or holders view with the same content reuses them instead of rebuilding every
         # series; the per-pass families (timings, totals) are built on each scrape.
         self._cached: tuple[object, list[Metric]] | None = None
+
+    def version(self) -> object:
+        """What the families are rendered from, bar the holders view (the card collector's
+        version covers it): the last pass, a new object per pass."""
+        return self.collector.snapshot
 
     def describe(self) -> Iterator[Metric]:
         """No fixed description: the families depend on the cards."""
@@ -382,7 +367,7 @@ class TelemetryMetrics(Collector):
         known: bool,
         by_bdf: dict[str, holders.CardView],
     ) -> Iterator[Metric]:
-        del node
+        del node, known  # part of the cache key; the cards come through by_bdf, no holder
         out = _Families()
         host = [self.host]
         out.add(
@@ -396,10 +381,10 @@ class TelemetryMetrics(Collector):
         for card in snap.cards:
             view = by_bdf.get(card.identity.bdf)
             base = self._base(card, view)
-            self._card(out, card, view, known, base)
+            self._card(out, card, view, base)
             vgcus += len(card.vgcus)
             for vgcu in card.vgcus:
-                self._vgcu(out, card, vgcu, view, known, base)
+                self._vgcu(out, card, vgcu, view, base)
         out.add(
             "enflame_vgcu_count",
             "vGCUs libefml lists on this node (EfmlGetVdevList)",
@@ -449,11 +434,9 @@ class TelemetryMetrics(Collector):
         out: _Families,
         card: reading.CardReading,
         view: holders.CardView | None,
-        known: bool,
         base: list[str],
     ) -> None:
-        whos = _who(view, known)
-        labels = [*CARD_LABELS, *POD_LABELS]
+        labels = list(CARD_LABELS)
         info = ["slot", "dev_sn", "fw_version", "arch"]
         arch = "" if card.arch is None else types.HW_ARCH.get(card.arch, str(card.arch))
         out.add(
@@ -465,144 +448,127 @@ class TelemetryMetrics(Collector):
         )
         healthy = view is None or view.healthy
         message = "" if healthy else (view.reason if view is not None else "")
+        values = base
         for metric in CARD_METRICS:
-            value = None if metric.holder else metric.value(card)
+            value = metric.value(card)
             if value is not None:
-                out.add(metric.name, metric.help, CARD_LABELS, base, value, metric.counter)
-        for who in whos:
-            values = [*base, *who]
-            for metric in CARD_METRICS:
-                value = metric.value(card) if metric.holder else None
-                if value is not None:
-                    out.add(metric.name, metric.help, labels, values, value)
-            if card.temperatures is not None:
-                temps = {
-                    "asic": card.temperatures.asic,
-                    "memory": card.temperatures.mem,
-                    "board": card.temperatures.board,
-                }
-                for sensor, temp in temps.items():
-                    if temp is not None:
-                        out.add(
-                            "enflame_gcu_temperature_celsius",
-                            "Temperature by sensor in degrees Celsius",
-                            [*labels, "sensor"],
-                            [*values, sensor],
-                            temp,
-                        )
-            if card.clocks is not None:
-                mode = (
-                    ""
-                    if card.power_mode is None
-                    else types.POWER_MODES.get(card.power_mode, str(card.power_mode))
-                )
-                out.add(
-                    "enflame_gcu_clock",
-                    (
-                        "DTU clock, probably MHz (EfmlGetDevClk; efml.h states no unit), with the"
-                        " power mode"
-                    ),
-                    [*labels, "power_mode"],
-                    [*values, mode],
-                    card.clocks.dtu,
-                )
-            out.add(
-                "enflame_gcu_health",
-                "2 healthy, 1 unhealthy (the plugin's health check), with its message",
-                [*labels, "healthmsg"],
-                [*values, message],
-                2 if healthy else 1,
-            )
-            for name, usages, key in (
-                ("enflame_gcu_cluster_usage", card.cluster_usages, "cluster"),
-                ("enflame_gcu_pg_usage", card.pg_usages, "pg"),
-            ):
-                for number, usage in enumerate(usages or ()):
+                out.add(metric.name, metric.help, labels, values, value, metric.counter)
+        if card.temperatures is not None:
+            temps = {
+                "asic": card.temperatures.asic,
+                "memory": card.temperatures.mem,
+                "board": card.temperatures.board,
+            }
+            for sensor, temp in temps.items():
+                if temp is not None:
                     out.add(
-                        name,
-                        f"Usage per {key} as the library reports it (scale unstated)",
-                        [*labels, key],
-                        [*values, str(number)],
-                        usage,
+                        "enflame_gcu_temperature_celsius",
+                        "Temperature by sensor in degrees Celsius",
+                        [*labels, "sensor"],
+                        [*values, sensor],
+                        temp,
                     )
+        if card.clocks is not None:
+            mode = (
+                ""
+                if card.power_mode is None
+                else types.POWER_MODES.get(card.power_mode, str(card.power_mode))
+            )
+            out.add(
+                "enflame_gcu_clock",
+                (
+                    "DTU clock, probably MHz (EfmlGetDevClk; efml.h states no unit), with the"
+                    " power mode"
+                ),
+                [*labels, "power_mode"],
+                [*values, mode],
+                card.clocks.dtu,
+            )
+        out.add(
+            "enflame_gcu_health",
+            "2 healthy, 1 unhealthy (the plugin's health check), with its message",
+            [*labels, "healthmsg"],
+            [*values, message],
+            2 if healthy else 1,
+        )
+        for name, usages, key in (
+            ("enflame_gcu_cluster_usage", card.cluster_usages, "cluster"),
+            ("enflame_gcu_pg_usage", card.pg_usages, "pg"),
+        ):
+            for number, usage in enumerate(usages or ()):
+                out.add(
+                    name,
+                    f"Usage per {key} as the library reports it (scale unstated)",
+                    [*labels, key],
+                    [*values, str(number)],
+                    usage,
+                )
 
-    def _vgcu(  # noqa: PLR0917 (one call site, each argument named by role)
+    def _vgcu(
         self,
         out: _Families,
         card: reading.CardReading,
         vgcu: reading.VgcuReading,
         view: holders.CardView | None,
-        known: bool,
         base: list[str],
     ) -> None:
-        labels = [*CARD_LABELS, "vindex", *POD_LABELS]
+        labels = [*CARD_LABELS, "vindex"]
+        values = [*base, str(vgcu.index)]
         for metric in CARD_METRICS:
-            value = metric.value(card) if metric.vgcu and not metric.holder else None
+            value = metric.value(card) if metric.vgcu else None
             if value is not None:
                 out.add(
                     metric.name.replace("enflame_gcu_", "enflame_vgcu_"),
                     f"The parent card's {metric.name}",
-                    [*CARD_LABELS, "vindex"],
-                    [*base, str(vgcu.index)],
+                    labels,
+                    values,
                     value,
                 )
-        for who in _who(view, known, f"vgcu{vgcu.index}"):
-            values = [*base, str(vgcu.index), *who]
-            if vgcu.usage is not None:
-                out.add(
-                    "enflame_vgcu_usage",
-                    "vGCU usage as EfmlGetVdevDtuUsage reports it (scale unstated)",
-                    labels,
-                    values,
-                    vgcu.usage,
-                )
-            if vgcu.memory is not None:
-                memory = vgcu.memory
-                out.add(
-                    "enflame_vgcu_memory_total_bytes",
-                    "vGCU memory in bytes (EfmlGetVdevMem)",
-                    labels,
-                    values,
-                    memory.total_bytes,
-                )
-                out.add(
-                    "enflame_vgcu_memory_used_bytes",
-                    "vGCU memory used in bytes (EfmlGetVdevMem)",
-                    labels,
-                    values,
-                    memory.used_bytes,
-                )
-                out.add(
-                    "enflame_vgcu_memory_usage",
-                    "vGCU memory used as a 0-1 ratio",
-                    labels,
-                    values,
-                    _ratio(memory.used_bytes, memory.total_bytes),
-                )
-            for metric in CARD_METRICS:
-                value = metric.value(card) if metric.vgcu and metric.holder else None
-                if value is not None:
-                    out.add(
-                        metric.name.replace("enflame_gcu_", "enflame_vgcu_"),
-                        f"The parent card's {metric.name}",
-                        labels,
-                        values,
-                        value,
-                    )
-            healthy = view is None or view.healthy
-            message = "" if healthy or view is None else view.reason
+        if vgcu.usage is not None:
             out.add(
-                "enflame_vgcu_health",
-                "The parent card's health: 2 healthy, 1 unhealthy",
-                [*labels, "healthmsg"],
-                [*values, message],
-                2 if healthy else 1,
+                "enflame_vgcu_usage",
+                "vGCU usage as EfmlGetVdevDtuUsage reports it (scale unstated)",
+                labels,
+                values,
+                vgcu.usage,
             )
-            if card.clocks is not None:
-                out.add(
-                    "enflame_vgcu_clock",
-                    "The parent card's DTU clock",
-                    labels,
-                    values,
-                    card.clocks.dtu,
-                )
+        if vgcu.memory is not None:
+            memory = vgcu.memory
+            out.add(
+                "enflame_vgcu_memory_total_bytes",
+                "vGCU memory in bytes (EfmlGetVdevMem)",
+                labels,
+                values,
+                memory.total_bytes,
+            )
+            out.add(
+                "enflame_vgcu_memory_used_bytes",
+                "vGCU memory used in bytes (EfmlGetVdevMem)",
+                labels,
+                values,
+                memory.used_bytes,
+            )
+            out.add(
+                "enflame_vgcu_memory_usage",
+                "vGCU memory used as a 0-1 ratio",
+                labels,
+                values,
+                _ratio(memory.used_bytes, memory.total_bytes),
+            )
+        healthy = view is None or view.healthy
+        message = "" if healthy or view is None else view.reason
+        out.add(
+            "enflame_vgcu_health",
+            "The parent card's health: 2 healthy, 1 unhealthy",
+            [*labels, "healthmsg"],
+            [*values, message],
+            2 if healthy else 1,
+        )
+        if card.clocks is not None:
+            out.add(
+                "enflame_vgcu_clock",
+                "The parent card's DTU clock",
+                labels,
+                values,
+                card.clocks.dtu,
+            )

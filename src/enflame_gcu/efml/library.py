@@ -8,21 +8,31 @@ library lacks raises :class:`~enflame_gcu.errors.EfmlNotSupported` ("not support
 libefml") when called, as cgo's lazily bound symbols do. Every wrapper returns Python values:
 bytes for memory, degrees Celsius, and the library's own numbers where efml.h states no unit
 (usage, power, clocks, PCIe throughput; docs/metrics.md says which).
+
+EfmlInit and EfmlShutdown never run while another call is inside the library: the collector
+reads cards on several threads and events on one more, and a re-initialisation (after a driver
+reload) under a call in flight is what crashes a library built for one caller at a time. Calls
+share the library with each other; init and shutdown wait until it is empty, and calls that
+arrive meanwhile wait behind them (so a steady stream of calls cannot starve them). A call that
+never returns keeps init out: after ``EXCLUSIVE_WAIT`` seconds init gives up with EfmlTimeout
+rather than initialise under it (and is tried again on the next occasion).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from enflame_gcu import fileio
 from enflame_gcu.efml import types
-from enflame_gcu.errors import EfmlError, EfmlNotSupported, PathOutsideRootError
+from enflame_gcu.errors import EfmlError, EfmlNotSupported, EfmlTimeout, PathOutsideRootError
 
 NAMES = (
     "libefml.so",
@@ -35,6 +45,8 @@ NAMES = (
 DIRS = ("", "/usr/lib/", "/usr/lib64/", "/usr/lib/x86_64-linux-gnu/")
 MiB = 1 << 20
 NO_VDEV = 65536  # the wrapper's "vGCUs unsupported" list entry
+EXCLUSIVE = frozenset({"EfmlInit", "EfmlShutdown"})
+EXCLUSIVE_WAIT = 10.0  # seconds init/shutdown wait for the calls inside to return
 
 
 def candidates(host_root: str = "/", explicit: str | None = None) -> list[str]:
@@ -140,12 +152,71 @@ def ignore_user_signals() -> None:
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
+class _Gate:
+    """Many calls inside at once, or one init/shutdown alone; a waiting init goes first."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._inside = 0
+        self._exclusive = False
+        self._waiting = 0  # inits/shutdowns waiting: new calls queue behind them
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._changed:
+            while self._exclusive or self._waiting:
+                self._changed.wait()
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._inside -= 1
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def alone(self, what: str, timeout: float) -> Iterator[None]:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            self._waiting += 1
+            try:
+                while self._exclusive or self._inside:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise EfmlTimeout(
+                            what,
+                            types.TIMEOUT,
+                            "timeout",
+                            f"{self._inside} libefml call(s) still inside after {timeout:g} s; "
+                            "not run under them",
+                        )
+                    self._changed.wait(left)
+            finally:
+                self._waiting -= 1
+                self._changed.notify_all()
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._exclusive = False
+                self._changed.notify_all()
+
+    def inside(self) -> int:
+        """Calls inside the library right now."""
+        with self._changed:
+            return self._inside
+
+
 class Library:
-    """One loaded libefml; call :meth:`init` before anything else."""
+    """One loaded libefml; call :meth:`init` before anything else. Thread-safe: see the module
+    docstring for how init and shutdown are kept apart from every other call."""
 
     def __init__(self, handle: ctypes.CDLL, path: str) -> None:
         self.handle = handle
         self.path = path
+        self.gate = _Gate()
+        self.exclusive_wait = EXCLUSIVE_WAIT
 
     @classmethod
     def load(cls, host_root: str = "/", explicit: str | None = None) -> Library:
@@ -201,15 +272,26 @@ class Library:
         return hasattr(self.handle, name)
 
     def call(self, name: str, *args: Any) -> None:
-        """Call ``name``; a non-zero return raises EfmlError named after the code."""
-        code = int(self.function(name)(*args))
-        if code == types.SUCCESS:
-            return
+        """Call ``name``; a non-zero return raises EfmlError named after the code. EfmlInit and
+        EfmlShutdown run alone (EfmlTimeout when the library does not empty in time)."""
+        function = self.function(name)
+        gate = (
+            self.gate.alone(name, self.exclusive_wait) if name in EXCLUSIVE else self.gate.shared()
+        )
+        with gate:
+            code = int(function(*args))
+            if code == types.SUCCESS:
+                return
+            text = self._error_string(code)
         kind = EfmlNotSupported if code == types.NOT_SUPPORTED else EfmlError
-        raise kind(name, code, types.code_name(code), self.error_string(code))
+        raise kind(name, code, types.code_name(code), text)
 
     def error_string(self, code: int) -> str:
         """The library's text for a code ("" when it has none)."""
+        with self.gate.shared():
+            return self._error_string(code)
+
+    def _error_string(self, code: int) -> str:
         if not self.has("EfmlErrorString"):
             return ""
         buffer = ctypes.create_string_buffer(types.MAX_CHAR_BUFF_LEN)
@@ -224,9 +306,22 @@ class Library:
         self.call("EfmlInit", ctypes.c_bool(no_driver))
 
     def shutdown(self) -> None:
-        """EfmlShutdown (returns void)."""
+        """EfmlShutdown (returns void), alone in the library."""
         if self.has("EfmlShutdown"):
-            self.function("EfmlShutdown")()
+            function = self.function("EfmlShutdown")
+            with self.gate.alone("EfmlShutdown", self.exclusive_wait):
+                function()
+
+    def reinit(self, no_driver: bool = False) -> None:
+        """EfmlShutdown then EfmlInit with no call between them (after a driver reload)."""
+        init = self.function("EfmlInit")
+        with self.gate.alone("EfmlInit", self.exclusive_wait):
+            if self.has("EfmlShutdown"):
+                self.function("EfmlShutdown")()
+            code = int(init(ctypes.c_bool(no_driver)))
+            text = "" if code == types.SUCCESS else self._error_string(code)
+        if code != types.SUCCESS:
+            raise EfmlError("EfmlInit", code, types.code_name(code), text)
 
     def _text(self, name: str, *args: Any) -> str:
         buffer = ctypes.create_string_buffer(types.MAX_CHAR_BUFF_LEN)

@@ -174,7 +174,9 @@ async def show_telemetry(ctx: DemoContext, port: int) -> None:
     while True:
         found = await asyncio.to_thread(telemetry, port, "gcu0")
         usage = found.get("enflame_gcu_usage", (None, {}))
-        if usage[0] == 87.5 and usage[1].get("pod_name") == "pod1":
+        # The holder is a label of allocation_info only; the telemetry joins it on the card.
+        holder = found.get("enflame_gcu_allocation_info", (None, {}))[1]
+        if usage[0] == 87.5 and holder.get("pod_name") == "pod1":
             break
         if time.monotonic() > deadline:
             raise AssertionError(f"gcu0's telemetry never showed up: {found}")
@@ -182,7 +184,7 @@ async def show_telemetry(ctx: DemoContext, port: int) -> None:
     used = found["enflame_gcu_memory_used_bytes"][0] / (1 << 30)
     say("   card telemetry on /metrics, read through the (simulated) libefml:")
     say(
-        f"   gcu0 held by {usage[1]['pod_namespace']}/{usage[1]['pod_name']}: usage "
+        f"   gcu0 held by {holder['pod_namespace']}/{holder['pod_name']}: usage "
         f"{usage[0]:g}, {found['enflame_gcu_temperatures'][0]:g} °C, {used:g} GiB used, "
         f"PCIe x{found['enflame_gcu_pcie_link_width'][0]:g}"
     )

@@ -7,7 +7,10 @@
  * return NOT_SUPPORTED) or "refuse Name=CODE Name=CODE" (those functions return CODE). A new
  * "driver_ver" in the node file is a driver reload: every call but EfmlGetDriverVer answers
  * UNINITIALIZED until EfmlInit runs again. "event_seq N" with "event_id", "event_type" and
- * "event_msg" in the node file is the next event EfmlGetEvent hands out (once per new N). The root is where the library sits: <root>/usr/lib/libefml.so, or
+ * "event_msg" in the node file is the next event EfmlGetEvent hands out (once per new N).
+ * The library counts the calls inside it: EfmlInit or EfmlShutdown entered while another call is
+ * inside (which a real libefml does not survive) appends a line to <root>/.enflame-sim/efml/
+ * overlaps. The root is where the library sits: <root>/usr/lib/libefml.so, or
  * $EFML_SIM_ROOT when it is loaded from anywhere else (installed as the vendor installs it, under
  * <root>/usr/local/efsmi/lib and linked from <root>/usr/lib, it finds the root from its
  * resolved path). Built by enflame_gcu.simulation.efmlsim
@@ -32,6 +35,17 @@ static char g_root[4096];
 static int g_initialized;
 static char g_driver[BUF];   /* the node's driver_ver when EfmlInit ran */
 static long g_event_seq;     /* the last event handed out */
+static int g_inside;         /* calls inside the library now (atomic) */
+
+static void leave(int *unused) {
+    (void)unused;
+    __atomic_sub_fetch(&g_inside, 1, __ATOMIC_SEQ_CST);
+}
+/* Counts the calling function as inside the library until it returns. */
+#define INSIDE                                                                              \
+    int inside_ __attribute__((cleanup(leave))) =                                           \
+        __atomic_add_fetch(&g_inside, 1, __ATOMIC_SEQ_CST);                                 \
+    (void)inside_
 
 static void find_root(void) {
     const char *env = getenv("EFML_SIM_ROOT");
@@ -163,6 +177,7 @@ static double nth(const char *text, const char *key, uint32_t n) {
 }
 
 #define CARD_CALL(fn, idx)                          \
+    INSIDE;                                         \
     char text[FILE_MAX];                            \
     efmlReturn_t rc = enter((idx), fn, text);       \
     if (rc != EFML_SUCCESS) return rc
@@ -171,9 +186,22 @@ static double nth(const char *text, const char *key, uint32_t n) {
 int efsmi_sim_dep_ready(void); /* efsmi_dep.c, a separate library next to this one */
 #endif
 
+/* EfmlInit/EfmlShutdown found other calls inside: say so where the tests look. */
+static void overlap(const char *fn) {
+    int others = __atomic_load_n(&g_inside, __ATOMIC_SEQ_CST);
+    char path[4352];
+    if (others <= 0) return;
+    snprintf(path, sizeof path, "%s/.enflame-sim/efml/overlaps", g_root);
+    FILE *f = fopen(path, "a");
+    if (!f) return;
+    fprintf(f, "%s with %d call(s) inside\n", fn, others);
+    fclose(f);
+}
+
 EXPORT efmlReturn_t EfmlInit(bool no_driver) {
     char text[FILE_MAX], value[BUF];
     (void)no_driver;
+    if (g_root[0]) overlap("EfmlInit"); /* a re-init: the root is known */
 #ifdef EFML_SIM_DEP
     if (!efsmi_sim_dep_ready()) return EFML_ERROR_LIBRARY_NOT_FOUND;
 #endif
@@ -186,7 +214,10 @@ EXPORT efmlReturn_t EfmlInit(bool no_driver) {
     return EFML_SUCCESS;
 }
 
-EXPORT void EfmlShutdown(void) { g_initialized = 0; }
+EXPORT void EfmlShutdown(void) {
+    overlap("EfmlShutdown");
+    g_initialized = 0;
+}
 
 EXPORT efmlReturn_t EfmlErrorString(efmlReturn_t code, char *out) {
     static const char *names[] = {"Success", "Uninitialized", "Invalid argument", "Not supported",
@@ -202,6 +233,7 @@ EXPORT efmlReturn_t EfmlErrorString(efmlReturn_t code, char *out) {
 }
 
 static efmlReturn_t node_str(const char *key, char *out) {
+    INSIDE;
     char text[FILE_MAX];
     if (!g_initialized) return EFML_ERROR_UNINITIALIZED;
     if (read_file("node", text) != 0) return EFML_ERROR_DRIVER_NOT_LOADED;
@@ -213,6 +245,7 @@ EXPORT efmlReturn_t EfmlGetLibVer(char *out) { return node_str("lib_ver", out); 
 EXPORT efmlReturn_t EfmlGetDriverAccessPoint(char *out) { return node_str("access_point", out); }
 
 EXPORT efmlReturn_t EfmlGetDevCount(uint32_t *count) {
+    INSIDE;
     char text[FILE_MAX], value[BUF];
     if (!g_initialized || reloaded()) return EFML_ERROR_UNINITIALIZED;
     if (!count) return EFML_ERROR_INVALID_ARGUMENT;
@@ -429,6 +462,7 @@ EXPORT efmlReturn_t EfmlGetMaxFreq(uint32_t idx, uint32_t *mhz) {
 
 /* The node's next event (a new event_seq), or TIMEOUT after timeout_ms (-1: wait on). */
 EXPORT efmlReturn_t EfmlGetEvent(int timeout_ms, efmlEvent_t *event) {
+    INSIDE;
     char text[FILE_MAX];
     if (!event) return EFML_ERROR_INVALID_ARGUMENT;
     for (long waited = 0;; waited += 20) {
