@@ -99,7 +99,7 @@ def test_memoized_scores_equal_fresh_scores_on_random_histories(
     """Each step of a seeded random history changes the cluster one way; after each, every
     request's scores from the memo must equal the scores computed from fresh views, byte for
     byte in the answer. A memo that misses any invalidation, or scores differently, fails."""
-    compared = differing_requests = 0
+    compared = differing_requests = filtered = 0
     for seed in range(6):
         rng = random.Random(seed)  # noqa: S311 (a seeded test history)
         clock = Clock()
@@ -183,8 +183,23 @@ def test_memoized_scores_equal_fresh_scores_on_random_histories(
                 )
                 compared += len(memo)
                 differing_requests += len(set(memo.values())) > 1
+                if slices:  # the filter's memo against the fresh views too
+                    body = json.dumps({"Pod": pod_object(name, cards, slices), "NodeNames": names})
+                    answer = json.loads(decide.filter(body.encode()))
+                    views = cache.views(names, exclude=call.pod.uid)
+                    refused = {
+                        node: f"enflame.com/shared-gcu: {fit.reason}"
+                        for node, view in views.items()
+                        if view.state is not None
+                        for fit in [node_fit.shared_slices(view.state, view.pending_slices, slices)]
+                        if not fit.fits
+                    }
+                    assert answer["FailedNodes"] == refused, (seed, step, call.pod)
+                    assert answer["NodeNames"] == [n for n in names if n not in refused]
+                    filtered += len(refused)
     assert compared > 10_000
     assert differing_requests > 500  # the histories rank nodes, not only "unknown"
+    assert filtered > 500  # and the filter refuses nodes in them
 
 
 def setup(

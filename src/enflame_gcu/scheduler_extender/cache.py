@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from enflame_gcu import node_state
 from enflame_gcu.errors import NodeStateError
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 MAX_PODS = 200_000
 MAX_REQUESTS_PER_ENTRY = 64  # distinct pod sizes remembered per node before the memo restarts
 MAX_RELEASED_PER_NODE = node_state.MAX_PODS  # ended pods remembered per node (oldest go first)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +81,7 @@ class _Entry:
     """A node's view with nothing excluded, and its score per request asked so far."""
 
     view: NodeView
-    scores: dict[Hashable, int] = field(default_factory=dict)
+    scores: dict[Hashable, object] = field(default_factory=dict)
     observed: float = field(init=False)  # the state's, or -inf: unknown at any age
 
     def __post_init__(self) -> None:
@@ -285,6 +286,21 @@ class ClusterCache:
             return state
         return state.released(released)
 
+    def _expire_releases(self, wall: float) -> None:
+        """Forget the releases older than ``admission_grace`` and drop the entries of their
+        nodes (the lock is held): an entry built while a pod's release counted must not keep
+        counting it once the plugin has had time to read the kubelet again. Each node's
+        releases are in the order they came, so its first is its oldest."""
+        oldest = wall - self.admission_grace
+        due = [n for n, keys in self._released.items() if min(keys.values(), default=0) < oldest]
+        for name in due:
+            released = self._released[name]
+            for key in [k for k, at in released.items() if at < oldest]:
+                del released[key]
+            if not released:
+                del self._released[name]
+            self._entries.pop(name, None)
+
     def _drop_guess(self, uid: str) -> None:
         """Forget a guess and its node's entry (the lock is held)."""
         old = self._guesses.pop(uid, None)
@@ -320,13 +336,17 @@ class ClusterCache:
                 state = states[name]
                 if isinstance(state, node_state.NodeState):
                     states[name] = self._after_releases(name, state)
-            for uid, bound in self._bound.items():
-                if bound.node in wanted and uid != exclude:
-                    pending.setdefault(bound.node, []).append(bound)
+            # Through the node -> pods indexes: a call reads the candidates' pods only, never
+            # every bound pod of the cluster.
+            for name in wanted & self._bound_on.keys():
+                found = [self._bound[u] for u in self._bound_on[name] if u != exclude]
+                if found:
+                    pending[name] = found
             self._expire_guesses(now)
-            for uid, guess in self._guesses.items():
-                if guess.node in wanted and uid != exclude:
-                    guessed.setdefault(guess.node, []).append(guess)
+            for name in wanted & self._guessed_on.keys():
+                found = [self._guesses[u] for u in self._guessed_on[name] if u != exclude]
+                if found:
+                    guessed[name] = found
         oldest = wall - self.max_age
         result = {}
         for name in wanted:
@@ -365,10 +385,24 @@ class ClusterCache:
         from :meth:`views` (``unknown`` for a node whose state is unknown, unreadable or too
         old), memoized per node until that node's view changes. ``request`` must identify
         everything ``score`` reads of the pod; ``exclude`` is the pod's uid."""
+        return self.answers(names, exclude, ("prioritize", request), score, unknown)
+
+    def answers(
+        self,
+        names: Sequence[str],
+        exclude: str,
+        request: Hashable,
+        compute: Callable[[NodeView], T],
+        unknown: T,
+    ) -> dict[str, T]:
+        """Each named node's ``compute(view)`` for its view from :meth:`views` (``unknown``
+        for a node whose state is unknown, unreadable or too old), memoized per node under
+        ``request`` until that node's view changes; filter and prioritize share the entries."""
         now, wall = self._clock(), self._wall()
         oldest, newest = wall - self.max_age, wall + self.max_age
         with self._lock:
             self._expire_guesses(now)
+            self._expire_releases(wall)
             entries = self._entries
             found: list[_Entry | None] = [entries.get(name) for name in names]
             fresh: set[str] = set()  # nodes holding the pod itself: computed without it
@@ -382,19 +416,19 @@ class ClusterCache:
                 for index, name in enumerate(names):
                     if name in fresh:
                         found[index] = _Entry(self._view(name, exclude))
-        result: dict[str, int] = {}
+        result: dict[str, Any] = {}
         for name, entry in zip(names, cast("list[_Entry]", found), strict=True):  # all filled
             if not oldest <= entry.observed <= newest:
                 result[name] = unknown
                 continue
             memo = entry.scores
-            value = memo.get(request)
-            if value is None:
-                value = score(entry.view)
+            try:  # the common case, 5,000 times a call: one dict lookup
+                result[name] = memo[request]
+            except KeyError:
+                value = compute(entry.view)
                 if len(memo) >= MAX_REQUESTS_PER_ENTRY:
                     memo.clear()
-                memo[request] = value
-            result[name] = value
+                result[name] = memo[request] = value
         return result
 
     def _view(self, name: str, exclude: str) -> NodeView:

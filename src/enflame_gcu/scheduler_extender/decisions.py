@@ -60,12 +60,15 @@ class Decisions:
             return json.dumps(unfiltered[0], separators=(",", ":")).encode()
         failed: dict[str, str] = {}
         if args.pod.slices:
-            for name, view in self._views(args).items():
-                if view.state is None:
-                    continue
-                fit = node_fit.shared_slices(view.state, view.pending_slices, args.pod.slices)
-                if not fit.fits:
-                    failed[name] = f"enflame.com/shared-gcu: {fit.reason}"
+            slices = args.pod.slices
+            if args.nodes is None:  # names only: the cache's per-node memo
+                found = self.cache.answers(
+                    args.node_names, args.pod.uid, ("filter", slices),
+                    lambda view: _refusal(view, slices), "",
+                )  # fmt: skip
+            else:
+                found = {name: _refusal(view, slices) for name, view in self._views(args).items()}
+            failed = {name: reason for name, reason in found.items() if reason}
         passed = [name for name in args.node_names if name not in failed]
         if failed:
             log.debug("filter %s: %d passed, dropped %s", args.pod.key, len(passed), failed)
@@ -108,6 +111,15 @@ class Decisions:
         """Each candidate's score from its view, computed afresh (no memo)."""
         result = {name: _score(view, args.pod) for name, view in self._views(args).items()}
         return {name: result[name] for name in args.node_names if name in result}
+
+
+def _refusal(view: extender_cache.NodeView, slices: tuple[int, ...]) -> str:
+    """Why a node cannot give a shared-slice pod its slices after its pending pods ("" when
+    it can, or when its state is unknown: never filtered then)."""
+    if view.state is None:
+        return ""
+    fit = node_fit.shared_slices(view.state, view.pending_slices, slices)
+    return "" if fit.fits else f"enflame.com/shared-gcu: {fit.reason}"
 
 
 def _score(view: extender_cache.NodeView, pod: protocol.PodRequest) -> int:
