@@ -1,16 +1,18 @@
 """Scheduler extender at 200, 1,000 and 5,000 nodes of 8 cards: filter and prioritize; JSON.
 
 The extender's own HTTP server (``scheduler_extender.server``) in a child process, its cache
-holding N vendor 8-card nodes whose ``enflame.com/gcu-node-state`` annotations are in mixed,
-seeded states (bench_cluster.py's ``serve_states``), called as kube-scheduler calls it in the
-shipped names-only mode (``nodeCacheCapable: true``: ``NodeNames`` only) over one kept-alive
-connection, for pods of 1/2/4/8 cards. Reported per N: client-side and server-side p50/p99
-of filter and prioritize, and the extender process's resident memory with the cache filled
-and after the calls.
+holding N vendor 8-card nodes (6 cards whole, 2 as 6 slices each) in mixed, seeded states with
+``--bound-per-node`` bound GCU pods each (default 4: 20,000 at 5,000 nodes; half whole-card,
+half shared-slice; one node in ten with its last pod not yet in its state, so pending), called
+as kube-scheduler calls it in the shipped names-only mode (``nodeCacheCapable: true``:
+``NodeNames`` only) over one kept-alive connection, for whole-card pods of 1/2/4/8 cards and
+for shared-slice pods of 1, 2, 3, 2+2 and 6 slices. Reported per N and pod kind: client-side
+p50/p99 of filter and prioritize; server-side p50/p99 over both kinds; the extender process's
+resident memory with the cache filled and after the calls.
 
 Then, when the cluster tier's control plane is built (``bench_cluster.cluster_binaries()``), the
 scheduler's own throughput (issue 38): per N and per arm a fresh etcd + kube-apiserver 1.20 +
-kube-scheduler 1.20 with N Node objects only (8 cards each, the node-state annotation in the
+kube-scheduler 1.20 with N Node objects only (8 cards each, each node's state Lease in the
 same seeded mixed states, no kubelets, no plugins), kube-scheduler on the shipped configuration
 in both arms (``percentageOfNodesToScore: 100`` included), ``extenders`` only in the "with" arm
 (``enflame-scheduler-extender`` as its own process, names-only, ``--state-max-age`` long
@@ -148,7 +150,7 @@ def serve_cluster(nodes: int, bound_per_node: int, directory: str, port: int) ->
     texts, pods = cluster_states(nodes, bound_per_node, directory)
     cache = extender_cache.ClusterCache(max_age=86400)
     for name, text in texts:
-        cache.set_node(name, {node_state.ANNOTATION: text})
+        cache.set_lease(name, node_state.lease(name, "default", text, time.time()))
     cache.replace_pods(pods)
     http_server = server.ExtenderServer(("127.0.0.1", port), decisions.Decisions(cache))
     http_server.start()
@@ -234,7 +236,8 @@ def node_states(nodes: int, directory: str) -> list[str]:
 
 
 async def add_nodes(client: Any, texts: list[str]) -> list[str]:
-    """Node objects with capacity 8 cards, Ready, untainted, each with its annotation."""
+    """Node objects with capacity 8 cards, Ready, untainted, each with its state Lease."""
+    from lightkube.resources.coordination_v1 import Lease
     from lightkube.resources.core_v1 import Node, NodeStatus
 
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -245,8 +248,11 @@ async def add_nodes(client: Any, texts: list[str]) -> list[str]:
 
     async def one(name: str, text: str) -> None:
         meta = {"name": name, "labels": {"kubernetes.io/hostname": name}}
-        meta["annotations"] = {node_state.ANNOTATION: text}
         await client.create(Node.from_dict({"metadata": meta}))
+        # The node's state as the device plugin publishes it: its Lease, in the namespace the
+        # extender (same kubeconfig) reads.
+        found = node_state.lease(name, "default", text, time.time())
+        await client.create(Lease.from_dict(found), namespace="default")
         status = {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [ready]}}
         await client.patch(NodeStatus, name, status, patch_type=bench_cluster._merge())
         # TaintNodesByCondition taints a new Node not-ready; no kubelet would lift it.

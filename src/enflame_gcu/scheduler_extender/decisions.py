@@ -15,8 +15,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from enflame_gcu import node_fit, node_state
-from enflame_gcu.errors import NodeStateError
+from enflame_gcu import node_fit
 from enflame_gcu.scheduler_extender import cache as extender_cache
 from enflame_gcu.scheduler_extender import protocol
 
@@ -33,22 +32,16 @@ class Decisions:
         return protocol.parse_args(body, self.cache.resource, self.cache.shared)
 
     def _views(self, args: protocol.ExtenderArgs) -> dict[str, extender_cache.NodeView]:
-        sent: dict[str, node_state.NodeState | str] = {}
-        # Whole Node objects were sent: their annotations are newer than the cache's.
-        for name in args.node_names if args.nodes is not None else ():
-            text = args.annotations(name).get(node_state.ANNOTATION)
-            if not isinstance(text, str):
-                continue
-            try:
-                sent[name] = node_state.parse(text)
-            except NodeStateError as exc:
-                sent[name] = f"node {name}: {exc}"
-        return self.cache.views(args.node_names, exclude=args.pod.uid, sent=sent)
+        # Whole Node objects or names: either way the state is the node's Lease, from the
+        # cache (a Node's annotations are not read: any node-local agent may write a Node).
+        return self.cache.views(args.node_names, exclude=args.pod.uid)
 
     def filter(self, body: bytes) -> bytes:
         """``ExtenderArgs`` -> ``ExtenderFilterResult``: shared-slice pods lose the nodes whose
         own slice policy would not give them their slices after the pods bound there (never
-        for guesses); whole-card pods lose nothing."""
+        for guesses); whole-card pods lose nothing. A node refused by its per-container cap
+        is reported in ``FailedAndUnresolvableNodes`` (preemption cannot help there), the
+        others in ``FailedNodes``."""
         try:
             args = self._read(body)
         except protocol.ProtocolError as exc:
@@ -58,21 +51,23 @@ class Decisions:
                 return json.dumps({"Error": f"enflame-scheduler-extender: {exc}"}).encode()
             log.warning("filter: %s; passing all %d node(s) unfiltered", exc, unfiltered[1])
             return json.dumps(unfiltered[0], separators=(",", ":")).encode()
-        failed: dict[str, str] = {}
+        refused: dict[str, tuple[str, bool]] = {}
         if args.pod.slices:
             slices = args.pod.slices
             if args.nodes is None:  # names only: the cache's per-node memo
                 found = self.cache.answers(
                     args.node_names, args.pod.uid, ("filter", slices),
-                    lambda view: _refusal(view, slices), "",
+                    lambda view: _refusal(view, slices), _PASS,
                 )  # fmt: skip
             else:
                 found = {name: _refusal(view, slices) for name, view in self._views(args).items()}
-            failed = {name: reason for name, reason in found.items() if reason}
-        passed = [name for name in args.node_names if name not in failed]
-        if failed:
-            log.debug("filter %s: %d passed, dropped %s", args.pod.key, len(passed), failed)
-        return protocol.filter_result(args, passed, failed)
+            refused = {name: answer for name, answer in found.items() if answer[0]}
+        failed = {name: reason for name, (reason, final) in refused.items() if not final}
+        unresolvable = {name: reason for name, (reason, final) in refused.items() if final}
+        passed = [name for name in args.node_names if name not in refused]
+        if refused:
+            log.debug("filter %s: %d passed, dropped %s", args.pod.key, len(passed), refused)
+        return protocol.filter_result(args, passed, failed, unresolvable)
 
     def prioritize(self, body: bytes) -> bytes:
         """``ExtenderArgs`` -> ``HostPriorityList`` (0..10 per node, see node_fit)."""
@@ -113,13 +108,17 @@ class Decisions:
         return {name: result[name] for name in args.node_names if name in result}
 
 
-def _refusal(view: extender_cache.NodeView, slices: tuple[int, ...]) -> str:
-    """Why a node cannot give a shared-slice pod its slices after its pending pods ("" when
-    it can, or when its state is unknown: never filtered then)."""
+_PASS = ("", False)
+
+
+def _refusal(view: extender_cache.NodeView, slices: tuple[int, ...]) -> tuple[str, bool]:
+    """Why a node cannot give a shared-slice pod its slices after its pending pods, and
+    whether preemption could change that (("", False) when it fits, or when its state is
+    unknown: never filtered then)."""
     if view.state is None:
-        return ""
+        return _PASS
     fit = node_fit.shared_slices(view.state, view.pending_slices, slices)
-    return "" if fit.fits else f"enflame.com/shared-gcu: {fit.reason}"
+    return _PASS if fit.fits else (f"enflame.com/shared-gcu: {fit.reason}", fit.unresolvable)
 
 
 def _score(view: extender_cache.NodeView, pod: protocol.PodRequest) -> int:

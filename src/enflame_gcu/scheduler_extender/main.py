@@ -54,6 +54,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     option("bind-address", "127.0.0.1", "address to listen on (the scheduler's host)")
     option("port", str(DEFAULT_PORT), "port of /filter, /prioritize, /healthz, /readyz, /stats")
     option("kubeconfig", "", "kubeconfig file; empty = the pod's service account")
+    option(
+        "node-state-namespace",
+        "",
+        "namespace of the device plugins' node-state Leases; empty = the extender's own",
+    )
     option("resource-name", "enflame.com/gcu", "extended resource of whole cards")
     option("shared-resource-name", "enflame.com/shared-gcu", "extended resource of slices")
     option("state-max-age", "180", "seconds after which a node state not refreshed is unknown")
@@ -111,7 +116,7 @@ async def serve(args: argparse.Namespace) -> int:
         guess_ttl=_number(args.guess_ttl, "guess-ttl", 0, 600),
     )
     client = watch.connect(args.kubeconfig)
-    watcher = watch.Watcher(client, cache)
+    watcher = watch.Watcher(client, cache, args.node_state_namespace)
     everywhere = "::" if socket.has_ipv6 else "0.0.0.0"  # noqa: S104 (asked for with "")
     http = server.ExtenderServer(
         (args.bind_address or everywhere, int(_number(args.port, "port", 1, 65535))),

@@ -170,9 +170,18 @@ def parse_args(body: bytes, resource: str, shared: str) -> ExtenderArgs:
     return ExtenderArgs(request, tuple(sent), sent)
 
 
-def filter_result(args: ExtenderArgs, passed: list[str], failed: Mapping[str, str]) -> bytes:
-    """An ``ExtenderFilterResult`` in the form the call came in (names, or the Node objects)."""
+def filter_result(
+    args: ExtenderArgs,
+    passed: list[str],
+    failed: Mapping[str, str],
+    unresolvable: Mapping[str, str] | None = None,
+) -> bytes:
+    """An ``ExtenderFilterResult`` in the form the call came in (names, or the Node objects);
+    ``unresolvable`` nodes (``FailedAndUnresolvableNodes``, kube-scheduler >= 1.19) are the
+    ones preemption cannot make fit."""
     document: dict[str, Any] = {"FailedNodes": dict(failed), "Error": ""}
+    if unresolvable:
+        document["FailedAndUnresolvableNodes"] = dict(unresolvable)
     if args.nodes is not None:
         document["Nodes"] = {"items": [args.nodes[name] for name in passed]}
     else:
