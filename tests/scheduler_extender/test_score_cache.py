@@ -291,3 +291,24 @@ def test_the_priority_list_is_json_dumps_byte_for_byte() -> None:
         [{"Host": h, "Score": s} for h, s in scores.items()], separators=(",", ":")
     ).encode()
     assert protocol.priority_list(scores) == expected
+
+
+def test_a_release_past_its_grace_leaves_the_memoized_answer(vendor: node_state.NodeState) -> None:
+    clock, cache, decide = setup(vendor)
+    owner = {minor: "ml/old" if minor < 2 else "ml/rest" for minor in range(8)}
+    cards = tuple(
+        dataclasses.replace(c, free=False, holder=owner[c.minor]) for c in vendor.cards
+    )  # fmt: skip
+    held = dataclasses.replace(
+        vendor, cards=cards, pods=frozenset(owner.values()), observed=clock.now
+    )
+    cache.set_lease("a", lease("a", held.to_json()))
+    cache.set_pod(pod_object("old", 2, node="a"))
+    cache.set_pod(pod_object("rest", 6, node="a"))
+    asker = pod_object("asker", 2)
+    clock.now += 1
+    cache.delete_pod("uid-old")  # its cards count as free until the plugin reads again
+    assert prioritize(decide, asker, "a") == {"a": 10}
+    clock.now += cache.admission_grace + 1  # by now the plugin has read: its state's word
+    assert prioritize(decide, asker, "a") == {"a": node_fit.NO_FIT}
+    assert decide.scores_from_views(args(asker, ["a"])) == {"a": node_fit.NO_FIT}
