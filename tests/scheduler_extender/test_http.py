@@ -353,3 +353,61 @@ def test_the_exec_probe_asks_readyz_from_inside_the_pod() -> None:
     finally:
         http_server.stop()
     assert extender_main.main(probe) == 1  # nothing listens any more
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """GET /metrics, parsed by Prometheus' own text parser: (sample, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", "/metrics")
+        response = connection.getresponse()
+        assert response.status == 200
+        assert response.getheader("Content-Type", "").startswith("text/plain; version=0.0.4")
+        text = response.read().decode()
+    finally:
+        connection.close()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_count_calls_latency_refusals_and_the_caches_age(
+    extender: Extender, fresh: node_state.NodeState
+) -> None:
+    cache, http_server = extender
+    cache.set_lease("pair", lease("pair", busy(fresh, 2, 3, 4, 5, 6, 7)))
+    stale = dataclasses.replace(fresh, observed=time.time() - 3600).to_json()
+    cache.set_lease("old", lease("old", stale))
+    cache.set_lease("bad", lease("bad", "{not json"))
+    small = node_state.NodeState(
+        shared=(node_state.SharedCard("gcu0", 0, 6, 1),), max_per_container=2, observed=time.time()
+    )
+    cache.set_lease("small", lease("small", small.to_json()))
+    for _ in range(3):
+        post(http_server.port, "prioritize", args(pod("p", 2), "pair", "old"))
+    # Neither has 2 free slices ("pair" shares no card): two refusals for slices.
+    post(http_server.port, "filter", args(pod("s", slices=(2,)), "small", "pair"))
+    post(http_server.port, "filter", args(pod("t", slices=(3,)), "small"))  # over the cap
+    found = scrape(http_server.port)
+    prefix = "enflame_scheduler_extender"
+    assert found[(f"{prefix}_calls_total", (("verb", "prioritize"),))] == 3
+    assert found[(f"{prefix}_calls_total", (("verb", "filter"),))] == 2
+    assert found[(f"{prefix}_call_duration_seconds_count", (("verb", "prioritize"),))] == 3
+    assert (
+        found[(f"{prefix}_call_duration_seconds_bucket", (("le", "+Inf"), ("verb", "filter")))] == 2
+    )
+    assert found[(f"{prefix}_refusals_total", (("reason", "slices"),))] == 2
+    assert found[(f"{prefix}_refusals_total", (("reason", "per_container_cap"),))] == 1
+    states = {
+        dict(labels)["status"]: value
+        for (name, labels), value in found.items()
+        if name == f"{prefix}_node_states"
+    }
+    assert states == {"fresh": 2, "stale": 1, "future": 0, "unreadable": 1}
+    assert 0 <= found[(f"{prefix}_node_state_oldest_age_seconds", ())] < 60
+    assert 0 <= found[(f"{prefix}_cache_update_age_seconds", ())] < 60
+    assert found[(f"{prefix}_cached_pods", (("kind", "bound"),))] == 0

@@ -136,11 +136,13 @@ class ClusterCache:
         # keeps it for ever.
         self._lags: dict[str, collections.deque[float]] = {}
         self._local: dict[str, float] = {}
+        self._updated = 0.0  # monotonic: when a watch event last reached the cache
 
     # --- nodes ------------------------------------------------------------------------------
 
     def set_lease(self, name: str, lease: Mapping[str, Any]) -> None:
         """A node's state Lease was added or changed; read once per new content or renewal."""
+        self._updated = self._clock()
         key = node_state.lease_key(lease)
         with self._lock:
             if name in self._texts and self._texts[name] == key:
@@ -163,6 +165,7 @@ class ClusterCache:
 
     def delete_lease(self, name: str) -> None:
         """A node's state Lease is gone."""
+        self._updated = self._clock()
         with self._lock:
             self._forget(name)
 
@@ -188,6 +191,7 @@ class ClusterCache:
     def set_pod(self, pod: Mapping[str, Any]) -> None:
         """A pod was added or changed: kept when it asks for GCUs and is not done, as bound
         (with a node) or waiting (without)."""
+        self._updated = self._clock()
         meta, spec, status = (_dict(pod.get(key)) for key in ("metadata", "spec", "status"))
         uid = str(meta.get("uid") or "")
         node = spec.get("nodeName")
@@ -235,6 +239,7 @@ class ClusterCache:
 
     def delete_pod(self, uid: str) -> None:
         """A pod is gone."""
+        self._updated = self._clock()
         with self._lock:
             self._drop_bound(uid)
             self._waiting.pop(uid, None)
@@ -242,6 +247,7 @@ class ClusterCache:
 
     def unwait(self, uid: str) -> None:
         """A pod left the waiting watch (it was bound, or deleted)."""
+        self._updated = self._clock()
         with self._lock:
             self._waiting.pop(uid, None)
 
@@ -492,6 +498,36 @@ class ClusterCache:
             tuple(p.cards for p in guesses if p.cards),
             tuple(p.slices for p in guesses if p.slices),
         )
+
+    def health(self) -> dict[str, Any]:
+        """The node states by status, the oldest fresh one's age and the seconds since the
+        watches last changed anything (for /metrics)."""
+        wall = self._wall()
+        oldest, newest = wall - self.max_age, wall + self.max_age
+        states = {"fresh": 0, "stale": 0, "future": 0, "unreadable": 0}
+        age = 0.0
+        with self._lock:
+            for state in self._states.values():
+                if not isinstance(state, node_state.NodeState):
+                    states["unreadable"] += 1
+                elif state.observed < oldest:
+                    states["stale"] += 1
+                elif state.observed > newest:
+                    states["future"] += 1
+                else:
+                    states["fresh"] += 1
+                    age = max(age, wall - state.observed)
+            return {
+                "states": states,
+                "oldest_age": age,
+                "update_age": self._clock() - self._updated if self._updated else -1.0,
+                "pods": {
+                    "bound": len(self._bound),
+                    "waiting": len(self._waiting),
+                    "guessed": len(self._guesses),
+                    "released": sum(len(keys) for keys in self._released.values()),
+                },
+            }
 
     def counts(self) -> dict[str, int]:
         """How much is cached (for /readyz and logs)."""

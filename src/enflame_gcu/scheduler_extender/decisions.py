@@ -10,8 +10,10 @@ lower a node's score, never filter it out: a node they would overfill scores 1.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +29,13 @@ class Decisions:
 
     def __init__(self, cache: extender_cache.ClusterCache) -> None:
         self.cache = cache
+        self._refusals: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def refusal_counts(self) -> dict[str, int]:
+        """Nodes refused by filter calls so far, by reason (for /metrics)."""
+        with self._lock:
+            return {"slices": 0, "per_container_cap": 0, **self._refusals}
 
     def _read(self, body: bytes) -> protocol.ExtenderArgs:
         return protocol.parse_args(body, self.cache.resource, self.cache.shared)
@@ -64,6 +73,10 @@ class Decisions:
             refused = {name: answer for name, answer in found.items() if answer[0]}
         failed = {name: reason for name, (reason, final) in refused.items() if not final}
         unresolvable = {name: reason for name, (reason, final) in refused.items() if final}
+        if refused:
+            with self._lock:
+                self._refusals["slices"] += len(failed)
+                self._refusals["per_container_cap"] += len(unresolvable)
         passed = [name for name in args.node_names if name not in refused]
         if refused:
             log.debug("filter %s: %d passed, dropped %s", args.pod.key, len(passed), refused)
