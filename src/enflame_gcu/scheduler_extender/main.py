@@ -18,10 +18,10 @@ import ssl
 import sys
 from collections.abc import Mapping, Sequence
 
-from enflame_gcu import __version__, bounded_http
+from enflame_gcu import __version__
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.scheduler_extender import cache as extender_cache
-from enflame_gcu.scheduler_extender import decisions, protocol, server, watch
+from enflame_gcu.scheduler_extender import decisions, protocol, server, tls, watch
 
 log = logging.getLogger("enflame_gcu.scheduler_extender")
 DEFAULT_PORT = 32766  # gcushare-scheduler-extender's port, so existing configurations point here
@@ -78,7 +78,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         str(server.MAX_BODY),
         "largest request body in bytes; raise only when nodeCacheCapable is false",
     )
-    option("tls-cert-file", "", "serve HTTPS with this PEM certificate (with --tls-key-file)")
+    option(
+        "tls-cert-file",
+        "",
+        "serve HTTPS with this PEM certificate (with --tls-key-file); the certificate, key and "
+        "client CA are read again when their files change",
+    )
     option("tls-key-file", "", "the PEM private key of --tls-cert-file")
     option("tls-client-ca-file", "", "with HTTPS: answer only clients with a cert this CA signed")
     option("log-level", "info", "debug, info, warning or error")
@@ -101,9 +106,8 @@ def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
         return None
     if not (args.tls_cert_file and args.tls_key_file):
         raise ConfigError("HTTPS needs both --tls-cert-file and --tls-key-file")
-    return bounded_http.tls_context(
-        args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file
-    )  # fmt: skip
+    # Read again whenever the files change (a rotated certificate needs no restart).
+    return tls.ReloadingTLS(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file).context
 
 
 async def serve(args: argparse.Namespace) -> int:
