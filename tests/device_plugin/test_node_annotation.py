@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import http.server
 import json
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -315,3 +317,141 @@ def test_the_published_state_names_the_plugins_slice_policy(vendor_node: str) ->
     state = api.state()
     assert (state.policy, state.max_per_container) == ("distributed", 2)
     assert state.observed > 0
+
+
+class LeaseApiServer:
+    """Just enough of an API server over real HTTP for the writer's calls: GET and merge-PATCH
+    one Node; create, merge-PATCH and DELETE Leases of one namespace (404 and 409 as the real
+    server answers them). Every request is recorded."""
+
+    LEASES = "/apis/coordination.k8s.io/v1/namespaces/gcu-system/leases"
+
+    def __init__(self) -> None:
+        self.node: dict[str, Any] = {"apiVersion": "v1", "kind": "Node",
+                                     "metadata": {"name": "node-a", "annotations": {}}}  # fmt: skip
+        self.leases: dict[str, dict[str, Any]] = {}
+        self.requests: list[tuple[str, str, int]] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def _reply(self, code: int, body: Mapping[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                outer.requests.append((self.command, self.path.split("?")[0], code))
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _missing(self, code: int = 404, reason: str = "NotFound") -> None:
+                self._reply(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                   "reason": reason, "code": code})  # fmt: skip
+
+            def _body(self) -> dict[str, Any]:
+                length = int(self.headers.get("Content-Length") or 0)
+                return dict(json.loads(self.rfile.read(length) or b"{}"))
+
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] == "/api/v1/nodes/node-a":
+                    return self._reply(200, outer.node)
+                return self._missing()
+
+            def do_PATCH(self) -> None:
+                path, patch = self.path.split("?")[0], self._body()
+                if path == "/api/v1/nodes/node-a":
+                    notes = outer.node["metadata"]["annotations"]
+                    for key, value in patch["metadata"]["annotations"].items():
+                        if value is None:
+                            notes.pop(key, None)
+                        else:
+                            notes[key] = value
+                    return self._reply(200, outer.node)
+                name = path.rsplit("/", 1)[1]
+                found = outer.leases.get(name) if path.startswith(outer.LEASES + "/") else None
+                if found is None:
+                    return self._missing()
+                found["metadata"]["annotations"].update(
+                    patch.get("metadata", {}).get("annotations", {})
+                )
+                found["spec"].update(patch.get("spec", {}))
+                return self._reply(200, found)
+
+            def do_POST(self) -> None:
+                body = self._body()
+                if self.path.split("?")[0] != outer.LEASES:
+                    return self._missing()
+                if body["metadata"]["name"] in outer.leases:
+                    return self._missing(409, "AlreadyExists")
+                outer.leases[body["metadata"]["name"]] = body
+                return self._reply(201, body)
+
+            def do_DELETE(self) -> None:
+                name = self.path.split("?")[0].rsplit("/", 1)[1]
+                if outer.leases.pop(name, None) is None:
+                    return self._missing()
+                return self._reply(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def kubeconfig(self, path: str) -> str:
+        host, port = self.server.server_address[:2]
+        context = {"cluster": "fake", "user": "plugin", "namespace": "gcu-system"}
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": f"http://{host!s}:{port}"}}],
+            "users": [{"name": "plugin", "user": {}}],
+            "contexts": [{"name": "fake", "context": context}],
+            "current-context": "fake",
+        }
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(config, handle)
+        return path
+
+
+def test_the_lightkube_api_writes_the_lease_and_the_node_over_http(
+    vendor_node: str, tmp_path: Any
+) -> None:
+    fake = LeaseApiServer()
+    fake.thread.start()
+    config = plugin_config.PluginConfig(
+        host_root=vendor_node, resources=("gcu", "shared-gcu"), shared_cards=("gcu7",)
+    )
+    now = [1_800_000_000.0]
+    try:
+
+        async def scenario() -> None:
+            api = node_annotation.LightkubeNodeApi(fake.kubeconfig(str(tmp_path / "config")))
+            _, annotator = setup(vendor_node, config)
+            annotator.api, annotator._clock = api, lambda: now[0]
+            try:
+                annotator.set_holdings([])
+                assert await annotator.write_once()  # no Lease yet: the patch's 404, a create
+                now[0] += 61
+                annotator.set_holdings([])
+                assert await annotator.write_once()  # the renewal
+                await annotator.clear()
+                await api.delete_lease("node-a")  # already gone: fine
+            finally:
+                await api.close()
+
+        asyncio.run(scenario())
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()
+    lease_path = f"{LeaseApiServer.LEASES}/node-a"
+    assert fake.requests == [
+        ("PATCH", lease_path, 404),
+        ("POST", LeaseApiServer.LEASES, 201),
+        ("GET", "/api/v1/nodes/node-a", 200),
+        ("PATCH", "/api/v1/nodes/node-a", 200),  # the gcushare capacity
+        ("PATCH", lease_path, 200),  # the renewal; the Node not again
+        ("DELETE", lease_path, 200),
+        ("PATCH", "/api/v1/nodes/node-a", 200),  # the capacity removed
+        ("DELETE", lease_path, 404),
+    ]
+    assert fake.node["metadata"]["annotations"] == {}
