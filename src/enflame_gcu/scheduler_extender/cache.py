@@ -85,7 +85,7 @@ class NodeView:
     guessed_slices: tuple[tuple[int, ...], ...] = ()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # compared by identity: `None in found` stays a C loop
 class _Entry:
     """A node's view with nothing excluded, and its score per request asked so far."""
 
@@ -438,8 +438,9 @@ class ClusterCache:
                 pod = table.get(exclude)
                 if pod is not None:
                     fresh.add(pod.node)
-            for index in [i for i, entry in enumerate(found) if entry is None]:
-                found[index] = entries[names[index]] = _Entry(self._view(names[index], ""))
+            if None in found:  # only nodes whose view changed since the last call
+                for index in [i for i, entry in enumerate(found) if entry is None]:
+                    found[index] = entries[names[index]] = _Entry(self._view(names[index], ""))
             if fresh:
                 for index, name in enumerate(names):
                     if name in fresh:
