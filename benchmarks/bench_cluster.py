@@ -719,7 +719,7 @@ def serve_states(nodes: int, directory: str, port: int) -> None:
         busy = set(rng.sample(range(8), rng.randint(0, 8)))
         cards = tuple(dataclasses.replace(c, free=c.minor not in busy) for c in base.cards)
         text = dataclasses.replace(base, cards=cards, observed=time.time()).to_json()
-        cache.set_node(f"n{index}", {node_state.ANNOTATION: text})
+        cache.set_lease(f"n{index}", node_state.lease(f"n{index}", "default", text, time.time()))
     http_server = server.ExtenderServer(("127.0.0.1", port), decisions.Decisions(cache))
     http_server.start()
     while True:

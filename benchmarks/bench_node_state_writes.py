@@ -16,6 +16,18 @@ quiet window of the same length (no writers) before it as the baseline.
 ``ENFLAME_BENCH_NODES`` (default ``200``), ``ENFLAME_BENCH_CHURN`` (pods per minute per node,
 default ``1``; a comma list runs each), ``ENFLAME_BENCH_SECONDS`` (window, default 180). Needs
 $ENFLAME_E2E_CLUSTER_DIR, else prints why it did not run.
+
+``ENFLAME_BENCH_MODEL=1`` (or ``--model``) runs a model instead, no API server: the plugin's real
+writer (``NodeAnnotator.write_once`` with whatever ``enflame_gcu`` is imported, so the same
+script measures an older tree through ``PYTHONPATH``) against a recording API, on a simulated
+clock, for ``ENFLAME_BENCH_MODEL_NODES`` (default 5000) idle nodes of 8 cards (PodResources read
+every ``POLL`` s, nothing changing) over ``ENFLAME_BENCH_SECONDS`` simulated seconds after the
+first writes. Writes are counted by kind (Node patches, Lease creates and patches); bytes are
+what each write makes the API server send to one client watching all Nodes (the whole Node
+object per Node write: a representative kubelet-registered Node, ``_model_node``, plus our
+annotations) and to the one client watching the node-state Leases (the whole Lease). Every
+idle node's writer is the same, so ``ENFLAME_BENCH_MODEL_SAMPLE`` (default 250) of them run,
+each with its own phase, and the counts are scaled to the node count.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -269,7 +282,178 @@ def run(nodes: int, churn: float, seconds: float) -> dict[str, Any]:
     }
 
 
+def _model_node(name: str) -> dict[str, Any]:
+    """A Node as a kubelet registers it on a GCU host: NFD labels, five conditions, the image
+    list (the kubelet reports up to 50), addresses and node info; about 12 KB of JSON."""
+    labels = {f"feature.node.kubernetes.io/cpu-cpuid.{f}": "true" for f in range(20)}
+    labels |= {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}
+    conditions = [
+        {
+            "type": kind,
+            "status": "False" if kind != "Ready" else "True",
+            "lastHeartbeatTime": "2026-12-01T22:00:00Z",
+            "lastTransitionTime": "2026-12-01T20:00:00Z",
+            "reason": f"Kubelet{kind}",
+            "message": f"kubelet reports {kind}",
+        }
+        for kind in ("MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable", "Ready")
+    ]
+    images = [
+        {
+            "names": [
+                f"registry.example.com/team/image-{i}@sha256:{'0' * 64}",
+                f"registry.example.com/team/image-{i}:v1.{i}",
+            ],
+            "sizeBytes": 100_000_000 + i,
+        }
+        for i in range(50)
+    ]
+    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "enflame.com/gcu": "8"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": "0" * 36,
+            "resourceVersion": "123456789",
+            "labels": labels,
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]},
+        "status": {
+            "capacity": capacity,
+            "allocatable": capacity,
+            "conditions": conditions,
+            "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
+            "nodeInfo": {
+                "kubeletVersion": "v1.28.0",
+                "containerRuntimeVersion": "containerd://1.7",
+            },
+            "images": images,
+        },
+    }
+
+
+class ModelApi:
+    """A NodeApi (either generation of the writer) that keeps each object and counts what a
+    watcher of all Nodes and the watcher of the node-state Leases would be sent."""
+
+    namespace = "kube-system"
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.leases: dict[str, dict[str, Any]] = {}
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.watch_bytes: collections.Counter[str] = collections.Counter()
+
+    def _node(self, name: str) -> dict[str, Any]:
+        return self.nodes.setdefault(name, _model_node(name))
+
+    async def patch_annotations(self, node: str, annotations: Mapping[str, str | None]) -> None:
+        found = self._node(node)
+        notes = found["metadata"]["annotations"]
+        for key, value in annotations.items():
+            if value is None:
+                notes.pop(key, None)
+            else:
+                notes[key] = value
+        self.counts["patch nodes"] += 1
+        self.watch_bytes["all-Nodes watcher"] += len(json.dumps(found))
+
+    async def node_annotations(self, node: str) -> Mapping[str, str]:
+        self.counts["get nodes"] += 1
+        return dict(self._node(node)["metadata"]["annotations"])
+
+    async def patch_lease(self, name: str, patch: Mapping[str, Any]) -> bool:
+        found = self.leases.get(name)
+        if found is None:
+            return False
+        found["metadata"]["annotations"].update(patch.get("metadata", {}).get("annotations", {}))
+        found["spec"].update(patch.get("spec", {}))
+        self.counts["patch leases"] += 1
+        self.watch_bytes["node-state Lease watcher"] += len(json.dumps(found))
+        return True
+
+    async def create_lease(self, body: Mapping[str, Any]) -> None:
+        self.leases[body["metadata"]["name"]] = json.loads(json.dumps(body))
+        self.counts["create leases"] += 1
+        self.watch_bytes["node-state Lease watcher"] += len(json.dumps(body))
+
+    async def delete_lease(self, name: str) -> None:
+        self.leases.pop(name, None)
+
+
+def model(nodes: int, sample: int, seconds: float) -> dict[str, Any]:
+    """The writer's writes and watch bytes at ``nodes`` idle nodes (see the module)."""
+    with tempfile.TemporaryDirectory(prefix="enflame-node-state-model-") as work:
+        root = os.path.join(work, "node")
+        simulate.create(root, topofile.load("vendor-8card"))
+        config = plugin_config.PluginConfig(host_root=root)
+        inventory = devices.discover(root)
+        _, assignment = resources.build(inventory, config)
+        report = health.HealthMonitor(
+            root, inventory.cards, driver_version=inventory.driver_version
+        ).report
+    api = ModelApi()
+    now = [1_800_000_000.0]
+    rng = random.Random(49)  # noqa: S311 - phases of a model
+    writers = []
+    for i in range(sample):
+        writer = node_annotation.NodeAnnotator(api, f"node-{i:04d}", clock=lambda: now[0])
+        writer.set_node(inventory, report, assignment, config)
+        writers.append((writer, rng.uniform(0, POLL)))
+
+    async def play() -> tuple[collections.Counter[str], collections.Counter[str]]:
+        # The first minute (every plugin's start) is not measured.
+        step, start = 0.5, now[0]
+        due = [start + phase for _, phase in writers]
+        counted: tuple[collections.Counter[str], collections.Counter[str]] | None = None
+        while now[0] < start + 60 + seconds:
+            if counted is None and now[0] >= start + 60:
+                counted = (collections.Counter(api.counts), collections.Counter(api.watch_bytes))
+            for index, (writer, _) in enumerate(writers):
+                if now[0] >= due[index]:  # the plugin's periodic read, then its write loop
+                    writer.set_holdings([])
+                    await writer.write_once()
+                    due[index] += POLL
+            now[0] += step
+        assert counted is not None
+        return api.counts - counted[0], api.watch_bytes - counted[1]
+
+    writes, sent = asyncio.run(play())
+    scale = nodes / sample
+    per_second = {kind: round(n * scale / seconds, 2) for kind, n in sorted(writes.items())}
+    per_minute = {who: round(b * scale * 60 / seconds) for who, b in sorted(sent.items())}
+    lease = next(iter(api.leases.values()), None)
+    node = api.nodes.get("node-0000") or _model_node("node-0000")
+    return {
+        "nodes": nodes,
+        "simulated_writers": sample,
+        "window_simulated_seconds": seconds,
+        "writer_has_leases": hasattr(node_annotation.NodeApi, "patch_lease"),
+        "api_writes_per_second": per_second,
+        "api_writes_per_second_total": round(sum(per_second.values()), 2),
+        "bytes_per_minute_to_one_watcher": per_minute,
+        "node_object_bytes": len(json.dumps(node)),
+        "lease_object_bytes": len(json.dumps(lease)) if lease else 0,
+    }
+
+
 def main() -> None:
+    if os.environ.get("ENFLAME_BENCH_MODEL") or "--model" in sys.argv[1:]:
+        seconds = float(os.environ.get("ENFLAME_BENCH_SECONDS", "600"))
+        nodes = int(os.environ.get("ENFLAME_BENCH_MODEL_NODES", "5000"))
+        sample = int(os.environ.get("ENFLAME_BENCH_MODEL_SAMPLE", "250"))
+        load = os.getloadavg()[0]
+        result = model(nodes, sample, seconds)
+        result["load_average_before_after"] = [round(load, 2), round(os.getloadavg()[0], 2)]
+        json.dump(
+            {"benchmark": "node-state-writes (model: no API server)", "runs": [result]},
+            sys.stdout,
+            indent=2,
+        )
+        sys.stdout.write("\n")
+        return
     if not os.environ.get(controlplane.BIN_DIR_ENV):
         reason = f"${controlplane.BIN_DIR_ENV} is not set (scripts/e2e-build-cluster.sh prints it)"
         json.dump({"benchmark": "node-state-writes", "not_run": reason}, sys.stdout)

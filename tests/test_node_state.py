@@ -1,4 +1,5 @@
-"""The node-state annotation: built from cards and holders, written compactly, read strictly."""
+"""The node state: built from cards and holders, written compactly, read strictly, carried on
+the node's own Lease."""
 
 from __future__ import annotations
 
@@ -159,3 +160,56 @@ def test_a_card_listed_twice_is_refused() -> None:
     document["cards"] = document["cards"] * 2  # type: ignore[operator]
     with pytest.raises(NodeStateError, match="twice"):
         node_state.parse(json.dumps(document))
+
+
+def test_the_lease_carries_the_state_and_its_heartbeat_is_the_observed_time(
+    vendor_node: str,
+) -> None:
+    state = node_state.build(devices.discover(vendor_node), [], whole=WHOLE, shared={})
+    text = node_state.NodeState(state.cards, observed=100.0).to_json()
+    found = node_state.lease("node-a", "gcu-system", text, 1_800_000_000.25)
+    assert found["metadata"] | {"annotations": None} == {
+        "name": "node-a",
+        "namespace": "gcu-system",
+        "labels": node_state.LEASE_LABELS,
+        "annotations": None,
+    }
+    assert found["spec"]["holderIdentity"] == "node-a"
+    assert found["spec"]["renewTime"] == "2027-01-15T08:00:00.250000Z"
+    read = node_state.from_lease("node-a", found)
+    assert read.observed == 1_800_000_000.25  # the renewal, not the text's own time
+    assert read.free == state.free
+    # A heartbeat moves the time and nothing else; a content patch moves both.
+    found["spec"].update(node_state.heartbeat(1_800_000_060.0)["spec"])
+    assert node_state.from_lease("node-a", found).observed == 1_800_000_060.0
+    patch = node_state.content_patch("{}", 5.0)
+    assert patch == {
+        "metadata": {"annotations": {node_state.ANNOTATION: "{}"}},
+        "spec": {"renewTime": node_state.micro_time(5.0)},
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda lease: lease["spec"].update(holderIdentity="node-b"), "held by 'node-b'"),
+        (lambda lease: lease["spec"].pop("holderIdentity"), "held by None"),
+        (lambda lease: lease["metadata"].update(name="node-b"), "Lease 'node-b' read as"),
+        (lambda lease: lease["spec"].update(renewTime="2027-01-15T08:00:00"), "no time zone"),
+        (lambda lease: lease["spec"].update(renewTime=17), "not a time"),
+        (lambda lease: lease["spec"].pop("renewTime"), "not a time"),
+        (lambda lease: lease["metadata"]["annotations"].clear(), "no enflame.com/gcu-node-state"),
+        (
+            lambda lease: lease["metadata"]["annotations"].update({node_state.ANNOTATION: "[]"}),
+            "JSON list",
+        ),
+    ],
+)
+def test_a_lease_that_is_not_the_nodes_own_or_unreadable_is_refused(
+    change: object, says: str
+) -> None:
+    text = node_state.NodeState(observed=1.0).to_json()
+    found = node_state.lease("node-a", "ns", text, 2.0)
+    change(found)  # type: ignore[operator]
+    with pytest.raises(NodeStateError, match=says.replace("(", r"\(")):
+        node_state.from_lease("node-a", found)

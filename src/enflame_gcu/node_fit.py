@@ -52,6 +52,9 @@ class Fit:
     score: int
     fits: bool
     reason: str
+    # Not fitting for a reason no preemption can change (the node's per-container cap), as
+    # opposed to slices or cards that pods ending would free.
+    unresolvable: bool = False
 
 
 @functools.lru_cache(maxsize=256)
@@ -154,6 +157,7 @@ def _slices(
             False,
             f"a container asks for {max(wanted)} slices; this node allows at most {cap} "
             "per container (sharing.maxSlicesPerContainer)",
+            unresolvable=True,
         )
     total = {name: slices for name, slices, _ in cards}
     policy = sharing.policy_by_name(policy_name, total)

@@ -1,7 +1,17 @@
-"""The node-state annotation: which cards of a node are free, where they sit, and free slices.
+"""A node's GCU state for the scheduler extender: which cards are free, where they sit, and
+free slices; its schema and its transport, in one place for the writer and the reader.
 
-Written by the device plugin on its own Node (only when it changes), read by the scheduler
-extender. One JSON object, compact, keys sorted so that equal states give equal text::
+Transport: one ``coordination.k8s.io/v1`` Lease per node in the namespace of the device plugin
+and the extender (:func:`lease`), named as the node and held by it (``spec.holderIdentity``),
+its state in the annotation ``enflame.com/gcu-node-state`` and its heartbeat in
+``spec.renewTime``. The device plugin (:mod:`enflame_gcu.device_plugin.node_annotation`) writes
+the annotation only when the state changes and otherwise renews ``renewTime`` alone (a merge
+patch of one field, :func:`heartbeat`); the extender's cache reads only these Leases
+(:func:`from_lease`), never the Node. A Lease, as the kubelet's own node heartbeat since
+Kubernetes 1.14: small, read by no one but the extender (no node-local agent watches Leases in
+this namespace, while many watch every Node), and boundable per node where the cluster can
+enforce it (the chart's ValidatingAdmissionPolicy: a Lease's name must be its writer's node).
+The state's text, one JSON object, compact, keys sorted so that equal states give equal text::
 
     {"version": 2,
      "observed": 1796000000.0,
@@ -23,11 +33,13 @@ a reader that sees a pod end before the plugin's next read knows exactly which c
 it gave back (both optional: absent on unhealthy cards, and from writers before they existed).
 ``sharing`` is the plugin's slice policy (:data:`sharing.SLICE_POLICIES`) and its per-container
 cap (0: none), so a reader replays exactly the choice the plugin will make. ``observed`` is when
-the plugin last read who holds what (seconds since the epoch, the plugin's clock); the plugin
-refreshes it even when nothing changed, so a reader can tell a silent plugin from a quiet node.
+the plugin read who holds what (seconds since the epoch, the plugin's clock); on a Lease the
+reader takes it from ``renewTime`` instead, which the plugin renews even when nothing changed,
+so a reader can tell a silent plugin from a quiet node.
 
-Beside it the plugin writes the vendor's gcushare annotation ``enflame.com/gcu-shared-capacity``
-(card minor -> free slices, e.g. ``{"3": 4}``) when the node shares cards.
+On the Node itself the plugin keeps only the vendor's gcushare annotation
+``enflame.com/gcu-shared-capacity`` (card minor -> free slices, e.g. ``{"3": 4}``) when the node
+shares cards, for gcushare's tools, written when it changes.
 
 A reader refuses anything else with :class:`NodeStateError` naming what is wrong: an unknown
 ``version`` (a newer plugin than the extender) is refused, never guessed at.
@@ -36,6 +48,7 @@ A reader refuses anything else with :class:`NodeStateError` naming what is wrong
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import re
 import threading
@@ -54,6 +67,10 @@ MAX_TEXT = 256 * 1024
 MAX_CARDS = 256
 MAX_PODS = 4096
 MAX_KEY = 253
+# The Lease's labels: the extender lists and watches only Leases carrying them.
+LEASE_LABELS = {"app.kubernetes.io/name": "enflame-gcu-node-state"}
+LEASE_SELECTOR = "app.kubernetes.io/name=enflame-gcu-node-state"
+LEASE_DURATION = 180  # seconds: the extender's default --state-max-age (informational)
 _CARD = re.compile(r"^gcu(\d{1,6})$")
 # Equal card layouts share one small number, so a reader's caches hash an int, not 8 places.
 MAX_SHAPES = 4096
@@ -378,3 +395,87 @@ def _shared(item: Any, index: int) -> SharedCard:
             f"(each at least 1), more than the {slices - free} taken"
         )
     return SharedCard(name, _count(card["minor"], f"{where}.minor", 1 << 20), slices, free, held)
+
+
+# --- the transport: one Lease per node --------------------------------------------------------
+
+
+def micro_time(seconds: float) -> str:
+    """``seconds`` since the epoch as a Kubernetes MicroTime (RFC 3339, microseconds, UTC)."""
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_micro_time(text: Any) -> float:
+    """A MicroTime's (or Time's) seconds since the epoch; NodeStateError when it is not one."""
+    if not isinstance(text, str) or len(text) > 40:
+        raise NodeStateError(f"Lease spec.renewTime is {text!r:.80}, not a time")
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise NodeStateError(
+            f"Lease spec.renewTime is {text!r:.80}, not an RFC 3339 time"
+        ) from None
+    if moment.tzinfo is None:
+        raise NodeStateError(f"Lease spec.renewTime {text!r:.80} has no time zone")
+    return moment.timestamp()
+
+
+def lease(node: str, namespace: str, text: str, renewed: float) -> dict[str, Any]:
+    """The Lease carrying ``node``'s state ``text``, renewed at ``renewed`` (the writer's)."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": node,
+            "namespace": namespace,
+            "labels": dict(LEASE_LABELS),
+            "annotations": {ANNOTATION: text},
+        },
+        "spec": {
+            "holderIdentity": node,
+            "leaseDurationSeconds": LEASE_DURATION,
+            "renewTime": micro_time(renewed),
+        },
+    }
+
+
+def heartbeat(renewed: float) -> dict[str, Any]:
+    """The merge patch that renews a Lease and changes nothing else."""
+    return {"spec": {"renewTime": micro_time(renewed)}}
+
+
+def content_patch(text: str, renewed: float) -> dict[str, Any]:
+    """The merge patch that writes a new state and renews the Lease in one write."""
+    return {"metadata": {"annotations": {ANNOTATION: text}}, "spec": heartbeat(renewed)["spec"]}
+
+
+def lease_key(found: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """What of a Lease :func:`from_lease` reads (a reader parses again only when it moves)."""
+    meta = found.get("metadata")
+    spec = found.get("spec")
+    notes = meta.get("annotations") if isinstance(meta, Mapping) else None
+    text = notes.get(ANNOTATION) if isinstance(notes, Mapping) else None
+    spec = spec if isinstance(spec, Mapping) else {}
+    return text, spec.get("holderIdentity"), spec.get("renewTime")
+
+
+def from_lease(node: str, found: Mapping[str, Any]) -> NodeState:
+    """The state the Lease named ``node`` carries, ``observed`` at its ``renewTime``.
+
+    NodeStateError when it is not the node's own (held by another, or by no one: a foreign
+    or hand-made Lease) or is unreadable."""
+    text, holder, renewed = lease_key(found)
+    meta = found.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if name != node:
+        raise NodeStateError(f"Lease {name!r:.80} read as node {node!r:.80}'s state")
+    if holder != node:
+        raise NodeStateError(
+            f"Lease {node} is held by {holder!r:.80}, not by node {node}: another node's "
+            "(or no node's) state, not trusted"
+        )
+    if not isinstance(text, str):
+        raise NodeStateError(f"Lease {node} has no {ANNOTATION} annotation")
+    state = parse(text)
+    return dataclasses.replace(state, observed=parse_micro_time(renewed))

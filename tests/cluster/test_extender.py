@@ -1,11 +1,12 @@
 """The scheduler extender with Kubernetes' own kube-scheduler 1.20 (the cluster tier's binaries).
 
 A control plane of its own (no controller manager, no kubelets: Nodes are API objects with
-GCU capacity and a node-state annotation written here), kube-scheduler configured with the
-shipped deploy/extender/kube-scheduler-config-v1beta1.yaml (pointed at this extender), and
-enflame-scheduler-extender as a real process: a 2-card pod goes to the node with a free pair
-when another has only split cards, a shared-GCU pod avoids the node without enough free slices,
-and with the extender stopped pods are still scheduled (``ignorable: true``).
+GCU capacity, each with the node-state Lease the device plugin would write, written here),
+kube-scheduler configured with the shipped deploy/extender/kube-scheduler-config-v1beta1.yaml
+(pointed at this extender), and enflame-scheduler-extender as a real process: a 2-card pod goes
+to the node with a free pair when another has only split cards, a shared-GCU pod avoids the node
+without enough free slices, and with the extender stopped pods are still scheduled
+(``ignorable: true``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXTENDER = os.path.join(os.path.dirname(sys.executable), "enflame-scheduler-extender")
 NAMESPACE = "extender"
+STATE_NAMESPACE = "default"  # where the node-state Leases are (the extender is told so)
 GCU, SHARED = "enflame.com/gcu", "enflame.com/shared-gcu"
 
 
@@ -54,10 +56,10 @@ class Bench:
         self.plane, self.port, self.extender = plane, port, extender
 
     def add_node(self, name: str, capacity: dict[str, str], state: str) -> None:
+        self.plane.api("POST", "/api/v1/nodes", {"metadata": {"name": name}})
+        lease = node_state.lease(name, STATE_NAMESPACE, state, time.time())
         self.plane.api(
-            "POST",
-            "/api/v1/nodes",
-            {"metadata": {"name": name, "annotations": {node_state.ANNOTATION: state}}},
+            "POST", f"/apis/coordination.k8s.io/v1/namespaces/{STATE_NAMESPACE}/leases", lease
         )
         # The API server's TaintNodesByCondition admission taints a new Node not-ready; with
         # no kubelet and no controller manager nothing would lift it.
@@ -153,6 +155,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
                 [
                     EXTENDER,
                     f"--kubeconfig={plane.kubeconfig}",
+                    f"--node-state-namespace={STATE_NAMESPACE}",
                     f"--port={port}",
                     "--bind-address=127.0.0.1",
                     "--state-max-age=3600",  # the states below are written once, not refreshed

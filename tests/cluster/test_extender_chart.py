@@ -1,8 +1,8 @@
 """The chart's scheduler extender deployed for real (issue 35 point 6), in both modes.
 
 The chart is installed with Helm's own Go code (tests/cluster/test_helm.py's ``helm()``) with
-``extender.enabled``: the device plugin DaemonSet then publishes each node's state (the node-state
-annotation) and the extender runs as the chart renders it:
+``extender.enabled``: the device plugin DaemonSet then publishes each node's state (its node-state
+Lease) and the extender runs as the chart renders it:
 
 - ``mode: daemonset`` (beside the cluster's own scheduler): a host-network DaemonSet on the
   control-plane nodes (gcu-node-2 is labelled one here), listening on 127.0.0.1:32766, and the
@@ -149,11 +149,17 @@ def extender_beside_scheduler(cluster: Cluster) -> dict[str, Any]:
 
 
 def states_published(cluster: Cluster) -> bool:
-    """Both nodes carry the plugin's node-state annotation."""
-    return all(
-        node_state.ANNOTATION in (cluster.node(n)["metadata"].get("annotations") or {})
-        for n in ("gcu-node-1", "gcu-node-2")
-    )
+    """Both nodes' plugins wrote their node-state Lease (in the release's namespace), and no
+    Node carries the state itself."""
+    leases = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
+    for name in ("gcu-node-1", "gcu-node-2"):
+        found = cluster.get(f"{leases}/{name}")
+        if not found or node_state.ANNOTATION not in (found["metadata"].get("annotations") or {}):
+            return False
+        assert node_state.ANNOTATION not in (
+            cluster.node(name)["metadata"].get("annotations") or {}
+        )
+    return True
 
 
 def schedule_through_extender(

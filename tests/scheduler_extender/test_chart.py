@@ -12,6 +12,7 @@ from kubernetes_validate import utils as kv
 
 from tests.deploy import helm_render
 from tests.deploy.helpers import CHART_DIR
+from tests.scheduler_extender import test_deploy
 from tests.scheduler_extender.test_deploy import one
 
 
@@ -72,6 +73,8 @@ def test_daemonset_mode_beside_the_clusters_scheduler(tmp_path: Any) -> None:
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
         "DaemonSet",
     ]
     spec = kind(docs, "DaemonSet")["spec"]["template"]["spec"]
@@ -80,9 +83,13 @@ def test_daemonset_mode_beside_the_clusters_scheduler(tmp_path: Any) -> None:
         assert spec[key] == static[key], key
     probe = container(spec, "enflame-scheduler-extender")["readinessProbe"]
     assert probe["httpGet"]["host"] == "127.0.0.1"  # host network: the node's loopback is ours
+    for wanted in ("ClusterRole", "Role"):  # pods cluster-wide, the Leases of its namespace
+        assert (
+            kind(docs, wanted)["rules"] == one("enflame-scheduler-extender.yaml", wanted)["rules"]
+        )
     assert (
-        kind(docs, "ClusterRole")["rules"]
-        == one("enflame-scheduler-extender.yaml", "ClusterRole")["rules"]
+        kind(docs, "Role")["metadata"]["namespace"]
+        == kind(docs, "DaemonSet")["metadata"]["namespace"]
     )
 
 
@@ -96,7 +103,8 @@ def test_the_admission_policy_follows_what_the_cluster_serves_by_default(tmp_pat
     docs = rendered(tmp_path)["rbac-node-state.yaml"]
     assert "ValidatingAdmissionPolicy" not in [doc["kind"] for doc in docs]
     forced = rendered(tmp_path / "on", admissionPolicy=True)["rbac-node-state.yaml"]
-    assert kind(forced, "ValidatingAdmissionPolicyBinding")["spec"]["validationActions"] == ["Deny"]
+    bindings = [d for d in forced if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert [b["spec"]["validationActions"] for b in bindings] == [["Deny"], ["Deny"]]
 
 
 def test_the_plugin_writes_its_node_state(tmp_path: Any) -> None:
@@ -110,10 +118,33 @@ def test_the_plugin_writes_its_node_state(tmp_path: Any) -> None:
     assert spec["automountServiceAccountToken"] is True
     assert any(m["mountPath"] == "/var/lib/kubelet/pod-resources" for m in plugin["volumeMounts"])
     docs = out["rbac-node-state.yaml"]
-    assert spec["serviceAccountName"] == kind(docs, "ServiceAccount")["metadata"]["name"]
-    policy = kind(docs, "ValidatingAdmissionPolicy")["spec"]
-    static = one("node-state-policy.yaml", "ValidatingAdmissionPolicy")["spec"]
-    assert policy["variables"] == static["variables"]
-    assert policy["validations"] == static["validations"]
+    account = kind(docs, "ServiceAccount")["metadata"]
+    assert spec["serviceAccountName"] == account["name"]
+    # The Leases' Role is the static manifests', in the namespace the plugin and extender share.
+    role = kind(docs, "Role")
+    assert role["rules"] == one("enflame-device-plugin-node-state.yaml", "Role")["rules"]
+    (extender_role,) = [
+        d
+        for d in out["extender.yaml"]
+        if d["kind"] == "Role" and d["metadata"]["name"].endswith("-node-state")
+    ]
+    assert extender_role["rules"][0]["resources"] == ["leases"]
+    assert role["metadata"]["namespace"] == extender_role["metadata"]["namespace"]
+    assert role["metadata"]["namespace"] == account["namespace"]
+    policies = {
+        doc["metadata"]["name"].rsplit("-own-", 1)[1]: doc["spec"]
+        for doc in docs
+        if doc["kind"] == "ValidatingAdmissionPolicy"
+    }
+    assert set(policies) == {"node-state", "node-state-lease"}
+    for suffix, policy in policies.items():
+        static = test_deploy.policy(f"enflame-device-plugin-own-{suffix}")["spec"]
+        assert policy["variables"] == static["variables"]
+        assert policy["validations"] == static["validations"]
+        assert policy["matchConstraints"] == static["matchConstraints"]
+    bound = [
+        d["spec"]["policyName"] for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    ]
+    assert len(bound) == 2
     for doc in docs:
         kv.validate(doc, kv.latest_version(), strict=True)

@@ -86,13 +86,25 @@ def test_the_extender_listens_where_the_configuration_calls_it() -> None:
         assert spec["securityContext"]["runAsNonRoot"] is True
 
 
-def test_the_extender_may_only_read() -> None:
+def test_the_extender_may_only_read_pods_and_the_node_state_leases() -> None:
     (rule,) = one("enflame-scheduler-extender.yaml", "ClusterRole")["rules"]
-    assert rule == {
-        "apiGroups": [""],
-        "resources": ["nodes", "pods"],
-        "verbs": ["get", "list", "watch"],
-    }
+    assert rule == {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    role = one("enflame-scheduler-extender.yaml", "Role")
+    assert role["metadata"]["namespace"] == "kube-system"
+    assert role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    # The separate scheduler's account reads them too.
+    (binding,) = [
+        doc
+        for doc in documents("enflame-gcu-scheduler.yaml")
+        if doc["kind"] == "RoleBinding" and doc["roleRef"]["name"] == role["metadata"]["name"]
+    ]
+    assert binding["subjects"][0]["name"] == "enflame-gcu-scheduler"
 
 
 def test_the_node_state_plugin_is_the_base_plus_what_it_needs() -> None:
@@ -113,10 +125,37 @@ def test_the_node_state_plugin_is_the_base_plus_what_it_needs() -> None:
     assert variant == base
     (rule,) = one("enflame-device-plugin-node-state.yaml", "ClusterRole")["rules"]
     assert rule["resources"] == ["nodes"] and rule["verbs"] == ["get", "patch"]
+    (lease_rule,) = one("enflame-device-plugin-node-state.yaml", "Role")["rules"]
+    assert lease_rule == {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["create", "get", "patch", "delete"],
+    }
 
 
-def policy() -> dict[str, Any]:
-    return one("node-state-policy.yaml", "ValidatingAdmissionPolicy")
+def policy(name: str = "enflame-device-plugin-own-node-state") -> dict[str, Any]:
+    (found,) = [
+        doc
+        for doc in documents("node-state-policy.yaml")
+        if doc["kind"] == "ValidatingAdmissionPolicy" and doc["metadata"]["name"] == name
+    ]
+    return found
+
+
+def test_every_policy_is_bound() -> None:
+    docs = documents("node-state-policy.yaml")
+    policies = {d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    bound = {
+        d["spec"]["policyName"] for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    }
+    assert (
+        policies
+        == bound
+        == {
+            "enflame-device-plugin-own-node-state",
+            "enflame-device-plugin-own-node-state-lease",
+        }
+    )
 
 
 def node(name: str = "node-a", **annotations: str) -> dict[str, Any]:
@@ -150,16 +189,24 @@ def review(
 
 
 STATE = {node_state.ANNOTATION: '{"version":1}'}
+CAPACITY = {node_state.SHARED_CAPACITY_ANNOTATION: '{"7": 6}'}
 
 
-def test_the_plugin_writes_and_removes_its_own_annotations() -> None:
-    old = node()
-    assert review(node(**STATE), old) == (True, "")
-    assert review(node(**{node_state.SHARED_CAPACITY_ANNOTATION: "{}"}), node(**STATE)) == (
+def test_the_plugin_writes_and_removes_the_gcushare_annotation_and_drops_the_old_state() -> None:
+    assert review(node(**CAPACITY), node()) == (True, "")
+    assert review(node(**{node_state.SHARED_CAPACITY_ANNOTATION: "{}"}), node(**CAPACITY)) == (
         True,
         "",
     )
-    assert review(node(), node(**STATE)) == (True, "")
+    assert review(node(), node(**CAPACITY)) == (True, "")
+    assert review(node(**CAPACITY), node(**STATE)) == (True, "")  # an older version's, removed
+
+
+def test_the_state_is_never_written_on_the_node_again() -> None:
+    allowed, message = review(node(**STATE), node())
+    assert not allowed and "may only remove enflame.com/gcu-node-state" in message
+    changed = {node_state.ANNOTATION: '{"version":2}'}
+    assert not review(node(**changed), node(**STATE))[0]
 
 
 @pytest.mark.parametrize(
@@ -172,23 +219,80 @@ def test_the_plugin_writes_and_removes_its_own_annotations() -> None:
     ],
 )
 def test_anything_else_on_its_node_is_refused(change: Any, says: str) -> None:
-    new = node(**STATE)
+    new = node(**CAPACITY)
     change(new)
     allowed, message = review(new, node())
     assert not allowed and says in message
 
 
 def test_another_node_or_a_token_without_a_node_is_refused() -> None:
-    allowed, message = review(node("node-b", **STATE), node("node-b"))
+    allowed, message = review(node("node-b", **CAPACITY), node("node-b"))
     assert (
         not allowed
         and message == "enflame-device-plugin on node node-a may change only its own Node"
     )
-    assert not review(node(**STATE), node(), on=None)[0]
+    assert not review(node(**CAPACITY), node(), on=None)[0]
     assert not review(None, node(), operation="DELETE")[0]
 
 
 def test_other_users_are_not_the_policys_business() -> None:
-    new = node(**STATE)
+    new = node(**CAPACITY)
     new["spec"]["unschedulable"] = True
     assert review(new, node(), user="system:node:node-a") == (True, "")
+
+
+def lease_review(
+    new: Any,
+    old: Any,
+    *,
+    operation: str = "UPDATE",
+    on: str | None = "node-a",
+    user: str = PLUGIN_USER,
+) -> admission.Verdict:
+    info: dict[str, Any] = {"username": user}
+    if on is not None:
+        info["extra"] = {"authentication.kubernetes.io/node-name": [on]}
+    request = {
+        "operation": operation,
+        "userInfo": info,
+        "resource": {"group": "coordination.k8s.io", "version": "v1", "resource": "leases"},
+    }
+    return admission.review(
+        policy("enflame-device-plugin-own-node-state-lease"), request, new, old
+    )  # fmt: skip
+
+
+def node_lease(name: str = "node-a", holder: str | None = None) -> dict[str, Any]:
+    found = node_state.lease(name, "kube-system", '{"version":2}', 1.8e9)
+    if holder is not None:
+        found["spec"]["holderIdentity"] = holder
+    return found
+
+
+def test_the_plugin_writes_its_own_nodes_lease() -> None:
+    assert lease_review(node_lease(), None, operation="CREATE") == (True, "")
+    assert lease_review(node_lease(), node_lease()) == (True, "")
+    assert lease_review(None, node_lease(), operation="DELETE") == (True, "")
+
+
+@pytest.mark.parametrize(
+    ("new", "old", "operation", "says"),
+    [
+        (node_lease("node-b"), None, "CREATE", "may write only the Lease named after its node"),
+        (node_lease("node-b"), node_lease("node-b"), "UPDATE", "named after its node"),
+        (None, node_lease("node-b"), "DELETE", "named after its node"),
+        (node_lease(holder="node-b"), node_lease(), "UPDATE", "only a Lease its node holds"),
+        (node_lease(holder="node-b"), None, "CREATE", "only a Lease its node holds"),
+    ],
+)
+def test_another_nodes_lease_or_holder_is_refused(
+    new: Any, old: Any, operation: str, says: str
+) -> None:
+    allowed, message = lease_review(new, old, operation=operation)
+    assert not allowed and says in message, message
+
+
+def test_a_lease_write_without_a_node_in_the_token_is_refused_and_others_are_not_judged() -> None:
+    assert not lease_review(node_lease(), None, operation="CREATE", on=None)[0]
+    other = "system:serviceaccount:kube-system:someone"
+    assert lease_review(node_lease("x", "y"), None, operation="CREATE", user=other) == (True, "")

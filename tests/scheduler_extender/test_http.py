@@ -16,6 +16,7 @@ from enflame_gcu import devices, node_fit, node_state
 from enflame_gcu.scheduler_extender import cache as extender_cache
 from enflame_gcu.scheduler_extender import decisions, protocol, server
 from enflame_gcu.scheduler_extender import main as extender_main
+from tests.scheduler_extender.leases import lease
 
 WHOLE = [f"gcu{i}" for i in range(8)]
 
@@ -90,8 +91,8 @@ def test_prioritize_prefers_the_node_with_a_free_pair(
     extender: Extender, fresh: node_state.NodeState
 ) -> None:
     cache, http_server = extender
-    cache.set_node("pair", {node_state.ANNOTATION: busy(fresh, 2, 3, 4, 5, 6)})
-    cache.set_node("split", {node_state.ANNOTATION: busy(fresh, 0, 3, 4, 6, 7)})
+    cache.set_lease("pair", lease("pair", busy(fresh, 2, 3, 4, 5, 6)))
+    cache.set_lease("split", lease("split", busy(fresh, 0, 3, 4, 6, 7)))
     status, answer = post(http_server.port, "prioritize", args(pod("p", 2), "split", "pair"))
     assert status == 200
     assert [entry["Host"] for entry in answer] == ["split", "pair"]  # the order asked
@@ -102,7 +103,7 @@ def test_filter_keeps_every_node_for_whole_cards_and_answers_names(
     extender: Extender, fresh: node_state.NodeState
 ) -> None:
     cache, http_server = extender
-    cache.set_node("full", {node_state.ANNOTATION: busy(fresh, *range(8))})
+    cache.set_lease("full", lease("full", busy(fresh, *range(8))))
     status, answer = post(http_server.port, "filter", args(pod("p", 2), "full", "unknown"))
     assert status == 200
     assert answer == {"NodeNames": ["full", "unknown"], "FailedNodes": {}, "Error": ""}
@@ -117,8 +118,8 @@ def test_filter_drops_nodes_without_the_slices_and_keeps_spread_ones(extender: E
     little = node_state.NodeState(
         shared=(node_state.SharedCard("gcu0", 0, 6, 2),), observed=time.time()
     )
-    cache.set_node("spread", {node_state.ANNOTATION: spread.to_json()})
-    cache.set_node("little", {node_state.ANNOTATION: little.to_json()})
+    cache.set_lease("spread", lease("spread", spread.to_json()))
+    cache.set_lease("little", lease("little", little.to_json()))
     status, answer = post(
         http_server.port, "filter", args(pod("s", slices=(3,)), "spread", "little")
     )
@@ -128,18 +129,25 @@ def test_filter_drops_nodes_without_the_slices_and_keeps_spread_ones(extender: E
 
 
 def test_whole_node_objects_come_back_as_node_objects(fresh: node_state.NodeState) -> None:
-    # nodeCacheCapable false: the scheduler sends Node objects, the annotation rides along.
+    # nodeCacheCapable false: the scheduler sends Node objects; the states are still the
+    # Leases', and a state annotation on a Node (anyone who may write Nodes could put one
+    # there) is not read.
     cache = extender_cache.ClusterCache()
     decide = decisions.Decisions(cache)
+    for name, taken in (("pair", (2, 3, 4, 5, 6)), ("split", (0, 3, 4, 6, 7))):
+        cache.set_lease(name, lease(name, busy(fresh, *taken)))
+    planted = {node_state.ANNOTATION: busy(fresh)}
     nodes = [
-        {"metadata": {"name": n, "annotations": {node_state.ANNOTATION: busy(fresh, *t)}}}
-        for n, t in (("pair", (2, 3, 4, 5, 6)), ("split", (0, 3, 4, 6, 7)))
+        {"metadata": {"name": n, "annotations": planted}} for n in ("pair", "split", "planted")
     ]
     body = json.dumps({"Pod": pod("p", 2), "Nodes": {"items": nodes}}).encode()
     filtered = json.loads(decide.filter(body))
-    assert [n["metadata"]["name"] for n in filtered["Nodes"]["items"]] == ["pair", "split"]
+    assert [n["metadata"]["name"] for n in filtered["Nodes"]["items"]] == [
+        "pair", "split", "planted"
+    ]  # fmt: skip
     ranked = scores(json.loads(decide.prioritize(body)))
     assert ranked["pair"] > ranked["split"]
+    assert ranked["planted"] == node_fit.NEUTRAL
 
 
 def test_a_bound_pod_not_yet_in_the_state_counts_against_its_node(
@@ -147,7 +155,7 @@ def test_a_bound_pod_not_yet_in_the_state_counts_against_its_node(
 ) -> None:
     cache, http_server = extender
     for name in ("a", "b"):
-        cache.set_node(name, {node_state.ANNOTATION: busy(fresh, 2, 3, 4, 5, 6, 7)})
+        cache.set_lease(name, lease(name, busy(fresh, 2, 3, 4, 5, 6, 7)))
     first = pod("first", 2)
     cache.set_pod({**first, "spec": {**first["spec"], "nodeName": "a"}})
     _, answer = post(http_server.port, "prioritize", args(pod("second", 2), "a", "b"))
@@ -158,8 +166,8 @@ def test_a_burst_does_not_send_two_pods_to_one_free_pair_before_a_binding_is_see
     extender: Extender, fresh: node_state.NodeState
 ) -> None:
     cache, http_server = extender
-    cache.set_node("pair", {node_state.ANNOTATION: busy(fresh, 2, 3, 4, 5, 6, 7)})  # exact fit
-    cache.set_node("fresh", {node_state.ANNOTATION: busy(fresh)})
+    cache.set_lease("pair", lease("pair", busy(fresh, 2, 3, 4, 5, 6, 7)))  # exact fit
+    cache.set_lease("fresh", lease("fresh", busy(fresh)))
     for name in ("p0", "p1"):
         cache.set_pod(waiting(pod(name, 2)))
     _, first = post(http_server.port, "prioritize", args(pod("p0", 2), "pair", "fresh"))
@@ -172,7 +180,7 @@ def test_a_burst_does_not_send_two_pods_to_one_free_pair_before_a_binding_is_see
 def test_tied_nodes_hold_no_guess(extender: Extender, fresh: node_state.NodeState) -> None:
     cache, http_server = extender
     for name in ("a", "b"):
-        cache.set_node(name, {node_state.ANNOTATION: busy(fresh, 2, 3, 4, 5, 6, 7)})
+        cache.set_lease(name, lease(name, busy(fresh, 2, 3, 4, 5, 6, 7)))
     for index in range(2):  # the scheduler's other plugins choose between a and b
         _, answer = post(http_server.port, "prioritize", args(pod(f"p{index}", 2), "a", "b"))
         assert scores(answer) == {"a": 10, "b": 10}
@@ -186,10 +194,8 @@ def test_the_state_listing_a_pod_ends_its_pending_count(
     first = pod("first", 2)
     cache.set_pod({**first, "spec": {**first["spec"], "nodeName": "a"}})
     state = node_state.parse(busy(fresh, 2, 3, 4, 5, 6, 7))
-    cache.set_node(
-        "a",
-        {node_state.ANNOTATION: dataclasses.replace(state, pods=frozenset({"ml/first"})).to_json()},
-    )
+    listed = dataclasses.replace(state, pods=frozenset({"ml/first"})).to_json()
+    cache.set_lease("a", lease("a", listed))
     _, answer = post(http_server.port, "prioritize", args(pod("second", 2), "a"))
     assert scores(answer) == {"a": 10}  # the state already shows its cards as they are
 
@@ -221,9 +227,9 @@ def test_a_bad_annotation_is_one_log_line_and_a_neutral_score(
 ) -> None:
     cache, http_server = extender
     with caplog.at_level(logging.WARNING):
-        cache.set_node("bad", {node_state.ANNOTATION: annotation})
-        cache.set_node("bad", {node_state.ANNOTATION: annotation})  # same text: not again
-        cache.set_node("good", {node_state.ANNOTATION: busy(fresh)})
+        cache.set_lease("bad", lease("bad", annotation))
+        cache.set_lease("bad", lease("bad", annotation))  # same text: not again
+        cache.set_lease("good", lease("good", busy(fresh)))
     lines = [r.getMessage() for r in caplog.records if "bad" in r.getMessage()]
     assert len(lines) == 1 and logged in lines[0] and "neutral" in lines[0]
     status, answer = post(http_server.port, "prioritize", args(pod("p", 2), "bad", "good"))
@@ -299,7 +305,7 @@ def test_an_oversized_body_is_refused_before_it_is_read(extender: Extender) -> N
 
 def test_keep_alive_probes_and_stats(extender: Extender, fresh: node_state.NodeState) -> None:
     cache, http_server = extender
-    cache.set_node("a", {node_state.ANNOTATION: busy(fresh)})
+    cache.set_lease("a", lease("a", busy(fresh)))
     connection = http.client.HTTPConnection("127.0.0.1", http_server.port, timeout=10)
     body = json.dumps(args(pod("p", 1), "a")).encode()
     for _ in range(3):  # one connection, three calls
@@ -347,3 +353,61 @@ def test_the_exec_probe_asks_readyz_from_inside_the_pod() -> None:
     finally:
         http_server.stop()
     assert extender_main.main(probe) == 1  # nothing listens any more
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """GET /metrics, parsed by Prometheus' own text parser: (sample, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", "/metrics")
+        response = connection.getresponse()
+        assert response.status == 200
+        assert response.getheader("Content-Type", "").startswith("text/plain; version=0.0.4")
+        text = response.read().decode()
+    finally:
+        connection.close()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_count_calls_latency_refusals_and_the_caches_age(
+    extender: Extender, fresh: node_state.NodeState
+) -> None:
+    cache, http_server = extender
+    cache.set_lease("pair", lease("pair", busy(fresh, 2, 3, 4, 5, 6, 7)))
+    stale = dataclasses.replace(fresh, observed=time.time() - 3600).to_json()
+    cache.set_lease("old", lease("old", stale))
+    cache.set_lease("bad", lease("bad", "{not json"))
+    small = node_state.NodeState(
+        shared=(node_state.SharedCard("gcu0", 0, 6, 1),), max_per_container=2, observed=time.time()
+    )
+    cache.set_lease("small", lease("small", small.to_json()))
+    for _ in range(3):
+        post(http_server.port, "prioritize", args(pod("p", 2), "pair", "old"))
+    # Neither has 2 free slices ("pair" shares no card): two refusals for slices.
+    post(http_server.port, "filter", args(pod("s", slices=(2,)), "small", "pair"))
+    post(http_server.port, "filter", args(pod("t", slices=(3,)), "small"))  # over the cap
+    found = scrape(http_server.port)
+    prefix = "enflame_scheduler_extender"
+    assert found[(f"{prefix}_calls_total", (("verb", "prioritize"),))] == 3
+    assert found[(f"{prefix}_calls_total", (("verb", "filter"),))] == 2
+    assert found[(f"{prefix}_call_duration_seconds_count", (("verb", "prioritize"),))] == 3
+    assert (
+        found[(f"{prefix}_call_duration_seconds_bucket", (("le", "+Inf"), ("verb", "filter")))] == 2
+    )
+    assert found[(f"{prefix}_refusals_total", (("reason", "slices"),))] == 2
+    assert found[(f"{prefix}_refusals_total", (("reason", "per_container_cap"),))] == 1
+    states = {
+        dict(labels)["status"]: value
+        for (name, labels), value in found.items()
+        if name == f"{prefix}_node_states"
+    }
+    assert states == {"fresh": 2, "stale": 1, "future": 0, "unreadable": 1}
+    assert 0 <= found[(f"{prefix}_node_state_oldest_age_seconds", ())] < 60
+    assert 0 <= found[(f"{prefix}_cache_update_age_seconds", ())] < 60
+    assert found[(f"{prefix}_cached_pods", (("kind", "bound"),))] == 0

@@ -14,6 +14,7 @@ import pytest
 from enflame_gcu import devices, node_fit, node_state
 from enflame_gcu.scheduler_extender import cache as extender_cache
 from enflame_gcu.scheduler_extender import decisions, protocol
+from tests.scheduler_extender.leases import lease
 
 WHOLE = [f"gcu{i}" for i in range(8)]
 GCU, SHARED = "enflame.com/gcu", "enflame.com/shared-gcu"
@@ -99,7 +100,7 @@ def test_memoized_scores_equal_fresh_scores_on_random_histories(
     """Each step of a seeded random history changes the cluster one way; after each, every
     request's scores from the memo must equal the scores computed from fresh views, byte for
     byte in the answer. A memo that misses any invalidation, or scores differently, fails."""
-    compared = differing_requests = 0
+    compared = differing_requests = filtered = 0
     for seed in range(6):
         rng = random.Random(seed)  # noqa: S311 (a seeded test history)
         clock = Clock()
@@ -109,18 +110,14 @@ def test_memoized_scores_equal_fresh_scores_on_random_histories(
         pods: dict[str, tuple[int, tuple[int, ...]]] = {}
         keys: list[str] = []
         for name in nodes:
-            cache.set_node(name, {node_state.ANNOTATION: random_state(rng, vendor, clock.now, [])})
+            cache.set_lease(name, lease(name, random_state(rng, vendor, clock.now, [])))
         for step in range(220):
             action = rng.random()
             if action < 0.25:
                 name = rng.choice(nodes)
-                cache.set_node(
-                    name, {node_state.ANNOTATION: random_state(rng, vendor, clock.now, keys)}
-                )
-            elif action < 0.30:
-                cache.delete_node(rng.choice(nodes))
-            elif action < 0.33:
-                cache.set_node(rng.choice(nodes), {})
+                cache.set_lease(name, lease(name, random_state(rng, vendor, clock.now, keys)))
+            elif action < 0.33:  # the node's Lease deleted (the plugin stopped, the node went)
+                cache.delete_lease(rng.choice(nodes))
             elif action < 0.50:
                 name = f"p{seed}-{step}"
                 pods[name] = random_request(rng)
@@ -144,10 +141,9 @@ def test_memoized_scores_equal_fresh_scores_on_random_histories(
                 clock.now += rng.choice((0.5, 2.0, 6.0, 20.0))
             elif action < 0.88:  # a fresh listing of nodes (the watch restarted)
                 kept = rng.sample(nodes, len(nodes) - 2)
-                cache.replace_nodes(
-                    {n: {node_state.ANNOTATION: random_state(rng, vendor, clock.now, keys)}
-                     for n in kept}
-                )  # fmt: skip
+                cache.replace_leases(
+                    {n: lease(n, random_state(rng, vendor, clock.now, keys)) for n in kept}
+                )
             elif action < 0.91 and pods:  # a fresh listing of bound pods: some are gone
                 kept_pods = rng.sample(sorted(pods), len(pods) // 2)
                 cache.replace_pods(
@@ -183,8 +179,23 @@ def test_memoized_scores_equal_fresh_scores_on_random_histories(
                 )
                 compared += len(memo)
                 differing_requests += len(set(memo.values())) > 1
+                if slices:  # the filter's memo against the fresh views too
+                    body = json.dumps({"Pod": pod_object(name, cards, slices), "NodeNames": names})
+                    answer = json.loads(decide.filter(body.encode()))
+                    views = cache.views(names, exclude=call.pod.uid)
+                    refused = {
+                        node: f"enflame.com/shared-gcu: {fit.reason}"
+                        for node, view in views.items()
+                        if view.state is not None
+                        for fit in [node_fit.shared_slices(view.state, view.pending_slices, slices)]
+                        if not fit.fits
+                    }
+                    assert answer["FailedNodes"] == refused, (seed, step, call.pod)
+                    assert answer["NodeNames"] == [n for n in names if n not in refused]
+                    filtered += len(refused)
     assert compared > 10_000
     assert differing_requests > 500  # the histories rank nodes, not only "unknown"
+    assert filtered > 500  # and the filter refuses nodes in them
 
 
 def setup(
@@ -195,10 +206,9 @@ def setup(
     return clock, cache, decisions.Decisions(cache)
 
 
-def state(vendor: node_state.NodeState, observed: float, *held: int) -> dict[str, str]:
+def state(vendor: node_state.NodeState, observed: float, *held: int) -> str:
     cards = tuple(dataclasses.replace(c, free=c.minor not in held) for c in vendor.cards)
-    text = dataclasses.replace(vendor, cards=cards, observed=observed).to_json()
-    return {node_state.ANNOTATION: text}
+    return dataclasses.replace(vendor, cards=cards, observed=observed).to_json()
 
 
 def prioritize(decide: decisions.Decisions, p: dict[str, Any], *names: str) -> dict[str, int]:
@@ -208,11 +218,11 @@ def prioritize(decide: decisions.Decisions, p: dict[str, Any], *names: str) -> d
 
 def test_a_node_state_change_changes_the_memoized_answer(vendor: node_state.NodeState) -> None:
     clock, cache, decide = setup(vendor)
-    cache.set_node("a", state(vendor, clock.now))
-    cache.set_node("b", state(vendor, clock.now, 2, 3, 4, 5, 6, 7))
+    cache.set_lease("a", lease("a", state(vendor, clock.now)))
+    cache.set_lease("b", lease("b", state(vendor, clock.now, 2, 3, 4, 5, 6, 7)))
     asker = pod_object("asker", 2)
     assert prioritize(decide, asker, "a", "b") == {"a": 8, "b": 10}  # memo filled
-    cache.set_node("b", state(vendor, clock.now, *range(8)))
+    cache.set_lease("b", lease("b", state(vendor, clock.now, *range(8))))
     assert prioritize(decide, asker, "a", "b") == {"a": 8, "b": node_fit.NO_FIT}
     clock.now += cache.max_age + 1  # no refresh: both states go stale, memo or not
     assert prioritize(decide, asker, "a", "b") == {"a": 5, "b": 5}
@@ -220,7 +230,7 @@ def test_a_node_state_change_changes_the_memoized_answer(vendor: node_state.Node
 
 def test_a_pending_pod_bound_changes_the_memoized_answer(vendor: node_state.NodeState) -> None:
     clock, cache, decide = setup(vendor)
-    cache.set_node("a", state(vendor, clock.now, 2, 3, 4, 5, 6, 7))
+    cache.set_lease("a", lease("a", state(vendor, clock.now, 2, 3, 4, 5, 6, 7)))
     asker = pod_object("asker", 2)
     assert prioritize(decide, asker, "a") == {"a": 10}
     cache.set_pod(pod_object("first", 2, node="a"))  # bound, not yet in the state
@@ -231,14 +241,14 @@ def test_a_pending_pod_bound_changes_the_memoized_answer(vendor: node_state.Node
 
 def test_a_removed_node_changes_the_memoized_answer(vendor: node_state.NodeState) -> None:
     clock, cache, decide = setup(vendor)
-    cache.set_node("a", state(vendor, clock.now, 2, 3, 4, 5, 6, 7))
+    cache.set_lease("a", lease("a", state(vendor, clock.now, 2, 3, 4, 5, 6, 7)))
     asker = pod_object("asker", 2)
     assert prioritize(decide, asker, "a") == {"a": 10}
-    cache.delete_node("a")
+    cache.delete_lease("a")
     assert prioritize(decide, asker, "a") == {"a": node_fit.NEUTRAL}
-    cache.set_node("a", state(vendor, clock.now, *range(8)))
+    cache.set_lease("a", lease("a", state(vendor, clock.now, *range(8))))
     assert prioritize(decide, asker, "a") == {"a": node_fit.NO_FIT}
-    cache.replace_nodes({"b": state(vendor, clock.now)})  # a fresh listing without "a"
+    cache.replace_leases({"b": lease("b", state(vendor, clock.now))})  # a fresh listing without "a"
     assert prioritize(decide, asker, "a") == {"a": node_fit.NEUTRAL}
 
 
@@ -246,8 +256,8 @@ def test_a_guess_placed_and_expired_changes_the_memoized_answer(
     vendor: node_state.NodeState,
 ) -> None:
     clock, cache, decide = setup(vendor)
-    cache.set_node("pair", state(vendor, clock.now, 2, 3, 4, 5, 6, 7))
-    cache.set_node("fresh", state(vendor, clock.now))
+    cache.set_lease("pair", lease("pair", state(vendor, clock.now, 2, 3, 4, 5, 6, 7)))
+    cache.set_lease("fresh", lease("fresh", state(vendor, clock.now)))
     other = pod_object("other", 2)
     assert prioritize(decide, other, "pair", "fresh") == {"pair": 10, "fresh": 8}
     waiting = pod_object("waiting", 2, node="")
@@ -258,7 +268,7 @@ def test_a_guess_placed_and_expired_changes_the_memoized_answer(
     # The pod's own guess does not count against itself.
     assert prioritize(decide, waiting, "pair", "fresh") == {"pair": 10, "fresh": 8}
     # Ranked first alone elsewhere: the guess moves, and the old node is free again.
-    cache.set_node("pair2", state(vendor, clock.now, 2, 3, 4, 5, 6, 7))
+    cache.set_lease("pair2", lease("pair2", state(vendor, clock.now, 2, 3, 4, 5, 6, 7)))
     assert prioritize(decide, other, "pair", "fresh") == {"pair": 1, "fresh": 8}
     assert prioritize(decide, waiting, "pair2", "fresh") == {"pair2": 10, "fresh": 8}
     assert prioritize(decide, other, "pair", "pair2") == {"pair": 10, "pair2": 1}
@@ -268,7 +278,7 @@ def test_a_guess_placed_and_expired_changes_the_memoized_answer(
 
 def test_the_pods_own_binding_is_not_counted_against_it(vendor: node_state.NodeState) -> None:
     clock, cache, decide = setup(vendor)
-    cache.set_node("a", state(vendor, clock.now, 2, 3, 4, 5, 6, 7))
+    cache.set_lease("a", lease("a", state(vendor, clock.now, 2, 3, 4, 5, 6, 7)))
     cache.set_pod(pod_object("self", 2, node="a"))
     assert prioritize(decide, pod_object("other", 2), "a") == {"a": node_fit.NO_FIT}
     assert prioritize(decide, pod_object("self", 2), "a") == {"a": 10}
@@ -281,3 +291,24 @@ def test_the_priority_list_is_json_dumps_byte_for_byte() -> None:
         [{"Host": h, "Score": s} for h, s in scores.items()], separators=(",", ":")
     ).encode()
     assert protocol.priority_list(scores) == expected
+
+
+def test_a_release_past_its_grace_leaves_the_memoized_answer(vendor: node_state.NodeState) -> None:
+    clock, cache, decide = setup(vendor)
+    owner = {minor: "ml/old" if minor < 2 else "ml/rest" for minor in range(8)}
+    cards = tuple(
+        dataclasses.replace(c, free=False, holder=owner[c.minor]) for c in vendor.cards
+    )  # fmt: skip
+    held = dataclasses.replace(
+        vendor, cards=cards, pods=frozenset(owner.values()), observed=clock.now
+    )
+    cache.set_lease("a", lease("a", held.to_json()))
+    cache.set_pod(pod_object("old", 2, node="a"))
+    cache.set_pod(pod_object("rest", 6, node="a"))
+    asker = pod_object("asker", 2)
+    clock.now += 1
+    cache.delete_pod("uid-old")  # its cards count as free until the plugin reads again
+    assert prioritize(decide, asker, "a") == {"a": 10}
+    clock.now += cache.admission_grace + 1  # by now the plugin has read: its state's word
+    assert prioritize(decide, asker, "a") == {"a": node_fit.NO_FIT}
+    assert decide.scores_from_views(args(asker, ["a"])) == {"a": node_fit.NO_FIT}

@@ -3,9 +3,14 @@
 Fed by the API watches (:mod:`.watch`) and read by the HTTP handlers from other threads, so
 every method takes the one lock and copies out what it returns.
 
-A node's state is *unknown* (scored neutrally, never filtered) when it is missing, unreadable,
-of an unknown version, or older than ``max_age`` seconds (its ``observed`` time, which the
-plugin refreshes even when nothing changes, against this process's clock). A pod bound to a node
+A node's state comes from its Lease (:func:`node_state.from_lease`) and is *unknown* (scored
+neutrally, never filtered) when it is missing, unreadable, of an unknown version, not held by
+the node it is named after, older than ``max_age`` seconds or more than ``max_age`` seconds
+ahead (its ``observed`` time, the Lease's ``renewTime``, which the plugin renews even when
+nothing changes, against this process's clock). Where the admission grace and releases compare
+a state's time with a binding or a pod's end seen here, they use the state's time on this
+process's clock: the node's time plus the least lag of the node's last writes, so a node clock
+ahead or behind does not move them. A pod bound to a node
 but not yet listed in the node's state (the kubelet has not admitted it, or the plugin has not
 written since) is *pending* there: its GCUs are counted against the node, in the order the pods
 were bound, until the state lists it or was observed more than ``admission_grace`` seconds after
@@ -23,21 +28,24 @@ made-up pod or size); guesses only lower scores, never fail a filter.
 
 Prioritize asks for every candidate node on every call (5,000 names at most), so the cache keeps
 per node an *entry*: the node's view with nothing excluded and its scores per request asked so
-far. Every change that can move a node's view drops that node's entry (its state's text, a pod
-bound to it or leaving it, a guess placed on it or expiring); staleness is checked against each
-entry's ``observed`` time on every call, and a node holding the scheduled pod itself (bound or
+far. Every change that can move a node's view drops that node's entry (its Lease's state or
+renewal, a pod bound to it or leaving it, a guess placed on it or expiring, a release past its
+grace); staleness is checked against each entry's ``observed`` time on every call, and a node
+holding the scheduled pod itself (bound or
 guessed) is computed afresh without it. A call then costs a lookup per node, and the scoring work
-only for the nodes that changed since the last call.
+only for the nodes that changed since the last call. Filter (shared slices) and prioritize
+share the entries, each under its own key, so neither walks the cluster's bound pods.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from enflame_gcu import node_state
 from enflame_gcu.errors import NodeStateError
@@ -47,6 +55,8 @@ log = logging.getLogger(__name__)
 MAX_PODS = 200_000
 MAX_REQUESTS_PER_ENTRY = 64  # distinct pod sizes remembered per node before the memo restarts
 MAX_RELEASED_PER_NODE = node_state.MAX_PODS  # ended pods remembered per node (oldest go first)
+LAG_SAMPLES = 8  # writes per node whose lag estimates its clock's offset
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +85,12 @@ class NodeView:
     guessed_slices: tuple[tuple[int, ...], ...] = ()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # compared by identity: `None in found` stays a C loop
 class _Entry:
     """A node's view with nothing excluded, and its score per request asked so far."""
 
     view: NodeView
-    scores: dict[Hashable, int] = field(default_factory=dict)
+    scores: dict[Hashable, object] = field(default_factory=dict)
     observed: float = field(init=False)  # the state's, or -inf: unknown at any age
 
     def __post_init__(self) -> None:
@@ -107,7 +117,7 @@ class ClusterCache:
         self._clock = clock
         self._wall = wall
         self._lock = threading.Lock()
-        self._texts: dict[str, str | None] = {}
+        self._texts: dict[str, tuple[Any, Any, Any]] = {}  # node -> what its Lease said
         self._states: dict[str, node_state.NodeState | str] = {}
         self._bound: dict[str, BoundPod] = {}
         self._waiting: dict[str, BoundPod] = {}
@@ -120,49 +130,68 @@ class ClusterCache:
         self._entries: dict[str, _Entry] = {}
         # node -> pod key -> when (wall clock) the extender saw that pod end there.
         self._released: dict[str, dict[str, float]] = {}
+        # node -> lags (this clock minus the node's) of its last writes, and its state's
+        # observed time on this clock: the admission grace and releases compare with that,
+        # so a node whose clock is ahead or behind neither drops a just-bound pod at once nor
+        # keeps it for ever.
+        self._lags: dict[str, collections.deque[float]] = {}
+        self._local: dict[str, float] = {}
+        self._updated = 0.0  # monotonic: when a watch event last reached the cache
 
     # --- nodes ------------------------------------------------------------------------------
 
-    def set_node(self, name: str, annotations: Mapping[str, Any] | None) -> None:
-        """A node was added or changed; its annotation is parsed once per new text."""
-        text = (annotations or {}).get(node_state.ANNOTATION)
-        text = text if isinstance(text, str) else None
+    def set_lease(self, name: str, lease: Mapping[str, Any]) -> None:
+        """A node's state Lease was added or changed; read once per new content or renewal."""
+        self._updated = self._clock()
+        key = node_state.lease_key(lease)
         with self._lock:
-            if name in self._texts and self._texts[name] == text:
+            if name in self._texts and self._texts[name] == key:
                 return
-            self._texts[name] = text
-        self._states_put(name, _read(name, text))
-
-    def _states_put(self, name: str, state: node_state.NodeState | str) -> None:
+            self._texts[name] = key
+        state = _read(name, lease)
+        received = self._wall()
         with self._lock:
-            if name in self._texts:
-                self._states[name] = state
-                self._entries.pop(name, None)
-
-    def delete_node(self, name: str) -> None:
-        """A node is gone."""
-        with self._lock:
-            self._texts.pop(name, None)
-            self._states.pop(name, None)
+            if name not in self._texts:
+                return
+            self._states[name] = state
             self._entries.pop(name, None)
-            self._released.pop(name, None)
+            if isinstance(state, node_state.NodeState):
+                # The node's clock against this one: the least lag of its recent writes (a
+                # write follows its read within the plugin's settle time, so the least lag is
+                # the clock offset plus that).
+                lags = self._lags.setdefault(name, collections.deque(maxlen=LAG_SAMPLES))
+                lags.append(received - state.observed)
+                self._local[name] = state.observed + min(lags)
 
-    def replace_nodes(self, nodes: Mapping[str, Mapping[str, Any] | None]) -> None:
-        """A fresh listing: exactly these nodes (name -> annotations)."""
+    def delete_lease(self, name: str) -> None:
+        """A node's state Lease is gone."""
+        self._updated = self._clock()
         with self._lock:
-            for gone in set(self._texts) - set(nodes):
-                self._texts.pop(gone, None)
-                self._states.pop(gone, None)
-                self._entries.pop(gone, None)
-                self._released.pop(gone, None)
-        for name, found in nodes.items():
-            self.set_node(name, found)
+            self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        """Drop everything known of a node's state (the lock is held)."""
+        self._texts.pop(name, None)
+        self._states.pop(name, None)
+        self._entries.pop(name, None)
+        self._released.pop(name, None)
+        self._lags.pop(name, None)
+        self._local.pop(name, None)
+
+    def replace_leases(self, leases: Mapping[str, Mapping[str, Any]]) -> None:
+        """A fresh listing: exactly these node-state Leases (node name -> Lease)."""
+        with self._lock:
+            for gone in set(self._texts) - set(leases):
+                self._forget(gone)
+        for name, found in leases.items():
+            self.set_lease(name, found)
 
     # --- pods -------------------------------------------------------------------------------
 
     def set_pod(self, pod: Mapping[str, Any]) -> None:
         """A pod was added or changed: kept when it asks for GCUs and is not done, as bound
         (with a node) or waiting (without)."""
+        self._updated = self._clock()
         meta, spec, status = (_dict(pod.get(key)) for key in ("metadata", "spec", "status"))
         uid = str(meta.get("uid") or "")
         node = spec.get("nodeName")
@@ -210,6 +239,7 @@ class ClusterCache:
 
     def delete_pod(self, uid: str) -> None:
         """A pod is gone."""
+        self._updated = self._clock()
         with self._lock:
             self._drop_bound(uid)
             self._waiting.pop(uid, None)
@@ -217,6 +247,7 @@ class ClusterCache:
 
     def unwait(self, uid: str) -> None:
         """A pod left the waiting watch (it was bound, or deleted)."""
+        self._updated = self._clock()
         with self._lock:
             self._waiting.pop(uid, None)
 
@@ -278,12 +309,28 @@ class ClusterCache:
         if not released:
             return state
         oldest = self._wall() - self.admission_grace
-        for key in [k for k, at in released.items() if at < oldest or at <= state.observed]:
+        observed = self._local.get(name, state.observed)
+        for key in [k for k, at in released.items() if at < oldest or at <= observed]:
             del released[key]
         if not released:
             del self._released[name]
             return state
         return state.released(released)
+
+    def _expire_releases(self, wall: float) -> None:
+        """Forget the releases older than ``admission_grace`` and drop the entries of their
+        nodes (the lock is held): an entry built while a pod's release counted must not keep
+        counting it once the plugin has had time to read the kubelet again. Each node's
+        releases are in the order they came, so its first is its oldest."""
+        oldest = wall - self.admission_grace
+        due = [n for n, keys in self._released.items() if min(keys.values(), default=0) < oldest]
+        for name in due:
+            released = self._released[name]
+            for key in [k for k, at in released.items() if at < oldest]:
+                del released[key]
+            if not released:
+                del self._released[name]
+            self._entries.pop(name, None)
 
     def _drop_guess(self, uid: str) -> None:
         """Forget a guess and its node's entry (the lock is held)."""
@@ -300,39 +347,35 @@ class ClusterCache:
 
     # --- reading ----------------------------------------------------------------------------
 
-    def views(
-        self,
-        names: Iterable[str],
-        exclude: str = "",
-        sent: Mapping[str, node_state.NodeState | str] | None = None,
-    ) -> dict[str, NodeView]:
-        """Each named node's view; ``exclude`` is the uid of the pod being scheduled; ``sent``
-        replaces the cache's state of a node (the scheduler sent whole Node objects)."""
+    def views(self, names: Iterable[str], exclude: str = "") -> dict[str, NodeView]:
+        """Each named node's view; ``exclude`` is the uid of the pod being scheduled."""
         now, wall = self._clock(), self._wall()
         wanted = set(names)
         pending: dict[str, list[BoundPod]] = {}
         guessed: dict[str, list[BoundPod]] = {}
         with self._lock:
             states = {name: self._states.get(name) for name in wanted}
-            if sent:
-                states.update({name: value for name, value in sent.items() if name in wanted})
             for name in wanted & self._released.keys():
                 state = states[name]
                 if isinstance(state, node_state.NodeState):
                     states[name] = self._after_releases(name, state)
-            for uid, bound in self._bound.items():
-                if bound.node in wanted and uid != exclude:
-                    pending.setdefault(bound.node, []).append(bound)
+            # Through the node -> pods indexes: a call reads the candidates' pods only, never
+            # every bound pod of the cluster.
+            for name in wanted & self._bound_on.keys():
+                found = [self._bound[u] for u in self._bound_on[name] if u != exclude]
+                if found:
+                    pending[name] = found
             self._expire_guesses(now)
-            for uid, guess in self._guesses.items():
-                if guess.node in wanted and uid != exclude:
-                    guessed.setdefault(guess.node, []).append(guess)
+            for name in wanted & self._guessed_on.keys():
+                found = [self._guesses[u] for u in self._guessed_on[name] if u != exclude]
+                if found:
+                    guessed[name] = found
         oldest = wall - self.max_age
         result = {}
         for name in wanted:
             state = states[name]
             if not isinstance(state, node_state.NodeState):
-                problem = state or "no node state known (no annotation, or node not seen yet)"
+                problem = state or "no node state known (no state Lease, or not seen yet)"
                 result[name] = NodeView(None, problem, (), ())
             elif state.observed < oldest:
                 problem = (
@@ -350,7 +393,12 @@ class ClusterCache:
             elif name not in pending and name not in guessed:
                 result[name] = NodeView(state, "", (), ())  # most nodes: nothing in flight
             else:
-                result[name] = self._in_flight(state, pending.get(name, ()), guessed.get(name, ()))
+                result[name] = self._in_flight(
+                    state,
+                    pending.get(name, ()),
+                    guessed.get(name, ()),
+                    self._local.get(name, state.observed),
+                )
         return result
 
     def scores(
@@ -365,10 +413,24 @@ class ClusterCache:
         from :meth:`views` (``unknown`` for a node whose state is unknown, unreadable or too
         old), memoized per node until that node's view changes. ``request`` must identify
         everything ``score`` reads of the pod; ``exclude`` is the pod's uid."""
+        return self.answers(names, exclude, ("prioritize", request), score, unknown)
+
+    def answers(
+        self,
+        names: Sequence[str],
+        exclude: str,
+        request: Hashable,
+        compute: Callable[[NodeView], T],
+        unknown: T,
+    ) -> dict[str, T]:
+        """Each named node's ``compute(view)`` for its view from :meth:`views` (``unknown``
+        for a node whose state is unknown, unreadable or too old), memoized per node under
+        ``request`` until that node's view changes; filter and prioritize share the entries."""
         now, wall = self._clock(), self._wall()
         oldest, newest = wall - self.max_age, wall + self.max_age
         with self._lock:
             self._expire_guesses(now)
+            self._expire_releases(wall)
             entries = self._entries
             found: list[_Entry | None] = [entries.get(name) for name in names]
             fresh: set[str] = set()  # nodes holding the pod itself: computed without it
@@ -376,25 +438,26 @@ class ClusterCache:
                 pod = table.get(exclude)
                 if pod is not None:
                     fresh.add(pod.node)
-            for index in [i for i, entry in enumerate(found) if entry is None]:
-                found[index] = entries[names[index]] = _Entry(self._view(names[index], ""))
+            if None in found:  # only nodes whose view changed since the last call
+                for index in [i for i, entry in enumerate(found) if entry is None]:
+                    found[index] = entries[names[index]] = _Entry(self._view(names[index], ""))
             if fresh:
                 for index, name in enumerate(names):
                     if name in fresh:
                         found[index] = _Entry(self._view(name, exclude))
-        result: dict[str, int] = {}
+        result: dict[str, Any] = {}
         for name, entry in zip(names, cast("list[_Entry]", found), strict=True):  # all filled
             if not oldest <= entry.observed <= newest:
                 result[name] = unknown
                 continue
             memo = entry.scores
-            value = memo.get(request)
-            if value is None:
-                value = score(entry.view)
+            try:  # the common case, 5,000 times a call: one dict lookup
+                result[name] = memo[request]
+            except KeyError:
+                value = compute(entry.view)
                 if len(memo) >= MAX_REQUESTS_PER_ENTRY:
                     memo.clear()
-                memo[request] = value
-            result[name] = value
+                result[name] = memo[request] = value
         return result
 
     def _view(self, name: str, exclude: str) -> NodeView:
@@ -408,17 +471,22 @@ class ClusterCache:
         guessed = [self._guesses[u] for u in self._guessed_on.get(name, ()) if u != exclude]
         if not bound and not guessed:
             return NodeView(state, "", (), ())
-        return self._in_flight(state, bound, guessed)
+        return self._in_flight(state, bound, guessed, self._local.get(name, state.observed))
 
     def _in_flight(
-        self, state: node_state.NodeState, bound: Iterable[BoundPod], guessed: Iterable[BoundPod]
+        self,
+        state: node_state.NodeState,
+        bound: Iterable[BoundPod],
+        guessed: Iterable[BoundPod],
+        observed: float,
     ) -> NodeView:
-        """A node's view with the bound pods its state does not count yet, and its guesses."""
+        """A node's view with the bound pods its state does not count yet, and its guesses;
+        ``observed`` is when the state was read, on this process's clock."""
         waiting = sorted(
             (
                 pod
                 for pod in bound
-                if pod.key not in state.pods and state.observed < pod.seen_at + self.admission_grace
+                if pod.key not in state.pods and observed < pod.seen_at + self.admission_grace
             ),
             key=lambda pod: pod.since,
         )
@@ -431,6 +499,36 @@ class ClusterCache:
             tuple(p.cards for p in guesses if p.cards),
             tuple(p.slices for p in guesses if p.slices),
         )
+
+    def health(self) -> dict[str, Any]:
+        """The node states by status, the oldest fresh one's age and the seconds since the
+        watches last changed anything (for /metrics)."""
+        wall = self._wall()
+        oldest, newest = wall - self.max_age, wall + self.max_age
+        states = {"fresh": 0, "stale": 0, "future": 0, "unreadable": 0}
+        age = 0.0
+        with self._lock:
+            for state in self._states.values():
+                if not isinstance(state, node_state.NodeState):
+                    states["unreadable"] += 1
+                elif state.observed < oldest:
+                    states["stale"] += 1
+                elif state.observed > newest:
+                    states["future"] += 1
+                else:
+                    states["fresh"] += 1
+                    age = max(age, wall - state.observed)
+            return {
+                "states": states,
+                "oldest_age": age,
+                "update_age": self._clock() - self._updated if self._updated else -1.0,
+                "pods": {
+                    "bound": len(self._bound),
+                    "waiting": len(self._waiting),
+                    "guessed": len(self._guesses),
+                    "released": sum(len(keys) for keys in self._released.values()),
+                },
+            }
 
     def counts(self) -> dict[str, int]:
         """How much is cached (for /readyz and logs)."""
@@ -459,17 +557,10 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _read(name: str, text: str | None) -> node_state.NodeState | str:
-    """A node's parsed state, or the problem; a bad annotation is logged once per new text."""
-    if text is None:
-        return f"node {name} has no {node_state.ANNOTATION} annotation"
+def _read(name: str, lease: Mapping[str, Any]) -> node_state.NodeState | str:
+    """A node's parsed state, or the problem; a bad Lease is logged once per new content."""
     try:
-        return node_state.parse(text)
+        return node_state.from_lease(name, lease)
     except NodeStateError as exc:
-        log.warning(
-            "node %s: %s annotation ignored, its nodes get a neutral score: %s",
-            name,
-            node_state.ANNOTATION,
-            exc,
-        )
+        log.warning("node %s: state Lease ignored, the node gets a neutral score: %s", name, exc)
         return f"node {name}: {exc}"

@@ -10,13 +10,14 @@ lower a node's score, never filter it out: a node they would overfill scores 1.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
-from enflame_gcu import node_fit, node_state
-from enflame_gcu.errors import NodeStateError
+from enflame_gcu import node_fit
 from enflame_gcu.scheduler_extender import cache as extender_cache
 from enflame_gcu.scheduler_extender import protocol
 
@@ -28,27 +29,28 @@ class Decisions:
 
     def __init__(self, cache: extender_cache.ClusterCache) -> None:
         self.cache = cache
+        self._refusals: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def refusal_counts(self) -> dict[str, int]:
+        """Nodes refused by filter calls so far, by reason (for /metrics)."""
+        with self._lock:
+            return {"slices": 0, "per_container_cap": 0, **self._refusals}
 
     def _read(self, body: bytes) -> protocol.ExtenderArgs:
         return protocol.parse_args(body, self.cache.resource, self.cache.shared)
 
     def _views(self, args: protocol.ExtenderArgs) -> dict[str, extender_cache.NodeView]:
-        sent: dict[str, node_state.NodeState | str] = {}
-        # Whole Node objects were sent: their annotations are newer than the cache's.
-        for name in args.node_names if args.nodes is not None else ():
-            text = args.annotations(name).get(node_state.ANNOTATION)
-            if not isinstance(text, str):
-                continue
-            try:
-                sent[name] = node_state.parse(text)
-            except NodeStateError as exc:
-                sent[name] = f"node {name}: {exc}"
-        return self.cache.views(args.node_names, exclude=args.pod.uid, sent=sent)
+        # Whole Node objects or names: either way the state is the node's Lease, from the
+        # cache (a Node's annotations are not read: any node-local agent may write a Node).
+        return self.cache.views(args.node_names, exclude=args.pod.uid)
 
     def filter(self, body: bytes) -> bytes:
         """``ExtenderArgs`` -> ``ExtenderFilterResult``: shared-slice pods lose the nodes whose
         own slice policy would not give them their slices after the pods bound there (never
-        for guesses); whole-card pods lose nothing."""
+        for guesses); whole-card pods lose nothing. A node refused by its per-container cap
+        is reported in ``FailedAndUnresolvableNodes`` (preemption cannot help there), the
+        others in ``FailedNodes``."""
         try:
             args = self._read(body)
         except protocol.ProtocolError as exc:
@@ -58,18 +60,27 @@ class Decisions:
                 return json.dumps({"Error": f"enflame-scheduler-extender: {exc}"}).encode()
             log.warning("filter: %s; passing all %d node(s) unfiltered", exc, unfiltered[1])
             return json.dumps(unfiltered[0], separators=(",", ":")).encode()
-        failed: dict[str, str] = {}
+        refused: dict[str, tuple[str, bool]] = {}
         if args.pod.slices:
-            for name, view in self._views(args).items():
-                if view.state is None:
-                    continue
-                fit = node_fit.shared_slices(view.state, view.pending_slices, args.pod.slices)
-                if not fit.fits:
-                    failed[name] = f"enflame.com/shared-gcu: {fit.reason}"
-        passed = [name for name in args.node_names if name not in failed]
-        if failed:
-            log.debug("filter %s: %d passed, dropped %s", args.pod.key, len(passed), failed)
-        return protocol.filter_result(args, passed, failed)
+            slices = args.pod.slices
+            if args.nodes is None:  # names only: the cache's per-node memo
+                found = self.cache.answers(
+                    args.node_names, args.pod.uid, ("filter", slices),
+                    lambda view: _refusal(view, slices), _PASS,
+                )  # fmt: skip
+            else:
+                found = {name: _refusal(view, slices) for name, view in self._views(args).items()}
+            refused = {name: answer for name, answer in found.items() if answer[0]}
+        failed = {name: reason for name, (reason, final) in refused.items() if not final}
+        unresolvable = {name: reason for name, (reason, final) in refused.items() if final}
+        if refused:
+            with self._lock:
+                self._refusals["slices"] += len(failed)
+                self._refusals["per_container_cap"] += len(unresolvable)
+        passed = [name for name in args.node_names if name not in refused]
+        if refused:
+            log.debug("filter %s: %d passed, dropped %s", args.pod.key, len(passed), refused)
+        return protocol.filter_result(args, passed, failed, unresolvable)
 
     def prioritize(self, body: bytes) -> bytes:
         """``ExtenderArgs`` -> ``HostPriorityList`` (0..10 per node, see node_fit)."""
@@ -108,6 +119,19 @@ class Decisions:
         """Each candidate's score from its view, computed afresh (no memo)."""
         result = {name: _score(view, args.pod) for name, view in self._views(args).items()}
         return {name: result[name] for name in args.node_names if name in result}
+
+
+_PASS = ("", False)
+
+
+def _refusal(view: extender_cache.NodeView, slices: tuple[int, ...]) -> tuple[str, bool]:
+    """Why a node cannot give a shared-slice pod its slices after its pending pods, and
+    whether preemption could change that (("", False) when it fits, or when its state is
+    unknown: never filtered then)."""
+    if view.state is None:
+        return _PASS
+    fit = node_fit.shared_slices(view.state, view.pending_slices, slices)
+    return _PASS if fit.fits else (f"enflame.com/shared-gcu: {fit.reason}", fit.unresolvable)
 
 
 def _score(view: extender_cache.NodeView, pod: protocol.PodRequest) -> int:

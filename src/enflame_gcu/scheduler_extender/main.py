@@ -18,10 +18,10 @@ import ssl
 import sys
 from collections.abc import Mapping, Sequence
 
-from enflame_gcu import __version__, bounded_http
+from enflame_gcu import __version__
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.scheduler_extender import cache as extender_cache
-from enflame_gcu.scheduler_extender import decisions, protocol, server, watch
+from enflame_gcu.scheduler_extender import decisions, protocol, server, tls, watch
 
 log = logging.getLogger("enflame_gcu.scheduler_extender")
 DEFAULT_PORT = 32766  # gcushare-scheduler-extender's port, so existing configurations point here
@@ -54,6 +54,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     option("bind-address", "127.0.0.1", "address to listen on (the scheduler's host)")
     option("port", str(DEFAULT_PORT), "port of /filter, /prioritize, /healthz, /readyz, /stats")
     option("kubeconfig", "", "kubeconfig file; empty = the pod's service account")
+    option(
+        "node-state-namespace",
+        "",
+        "namespace of the device plugins' node-state Leases; empty = the extender's own",
+    )
     option("resource-name", "enflame.com/gcu", "extended resource of whole cards")
     option("shared-resource-name", "enflame.com/shared-gcu", "extended resource of slices")
     option("state-max-age", "180", "seconds after which a node state not refreshed is unknown")
@@ -73,7 +78,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         str(server.MAX_BODY),
         "largest request body in bytes; raise only when nodeCacheCapable is false",
     )
-    option("tls-cert-file", "", "serve HTTPS with this PEM certificate (with --tls-key-file)")
+    option(
+        "tls-cert-file",
+        "",
+        "serve HTTPS with this PEM certificate (with --tls-key-file); the certificate, key and "
+        "client CA are read again when their files change",
+    )
     option("tls-key-file", "", "the PEM private key of --tls-cert-file")
     option("tls-client-ca-file", "", "with HTTPS: answer only clients with a cert this CA signed")
     option("log-level", "info", "debug, info, warning or error")
@@ -96,9 +106,8 @@ def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
         return None
     if not (args.tls_cert_file and args.tls_key_file):
         raise ConfigError("HTTPS needs both --tls-cert-file and --tls-key-file")
-    return bounded_http.tls_context(
-        args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file
-    )  # fmt: skip
+    # Read again whenever the files change (a rotated certificate needs no restart).
+    return tls.ReloadingTLS(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file).context
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -111,7 +120,7 @@ async def serve(args: argparse.Namespace) -> int:
         guess_ttl=_number(args.guess_ttl, "guess-ttl", 0, 600),
     )
     client = watch.connect(args.kubeconfig)
-    watcher = watch.Watcher(client, cache)
+    watcher = watch.Watcher(client, cache, args.node_state_namespace)
     everywhere = "::" if socket.has_ipv6 else "0.0.0.0"  # noqa: S104 (asked for with "")
     http = server.ExtenderServer(
         (args.bind_address or everywhere, int(_number(args.port, "port", 1, 65535))),

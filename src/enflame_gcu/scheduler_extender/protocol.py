@@ -48,20 +48,14 @@ class PodRequest:
 
 @dataclass(frozen=True, slots=True)
 class ExtenderArgs:
-    """A filter or prioritize call: the pod, the candidate names, annotations if sent."""
+    """A filter or prioritize call: the pod, the candidate names, the Node objects if sent
+    (answered back as they came; their annotations are not read)."""
 
     pod: PodRequest
     node_names: tuple[str, ...]
     # The Node objects by name when the scheduler sent them (nodeCacheCapable false); None
     # when it sent names only and the extender's cache must answer.
     nodes: Mapping[str, Mapping[str, Any]] | None
-
-    def annotations(self, name: str) -> Mapping[str, Any]:
-        """A sent node's annotations (empty when there are none or none were sent)."""
-        node = (self.nodes or {}).get(name, {})
-        meta = node.get("metadata")
-        found = meta.get("annotations") if isinstance(meta, dict) else None
-        return found if isinstance(found, dict) else {}
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -170,9 +164,18 @@ def parse_args(body: bytes, resource: str, shared: str) -> ExtenderArgs:
     return ExtenderArgs(request, tuple(sent), sent)
 
 
-def filter_result(args: ExtenderArgs, passed: list[str], failed: Mapping[str, str]) -> bytes:
-    """An ``ExtenderFilterResult`` in the form the call came in (names, or the Node objects)."""
+def filter_result(
+    args: ExtenderArgs,
+    passed: list[str],
+    failed: Mapping[str, str],
+    unresolvable: Mapping[str, str] | None = None,
+) -> bytes:
+    """An ``ExtenderFilterResult`` in the form the call came in (names, or the Node objects);
+    ``unresolvable`` nodes (``FailedAndUnresolvableNodes``, kube-scheduler >= 1.19) are the
+    ones preemption cannot make fit."""
     document: dict[str, Any] = {"FailedNodes": dict(failed), "Error": ""}
+    if unresolvable:
+        document["FailedAndUnresolvableNodes"] = dict(unresolvable)
     if args.nodes is not None:
         document["Nodes"] = {"items": [args.nodes[name] for name in passed]}
     else:

@@ -1,5 +1,6 @@
 """The extender's HTTP server: ``POST /filter``, ``POST /prioritize``, ``GET /healthz``,
-``GET /readyz`` and ``GET /stats`` (call counts and latency percentiles, JSON).
+``GET /readyz``, ``GET /stats`` (call counts and latency percentiles, JSON) and ``GET /metrics``
+(Prometheus, :mod:`.metrics`).
 
 Served by :mod:`enflame_gcu.bounded_http` (the device plugin's and the DRA driver's bounded
 server): one asyncio thread, HTTP/1.1 keep-alive (the scheduler reuses its connections), a whole
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from enflame_gcu import bounded_http
-from enflame_gcu.scheduler_extender import decisions
+from enflame_gcu.scheduler_extender import decisions, metrics
 
 log = logging.getLogger(__name__)
 Verb = Callable[[bytes], bytes]
@@ -37,20 +38,48 @@ JSON = "application/json"
 MAX_BODY = 1 << 20  # a names-only ExtenderArgs: the pod and up to 5000 node names
 
 
+# Histogram buckets of /metrics: a names-only call at 5,000 nodes answers in milliseconds; the
+# top buckets reach the scheduler's httpTimeout (2 s shipped).
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+
+
 class Stats:
-    """Counts and the last ``keep`` durations of each verb (thread-safe)."""
+    """Counts, the last ``keep`` durations (for /stats) and cumulative histogram buckets (for
+    /metrics) of each verb (thread-safe)."""
 
     def __init__(self, keep: int = 10_000) -> None:
         self._lock = threading.Lock()
         self._durations: dict[str, collections.deque[float]] = {}
         self._counts: collections.Counter[str] = collections.Counter()
+        self._buckets: dict[str, list[int]] = {}
+        self._sums: dict[str, float] = {}
+        self._totals: collections.Counter[str] = collections.Counter()
         self._keep = keep
 
     def observe(self, verb: str, seconds: float) -> None:
         """One call of ``verb`` took ``seconds``."""
         with self._lock:
             self._counts[verb] += 1
+            self._totals[verb] += 1
+            self._sums[verb] = self._sums.get(verb, 0.0) + seconds
             self._durations.setdefault(verb, collections.deque(maxlen=self._keep)).append(seconds)
+            buckets = self._buckets.setdefault(verb, [0] * len(BUCKETS))
+            for index, bound in enumerate(BUCKETS):
+                if seconds <= bound:
+                    buckets[index] += 1
+
+    def histograms(self) -> dict[str, tuple[list[tuple[float, int]], float, int]]:
+        """``{verb: ([(upper bound, calls at most that long)], total seconds, calls)}``, since
+        the start (never reset: Prometheus counters only grow)."""
+        with self._lock:
+            return {
+                verb: (
+                    list(zip(BUCKETS, buckets, strict=True)),
+                    self._sums[verb],
+                    self._totals[verb],
+                )
+                for verb, buckets in self._buckets.items()
+            }
 
     def snapshot(self) -> dict[str, Any]:
         """``{verb: {calls, p50_ms, p99_ms, max_ms}}`` over the kept durations."""
@@ -67,7 +96,7 @@ class Stats:
             return result
 
     def reset(self) -> None:
-        """Forget everything (between benchmark runs)."""
+        """Forget /stats' counts and durations (between benchmark runs); /metrics keeps its."""
         with self._lock:
             self._durations.clear()
             self._counts.clear()
@@ -94,6 +123,11 @@ class ExtenderServer:
         self.verbs: dict[str, Verb] = {"/filter": decide.filter, "/prioritize": decide.prioritize}
         self.decide = decide
         self.stats = Stats()
+        self.metrics = metrics.registry(
+            metrics.ExtenderCollector(
+                self.stats.histograms, decide.refusal_counts, decide.cache.health
+            )
+        )
         self._ready = ready
         self.limits = bounded_http.Limits(
             connections=connections,
@@ -136,6 +170,8 @@ class ExtenderServer:
         if path == "/readyz":
             ok, reason = self.ready()
             return bounded_http.Response(200 if ok else 503, f"{reason}\n")
+        if path == "/metrics":
+            return bounded_http.Response(200, metrics.render(self.metrics), metrics.CONTENT_TYPE)
         if path == "/stats":
             document = {"verbs": self.stats.snapshot(), "cache": self.decide.cache.counts()}
             return bounded_http.Response(200, json.dumps(document), JSON)

@@ -1,5 +1,7 @@
-"""Keeps the cache current from the API server: a list, then a watch, of Nodes, bound Pods and
-Pods waiting to be scheduled (the only pods the extender will hold a guess for).
+"""Keeps the cache current from the API server: a list, then a watch, of the node-state Leases
+(one per node, in one namespace, :mod:`enflame_gcu.node_state`), bound Pods and Pods waiting to
+be scheduled (the only pods the extender will hold a guess for). Nodes are not watched: every
+Node change of the cluster would cross this process for nothing.
 
 One task per kind. A watch that ends with an error (the API server restarted, a resource version
 expired with 410) is logged once and followed by a fresh list after a short pause, so the cache
@@ -13,9 +15,11 @@ import logging
 from typing import Any
 
 from lightkube import AsyncClient, KubeConfig, operators
-from lightkube.core.client import FieldSelector
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.core.client import FieldSelector, LabelSelector
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Pod
 
+from enflame_gcu import node_state
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.scheduler_extender import cache as extender_cache
 
@@ -23,6 +27,7 @@ log = logging.getLogger(__name__)
 RETRY_SECONDS = 2.0
 BOUND: FieldSelector = {"spec.nodeName": operators.not_equal("")}
 WAITING: FieldSelector = {"spec.nodeName": operators.equal("")}
+LEASES: LabelSelector = dict(node_state.LEASE_LABELS)
 
 
 def connect(kubeconfig: str = "") -> AsyncClient:
@@ -37,11 +42,6 @@ def connect(kubeconfig: str = "") -> AsyncClient:
     return AsyncClient(config=config, field_manager="enflame-scheduler-extender")
 
 
-def _annotations(node: Any) -> dict[str, str]:
-    meta = node.metadata
-    return dict(meta.annotations or {}) if meta is not None else {}
-
-
 def _name(obj: Any) -> str:
     return str(obj.metadata.name) if obj.metadata is not None else ""
 
@@ -49,11 +49,15 @@ def _name(obj: Any) -> str:
 class Watcher:
     """The two follow loops and whether both have listed once."""
 
-    def __init__(self, client: AsyncClient, cache: extender_cache.ClusterCache) -> None:
+    def __init__(
+        self, client: AsyncClient, cache: extender_cache.ClusterCache, namespace: str = ""
+    ) -> None:
         self.client = client
         self.cache = cache
+        # The node-state Leases' namespace: the extender's own unless told.
+        self.namespace = namespace or str(client.namespace)
         self.synced = {
-            "nodes": asyncio.Event(),
+            "leases": asyncio.Event(),
             "pods": asyncio.Event(),
             "waiting": asyncio.Event(),
         }
@@ -86,10 +90,12 @@ class Watcher:
                     trouble = str(exc)
                 await asyncio.sleep(RETRY_SECONDS)
 
-    async def _list_nodes(self) -> str:
-        listing = self.client.list(Node)
-        nodes = {_name(node): _annotations(node) async for node in listing}
-        self.cache.replace_nodes(nodes)
+    async def _list_leases(self) -> str:
+        listing = self.client.list(
+            Lease, namespace=self.namespace, labels=LEASES
+        )  # fmt: skip
+        leases = {_name(found): found.to_dict() async for found in listing}
+        self.cache.replace_leases(leases)
         return str(listing.resourceVersion or "")
 
     async def _list_pods(self, fields: FieldSelector) -> tuple[list[dict[str, Any]], str]:
@@ -98,25 +104,31 @@ class Watcher:
         return pods, str(listing.resourceVersion or "")
 
     async def _list(self, kind: str) -> str:
-        if kind == "nodes":
-            return await self._list_nodes()
+        if kind == "leases":
+            return await self._list_leases()
         pods, version = await self._list_pods(BOUND if kind == "pods" else WAITING)
         (self.cache.replace_pods if kind == "pods" else self.cache.replace_waiting)(pods)
         return version
 
     async def _watch(self, kind: str, version: str) -> None:
-        if kind == "nodes":
-            async for event, node in self.client.watch(Node, resource_version=version or None):
+        if kind == "leases":
+            events = self.client.watch(
+                Lease,
+                namespace=self.namespace,
+                labels=LEASES,
+                resource_version=version or None,
+            )
+            async for event, found in events:
                 if event == "DELETED":
-                    self.cache.delete_node(_name(node))
+                    self.cache.delete_lease(_name(found))
                 else:
-                    self.cache.set_node(_name(node), _annotations(node))
+                    self.cache.set_lease(_name(found), found.to_dict())
         else:
             fields = BOUND if kind == "pods" else WAITING
-            events = self.client.watch(
+            pods = self.client.watch(
                 Pod, namespace="*", fields=fields, resource_version=version or None
             )
-            async for event, pod in events:
+            async for event, pod in pods:
                 uid = str((pod.metadata.uid if pod.metadata is not None else None) or "")
                 if event == "DELETED":
                     # Leaving the waiting selection means bound (or gone): not a deletion.
