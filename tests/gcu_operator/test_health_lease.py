@@ -189,9 +189,9 @@ def test_a_lease_this_code_cannot_read_does_not_end_the_renewals(
 
 def test_a_wall_clock_stepped_back_does_not_keep_a_leader_writing_past_its_deadline() -> None:
     """Every Lease write fails, and the wall clock is stepped back an hour just after the
-    leader's last renewal: timed on the wall clock the leader's last renewal lay an hour in the future,
-    so it kept writing for an hour while a standby took over after the Lease's duration. Timed
-    on the monotonic clock it stops within the renew deadline."""
+    leader's last renewal: timed on the wall clock, that renewal lay an hour in the future, so
+    the leader kept writing for an hour while a standby took over after the Lease's duration.
+    Timed on the monotonic clock it stops within the renew deadline."""
     fake = Locked()
     cluster = FakeCluster(fake, ["node-a"])
     fake.put(api.GCU_RESOURCE, ours())
