@@ -83,6 +83,19 @@ def _parser() -> argparse.ArgumentParser:
         "component elsewhere is reported, not deployed",
     )
     parser.add_argument(
+        "--component-namespace",
+        default=None,
+        help="namespace of every component that names none (default: --namespace, the "
+        "operator's own, so that it needs write access nowhere else)",
+    )
+    parser.add_argument(
+        "--scraper-namespace",
+        default="",
+        help="the namespace whose Prometheus pods may scrape the device plugin's metrics port "
+        "(its NetworkPolicy matches the namespace's kubernetes.io/metadata.name label, which "
+        "the API server sets); default none: the policy admits nothing",
+    )
+    parser.add_argument(
         "--dra-service-account",
         default="enflame-dra-plugin",
         help="ServiceAccount of the DRA driver's pods (the chart passes <release>-dra-plugin)",
@@ -277,7 +290,10 @@ def _run(args: argparse.Namespace, cluster: kube_module.LightkubeApi) -> int:
     if args.once:
         try:
             results = runner.Operator(
-                cluster, allowed_namespaces=allowed_namespaces(args)
+                cluster,
+                allowed_namespaces=allowed_namespaces(args),
+                component_namespace=component_namespace(args),
+                scraper_namespace=str(args.scraper_namespace or ""),
             ).run_once()
         except api.ApiError as exc:
             LOG.error("pass failed: %s", exc)
@@ -288,6 +304,12 @@ def _run(args: argparse.Namespace, cluster: kube_module.LightkubeApi) -> int:
         signal.signal(signum, lambda *_: stop.set())
     serve(args, cluster, stop)
     return 0
+
+
+def component_namespace(args: argparse.Namespace) -> str:
+    """--component-namespace, by default the operator's own (--namespace)."""
+    given = getattr(args, "component_namespace", None)
+    return str(given if given is not None else args.namespace)
 
 
 def allowed_namespaces(args: argparse.Namespace) -> frozenset[str]:
@@ -697,6 +719,8 @@ def serve(
         may_write=elector.leading,
         allowed_namespaces=allowed_namespaces(args),
         dra_service_account=getattr(args, "dra_service_account", "enflame-dra-plugin"),
+        component_namespace=component_namespace(args),
+        scraper_namespace=str(getattr(args, "scraper_namespace", "") or ""),
     )
     LOG.info(
         "enflame-gcu-operator %s starting (Lease %s/%s)",

@@ -103,8 +103,14 @@ class Operator:
         may_write: Callable[[], bool] = lambda: True,
         allowed_namespaces: frozenset[str] = frozenset(),
         dra_service_account: str = components.DRA_SERVICE_ACCOUNT,
+        *,
+        component_namespace: str = "",
+        scraper_namespace: str = "",
     ) -> None:
+        self._scraper_namespace = scraper_namespace
         self._api = cluster
+        # Where a component that names no namespace goes ("": the vendor's kube-system).
+        self._component_namespace = component_namespace
         self._clock = clock
         self._may_write = may_write
         self._allowed_namespaces = allowed_namespaces
@@ -145,7 +151,11 @@ class Operator:
             for obj in self._api.list(obj_kind, labels=_labelled(resource)):
                 found[objects.key(obj)] = obj
         for obj in components.desired(
-            resource, spec, self._dra_served, self._dra_service_account
+            resource,
+            spec,
+            self._dra_served,
+            self._dra_service_account,
+            scraper_namespace=self._scraper_namespace,
         ).values():
             k = objects.key(obj)
             if k not in found:
@@ -238,6 +248,7 @@ class Operator:
                 conflict=conflict,
                 allowed_namespaces=self._allowed_namespaces,
                 dra_service_account=self._dra_service_account,
+                scraper_namespace=self._scraper_namespace,
                 blocked=self._blocked.pop(str(meta.get("uid")), {}),
             )
             plan = reconcile.plan(observed)
@@ -345,6 +356,8 @@ class Operator:
         self.seen_pods = {}
         for kind, resource in found:
             resource.setdefault("apiVersion", kind.api_version)
+            if self._component_namespace:
+                default_namespace(resource, self._component_namespace)
         if not found:
             return []
         found.sort(key=lambda item: ownership_order(item[1]))
@@ -378,6 +391,26 @@ def resource_key(group: str, resource: Mapping[str, Any]) -> tuple[str, str, str
     """(group, uid, resourceVersion): changes whenever the resource does."""
     meta = resource.get("metadata") or {}
     return (group, str(meta.get("uid")), str(meta.get("resourceVersion")))
+
+
+# The spec keys (both groups' spellings) whose value is one component's BaseFields.
+COMPONENT_KEYS = frozenset(
+    {rs.TOOLKIT, rs.DEVICE_PLUGIN, rs.DRA, rs.EXPORTER, rs.GFD, rs.VALIDATOR, *rs.ALIASES}
+)
+
+
+def default_namespace(resource: Obj, namespace: str) -> None:
+    """Give every component of ``resource`` (as read, in memory only) that names no namespace
+    ``namespace``: the operator's own, so that components need no write access elsewhere."""
+    spec = resource.get("spec")
+    if not isinstance(spec, dict):
+        return
+    for key, value in spec.items():
+        if key in COMPONENT_KEYS and isinstance(value, dict) and not value.get("namespace"):
+            value["namespace"] = namespace
+    # The validator runs unless turned off, named or not.
+    if rs.VALIDATOR not in spec:
+        spec[rs.VALIDATOR] = {"namespace": namespace}
 
 
 def version_of(obj: Mapping[str, Any]) -> tuple[str, str]:
