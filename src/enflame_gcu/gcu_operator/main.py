@@ -389,13 +389,14 @@ def idle_delay(interval: float, max_interval: float, idle: int) -> float:
 
 # A quiet pass (no action planned) that is not settled (pods starting, a NotReady node, a
 # refused resource, a drain waiting on a PodDisruptionBudget) waits on the watches too, but comes
-# round at least this often: what only time changes (podReadyTimeoutSeconds, a drain's timeout,
-# a removal's wait on a NotReady node) is looked at then.
-UNSETTLED_MAX = 30.0
+# round at least every this many --interval (30 s at the default 5): what only time changes
+# (podReadyTimeoutSeconds, a drain's timeout, a removal's wait on a NotReady node) is looked at
+# then.
+UNSETTLED_INTERVALS = 6
 # While one kind's watch keeps failing, that kind is listed instead (compared with what the last
-# pass read), from every --interval, doubling per failure up to this; its watch is tried again
-# from every --interval, doubling up to --max-interval.
-LIST_FALLBACK_MAX = 60.0
+# pass read), from every --interval, doubling per failure up to this many --interval (60 s at
+# the default); its watch is tried again from every --interval, doubling up to --max-interval.
+LIST_FALLBACK_INTERVALS = 12
 
 
 def fingerprint(cluster: api.ClusterApi) -> frozenset[tuple[str, str, str]]:
@@ -445,7 +446,9 @@ class WatchBackoff:
     def list_delay(self, key: str, interval: float) -> float:
         """Seconds between the lists standing in for that failing watch."""
         failures = self.failures(key)
-        return float(min(max(interval, LIST_FALLBACK_MAX), interval * 2 ** min(failures - 1, 16)))
+        return float(
+            min(interval * LIST_FALLBACK_INTERVALS, interval * 2 ** min(max(failures - 1, 0), 16))
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -682,13 +685,14 @@ def _next_wait_cap(
 
     Quiet: no resource planned an action and none failed to be read or written (a refused one,
     waiting out its backoff, is quiet until its next try). Settled quiet passes wait up to
-    --max-interval; others up to UNSETTLED_MAX, and never past a refused resource's next try."""
+    --max-interval; others up to UNSETTLED_INTERVALS x --interval, and never past a refused
+    resource's next try."""
     max_interval = float(getattr(args, "max_interval", args.interval))
     if any(r.actions or (r.error and r.retry_at is None) for r in results):
         return None
     cap = max_interval
     if not all(r.settled and not r.error for r in results):
-        cap = min(cap, UNSETTLED_MAX)
+        cap = min(cap, UNSETTLED_INTERVALS * args.interval)
     retries = [r.retry_at for r in results if r.retry_at is not None]
     if retries:
         cap = min(cap, max(args.interval, min(retries) - now))
