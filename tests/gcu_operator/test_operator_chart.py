@@ -13,7 +13,7 @@ from enflame_gcu.gcu_operator import resource as rs
 from tests.deploy import helm_render
 from tests.gcu_operator import fake_api
 from tests.gcu_operator.fake_api import FakeApi, FakeCluster
-from tests.gcu_operator.helpers import converge, ours
+from tests.gcu_operator.helpers import converge, ours, vendor_example
 
 needs_helm = pytest.mark.skipif(helm_render.helm_missing(), reason=helm_render.NO_HELM_SDK)
 # `helm uninstall --timeout`'s default: how long Helm waits for a hook (Helm 3: 5m0s).
@@ -151,6 +151,26 @@ def test_a_listed_component_namespace_gets_the_same_named_rules(tmp_path: Any) -
     assert rbac.allows("create", api.POD, "x", "kube-system")
     assert rbac.allows("delete", api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system")
     assert not rbac.allows("delete", api.DAEMONSET, "kube-proxy", "kube-system")
+
+
+@needs_helm
+def test_the_vendors_example_names_are_the_operators_to_rewrite(tmp_path: Any) -> None:
+    """The vendor's 2.0 example renames the toolkit and the plugin (and names kube-system):
+    with kube-system listed, the operator may update and delete every object it makes for it,
+    or its upgrades and its removal would be refused."""
+    rbac = Rbac(_docs(_rendered(tmp_path, componentNamespaces=["kube-system"])))
+    resource = {**vendor_example(), "metadata": {"name": "vendor", "uid": "u-2"}}
+    made = components.desired(resource, rs.parse(resource["spec"]), True, "dra")
+    assert {o["metadata"]["name"] for o in made.values()} >= {"enflame-gcu-k8s-plugin"}
+    for obj in made.values():
+        kind = api.BY_KIND[obj["kind"]]
+        meta = obj["metadata"]
+        for verb in ("create", "update", "delete"):
+            assert rbac.allows(verb, kind, meta["name"], meta.get("namespace") or ""), (
+                verb,
+                obj["kind"],
+                meta["name"],
+            )
 
 
 def test_components_naming_no_namespace_go_to_the_operators_own(
