@@ -226,3 +226,24 @@ def test_a_wall_clock_stepped_back_does_not_keep_a_leader_writing_past_its_deadl
         late = fake.operator_writes(since)
     assert fake.operator_writes(0.0), "the operator never wrote"
     assert late == [], late
+
+
+class Closable(FakeApi):
+    def close(self) -> None:
+        """As LightkubeApi.close."""
+
+
+def test_a_health_port_in_use_is_named_not_a_traceback(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bounded server names the address and the cause; main() logs it and exits 2."""
+    monkeypatch.setattr(main, "_cluster", lambda _kubeconfig: Closable())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        code = main.main(["--health-port", str(port), "--health-address", "127.0.0.1"])
+    assert code == 2
+    assert time.monotonic() - started < 5
+    assert any(f"127.0.0.1:{port}" in r.getMessage() for r in caplog.records), caplog.text

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from enflame_gcu import bounded_http
+from enflame_gcu.errors import ConfigError
 from enflame_gcu.gcu_operator import api, leader, names, runner
 
 if TYPE_CHECKING:
@@ -177,6 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = _cluster(args.kubeconfig)
     try:
         return _run(args, cluster)
+    except ConfigError as exc:  # the health port cannot be had: say so, not a traceback
+        LOG.error("%s", exc)
+        return 2
     finally:
         cluster.close()
 
