@@ -53,9 +53,11 @@ def _parser() -> argparse.ArgumentParser:
         "--max-interval",
         type=float,
         default=300.0,
-        help="seconds between full passes once converged (default 300): the wait doubles from "
-        "--interval; meanwhile the GcuResources and nodes are watched, and a changed "
-        "GcuResource or a new, deleted or relabelled node starts a pass at once",
+        help="seconds between full passes once converged (default 300): after a pass that "
+        "planned nothing the wait doubles from --interval (up to 6 intervals while a resource "
+        "is not settled); meanwhile the GcuResources, the nodes and each resource's pods are "
+        "watched, and a change starts a pass at once; a failing watch is retried up to this "
+        "late, a list standing in",
     )
     parser.add_argument(
         "--lease-duration",
