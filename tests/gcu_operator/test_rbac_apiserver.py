@@ -7,6 +7,7 @@ it does not hold.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import urllib.error
@@ -42,8 +43,26 @@ def _path(kind: str, namespace: str = "", name: str = "") -> str:
     return f"{path}/{name}" if name else path
 
 
+@dataclasses.dataclass(frozen=True)
+class Plane:
+    """The control plane, and the user name of the operator's ServiceAccount."""
+
+    cp: Any
+    operator_user: str
+
+    @property
+    def server(self) -> str:
+        return str(self.cp.server)
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        return self.cp.api(method, path, body)
+
+    def get(self, path: str) -> Any:
+        return self.cp.get(path)
+
+
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
     from tests.cluster import controlplane
 
     rendered = helm_render.render(
@@ -61,11 +80,10 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         for doc in docs:
             cp.api("POST", _path(doc["kind"], doc["metadata"].get("namespace", "")), doc)
         account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
-        cp.operator_user = f"system:serviceaccount:{NS}:{account}"
-        yield cp
+        yield Plane(cp, f"system:serviceaccount:{NS}:{account}")
 
 
-def _as_operator(cp: Any, method: str, path: str, body: Any = None) -> int:
+def _as_operator(cp: Plane, method: str, path: str, body: Any = None) -> int:
     """One request as the operator's ServiceAccount: the HTTP status."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(  # noqa: S310 (https to our own API server)
@@ -75,7 +93,7 @@ def _as_operator(cp: Any, method: str, path: str, body: Any = None) -> int:
         headers={"Content-Type": "application/json", "Impersonate-User": cp.operator_user},
     )
     try:
-        with urllib.request.urlopen(request, timeout=30, context=cp._ssl) as answer:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=30, context=cp.cp._ssl) as answer:  # noqa: S310
             return int(answer.status)
     except urllib.error.HTTPError as exc:
         exc.read()
@@ -110,7 +128,7 @@ def _cluster_role(name: str, rules: list[Any]) -> dict[str, Any]:
 NODE_STATE = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
 
 
-def test_the_operator_cannot_rewrite_or_delete_what_is_not_its_own(plane: Any) -> None:
+def test_the_operator_cannot_rewrite_or_delete_what_is_not_its_own(plane: Plane) -> None:
     cp = plane
     cp.api("POST", _path("ClusterRole"), _cluster_role("someone-elses", NODE_STATE))
     cp.api("POST", _path("DaemonSet", "kube-system"), _daemonset("kube-proxy"))
@@ -144,7 +162,7 @@ def test_the_operator_cannot_rewrite_or_delete_what_is_not_its_own(plane: Any) -
     assert cp.get(_path("DaemonSet", "kube-system", "kube-proxy")) is not None
 
 
-def test_the_operator_writes_its_own_objects_and_grants_only_what_it_holds(plane: Any) -> None:
+def test_the_operator_writes_its_own_objects_and_grants_only_what_it_holds(plane: Plane) -> None:
     cp = plane
     own = "enflame-k8s-device-plugin-node-state"
     assert _as_operator(cp, "POST", _path("ClusterRole"), _cluster_role(own, NODE_STATE)) == 201
