@@ -4,6 +4,8 @@ runs first and ends inside Helm's wait."""
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from enflame_gcu.gcu_operator import api, components, leader, main, runner
 from enflame_gcu.gcu_operator import resource as rs
 from tests.deploy import helm_render
+from tests.deploy.helpers import CHART_DIR
 from tests.gcu_operator import fake_api
 from tests.gcu_operator.fake_api import FakeApi, FakeCluster
 from tests.gcu_operator.helpers import converge, ours, vendor_example
@@ -297,11 +300,36 @@ def test_the_plugins_policy_admits_nothing_until_the_namespace_is_set() -> None:
     assert spec["policyTypes"] == ["Ingress"] and spec["ingress"] == []
 
 
+def _schema_has_scraper_namespace() -> bool:
+    with open(os.path.join(CHART_DIR, "values.schema.json"), encoding="utf-8") as handle:
+        schema = json.load(handle)
+    policy = schema["properties"]["metrics"]["properties"]["networkPolicy"]["properties"]
+    return "scraperNamespace" in policy
+
+
 @needs_helm
-def test_the_chart_passes_the_scraper_namespace_to_the_operator(tmp_path: Any) -> None:
-    for value, sub in (("", "unset"), ("monitoring", "set")):
-        docs = _docs(_rendered(tmp_path / sub, scraperNamespace=value))
-        deployment = next(d for d in docs if d["kind"] == "Deployment")
-        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-        parsed = main._parser().parse_args([a.replace("$(POD_IP)", "10.0.0.1") for a in args])
-        assert parsed.scraper_namespace == value
+def test_the_operator_gets_no_scraper_namespace_by_default(tmp_path: Any) -> None:
+    docs = _docs(_rendered(tmp_path))
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--scraper-namespace=" in args
+
+
+@needs_helm
+@pytest.mark.skipif(
+    not _schema_has_scraper_namespace(),
+    reason="metrics.networkPolicy.scraperNamespace is issue 48's chart value (branch h48b)",
+)
+def test_the_chart_passes_its_scraper_namespace_to_the_operator(tmp_path: Any) -> None:
+    """One value for both: the chart's plugin policy and the operator's admit the same
+    namespace."""
+    values = {
+        "namespaceOverride": RELEASE_NS,
+        "operator": {"enabled": True},
+        "metrics": {"networkPolicy": {"enabled": True, "scraperNamespace": "monitoring"}},
+    }
+    docs = _docs(helm_render.render(str(tmp_path), values))
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    parsed = main._parser().parse_args([a.replace("$(POD_IP)", "10.0.0.1") for a in args])
+    assert parsed.scraper_namespace == "monitoring"
