@@ -302,7 +302,7 @@ def test_healthz_answers_200_while_the_loop_comes_round_and_503_when_it_hangs() 
     now = {"t": 0.0}
     health = main.Health(stale_after=60, clock=lambda: now["t"])
     server = main.serve_health(health, 0, host="127.0.0.1")
-    url = f"http://127.0.0.1:{server.server_address[1]}/healthz"
+    url = f"http://127.0.0.1:{server.port}/healthz"
     try:
         with urllib.request.urlopen(url, timeout=5) as answer:
             assert answer.status == 200
@@ -315,8 +315,7 @@ def test_healthz_answers_200_while_the_loop_comes_round_and_503_when_it_hangs() 
         with urllib.request.urlopen(url, timeout=5) as answer:
             assert answer.status == 200
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def test_two_replicas_on_one_network_serve_healthz_on_their_own_pod_ip() -> None:
@@ -328,7 +327,7 @@ def test_two_replicas_on_one_network_serve_healthz_on_their_own_pod_ip() -> None
     assert first.health_address == "127.0.0.2"
     health = main.Health(stale_after=60)
     one = main.serve_health(health, 0, host=first.health_address)
-    port = one.server_address[1]
+    port = one.port
     try:
         two = main.serve_health(health, port, host="127.0.0.3")
         try:
@@ -336,11 +335,9 @@ def test_two_replicas_on_one_network_serve_healthz_on_their_own_pod_ip() -> None
                 with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=5) as answer:
                     assert answer.status == 200
         finally:
-            two.shutdown()
-            two.server_close()
+            two.stop()
     finally:
-        one.shutdown()
-        one.server_close()
+        one.stop()
 
 
 # --- point 13: fewer API calls once converged -------------------------------------------------

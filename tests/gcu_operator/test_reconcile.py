@@ -523,7 +523,8 @@ def test_operator_deployed_plugins_get_the_charts_network_policy() -> None:
     assert plugins
     for pod in plugins:
         assert all(pod["metadata"]["labels"].get(k) == v for k, v in selector.items())
-    assert policy["spec"]["ingress"][0]["ports"] == [{"port": 9402, "protocol": "TCP"}]
+    # No scraper namespace given (--scraper-namespace): nothing is admitted (issue 48).
+    assert policy["spec"]["ingress"] == []
     fake.delete(api.GCU_RESOURCE, "gcu")
     converge(operator, cluster)
     assert fake.objects(api.NETWORK_POLICY) == []

@@ -36,14 +36,22 @@ PLUGIN_ROLE_KEY = "devicePluginNodeStateRole"
 PLUGIN_BINDING_KEY = "devicePluginNodeStateBinding"
 PLUGIN_RBAC_KEYS = (PLUGIN_ACCOUNT_KEY, PLUGIN_ROLE_KEY, PLUGIN_BINDING_KEY)
 EXTRA_KEYS = (RUNTIME_CLASS_KEY, VALIDATOR_CLAIM_KEY, PLUGIN_POLICY_KEY, *PLUGIN_RBAC_KEYS)
-# Who may reach the device plugin's metrics port: Prometheus pods in any namespace, as the
-# chart's metrics.networkPolicy default (networkpolicy-device-plugin.yaml).
-PROMETHEUS_PEERS = [
-    {
-        "namespaceSelector": {},
-        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
-    }
-]
+# The label the API server (1.21+) sets on every Namespace to its name; a tenant cannot set it
+# on a namespace of another name, as it can label its own pods "prometheus".
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def scraper_peers(namespace: str) -> list[Obj]:
+    """Who may reach the device plugin's metrics port: Prometheus pods in ``namespace`` only
+    (issue 48: a pod anywhere could label itself Prometheus)."""
+    return [
+        {
+            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        }
+    ]
+
+
 TOLERATIONS = [
     {"key": "CriticalAddonsOnly", "operator": "Exists"},
     {"key": "enflame.com/gcu", "operator": "Exists", "effect": "NoSchedule"},
@@ -423,9 +431,22 @@ def _exporter_service(
     }
 
 
-def plugin_network_policy(resource: Mapping[str, Any], plugin: rs.Component) -> Obj:
+def plugin_network_policy(
+    resource: Mapping[str, Any], plugin: rs.Component, scraper_namespace: str = ""
+) -> Obj:
     """The chart's NetworkPolicy for the device plugin's pods: only the metrics port, only from
-    Prometheus (the kubelet's probes come from the node, which a NetworkPolicy never blocks)."""
+    Prometheus in ``scraper_namespace``; none given, no rule, so nothing is admitted (the
+    kubelet's probes come from the node, which a NetworkPolicy never blocks)."""
+    rules = (
+        [
+            {
+                "ports": [{"port": METRICS_PORT, "protocol": "TCP"}],
+                "from": scraper_peers(scraper_namespace),
+            }
+        ]
+        if scraper_namespace
+        else []
+    )
     own = labels(resource, rs.DEVICE_PLUGIN, "enflame-device-plugin")
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -444,9 +465,7 @@ def plugin_network_policy(resource: Mapping[str, Any], plugin: rs.Component) -> 
                 }
             },
             "policyTypes": ["Ingress"],
-            "ingress": [
-                {"ports": [{"port": METRICS_PORT, "protocol": "TCP"}], "from": PROMETHEUS_PEERS}
-            ],
+            "ingress": rules,
         },
     }
 
@@ -501,6 +520,8 @@ def desired(
     spec: rs.ResourceSpec,
     dra_served: bool = False,
     dra_service_account: str = DRA_SERVICE_ACCOUNT,
+    *,
+    scraper_namespace: str = "",
 ) -> dict[str, Obj]:
     """Every object the resource's components consist of, by component key (and EXTRA_KEYS)."""
     out: dict[str, Obj] = {}
@@ -553,7 +574,9 @@ def desired(
     if rs.EXPORTER in comps:
         out[rs.EXPORTER] = _exporter_service(resource, comps[rs.EXPORTER], comps[rs.DEVICE_PLUGIN])
     if rs.DEVICE_PLUGIN in comps:
-        out[PLUGIN_POLICY_KEY] = plugin_network_policy(resource, comps[rs.DEVICE_PLUGIN])
+        out[PLUGIN_POLICY_KEY] = plugin_network_policy(
+            resource, comps[rs.DEVICE_PLUGIN], scraper_namespace
+        )
     if spec.node_mode == "runtimeclass" and rs.TOOLKIT in comps:
         out[RUNTIME_CLASS_KEY] = runtime_class(resource)
     if rs.VALIDATOR in comps and rs.DRA in comps and dra_served:

@@ -11,11 +11,17 @@ exactly one of them win (409 for the other). A leader renews with one PUT of the
 last write left it (that resourceVersion proves nobody wrote since); only a 409, or a renewal
 that came too late, makes it read the Lease again. So a converged leader costs the API server
 one request per renewal, not a GET and a PUT.
+
+Every duration (the renew deadline, a standby's expiry) is measured on a monotonic clock: a
+wall clock stepped back by NTP or by hand must not keep a leader writing past its deadline, nor
+one stepped forward end a healthy leadership. The wall clock only stamps the Lease's times.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from enflame_gcu.gcu_operator import api, pods
@@ -36,8 +42,12 @@ class LeaderElector:
         name: str = LEASE_NAME,
         *,
         renew_deadline: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._api = cluster
+        self._clock = clock
+        self._wall = wall
         self._namespace = namespace
         self._identity = identity
         self._duration = duration
@@ -48,20 +58,25 @@ class LeaderElector:
                 f"the renew deadline ({self.renew_deadline} s) must be shorter than the Lease "
                 f"({duration} s)"
             )
-        # The other holder's record as last read, and when (our clock) it was first seen so.
+        # The other holder's record as last read, and when (our monotonic clock) it was first
+        # seen so.
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
-        # When (our clock) this replica last wrote the Lease as its holder, and the Lease as the
-        # API server returned that write.
+        # When (our monotonic clock) this replica last wrote the Lease as its holder, and the
+        # Lease as the API server returned that write.
         self._renewed_at: float | None = None
         self._written: dict[str, Any] | None = None
 
-    def leading(self, now: float) -> bool:
-        """Whether this replica may write: it renewed the Lease within the renew deadline."""
-        return self._renewed_at is not None and now - self._renewed_at <= self.renew_deadline
+    def leading(self, now: float | None = None) -> bool:
+        """Whether this replica may write: it renewed the Lease within the renew deadline
+        (``now`` on the monotonic clock; default: the clock's)."""
+        if self._renewed_at is None:
+            return False
+        now = self._clock() if now is None else now
+        return 0 <= now - self._renewed_at <= self.renew_deadline
 
-    def _spec(self, now: float, transitions: int, acquired: str | None) -> dict[str, Any]:
-        stamp = pods.rfc3339(now).replace("Z", ".000000Z")
+    def _spec(self, transitions: int, acquired: str | None) -> dict[str, Any]:
+        stamp = pods.rfc3339(self._wall()).replace("Z", ".000000Z")
         return {
             "holderIdentity": self._identity,
             "leaseDurationSeconds": self._duration,
@@ -79,7 +94,7 @@ class LeaderElector:
             return None
         spec = written.get("spec") or {}
         written["spec"] = self._spec(
-            now, int(spec.get("leaseTransitions") or 0), spec.get("acquireTime")
+            int(spec.get("leaseTransitions") or 0), spec.get("acquireTime")
         )
         try:
             self._written = self._api.replace(api.LEASE, written)
@@ -90,8 +105,10 @@ class LeaderElector:
         self._renewed_at = now
         return True
 
-    def try_acquire(self, now: float) -> bool:
-        """Take or renew the Lease; True while this replica leads."""
+    def try_acquire(self, now: float | None = None) -> bool:
+        """Take or renew the Lease; True while this replica leads (``now`` on the monotonic
+        clock; default: the clock's)."""
+        now = self._clock() if now is None else now
         try:
             if self._renew_blind(now):
                 return True
@@ -103,7 +120,7 @@ class LeaderElector:
                         "apiVersion": api.LEASE.api_version,
                         "kind": "Lease",
                         "metadata": {"name": self._name, "namespace": self._namespace},
-                        "spec": self._spec(now, 0, None),
+                        "spec": self._spec(0, None),
                     },
                 )
                 LOG.info("became leader (created Lease %s/%s)", self._namespace, self._name)
@@ -128,7 +145,6 @@ class LeaderElector:
             transitions = int(spec.get("leaseTransitions") or 0)
             mine = holder == self._identity
             lease["spec"] = self._spec(
-                now,
                 transitions if mine else transitions + 1,
                 spec.get("acquireTime") if mine else None,
             )

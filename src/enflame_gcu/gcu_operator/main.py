@@ -9,17 +9,19 @@ as it has not been renewed within the renew deadline.
 from __future__ import annotations
 
 import argparse
-import http.server
+import dataclasses
 import logging
 import os
 import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from enflame_gcu.gcu_operator import api, leader, runner
+from enflame_gcu import bounded_http
+from enflame_gcu.errors import ConfigError
+from enflame_gcu.gcu_operator import api, leader, names, runner
 
 if TYPE_CHECKING:
     from enflame_gcu.gcu_operator import kube as kube_module
@@ -51,9 +53,11 @@ def _parser() -> argparse.ArgumentParser:
         "--max-interval",
         type=float,
         default=300.0,
-        help="seconds between full passes once converged (default 300): the wait doubles from "
-        "--interval; meanwhile the GcuResources and nodes are watched, and a changed "
-        "GcuResource or a new, deleted or relabelled node starts a pass at once",
+        help="seconds between full passes once converged (default 300): after a pass that "
+        "planned nothing the wait doubles from --interval (up to 6 intervals while a resource "
+        "is not settled); meanwhile the GcuResources, the nodes and each resource's pods are "
+        "watched, and a change starts a pass at once; a failing watch is retried up to this "
+        "late, a list standing in",
     )
     parser.add_argument(
         "--lease-duration",
@@ -82,6 +86,19 @@ def _parser() -> argparse.ArgumentParser:
         "component elsewhere is reported, not deployed",
     )
     parser.add_argument(
+        "--component-namespace",
+        default=None,
+        help="namespace of every component that names none (default: --namespace, the "
+        "operator's own, so that it needs write access nowhere else)",
+    )
+    parser.add_argument(
+        "--scraper-namespace",
+        default="",
+        help="the namespace whose Prometheus pods may scrape the device plugin's metrics port "
+        "(its NetworkPolicy matches the namespace's kubernetes.io/metadata.name label, which "
+        "the API server sets); default none: the policy admits nothing",
+    )
+    parser.add_argument(
         "--dra-service-account",
         default="enflame-dra-plugin",
         help="ServiceAccount of the DRA driver's pods (the chart passes <release>-dra-plugin)",
@@ -91,6 +108,13 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="serve /healthz on this port (0: none): 200 while the loop comes round, else 503",
+    )
+    parser.add_argument(
+        "--health-timeout",
+        type=float,
+        default=0.0,
+        help="seconds the loop or the Lease's thread may go without coming round before "
+        "/healthz answers 503 (default 0: max(60, 4 x --interval) + 60)",
     )
     parser.add_argument(
         "--health-address",
@@ -156,48 +180,70 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = _cluster(args.kubeconfig)
     try:
         return _run(args, cluster)
+    except ConfigError as exc:  # the health port cannot be had: say so, not a traceback
+        LOG.error("%s", exc)
+        return 2
     finally:
         cluster.close()
 
 
 class Health:
-    """The liveness answer: healthy while the main loop comes round within ``stale_after``
-    seconds (a pass that hangs, not one that fails, is what a restart can cure)."""
+    """The liveness answer: healthy while the main loop and the Lease's thread each come round
+    within ``stale_after`` seconds (a pass that hangs, not one that fails, is what a restart can
+    cure) and no watched thread has ended (a renew thread that died would leave a replica that
+    never leads again, or stops writing for good, behind a 200)."""
 
     def __init__(self, stale_after: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._stale_after = stale_after
         self._clock = clock
-        self._beat = clock()
+        self._beats: dict[str, float] = {"the main loop": clock()}
+        self._threads: dict[str, threading.Thread] = {}
 
-    def beat(self) -> None:
-        """The loop came round."""
-        self._beat = self._clock()
+    def beat(self, what: str = "the main loop") -> None:
+        """``what`` came round."""
+        self._beats[what] = self._clock()
+
+    def watch_thread(self, what: str, thread: threading.Thread) -> None:
+        """Unhealthy once ``thread`` has ended."""
+        self._threads[what] = thread
+        self._beats[what] = self._clock()
+
+    def problem(self) -> str:
+        """What is wrong ("" when healthy)."""
+        now = self._clock()
+        for what, thread in self._threads.items():
+            if not thread.is_alive():
+                return f"{what} has ended"
+        for what, beat in self._beats.items():
+            if now - beat > self._stale_after:
+                return f"{what} has not come round for {now - beat:.0f} s"
+        return ""
 
     def healthy(self) -> bool:
-        """Whether the loop came round recently enough."""
-        return self._clock() - self._beat <= self._stale_after
+        """Whether every part came round recently enough."""
+        return not self.problem()
 
 
-def serve_health(health: Health, port: int, host: str = "") -> http.server.ThreadingHTTPServer:
-    """/healthz on ``port`` in a daemon thread; the caller shuts the server down."""
+# The /healthz port's bounds: the kubelet's probe is one connection every period; a flood of
+# idle or half-sent connections costs at most these and never a thread each.
+HEALTH_LIMITS = bounded_http.Limits(
+    connections=16, per_client=8, rate_per_client=5.0, burst_per_client=10, head_bytes=2048
+)
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            ok = self.path == "/healthz" and health.healthy()
-            body = b"ok\n" if ok else b"stale\n" if self.path == "/healthz" else b"not found\n"
-            self.send_response(200 if ok else 503 if self.path == "/healthz" else 404)
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
-        def log_message(self, *_: object) -> None:
-            return
+def serve_health(health: Health, port: int, host: str = "") -> bounded_http.BoundedServer:
+    """/healthz on ``port`` (the project's bounded server, in a daemon thread of its own); the
+    caller stops it. ConfigError when the port cannot be had."""
 
-    server = http.server.ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
-    return server
+    def answer(request: bounded_http.Request) -> bounded_http.Response:
+        if request.path != "/healthz":
+            return bounded_http.Response(404, "not found\n")
+        problem = health.problem()
+        return bounded_http.Response(503 if problem else 200, f"{problem or 'ok'}\n")
+
+    return bounded_http.serve(
+        answer, host, port, HEALTH_LIMITS, name="health", what="the operator's /healthz"
+    )
 
 
 class Trouble:
@@ -209,12 +255,19 @@ class Trouble:
         self._since: float | None = None
         self.failures = 0
 
-    def failed(self, exc: Exception) -> None:
-        """One more failure; logged only when it is the first of a run."""
+    def failed(self, exc: Exception, *, unexpected: bool = False) -> None:
+        """One more failure; logged only when it is the first of a run (``unexpected``: not
+        the API's refusal but an error of ours, logged with its traceback)."""
         self.failures += 1
         if self._since is None:
             self._since = self._clock()
-            LOG.warning("%s failed: %s (retrying with backoff; said once)", self._what, exc)
+            LOG.log(
+                logging.ERROR if unexpected else logging.WARNING,
+                "%s failed: %s (retrying with backoff; said once)",
+                self._what,
+                exc,
+                exc_info=unexpected,
+            )
         else:
             LOG.debug("%s failed again: %s", self._what, exc)
 
@@ -243,7 +296,10 @@ def _run(args: argparse.Namespace, cluster: kube_module.LightkubeApi) -> int:
     if args.once:
         try:
             results = runner.Operator(
-                cluster, allowed_namespaces=allowed_namespaces(args)
+                cluster,
+                allowed_namespaces=allowed_namespaces(args),
+                component_namespace=component_namespace(args),
+                scraper_namespace=str(args.scraper_namespace or ""),
             ).run_once()
         except api.ApiError as exc:
             LOG.error("pass failed: %s", exc)
@@ -254,6 +310,12 @@ def _run(args: argparse.Namespace, cluster: kube_module.LightkubeApi) -> int:
         signal.signal(signum, lambda *_: stop.set())
     serve(args, cluster, stop)
     return 0
+
+
+def component_namespace(args: argparse.Namespace) -> str:
+    """--component-namespace, by default the operator's own (--namespace)."""
+    given = getattr(args, "component_namespace", None)
+    return str(given if given is not None else args.namespace)
 
 
 def allowed_namespaces(args: argparse.Namespace) -> frozenset[str]:
@@ -301,17 +363,26 @@ def _renew(
     elector: leader.LeaderElector,
     stop: threading.Event,
     period: float,
-    clock: Callable[[], float],
+    health: Health | None = None,
 ) -> None:
-    """Take or renew the Lease every ``period`` seconds until ``stop``."""
+    """Take or renew the Lease every ``period`` seconds until ``stop``. No error ends it: an
+    error of ours (a Lease whose fields this code cannot read, a bug) is logged with its
+    traceback once and tried again, as the API's refusals are; the thread beats ``health``."""
     trouble = Trouble("taking or renewing the Lease")
     while not stop.is_set():
         try:
-            elector.try_acquire(clock())
+            elector.try_acquire()
             trouble.ok()
         except api.ApiError as exc:
             trouble.failed(exc)
+        except Exception as exc:  # the renewals must outlive any one failure
+            trouble.failed(exc, unexpected=True)
+        if health is not None:
+            health.beat(RENEWER)
         stop.wait(period)
+
+
+RENEWER = "the Lease's renew thread"
 
 
 def idle_delay(interval: float, max_interval: float, idle: int) -> float:
@@ -322,6 +393,18 @@ def idle_delay(interval: float, max_interval: float, idle: int) -> float:
     return float(min(max(interval, max_interval), interval * 2 ** min(idle, 16)))
 
 
+# A quiet pass (no action planned) that is not settled (pods starting, a NotReady node, a
+# refused resource, a drain waiting on a PodDisruptionBudget) waits on the watches too, but comes
+# round at least every this many --interval (30 s at the default 5): what only time changes
+# (podReadyTimeoutSeconds, a drain's timeout, a removal's wait on a NotReady node) is looked at
+# then.
+UNSETTLED_INTERVALS = 6
+# While one kind's watch keeps failing, that kind is listed instead (compared with what the last
+# pass read), from every --interval, doubling per failure up to this many --interval (60 s at
+# the default); its watch is tried again from every --interval, doubling up to --max-interval.
+LIST_FALLBACK_INTERVALS = 12
+
+
 def fingerprint(cluster: api.ClusterApi) -> frozenset[tuple[str, str, str]]:
     """Every GcuResource's (group, uid, resourceVersion): one cheap list per group."""
     return frozenset(
@@ -330,73 +413,209 @@ def fingerprint(cluster: api.ClusterApi) -> frozenset[tuple[str, str, str]]:
     )
 
 
+class WatchBackoff:
+    """Failures in a row of each watch, kept across idle waits: a watch that keeps failing (an
+    API server whose watch cache lags answers every watch ``504 Too large resource version``
+    after a few seconds) is retried later and later, never at once with a full pass."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._failures: dict[str, int] = {}
+        self._retry_at: dict[str, float] = {}
+
+    def failures(self, key: str) -> int:
+        """Failures in a row of that watch."""
+        with self._lock:
+            return self._failures.get(key, 0)
+
+    def retry_at(self, key: str) -> float:
+        """When (this clock) that watch may be tried again."""
+        with self._lock:
+            return self._retry_at.get(key, 0.0)
+
+    def failed(self, key: str, interval: float, max_interval: float) -> float:
+        """One more failure: the seconds until the next try (doubling from ``interval``)."""
+        with self._lock:
+            failures = self._failures.get(key, 0) + 1
+            self._failures[key] = failures
+            delay = float(min(max(interval, max_interval), interval * 2 ** min(failures, 16)))
+            self._retry_at[key] = self._clock() + delay
+            return delay
+
+    def ok(self, key: str) -> None:
+        """The watch worked."""
+        with self._lock:
+            self._failures.pop(key, None)
+            self._retry_at.pop(key, None)
+
+    def list_delay(self, key: str, interval: float) -> float:
+        """Seconds between the lists standing in for that failing watch."""
+        failures = self.failures(key)
+        return float(
+            min(interval * LIST_FALLBACK_INTERVALS, interval * 2 ** min(max(failures - 1, 0), 16))
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Target:
+    """One watch of the idle wait: a kind, its label selector, the key of its backoff."""
+
+    kind: api.Kind
+    labels: Mapping[str, str] | None = None
+    # The resource whose pods these are ("" for the GcuResources and the Nodes).
+    owner: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind.plural}/{self.owner}" if self.owner else self.kind.plural
+
+
 class _Watches:
-    """The idle wait's watches: one request per GcuResource group and one on the nodes, each
-    ending after the wait's length; ``changed`` is set by the first event that differs from
-    what the last pass read (a GcuResource added, edited or deleted; a node added, deleted or
-    relabelled). A node's annotations and status (heartbeats, the device plugins' node state)
-    are not changes: those events are read and dropped."""
+    """The idle wait's watches: one request per GcuResource group, one on the nodes and one on
+    each resource's pods (by its label), each held until the wait ends; ``changed`` is set by
+    the first event that differs from what the last pass read (a GcuResource added, edited or
+    deleted; a node added, deleted or relabelled; one of the resource's pods made, changed or
+    gone). A node's annotations and status (heartbeats, the device plugins' node state) are not
+    changes: those events are read and dropped. A watch that fails does not end the wait: it is
+    retried after a doubling delay (``backoff``), and meanwhile its kind is listed and compared
+    instead, never more often than every ``interval``."""
 
     def __init__(
         self,
         cluster: api.ClusterApi,
         seen_resources: frozenset[tuple[str, str, str]],
         seen_nodes: dict[str, dict[str, str]] | None,
+        seen_pods: Mapping[str, Mapping[str, str]] | None = None,
+        *,
+        backoff: WatchBackoff | None = None,
+        interval: float = 5.0,
+        max_interval: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._cluster = cluster
         self._seen_resources = seen_resources
         self._seen_nodes = seen_nodes
+        self._seen_pods = dict(seen_pods or {})
+        self._backoff = backoff or WatchBackoff(clock)
+        self._interval = interval
+        self._max_interval = max_interval
+        self._clock = clock
         self.changed = threading.Event()
         self.done = threading.Event()
         self._threads: list[threading.Thread] = []
 
-    def start(self, timeout: float) -> None:
-        """One watch per GcuResource group (and the nodes, when the last pass read them)."""
-        kinds: list[api.Kind] = list(runner.GROUPS)
+    def targets(self) -> list[_Target]:
+        """What this wait watches."""
+        out = [_Target(kind) for kind in runner.GROUPS]
         if self._seen_nodes is not None:
-            kinds.append(api.NODE)
-        for kind in kinds:
+            out.append(_Target(api.NODE))
+        out.extend(
+            _Target(api.POD, {names.RESOURCE_LABEL: uid}, uid) for uid in sorted(self._seen_pods)
+        )
+        return out
+
+    def start(self, timeout: float) -> None:
+        """One thread per target, until ``timeout`` seconds from now or :meth:`stop`."""
+        deadline = self._clock() + timeout
+        for target in self.targets():
             thread = threading.Thread(
-                target=self._watch,
-                args=(kind, timeout),
-                name=f"idle-watch-{kind.plural}",
+                target=self._follow,
+                args=(target, deadline),
+                name=f"idle-watch-{target.key}",
                 daemon=True,
             )
             thread.start()
             self._threads.append(thread)
 
-    def _watch(self, kind: api.Kind, timeout: float) -> None:
-        try:
-            events = self._cluster.watch(kind, timeout=int(timeout))
+    def _follow(self, target: _Target, deadline: float) -> None:
+        while not self.done.is_set() and not self.changed.is_set():
+            now = self._clock()
+            if now >= deadline:
+                return
+            if now >= self._backoff.retry_at(target.key):
+                started = now
+                try:
+                    self._watch(target, deadline - now)
+                except api.ApiError as exc:
+                    if exc.status == api.NOT_FOUND and target.kind in runner.GROUPS:
+                        return  # that group's CRD is not installed: nothing to watch
+                    delay = self._backoff.failed(target.key, self._interval, self._max_interval)
+                    LOG.debug(
+                        "idle watch of %s failed: %s (listed instead; watched again in %.0f s)",
+                        target.key,
+                        exc,
+                        delay,
+                    )
+                else:
+                    self._backoff.ok(target.key)
+                    if self._clock() - started < self._interval:
+                        # Ended early without an error: not again at once.
+                        self.done.wait(min(self._interval, max(0.0, deadline - self._clock())))
+                    continue
+            # The watch is backing off: a list stands in for it, at a doubling delay.
+            wait = min(
+                self._backoff.list_delay(target.key, self._interval),
+                self._backoff.retry_at(target.key) - self._clock(),
+                deadline - self._clock(),
+            )
+            if self.done.wait(max(self._interval, wait) if wait > 0 else 0):
+                return
+            if self._clock() >= deadline:
+                return
             try:
-                for event_type, obj in events:
-                    if self.done.is_set():
-                        return
-                    if self._differs(kind, event_type, obj):
-                        LOG.debug("%s %s changed while idle", kind.kind, runner.node_name(obj))
-                        self.changed.set()
-                        return
-            finally:
-                close = getattr(events, "close", None)
-                if close is not None:
-                    close()
-        except api.ApiError as exc:
-            if exc.status == api.NOT_FOUND and kind in runner.GROUPS:
-                return  # that group's CRD is not installed: nothing to watch
-            LOG.debug("idle watch of %s failed: %s (a full pass follows)", kind.plural, exc)
-            self.changed.set()
+                listed = self._cluster.list(target.kind, labels=target.labels)
+            except api.ApiError as exc:
+                LOG.debug("idle list of %s failed: %s", target.key, exc)
+                continue
+            if self._list_differs(target, listed):
+                LOG.debug("%s changed while idle (seen by a list)", target.key)
+                self.changed.set()
+                return
 
-    def _differs(self, kind: api.Kind, event_type: str, obj: dict[str, object]) -> bool:
+    def _watch(self, target: _Target, timeout: float) -> None:
+        events = self._cluster.watch(
+            target.kind, timeout=max(1, int(timeout)), labels=target.labels
+        )
+        try:
+            for event_type, obj in events:
+                if self.done.is_set():
+                    return
+                if self._differs(target, event_type, obj):
+                    LOG.debug("%s %s changed while idle", target.key, runner.node_name(obj))
+                    self.changed.set()
+                    return
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+
+    def _differs(self, target: _Target, event_type: str, obj: dict[str, object]) -> bool:
+        kind = target.kind
         if event_type == "BOOKMARK":
             return False
         if kind in runner.GROUPS:
             key = runner.resource_key(kind.group, obj)
             return event_type != "ADDED" or key not in self._seen_resources
-        seen = self._seen_nodes or {}
-        name = runner.node_name(obj)
         if event_type == "DELETED":
             return True
-        return seen.get(name) != runner.node_labels(obj)
+        if kind == api.POD:
+            uid, version = runner.version_of(obj)
+            return self._seen_pods.get(target.owner, {}).get(uid) != version
+        seen = self._seen_nodes or {}
+        return seen.get(runner.node_name(obj)) != runner.node_labels(obj)
+
+    def _list_differs(self, target: _Target, listed: list[dict[str, object]]) -> bool:
+        kind = target.kind
+        if kind in runner.GROUPS:
+            mine = {k for k in self._seen_resources if k[0] == kind.group}
+            return {runner.resource_key(kind.group, r) for r in listed} != mine
+        if kind == api.POD:
+            have = dict(runner.version_of(p) for p in listed)
+            return have != dict(self._seen_pods.get(target.owner, {}))
+        return {runner.node_name(n): runner.node_labels(n) for n in listed} != (
+            self._seen_nodes or {}
+        )
 
     def stop(self) -> None:
         """The wait is over: each watch returns at its next event or when its request ends."""
@@ -411,28 +630,46 @@ def _idle_wait(
     clock: Callable[[], float],
     *,
     operator: runner.Operator | None = None,
+    cap: float | None = None,
+    beat: Callable[[], None] = lambda: None,
+    backoff: WatchBackoff | None = None,
 ) -> None:
-    """Wait for the next pass: ``interval`` while working; when converged, up to
-    ``idle_delay`` seconds, watching the GcuResources and the nodes (a handful of requests per
-    wait, not a list every ``interval``) and starting a pass at once when one of them changed
-    from what the last pass read (a spec edit, a new or relabelled node is not delayed)."""
-    delay = idle_delay(args.interval, getattr(args, "max_interval", args.interval), idle)
+    """Wait for the next pass: ``interval`` while working; after a quiet pass, up to
+    ``idle_delay`` seconds (at most ``cap``, default ``--max-interval``), watching the
+    GcuResources, the nodes and the resources' pods (a handful of requests per wait, not a list
+    every ``interval``) and starting a pass at once when one of them changed from what the last
+    pass read (a spec edit, a new or relabelled node, a pod becoming ready is not delayed).
+    ``beat`` is called at least every ``interval`` while waiting: the wait is the loop coming
+    round, not a hang."""
+    max_interval = float(getattr(args, "max_interval", args.interval))
+    delay = idle_delay(args.interval, max_interval if cap is None else cap, idle)
     if delay <= args.interval:
         stop.wait(delay)
         return
     deadline = clock() + delay
     seen = operator.seen_resources if operator is not None else None
     seen_nodes = operator.seen_nodes if operator is not None else None
+    seen_pods = operator.seen_pods if operator is not None else None
     if seen is None:
         try:
             seen = fingerprint(cluster)
         except api.ApiError:
             stop.wait(args.interval)
             return
-    watches = _Watches(cluster, seen, seen_nodes)
+    watches = _Watches(
+        cluster,
+        seen,
+        seen_nodes,
+        seen_pods,
+        backoff=backoff,
+        interval=args.interval,
+        max_interval=max_interval,
+        clock=clock,
+    )
     watches.start(delay)
     try:
         while not stop.is_set() and not watches.changed.is_set():
+            beat()
             left = deadline - clock()
             if left <= 0:
                 return
@@ -441,26 +678,59 @@ def _idle_wait(
         watches.stop()
 
 
+def health_timeout(args: argparse.Namespace) -> float:
+    """Seconds the loop may go without coming round before /healthz answers 503."""
+    given = float(getattr(args, "health_timeout", 0) or 0)
+    return given if given > 0 else max(60.0, 4 * args.interval) + MAX_BACKOFF
+
+
+def _next_wait_cap(
+    args: argparse.Namespace, results: list[runner.PassResult], now: float
+) -> float | None:
+    """How long a quiet pass may wait (None: not quiet, the next pass after ``interval``).
+
+    Quiet: no resource planned an action and none failed to be read or written (a refused one,
+    waiting out its backoff, is quiet until its next try). Settled quiet passes wait up to
+    --max-interval; others up to UNSETTLED_INTERVALS x --interval, and never past a refused
+    resource's next try."""
+    max_interval = float(getattr(args, "max_interval", args.interval))
+    if any(r.actions or (r.error and r.retry_at is None) for r in results):
+        return None
+    cap = max_interval
+    if not all(r.settled and not r.error for r in results):
+        cap = min(cap, UNSETTLED_INTERVALS * args.interval)
+    retries = [r.retry_at for r in results if r.retry_at is not None]
+    if retries:
+        cap = min(cap, max(args.interval, min(retries) - now))
+    return cap
+
+
 def serve(
     args: argparse.Namespace,
     cluster: api.ClusterApi,
     stop: threading.Event,
     clock: Callable[[], float] = time.time,
 ) -> None:
-    """Elect, and reconcile while leading, until ``stop`` is set; API failures never end it."""
+    """Elect, and reconcile while leading, until ``stop`` is set; API failures never end it.
+
+    ``clock`` is the wall clock (the Lease's and the status's stamps); every duration is timed
+    on the monotonic clock."""
     elector = leader.LeaderElector(
         cluster,
         args.namespace,
         args.identity,
         args.lease_duration,
         renew_deadline=args.renew_deadline,
+        wall=clock,
     )
     operator = runner.Operator(
         cluster,
         clock=clock,
-        may_write=lambda: elector.leading(clock()),
+        may_write=elector.leading,
         allowed_namespaces=allowed_namespaces(args),
         dra_service_account=getattr(args, "dra_service_account", "enflame-dra-plugin"),
+        component_namespace=component_namespace(args),
+        scraper_namespace=str(getattr(args, "scraper_namespace", "") or ""),
     )
     LOG.info(
         "enflame-gcu-operator %s starting (Lease %s/%s)",
@@ -468,44 +738,55 @@ def serve(
         args.namespace,
         leader.LEASE_NAME,
     )
+    health = Health(stale_after=health_timeout(args))
     renewer = threading.Thread(
         target=_renew,
-        args=(elector, stop, args.retry_period, clock),
+        args=(elector, stop, args.retry_period, health),
         name="lease",
         daemon=True,
     )
     renewer.start()
+    health.watch_thread(RENEWER, renewer)
     trouble = Trouble("reconcile pass")
+    backoff = WatchBackoff()
     idle = 0
-    health = Health(stale_after=max(60.0, 4 * args.interval) + MAX_BACKOFF)
     port = getattr(args, "health_port", 0)
     server = serve_health(health, port, getattr(args, "health_address", "")) if port else None
     try:
         while not stop.is_set():
             health.beat()
-            if not elector.leading(clock()):
+            if not elector.leading():
                 stop.wait(args.retry_period)
                 continue
-            converged = False
+            results: list[runner.PassResult] = []
             try:
                 results = operator.run_once()
                 for result in results:
                     if result.actions:
                         LOG.info("%s: %d actions", result.resource, result.actions)
-                converged = all(r.settled and not r.error for r in results)
                 trouble.ok()
             except api.ApiError as exc:
                 trouble.failed(exc)
             if trouble.failures:
                 stop.wait(trouble.delay(args.interval))
                 continue
-            idle = idle + 1 if converged else 0
-            _idle_wait(cluster, stop, args, idle, clock=time.monotonic, operator=operator)
+            cap = _next_wait_cap(args, results, clock())
+            idle = idle + 1 if cap is not None else 0
+            _idle_wait(
+                cluster,
+                stop,
+                args,
+                idle,
+                clock=time.monotonic,
+                operator=operator,
+                cap=cap,
+                beat=health.beat,
+                backoff=backoff,
+            )
     finally:
         stop.set()
         if server is not None:
-            server.shutdown()
-            server.server_close()
+            server.stop()
         renewer.join()
         elector.release()
 

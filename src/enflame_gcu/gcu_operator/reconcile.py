@@ -46,6 +46,8 @@ class Observed:
     conflict: str = ""
     # The DRA driver's ServiceAccount (the chart's <release>-dra-plugin).
     dra_service_account: str = components.DRA_SERVICE_ACCOUNT
+    # The namespace whose Prometheus may scrape the device plugin ("": none).
+    scraper_namespace: str = ""
     # Namespaces this operator may deploy components to (empty: any).
     allowed_namespaces: frozenset[str] = frozenset()
     # Evictions the API refused last pass (429: a PodDisruptionBudget), by "namespace/name".
@@ -476,7 +478,11 @@ def plan(observed: Observed) -> Plan:
         work.actions.append(SetFinalizers((*finalizers, rs.FINALIZER)))
     spec = rs.parse(observed.resource.get("spec"))
     want = components.desired(
-        observed.resource, spec, observed.dra_served, observed.dra_service_account
+        observed.resource,
+        spec,
+        observed.dra_served,
+        observed.dra_service_account,
+        scraper_namespace=observed.scraper_namespace,
     )
     forbidden = _forbidden(observed, spec, work)
     if forbidden:

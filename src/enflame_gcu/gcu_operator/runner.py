@@ -73,6 +73,9 @@ class PassResult:
     error: str = ""
     # Nothing in progress: Running, Ignored or a stopped (Failed) rollout, and nothing done.
     settled: bool = False
+    # A refused resource: when (the operator's clock) it is tried again; nothing happens to it
+    # before then unless it changes.
+    retry_at: float | None = None
 
 
 def _labelled(resource: Mapping[str, Any]) -> dict[str, str]:
@@ -100,8 +103,14 @@ class Operator:
         may_write: Callable[[], bool] = lambda: True,
         allowed_namespaces: frozenset[str] = frozenset(),
         dra_service_account: str = components.DRA_SERVICE_ACCOUNT,
+        *,
+        component_namespace: str = "",
+        scraper_namespace: str = "",
     ) -> None:
+        self._scraper_namespace = scraper_namespace
         self._api = cluster
+        # Where a component that names no namespace goes ("": the vendor's kube-system).
+        self._component_namespace = component_namespace
         self._clock = clock
         self._may_write = may_write
         self._allowed_namespaces = allowed_namespaces
@@ -114,6 +123,8 @@ class Operator:
         # node's labels (the idle wait's watches compare against these).
         self.seen_resources: frozenset[tuple[str, str, str]] | None = None
         self.seen_nodes: dict[str, dict[str, str]] | None = None
+        # Each observed resource's pods (resource uid -> pod uid -> resourceVersion).
+        self.seen_pods: dict[str, dict[str, str]] = {}
         # The Nodes run_once just listed: the first resource's observe takes them instead of a
         # second list of every Node (the heaviest list at scale); later resources list afresh,
         # so they see what the earlier ones' passes wrote.
@@ -140,7 +151,11 @@ class Operator:
             for obj in self._api.list(obj_kind, labels=_labelled(resource)):
                 found[objects.key(obj)] = obj
         for obj in components.desired(
-            resource, spec, self._dra_served, self._dra_service_account
+            resource,
+            spec,
+            self._dra_served,
+            self._dra_service_account,
+            scraper_namespace=self._scraper_namespace,
         ).values():
             k = objects.key(obj)
             if k not in found:
@@ -151,11 +166,14 @@ class Operator:
         if spec.upgrade.drain:
             gcu_pods = [p for p in self._api.list(api.POD) if _uses_gcu(p)]
         listed, self._listed_nodes = self._listed_nodes, None
+        every_node = listed if listed is not None else self._api.list(api.NODE)
+        own_pods = self._api.list(api.POD, labels=_labelled(resource))
+        self.seen_pods[str(resource["metadata"].get("uid"))] = dict(version_of(p) for p in own_pods)
         return reconcile.Observed(
             resource=resource,
-            nodes=listed if listed is not None else self._api.list(api.NODE),
+            nodes=every_node,
             objects=found,
-            pods=self._api.list(api.POD, labels=_labelled(resource)),
+            pods=own_pods,
             dra_served=self._dra_served,
             now=self._clock(),
             gcu_pods=gcu_pods,
@@ -221,6 +239,7 @@ class Operator:
         waiting = backoff is not None and backoff.generation == generation
         if backoff is not None and waiting and self._clock() < backoff.next_try:
             result.error = backoff.message
+            result.retry_at = backoff.next_try
             return result
         action: Action | None = None
         try:
@@ -229,6 +248,7 @@ class Operator:
                 conflict=conflict,
                 allowed_namespaces=self._allowed_namespaces,
                 dra_service_account=self._dra_service_account,
+                scraper_namespace=self._scraper_namespace,
                 blocked=self._blocked.pop(str(meta.get("uid")), {}),
             )
             plan = reconcile.plan(observed)
@@ -252,6 +272,7 @@ class Operator:
                 exc=exc,
                 generation=generation,
             )
+            result.retry_at = self._backoff[str(meta.get("uid"))].next_try
             return result
         self._backoff.pop(str(meta.get("uid")), None)
         return result
@@ -332,8 +353,11 @@ class Operator:
         found = list_resources(self._api)
         self.seen_resources = frozenset(resource_key(kind.group, r) for kind, r in found)
         self.seen_nodes = None
+        self.seen_pods = {}
         for kind, resource in found:
             resource.setdefault("apiVersion", kind.api_version)
+            if self._component_namespace:
+                default_namespace(resource, self._component_namespace)
         if not found:
             return []
         found.sort(key=lambda item: ownership_order(item[1]))
@@ -367,6 +391,32 @@ def resource_key(group: str, resource: Mapping[str, Any]) -> tuple[str, str, str
     """(group, uid, resourceVersion): changes whenever the resource does."""
     meta = resource.get("metadata") or {}
     return (group, str(meta.get("uid")), str(meta.get("resourceVersion")))
+
+
+# The spec keys (both groups' spellings) whose value is one component's BaseFields.
+COMPONENT_KEYS = frozenset(
+    {rs.TOOLKIT, rs.DEVICE_PLUGIN, rs.DRA, rs.EXPORTER, rs.GFD, rs.VALIDATOR, *rs.ALIASES}
+)
+
+
+def default_namespace(resource: Obj, namespace: str) -> None:
+    """Give every component of ``resource`` (as read, in memory only) that names no namespace
+    ``namespace``: the operator's own, so that components need no write access elsewhere."""
+    spec = resource.get("spec")
+    if not isinstance(spec, dict):
+        return
+    for key, value in spec.items():
+        if key in COMPONENT_KEYS and isinstance(value, dict) and not value.get("namespace"):
+            value["namespace"] = namespace
+    # The validator runs unless turned off, named or not.
+    if rs.VALIDATOR not in spec:
+        spec[rs.VALIDATOR] = {"namespace": namespace}
+
+
+def version_of(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(uid, resourceVersion) of an object."""
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("uid")), str(meta.get("resourceVersion")))
 
 
 def node_name(node: Mapping[str, Any]) -> str:
