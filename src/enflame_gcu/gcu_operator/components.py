@@ -48,6 +48,13 @@ TOLERATIONS = [
     {"key": "CriticalAddonsOnly", "operator": "Exists"},
     {"key": "enflame.com/gcu", "operator": "Exists", "effect": "NoSchedule"},
 ]
+# A validator pod on a DRA node goes through the scheduler, which keeps pods off a cordoned node
+# unless they tolerate its taint: a drain rollout cordons the node it validates.
+CORDON_TOLERATION = {
+    "key": "node.kubernetes.io/unschedulable",
+    "operator": "Exists",
+    "effect": "NoSchedule",
+}
 # Checks what a GCU container must see: the cards the plugin granted, as device nodes.
 VALIDATOR_SCRIPT = """set -eu
 test -n "${ENFLAME_VISIBLE_DEVICES:-}" || { echo "ENFLAME_VISIBLE_DEVICES is not set"; exit 1; }
@@ -588,7 +595,7 @@ def validator_pod(
     pod_spec: Obj = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
-        "tolerations": TOLERATIONS,
+        "tolerations": [*TOLERATIONS, CORDON_TOLERATION],
     }
     if mode == "dra":
         container["resources"] = {"claims": [{"name": "gcu"}]}

@@ -368,10 +368,13 @@ def _roll(
             down.add(view.name)
         started.append(view)
     for view in started:
+        # A node someone else had cordoned stays theirs to uncordon: only a cordon the
+        # operator sets (recorded here, before it is set) is ever lifted.
+        admin_cordoned = bool((view.node.get("spec") or {}).get("unschedulable"))
         states[view.name] = dataclasses.replace(
             states[view.name],
             upgrading=view.desired_target(hashes),
-            cordoned=spec.upgrade.drain,
+            cordoned=spec.upgrade.drain and not admin_cordoned,
             since=observed.now,
         )
     failed_names = {name for name, _ in failed}
