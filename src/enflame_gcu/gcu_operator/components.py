@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from enflame_gcu.gcu_operator import names
@@ -380,7 +380,8 @@ def _daemonset(
         "priorityClassName": "system-node-critical",
         "automountServiceAccountToken": False,
         "nodeSelector": node_selector,
-        "tolerations": TOLERATIONS,
+        "tolerations": [*TOLERATIONS, *(dict(t) for t in component.tolerations)],
+        **({"affinity": dict(component.affinity)} if component.affinity else {}),
         **pod_spec,
     }
     template: Obj = {"metadata": {"labels": own}, "spec": pod_spec}
@@ -576,6 +577,7 @@ def validator_pod(
     *,
     mode: str = "device-plugin",
     node_mode: str = "auto",
+    tolerations: Sequence[Mapping[str, Any]] = (),
 ) -> Obj:
     """A short pod on ``node`` that asks for one GCU and checks what it got.
 
@@ -595,7 +597,12 @@ def validator_pod(
     pod_spec: Obj = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
-        "tolerations": [*TOLERATIONS, CORDON_TOLERATION],
+        # Its own, and the serving component's: it runs wherever that component does.
+        "tolerations": [
+            *TOLERATIONS,
+            CORDON_TOLERATION,
+            *(dict(t) for t in (*component.tolerations, *tolerations)),
+        ],
     }
     if mode == "dra":
         container["resources"] = {"claims": [{"name": "gcu"}]}

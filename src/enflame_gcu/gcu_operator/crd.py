@@ -54,6 +54,29 @@ def base_fields() -> dict[str, Obj]:
             "description": "node labels the component's pods require",
             "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE},
         },
+        "tolerations": {
+            "type": "array",
+            "description": "taints the component's pods tolerate, besides the operator's own",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "key": _string("taint key (empty with Exists: every taint)"),
+                    "operator": _string("Exists or Equal (Equal)", enum=["Exists", "Equal"]),
+                    "value": _string("taint value (Equal)"),
+                    "effect": _string(
+                        "NoSchedule, PreferNoSchedule, NoExecute (empty: any)",
+                        enum=["", "NoSchedule", "PreferNoSchedule", "NoExecute"],
+                    ),
+                    "tolerationSeconds": {"type": "integer"},
+                },
+            },
+        },
+        "affinity": {
+            "type": "object",
+            "description": "the pods' affinity (a Kubernetes Affinity); its required node "
+            "affinity narrows where the component runs",
+            "x-kubernetes-preserve-unknown-fields": True,
+        },
         "command": {"type": "array", "items": {"type": "string"}, "description": "not honoured"},
         "args": {"type": "array", "items": {"type": "string"}, "description": "extra arguments"},
     }

@@ -257,6 +257,7 @@ def _validate(
         return state
     if ready and component is not None and state.validated_target != target:
         live = {p["metadata"]["name"] for p in validator_pods}
+        serving = rs.DRA if view.mode == "dra" else rs.DEVICE_PLUGIN
         pod_obj = components.validator_pod(
             observed.resource,
             component,
@@ -264,6 +265,7 @@ def _validate(
             target,
             mode=view.mode,
             node_mode=spec.node_mode,
+            tolerations=spec.components[serving].tolerations if spec.wants(serving) else (),
         )
         if pod_obj["metadata"]["name"] not in live:
             work.actions.append(Create(pod_obj))
@@ -342,6 +344,10 @@ def _roll(
 
     in_progress: list[nodes.NodeView] = []
     pending: list[nodes.NodeView] = []
+    # A node where no new pod can be placed (an untolerated taint) is out of the rollout and of
+    # its budget: replacing a pod there would leave the node without one.
+    unplaceable = [v for v in views if v.blocked and not v.state.upgrading]
+    views = [v for v in views if v not in unplaceable]
     for view in views:
         st = states[view.name]
         target = view.desired_target(hashes)
@@ -416,6 +422,7 @@ def _roll(
                 Delete("v1", "Pod", pod["metadata"]["namespace"], pod["metadata"]["name"])
             )
     waiting = [v.name for v in pending if v not in started]
+    waiting += [v.name for v in unplaceable if v.outdated(hashes)]
     return status.Rollout(
         upgrading=tuple(sorted(v.name for v in [*in_progress, *started])),
         waiting=tuple(waiting),
@@ -512,11 +519,14 @@ def plan(observed: Observed) -> Plan:
             validators.setdefault(str(node), []).append(pod)
         else:
             pods_by_node.setdefault(pods.node_of(pod), []).append(pod)
-    views = [
-        nodes.view(n, resource, spec, observed.dra_served, pods_by_node.get(name, []))
-        for name, n in sorted(by_name.items())
-        if nodes.is_gcu_node(n)
-    ]
+    # The resource's nodes: GCU nodes one of its serving components selects (a node no serving
+    # component selects is no node of this resource: neither unvalidated nor down).
+    views = []
+    for name, n in sorted(by_name.items()):
+        if nodes.is_gcu_node(n):
+            v = nodes.view(n, resource, spec, observed.dra_served, pods_by_node.get(name, []))
+            if nodes.serves(v, spec):
+                views.append(v)
     states = {v.name: v.state for v in views}
     for view in views:
         states[view.name] = _validate(

@@ -104,6 +104,10 @@ class Component:
     env: tuple[tuple[str, str], ...]
     node_selector: tuple[tuple[str, str], ...]
     args: tuple[str, ...]
+    # Added to the operator's own tolerations (the pods tolerate these taints too).
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    # The pods' affinity as given (its required node affinity narrows where they run).
+    affinity: Mapping[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -178,6 +182,57 @@ def _env(raw: Any) -> tuple[tuple[str, str], ...]:
     )
 
 
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_TOLERATION_FIELDS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+
+
+def _toleration(item: Any) -> Mapping[str, Any] | None:
+    """One toleration as Kubernetes accepts it (None when it is not one)."""
+    if not isinstance(item, Mapping) or set(item) - _TOLERATION_FIELDS:
+        return None
+    operator = item.get("operator", "Equal")
+    effect = item.get("effect", "")
+    seconds = item.get("tolerationSeconds")
+    if operator not in TOLERATION_OPERATORS or (effect and effect not in TAINT_EFFECTS):
+        return None
+    if not all(isinstance(item.get(k, ""), str) for k in ("key", "value")):
+        return None
+    if operator == "Exists" and item.get("value"):
+        return None  # the API server refuses a value with Exists
+    if not item.get("key") and operator != "Exists":
+        return None  # an empty key tolerates everything only with Exists
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+        return None
+    return dict(item)
+
+
+def _tolerations(raw: Any, path: str, out: list[Unsupported]) -> tuple[Mapping[str, Any], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, Sequence) or isinstance(raw, str):
+        out.append(Unsupported(path, "must be a list of tolerations; ignored"))
+        return ()
+    kept = []
+    for index, item in enumerate(raw):
+        toleration = _toleration(item)
+        if toleration is None:
+            out.append(Unsupported(f"{path}[{index}]", "not a valid toleration; ignored"))
+        else:
+            kept.append(toleration)
+    return tuple(kept)
+
+
+def _affinity(raw: Any, path: str, out: list[Unsupported]) -> Mapping[str, Any] | None:
+    if raw is None:
+        return None
+    known = {"nodeAffinity", "podAffinity", "podAntiAffinity"}
+    if not isinstance(raw, Mapping) or set(raw) - known:
+        out.append(Unsupported(path, "must be a pod affinity (nodeAffinity, podAffinity, ...)"))
+        return None
+    return dict(raw)
+
+
 def _component(
     key: str, raw: dict[str, Any], out: list[Unsupported], spelled: str = ""
 ) -> Component:
@@ -219,6 +274,8 @@ def _component(
         env=_env(raw.get("env")),
         node_selector=selector,
         args=tuple(str(a) for a in raw.get("args") or ()),
+        tolerations=_tolerations(raw.get("tolerations"), f"{path}.tolerations", out),
+        affinity=_affinity(raw.get("affinity"), f"{path}.affinity", out),
     )
 
 

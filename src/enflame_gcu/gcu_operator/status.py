@@ -35,7 +35,7 @@ def _node_report(
 ) -> tuple[Obj, dict[str, bool]]:
     comps: list[Obj] = []
     ready: dict[str, bool] = {}
-    errors = [view.mode_error] if view.mode_error else []
+    errors = [e for e in (view.blocked, view.mode_error) if e]
     for key in view.components:
         pod = view.pods.get(key)
         if pod is None:
@@ -103,7 +103,10 @@ def build(
             validating=validating,
         )
         node_reports.append(report)
-        ready_by_node.append(ready)
+        if not view.blocked:
+            # A node where no pod can be placed is reported, and not waited for.
+            ready_by_node.append(ready)
+    blocked = [v.name for v in views if v.blocked]
 
     def daemon_ready(key: str) -> bool:
         return key not in conflicted and all(r.get(key, True) for r in ready_by_node)
@@ -114,7 +117,9 @@ def build(
         rs.DRA: daemon_ready(rs.DRA),
         rs.EXPORTER: rs.EXPORTER not in conflicted and daemon_ready(rs.DEVICE_PLUGIN),
         rs.GFD: daemon_ready(rs.DEVICE_PLUGIN),
-        rs.VALIDATOR: all(r["validated"] for r in node_reports if r["mode"] != "none"),
+        rs.VALIDATOR: all(
+            r["validated"] for r in node_reports if r["mode"] != "none" and r["name"] not in blocked
+        ),
     }
     keys = [k for k in rs.ORDER if spec.wants(k)]
     ready_count = sum(1 for k in keys if component_ready[k])
@@ -153,6 +158,11 @@ def build(
         message = "waiting for " + ", ".join(k for k in keys if not component_ready[k])
     else:
         phase, action, state, message = "Running", "deploy", "success", "success"
+    if blocked and phase in ("Running", "Deploying", "Upgrading"):
+        shown = ", ".join(blocked[:5]) + (
+            f" and {len(blocked) - 5} more" if len(blocked) > 5 else ""
+        )
+        message += f"; no pod can run on {shown} (an untolerated taint: see the node's lastError)"
     progress = 100 if not keys else ready_count * 100 // len(keys)
     condition = {
         "action": action,
