@@ -550,7 +550,7 @@ def _plugin_rbac(fake: FakeApi) -> tuple[Any, Any, Any]:
 
 
 def test_the_plugin_gets_its_node_state_account_and_deleting_the_resource_removes_it() -> None:
-    fake, cluster, operator = _start(ours())
+    fake, cluster, operator = _start(ours(devicePlugin={"nodeState": True}))
     converge(operator, cluster)
     account, role, binding = _plugin_rbac(fake)
     assert account is not None and role is not None and binding is not None
@@ -571,7 +571,7 @@ def test_the_plugin_gets_its_node_state_account_and_deleting_the_resource_remove
 
 
 def test_node_state_off_removes_the_plugins_rbac_and_a_widened_role_is_put_back() -> None:
-    resource = ours()
+    resource = ours(devicePlugin={"nodeState": True})
     fake, cluster, operator = _start(resource)
     converge(operator, cluster)
     role = fake.find(api.CLUSTER_ROLE, PLUGIN_ROLE)
@@ -590,7 +590,7 @@ def test_node_state_off_removes_the_plugins_rbac_and_a_widened_role_is_put_back(
 
 
 def test_a_foreign_clusterrole_of_the_plugins_name_is_left_alone_and_named() -> None:
-    resource = ours()
+    resource = ours(devicePlugin={"nodeState": True})
     fake, cluster, operator = _start(resource)
     foreign = fake.put(
         api.CLUSTER_ROLE,

@@ -312,8 +312,18 @@ DRA_SERVICE_ACCOUNT = "enflame-dra-plugin"
 
 def _dra_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
     """The DRA driver's container as the chart's daemonset-dra-plugin.yaml renders it with its
-    default values (tests/gcu_operator/test_manifests.py compares the two)."""
-    del spec
+    default values and dra.drs / dra.efsmi as spec.dra says (tests/gcu_operator/test_manifests.py
+    compares the two)."""
+    partitions = spec.dra.drs
+    # DRS partitions: efsmi (from the host's /usr/local/efsmi) creates and destroys instances,
+    # and it opens the cards, so the container then runs privileged, as the chart's does.
+    drs_args = [f"--drs={partitions}", f"--efsmi={spec.dra.efsmi}"] if partitions else []
+    daemon = _unprivileged_daemon()
+    if partitions:
+        daemon["securityContext"]["privileged"] = True
+    drs_mounts = (
+        [{"name": "efsmi", "mountPath": "/usr/local/efsmi", "readOnly": True}] if partitions else []
+    )
     return {
         "name": "enflame-dra-plugin",
         "image": component.image,
@@ -327,6 +337,7 @@ def _dra_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
             "--health-interval=5",
             # The pod's own address only, as the chart binds it (never every address).
             f"--http-address=$(POD_IP):{DRA_HTTP_PORT}",
+            *drs_args,
             *component.args,
         ],
         "ports": [{"name": "http", "containerPort": DRA_HTTP_PORT}],
@@ -344,24 +355,26 @@ def _dra_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
                 {"name": "ENFLAME_VISIBLE_DEVICES", "value": "void"},
             ],
         ),
-        **_unprivileged_daemon(),
+        **daemon,
         "volumeMounts": [
             {"name": "plugins-registry", "mountPath": "/var/lib/kubelet/plugins_registry"},
             {"name": "plugin-data", "mountPath": "/var/lib/kubelet/plugins/gcu.enflame.com"},
             {"name": "cdi", "mountPath": "/var/run/cdi"},
             {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True},
             {"name": "host-dev", "mountPath": "/host/dev", "readOnly": True},
+            *drs_mounts,
         ],
     }
 
 
-def _dra_volumes() -> list[Obj]:
+def _dra_volumes(spec: rs.ResourceSpec) -> list[Obj]:
     return [
         _host_path("plugins-registry", "/var/lib/kubelet/plugins_registry", "Directory"),
         _host_path("plugin-data", "/var/lib/kubelet/plugins/gcu.enflame.com", "DirectoryOrCreate"),
         _host_path("cdi", "/var/run/cdi", "DirectoryOrCreate"),
         _host_path("host-sys", "/sys", "Directory"),
         _host_path("host-dev", "/dev", "Directory"),
+        *([_host_path("efsmi", "/usr/local/efsmi", "Directory")] if spec.dra.drs else []),
     ]
 
 
@@ -555,7 +568,7 @@ def desired(
                 "automountServiceAccountToken": True,
                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [_dra_container(comps[rs.DRA], spec)],
-                "volumes": _dra_volumes(),
+                "volumes": _dra_volumes(spec),
             },
         )
     if rs.EXPORTER in comps:

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from enflame_gcu import __version__
+from enflame_gcu import __version__, drs
 from enflame_gcu.gcu_operator import names
 
 GROUP = "topscloud.enflame.com"
@@ -133,12 +133,20 @@ class Telemetry:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PluginOptions:
-    """What the device plugin publishes: node state for the scheduler extender (on unless
-    ``spec.devicePlugin.nodeState: false``), card telemetry (off unless
-    ``spec.devicePlugin.telemetry.enabled``)."""
+    """What the device plugin publishes: node state for the scheduler extender (off unless
+    ``spec.devicePlugin.nodeState: true``: it lets every GCU node's plugin patch Nodes, which
+    only an extender needs), card telemetry (off unless ``spec.devicePlugin.telemetry.enabled``)."""
 
-    node_state: bool = True
+    node_state: bool = False
     telemetry: Telemetry | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DraOptions:
+    """The DRA driver's DRS partitions (the chart's dra.drs and dra.efsmi, same defaults)."""
+
+    drs: str = ""
+    efsmi: str = "/usr/local/efsmi/efsmi"
 
 
 TELEMETRY_ISOLATION = ("thread", "process")
@@ -156,6 +164,7 @@ class ResourceSpec:
     upgrade: UpgradePolicy
     unsupported: tuple[Unsupported, ...]
     plugin: PluginOptions = PluginOptions()
+    dra: DraOptions = DraOptions()
 
     def wants(self, key: str) -> bool:
         """Whether the component ``key`` is to be deployed."""
@@ -356,11 +365,33 @@ def _telemetry(raw: Any, path: str, out: list[Unsupported]) -> Telemetry | None:
 
 
 def _plugin_options(raw: dict[str, Any], path: str, out: list[Unsupported]) -> PluginOptions:
-    node_state = raw.get("nodeState", True)
+    node_state = raw.get("nodeState", False)
     if not isinstance(node_state, bool):
-        out.append(Unsupported(f"{path}.nodeState", "must be true or false; left on"))
-        node_state = True
+        out.append(Unsupported(f"{path}.nodeState", "must be true or false; left off"))
+        node_state = False
     return PluginOptions(node_state, _telemetry(raw.get("telemetry"), f"{path}.telemetry", out))
+
+
+def _dra_options(raw: dict[str, Any], out: list[Unsupported]) -> DraOptions:
+    """``spec.dra.drs`` / ``.efsmi`` read; a bad value leaves DRS off, said so."""
+    selection = raw.get("drs", "")
+    efsmi = raw.get("efsmi", DraOptions().efsmi)
+    if selection in ("", None):
+        return DraOptions()
+    if not isinstance(selection, str):
+        out.append(Unsupported("spec.dra.drs", "must be a string; DRS stays off"))
+        return DraOptions()
+    try:
+        items = drs.selection_items(selection)
+    except ValueError as exc:
+        out.append(Unsupported("spec.dra.drs", f"{exc}; DRS stays off"))
+        return DraOptions()
+    if _host_dir(efsmi, empty_ok=False) is None:
+        out.append(
+            Unsupported("spec.dra.efsmi", "must be an absolute, normalised path; DRS stays off")
+        )
+        return DraOptions()
+    return DraOptions(",".join(items), str(efsmi)) if items else DraOptions()
 
 
 def parse(spec: Mapping[str, Any] | None) -> ResourceSpec:
@@ -394,8 +425,10 @@ def parse(spec: Mapping[str, Any] | None) -> ResourceSpec:
     if DEVICE_PLUGIN in components:
         spelled_plugin = f"spec.{spelled.get(DEVICE_PLUGIN) or DEVICE_PLUGIN}"
         plugin = _plugin_options(deployed[DEVICE_PLUGIN], spelled_plugin, unsupported)
+    dra = _dra_options(deployed[DRA], unsupported) if DRA in components else DraOptions()
     node_mode = str(raw.get("nodeMode") or "auto")
     return ResourceSpec(
+        dra=dra,
         components=components,
         node_mode=node_mode if node_mode in NODE_MODES else "auto",
         upgrade=_upgrade(_fields(raw.get("upgradePolicy"))),
