@@ -10,7 +10,7 @@ from typing import Any
 from enflame_gcu.gcu_operator import api, components, names, runner
 from enflame_gcu.gcu_operator import resource as rs
 from tests.gcu_operator.fake_api import FakeApi, FakeCluster, untolerated
-from tests.gcu_operator.helpers import converge, ours, set_spec, status
+from tests.gcu_operator.helpers import converge, node_reports, ours, set_spec, status
 
 NODES = ["node-a", "node-b"]
 DRAIN = {"maxUnavailable": 1, "drain": {"enable": True}}
@@ -58,7 +58,7 @@ def test_a_cordoned_dra_node_validates_in_a_drain_rollout_and_in_its_rollback() 
     assert st["phase"] == "Running", st["conditions"]
     assert cordoned == set(NODES)  # each node was cordoned, validated and let go
     assert not any(_unschedulable(fake, n) for n in NODES)
-    assert all(n["validated"] for n in st["nodes"])
+    assert all(n["validated"] for n in node_reports(fake, resource).values())
     # The rollback goes the same way.
     set_spec(fake, resource, ["dra", "version"], "0.1.0")
     converge(operator, cluster)

@@ -13,7 +13,7 @@ import yaml
 from enflame_gcu.gcu_operator import api, crd, names, runner
 from enflame_gcu.gcu_operator import resource as rs
 from tests.gcu_operator.fake_api import FakeApi, FakeCluster
-from tests.gcu_operator.helpers import EXAMPLE, converge, ours, set_spec, status
+from tests.gcu_operator.helpers import EXAMPLE, converge, node_reports, ours, set_spec, status
 
 NODES = ["node-a", "node-b", "node-c"]
 NFD_LABEL = "feature.node.kubernetes.io/pci-1e36.present"
@@ -78,7 +78,7 @@ def test_a_node_that_leaves_the_plugins_selector_stops_being_the_resources() -> 
     converge(operator, cluster)
     st = status(fake, resource)
     assert st["phase"] == "Running", st["conditions"]
-    assert [n["name"] for n in st["nodes"]] == ["node-a", "node-b"]
+    assert sorted(node_reports(fake, resource)) == ["node-a", "node-b"]
     assert "node-c" not in _component_pods(fake, rs.TOOLKIT)
     labels = cluster.node_labels("node-c")
     assert not any(k.startswith(names.DEPLOY_LABEL_PREFIX) for k in labels), labels
@@ -91,7 +91,8 @@ def test_a_tainted_node_is_named_and_out_of_the_budget() -> None:
     converge(operator, cluster)
     st = status(fake, resource)
     assert st["phase"] == "Running", st["conditions"]
-    by_node = {n["name"]: n for n in st["nodes"]}
+    by_node = node_reports(fake, resource)
+    assert [n["name"] for n in st["nodes"]] == ["node-b"]  # the one node with a problem
     error = by_node["node-b"]["lastError"]
     assert "no pod can run here" in error
     assert "dedicated=ml:NoSchedule not tolerated by spec.containerToolkit.tolerations" in error
@@ -128,7 +129,7 @@ def test_tolerations_and_affinity_reach_the_daemonsets() -> None:
     assert st["phase"] == "Running", st["conditions"]
     assert st["clusterGCUNodes"] == ["node-a", "node-b"]  # node-c: the affinity keeps it out
     assert sorted(_component_pods(fake, rs.DEVICE_PLUGIN)) == ["node-a", "node-b"]
-    assert all(n["validated"] for n in st["nodes"])
+    assert all(n["validated"] for n in node_reports(fake, resource).values())
     plugin = fake.find(api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system")
     assert plugin is not None
     pod_spec = plugin["spec"]["template"]["spec"]
@@ -145,8 +146,7 @@ def test_a_tainted_dra_node_validates_with_the_dra_drivers_tolerations() -> None
     for _ in range(3):
         cluster.step()
         converge(operator, cluster)
-    st = status(fake, resource)
-    by_node = {n["name"]: n for n in st["nodes"]}
+    by_node = node_reports(fake, resource)
     assert by_node["node-a"]["mode"] == "dra"
     assert by_node["node-a"]["validated"], by_node["node-a"]
 

@@ -9,7 +9,15 @@ import pytest
 from enflame_gcu.gcu_operator import api, names, pods, reconcile, runner
 from enflame_gcu.gcu_operator import resource as rs
 from tests.gcu_operator.fake_api import FakeApi, FakeCluster
-from tests.gcu_operator.helpers import converge, kind_of, ours, set_spec, status, vendor_example
+from tests.gcu_operator.helpers import (
+    converge,
+    kind_of,
+    node_reports,
+    ours,
+    set_spec,
+    status,
+    vendor_example,
+)
 
 NODES = ["node-a", "node-b", "node-c"]
 
@@ -84,6 +92,7 @@ def test_toolkit_readiness_gates_the_plugin_per_node() -> None:
     st = status(fake, ours())
     assert st["phase"] == "Deploying"
     assert "CrashLoopBackOff" in st["nodes"][0]["lastError"]
+    assert "CrashLoopBackOff" in node_reports(fake, ours())["node-a"]["lastError"]
 
 
 def test_version_change_rolls_node_by_node_and_pods_keep_their_cards() -> None:
@@ -163,7 +172,7 @@ def test_a_validator_refused_as_unexpected_by_the_kubelet_is_tried_again() -> No
     said: list[str] = []
 
     def check() -> None:
-        node_b = next(n for n in status(fake, ours()).get("nodes") or [] if n["name"] == "node-b")
+        node_b = node_reports(fake, ours())["node-b"]
         said.append(node_b["lastError"])
 
     converge(operator, cluster, check=check)
@@ -260,7 +269,7 @@ def test_validator_failure_removes_the_label_and_says_why() -> None:
     assert cluster.node_labels("node-a")[names.VALIDATED_LABEL] == "true"
     assert names.VALIDATED_LABEL not in cluster.node_labels("node-b")
     st = status(fake, ours())
-    node_b = next(n for n in st["nodes"] if n["name"] == "node-b")
+    node_b = node_reports(fake, ours())["node-b"]
     assert not node_b["validated"] and "/dev/gcu0 is missing" in node_b["lastError"]
     assert st["phase"] == "Deploying"
 
@@ -336,7 +345,8 @@ def test_dra_node_on_a_cluster_without_dra_is_reported_and_served_by_the_plugin(
     fake.patch(api.NODE, "node-a", {"metadata": {"labels": {names.MODE_LABEL: "dra"}}})
     converge(operator, cluster)
     st = status(fake, resource)
-    node_a = next(n for n in st["nodes"] if n["name"] == "node-a")
+    assert [n["name"] for n in st["nodes"]] == ["node-a"]  # the node with a problem
+    node_a = node_reports(fake, resource)["node-a"]
     assert node_a["mode"] == "device-plugin"
     assert "DRA needs Kubernetes >= 1.34" in node_a["lastError"]
     assert "node-a" in _plugin_images(fake)

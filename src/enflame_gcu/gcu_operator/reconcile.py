@@ -538,7 +538,13 @@ def plan(observed: Observed) -> Plan:
             work=work,
         )
     rollout = _roll(observed, spec=spec, views=views, states=states, hashes=hashes, work=work)
-    for view in views:
+    reports = status.node_reports(spec, views, states, hashes, observed.now)
+    for view, (report, _) in zip(views, reports, strict=True):
+        # Each node's report goes on the Node (the status names only the first few problems).
+        detail = {k: v for k, v in report.items() if k != "name"}
+        states[view.name] = dataclasses.replace(
+            states[view.name], report=nodestate.canonical(detail)
+        )
         _set_node(work, view, _desired_labels(spec, view, states[view.name]), states[view.name])
     # Nodes that stopped being GCU nodes lose what we set there.
     gcu = {v.name for v in views}
@@ -553,8 +559,7 @@ def plan(observed: Observed) -> Plan:
         observed.resource,
         spec=spec,
         views=views,
-        states=states,
-        hashes=hashes,
+        reports=reports,
         rollout=rollout,
         conflicted=conflicted,
         conflicts=work.conflicts,

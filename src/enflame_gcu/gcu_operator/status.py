@@ -24,7 +24,22 @@ class Rollout:
     blocked: tuple[str, ...] = ()
 
 
-def _node_report(
+# How many problem nodes the status names (the rest are counted; every node's report is in its
+# own annotation): at 5,000 nodes, one report each would pass etcd's 1.5 MiB request limit.
+NODE_REPORT_LIMIT = 10
+# How many node names a list in the status (rollout.waiting) or a condition message names.
+NAME_LIMIT = 20
+# A lastError in the status is cut here (the node's annotation keeps it whole).
+ERROR_LIMIT = 1024
+
+
+def _names(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:NAME_LIMIT])
+    more = len(items) - NAME_LIMIT
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def node_report(
     view: nodes.NodeView,
     *,
     state: nodestate.NodeState,
@@ -76,32 +91,51 @@ def _keep_time(old: Mapping[str, Any], condition: Obj, now: float) -> Obj:
     return {**condition, "lastUpdateTime": pods.rfc3339(now)}
 
 
+def node_reports(
+    spec: rs.ResourceSpec,
+    views: Sequence[nodes.NodeView],
+    states: Mapping[str, nodestate.NodeState],
+    hashes: Mapping[str, str],
+    now: float,
+) -> list[tuple[Obj, dict[str, bool]]]:
+    """Every node's report and which of its components are ready, in ``views``' order."""
+    return [
+        node_report(
+            view,
+            state=states[view.name],
+            hashes=hashes,
+            now=now,
+            timeout=spec.upgrade.pod_ready_timeout,
+            validating=spec.wants(rs.VALIDATOR),
+        )
+        for view in views
+    ]
+
+
+def _problem(report: Mapping[str, Any], validating: bool) -> bool:
+    ready, _, total = str(report["ready"]).partition("/")
+    unvalidated = validating and report["mode"] != "none" and not report["validated"]
+    return bool(report["lastError"]) or ready != total or unvalidated
+
+
 def build(
     resource: Mapping[str, Any],
     *,
     spec: rs.ResourceSpec,
     views: Sequence[nodes.NodeView],
-    states: Mapping[str, nodestate.NodeState],
-    hashes: Mapping[str, str],
+    reports: Sequence[tuple[Obj, dict[str, bool]]],
     rollout: Rollout,
     conflicted: set[str],
     conflicts: Sequence[str],
     want: Mapping[str, Obj],
     now: float,
 ) -> Obj:
-    """The status for a resource that is not being deleted."""
+    """The status for a resource that is not being deleted: counts, and the first few nodes
+    with a problem (every node's report is on the Node, in the operator's state annotation)."""
     validating = spec.wants(rs.VALIDATOR)
     node_reports = []
     ready_by_node: list[dict[str, bool]] = []
-    for view in views:
-        report, ready = _node_report(
-            view,
-            state=states[view.name],
-            hashes=hashes,
-            now=now,
-            timeout=spec.upgrade.pod_ready_timeout,
-            validating=validating,
-        )
+    for view, (report, ready) in zip(views, reports, strict=True):
         node_reports.append(report)
         if not view.blocked:
             # A node where no pod can be placed is reported, and not waited for.
@@ -142,27 +176,29 @@ def build(
         )
     if rollout.failed:
         phase, action, state = "Failed", "upgrade", "failed"
-        message = "; ".join(f"node {n}: {why}" for n, why in rollout.failed)
+        message = "; ".join(f"node {n}: {why[:ERROR_LIMIT]}" for n, why in rollout.failed[:5])
+        if len(rollout.failed) > 5:
+            message += f"; and {len(rollout.failed) - 5} more nodes"
         message += " (the rollout stopped; fix it or set the previous version to roll back)"
     elif conflicts:
         phase, action, state, message = "Failed", "deploy", "failed", "; ".join(conflicts)
     elif rollout.upgrading or rollout.waiting:
         phase, action, state = "Upgrading", "upgrade", "upgrading"
-        message = f"upgrading {', '.join(rollout.upgrading) or '-'}"
+        message = f"upgrading {_names(rollout.upgrading) or '-'}"
         if rollout.waiting:
-            message += f"; waiting: {', '.join(rollout.waiting)}"
+            message += f"; waiting: {_names(rollout.waiting)}"
         if rollout.blocked:
-            message += "; " + "; ".join(rollout.blocked)
+            message += "; " + "; ".join(b[:ERROR_LIMIT] for b in rollout.blocked[:5])
     elif ready_count < len(keys):
         phase, action, state = "Deploying", "deploy", "deploying"
         message = "waiting for " + ", ".join(k for k in keys if not component_ready[k])
     else:
         phase, action, state, message = "Running", "deploy", "success", "success"
     if blocked and phase in ("Running", "Deploying", "Upgrading"):
-        shown = ", ".join(blocked[:5]) + (
-            f" and {len(blocked) - 5} more" if len(blocked) > 5 else ""
+        message += (
+            f"; no pod can run on {_names(blocked)} (an untolerated taint: see the node's "
+            "lastError)"
         )
-        message += f"; no pod can run on {shown} (an untolerated taint: see the node's lastError)"
     progress = 100 if not keys else ready_count * 100 // len(keys)
     condition = {
         "action": action,
@@ -172,6 +208,7 @@ def build(
         "message": message,
     }
     old = resource.get("status") or {}
+    problems = [r for r in node_reports if _problem(r, validating)]
     return {
         "observedGeneration": int(resource["metadata"].get("generation") or 0),
         "phase": phase,
@@ -179,11 +216,27 @@ def build(
         "clusterGCUNodes": [v.name for v in views],
         "conditions": [_keep_time(old, condition, now)],
         "resourceStatuses": statuses,
-        "nodes": node_reports,
+        "nodeCounts": {
+            "total": len(node_reports),
+            "ready": sum(1 for r in node_reports if not _problem(r, False)),
+            "validated": sum(1 for r in node_reports if r["validated"]),
+            "problems": len(problems),
+        },
+        "nodes": [
+            {**r, "lastError": str(r["lastError"])[:ERROR_LIMIT]}
+            for r in problems[:NODE_REPORT_LIMIT]
+        ],
         "rollout": {
-            "upgrading": list(rollout.upgrading),
-            "waiting": list(rollout.waiting),
-            "failed": [{"node": n, "reason": r} for n, r in rollout.failed],
+            "upgrading": list(rollout.upgrading[:NAME_LIMIT]),
+            "waiting": list(rollout.waiting[:NAME_LIMIT]),
+            "counts": {
+                "upgrading": len(rollout.upgrading),
+                "waiting": len(rollout.waiting),
+                "failed": len(rollout.failed),
+            },
+            "failed": [
+                {"node": n, "reason": r[:ERROR_LIMIT]} for n, r in rollout.failed[:NAME_LIMIT]
+            ],
         },
         "unsupported": [{"field": u.field, "reason": u.reason} for u in spec.unsupported],
     }
