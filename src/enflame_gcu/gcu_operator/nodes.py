@@ -53,6 +53,16 @@ class NodeView:
     state: nodestate.NodeState
     # Why no new pod of a component here can be placed (an untolerated taint); "" when one can.
     blocked: str = ""
+    # A mode change not yet begun (device plugin <-> DRA): the components the node is to run,
+    # while ``components`` and ``mode`` are still what it runs now.
+    wanted: tuple[str, ...] | None = None
+    # Components whose pod here is still terminating.
+    terminating: tuple[str, ...] = ()
+
+    @property
+    def switching(self) -> bool:
+        """Whether the node is to change mode (and has not begun to)."""
+        return self.wanted is not None and set(self.wanted) != set(self.components)
 
     @property
     def labels(self) -> Mapping[str, str]:
@@ -70,7 +80,7 @@ class NodeView:
 
     def desired_target(self, hashes: Mapping[str, str]) -> str:
         """What the node runs once every component here is current."""
-        return combined([(k, hashes.get(k, "")) for k in self.components])
+        return combined([(k, hashes.get(k, "")) for k in self.wanted or self.components])
 
     def outdated(self, hashes: Mapping[str, str]) -> list[str]:
         """Components whose pod here was made from an older template."""
@@ -237,9 +247,13 @@ def view(
         ):
             wanted.append(key)
     live: dict[str, Mapping[str, Any]] = {}
+    terminating = []
     for pod in node_pods:
         key = str((pod.get("metadata", {}).get("labels") or {}).get(names.COMPONENT_LABEL))
-        if key not in DAEMON_KEYS or pod.get("metadata", {}).get("deletionTimestamp"):
+        if key not in DAEMON_KEYS:
+            continue
+        if pod.get("metadata", {}).get("deletionTimestamp"):
+            terminating.append(key)
             continue
         live[key] = pod
     return NodeView(
@@ -251,4 +265,27 @@ def view(
         pods=live,
         state=nodestate.read(node, resource),
         blocked=_blocked(node, spec, wanted, components.TOLERATIONS),
+        terminating=tuple(sorted(set(terminating))),
+    )
+
+
+def deployed_serving(view: NodeView) -> tuple[str, ...]:
+    """The serving components this resource deployed on the node (its recorded labels)."""
+    return tuple(k for k in SERVING_KEYS if names.deploy_label(k) in view.state.labels)
+
+
+def as_running(view: NodeView) -> NodeView:
+    """``view`` as the node runs now when it is to change mode: the serving component it
+    deployed (with the toolkit) until its turn in the rollout comes; ``view`` itself otherwise
+    (a first deploy, or no change)."""
+    have = deployed_serving(view)
+    want = tuple(k for k in view.components if k in SERVING_KEYS)
+    if not have or set(have) == set(want):
+        return view
+    running = tuple(
+        k for k in DAEMON_KEYS if k in have or (k == rs.TOOLKIT and k in view.components)
+    )
+    mode = "dra" if rs.DRA in have else "device-plugin"
+    return dataclasses.replace(
+        view, components=running, mode=mode, mode_error="", wanted=view.components
     )

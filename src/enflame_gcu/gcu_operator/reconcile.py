@@ -74,6 +74,8 @@ class _Work:
     after_intent: list[Action] = dataclasses.field(default_factory=list)
     drain_failed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     drain_blocked: list[str] = dataclasses.field(default_factory=list)
+    # Nodes of the rollout that are drained (or need no drain): a mode change goes ahead there.
+    cleared: set[str] = dataclasses.field(default_factory=set)
 
 
 def _name(observed: Observed) -> str:
@@ -355,7 +357,7 @@ def _roll(
             states[view.name] = dataclasses.replace(st, upgrading="", cordoned=False)
         elif st.upgrading and st.upgrading == target:
             in_progress.append(view)
-        elif view.outdated(hashes):
+        elif view.outdated(hashes) or view.switching:
             pending.append(view)
     failed = [(v.name, r) for v in in_progress if (r := failing(v))]
     # maxUnavailable holds at every moment: nodes being upgraded and nodes that are down for
@@ -406,6 +408,8 @@ def _roll(
                     f"drain of {view.name} blocked by a PodDisruptionBudget: {', '.join(blocked)}"
                 )
             continue
+        # Drained (or no drain): a node changing mode may change its labels now.
+        work.cleared.add(view.name)
         outdated = view.outdated(hashes)
         toolkit_pod = view.pods.get(rs.TOOLKIT)
         toolkit_current = rs.TOOLKIT not in view.components or (
@@ -441,6 +445,14 @@ def _left_on(observed: Observed, view: nodes.NodeView) -> list[str]:
     ]
 
 
+def _switched(view: nodes.NodeView) -> nodes.NodeView:
+    """The view of a node whose mode change goes ahead: the components it is to run."""
+    if view.wanted is None:
+        return view
+    mode = "dra" if rs.DRA in view.wanted else "device-plugin"
+    return dataclasses.replace(view, components=view.wanted, mode=mode, wanted=None)
+
+
 def _desired_labels(
     spec: rs.ResourceSpec, view: nodes.NodeView, state: nodestate.NodeState
 ) -> dict[str, str | None]:
@@ -448,8 +460,17 @@ def _desired_labels(
     have = view.labels
     toolkit = view.pods.get(rs.TOOLKIT)
     toolkit_ok = rs.TOOLKIT not in view.components or (toolkit is not None and pods.ready(toolkit))
+    # After a mode change, the new serving component starts only once the old one's pod is gone:
+    # the two never hold the node's cards at once.
+    leaving = {
+        k
+        for k in nodes.SERVING_KEYS
+        if k not in view.components and (k in view.pods or k in view.terminating)
+    }
     for key in nodes.DAEMON_KEYS:
         label = names.deploy_label(key)
+        if key in nodes.SERVING_KEYS and leaving - {key} and have.get(label) != "true":
+            continue
         # The toolkit's readiness gates the plugin's first start on a node.
         if key in view.components and (
             key == rs.TOOLKIT or toolkit_ok or have.get(label) == "true"
@@ -526,7 +547,8 @@ def plan(observed: Observed) -> Plan:
         if nodes.is_gcu_node(n):
             v = nodes.view(n, resource, spec, observed.dra_served, pods_by_node.get(name, []))
             if nodes.serves(v, spec):
-                views.append(v)
+                # A mode change is an upgrade of the node: it keeps what it runs until then.
+                views.append(nodes.as_running(v))
     states = {v.name: v.state for v in views}
     for view in views:
         states[view.name] = _validate(
@@ -538,6 +560,8 @@ def plan(observed: Observed) -> Plan:
             work=work,
         )
     rollout = _roll(observed, spec=spec, views=views, states=states, hashes=hashes, work=work)
+    # A node whose mode change began (its turn came, it is drained) runs the new mode's pods.
+    views = [_switched(v) if v.switching and v.name in work.cleared else v for v in views]
     reports = status.node_reports(spec, views, states, hashes, observed.now)
     for view, (report, _) in zip(views, reports, strict=True):
         # Each node's report goes on the Node (the status names only the first few problems).
