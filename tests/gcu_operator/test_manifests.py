@@ -40,7 +40,10 @@ def test_operator_daemonsets_run_the_static_manifests_containers(key: str, manif
     for field in ("containers", "volumes", "tolerations", "priorityClassName", "hostPID"):
         assert pod.get(field) == static.get(field), field
     # Placement is the operator's: its deploy label, never the static affinity; OnDelete updates.
-    assert pod["nodeSelector"] == {names.deploy_label(key): "true"}
+    assert pod["nodeSelector"] == {
+        names.deploy_label(key): "true",
+        names.owner_label(key): resource["metadata"]["uid"],
+    }
     assert desired["spec"]["updateStrategy"] == {"type": "OnDelete"}
     assert desired["metadata"]["ownerReferences"][0]["uid"] == "u1"
 

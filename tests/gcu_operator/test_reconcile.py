@@ -498,7 +498,12 @@ def test_a_user_node_selector_cannot_replace_the_operators_deploy_label() -> Non
     converge(operator, cluster)
     ds = fake.find(api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system")
     assert ds is not None
-    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {key: "true", "zone": "a"}
+    uid = ds["metadata"]["labels"][names.RESOURCE_LABEL]
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {
+        key: "true",
+        names.owner_label(rs.DEVICE_PLUGIN): uid,
+        "zone": "a",
+    }
     fields = [u["field"] for u in status(fake, resource)["unsupported"]]
     assert f"spec.devicePlugin.nodeSelector.{key}" in fields
 

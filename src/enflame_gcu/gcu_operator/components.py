@@ -388,7 +388,12 @@ def _daemonset(
     selector = {names.APP_NAME: app, names.RESOURCE_LABEL: own[names.RESOURCE_LABEL]}
     # The user's selector narrows where the component runs; the operator's own deploy label
     # comes last, so no user key can replace it (rs.parse drops such keys and reports them).
-    node_selector = {**dict(component.node_selector), names.deploy_label(component.key): "true"}
+    node_selector = {
+        **dict(component.node_selector),
+        names.deploy_label(component.key): "true",
+        # Only the nodes where this resource owns the component (the first to want it there).
+        names.owner_label(component.key): str(resource["metadata"]["uid"]),
+    }
     pod_spec = {
         "priorityClassName": "system-node-critical",
         "automountServiceAccountToken": False,

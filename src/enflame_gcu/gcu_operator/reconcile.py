@@ -44,6 +44,8 @@ class Observed:
     gcu_pods: Sequence[Mapping[str, Any]] = ()
     # Why this resource must deploy nothing: an older resource owns its components' nodes.
     conflict: str = ""
+    # (component, node) pairs this resource wants that another one owns, and that one's name.
+    taken: Mapping[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     # The DRA driver's ServiceAccount (the chart's <release>-dra-plugin).
     dra_service_account: str = components.DRA_SERVICE_ACCOUNT
     # Namespaces this operator may deploy components to (empty: any).
@@ -76,6 +78,8 @@ class _Work:
     drain_blocked: list[str] = dataclasses.field(default_factory=list)
     # Nodes of the rollout that are drained (or need no drain): a mode change goes ahead there.
     cleared: set[str] = dataclasses.field(default_factory=set)
+    # How many of the resource's nodes are down (the rollout's budget in use).
+    down: int = 0
 
 
 def _name(observed: Observed) -> str:
@@ -425,6 +429,7 @@ def _roll(
             work.after_intent.append(
                 Delete("v1", "Pod", pod["metadata"]["namespace"], pod["metadata"]["name"])
             )
+    work.down = len(down)
     waiting = [v.name for v in pending if v not in started]
     waiting += [v.name for v in unplaceable if v.outdated(hashes)]
     return status.Rollout(
@@ -454,7 +459,7 @@ def _switched(view: nodes.NodeView) -> nodes.NodeView:
 
 
 def _desired_labels(
-    spec: rs.ResourceSpec, view: nodes.NodeView, state: nodestate.NodeState
+    spec: rs.ResourceSpec, view: nodes.NodeView, state: nodestate.NodeState, uid: str
 ) -> dict[str, str | None]:
     labels: dict[str, str | None] = {}
     have = view.labels
@@ -476,8 +481,12 @@ def _desired_labels(
             key == rs.TOOLKIT or toolkit_ok or have.get(label) == "true"
         ):
             labels[label] = "true"
+            labels[names.owner_label(key)] = uid
         if label not in labels and label in state.labels:
             labels[label] = None
+        owner = names.owner_label(key)
+        if owner not in labels and owner in state.labels:
+            labels[owner] = None
     target = view.running_target()
     ok = (
         spec.wants(rs.VALIDATOR)
@@ -501,7 +510,7 @@ def plan(observed: Observed) -> Plan:
         same = report == observed.resource.get("status")
         return Plan(() if same else (status.write(report),), report)
     work = _Work()
-    resource = _name(observed)
+    resource, uid = _name(observed), _uid(observed)
     finalizers = tuple(observed.resource["metadata"].get("finalizers") or ())
     if rs.FINALIZER not in finalizers:
         work.actions.append(SetFinalizers((*finalizers, rs.FINALIZER)))
@@ -522,7 +531,12 @@ def plan(observed: Observed) -> Plan:
         spec = dataclasses.replace(
             spec, components={k: c for k, c in spec.components.items() if k not in forbidden}
         )
+    mark = len(work.actions)
     conflicted = _sync_objects(observed, want, work) | forbidden
+    # The objects are written after the nodes' labels: a DaemonSet that comes to select the
+    # owner label never finds a node of this resource without it.
+    object_actions = work.actions[mark:]
+    del work.actions[mark:]
     hashes = {
         key: obj["spec"]["template"]["metadata"]["annotations"][names.TEMPLATE_HASH]
         for key, obj in want.items()
@@ -546,6 +560,10 @@ def plan(observed: Observed) -> Plan:
     for name, n in sorted(by_name.items()):
         if nodes.is_gcu_node(n):
             v = nodes.view(n, resource, spec, observed.dra_served, pods_by_node.get(name, []))
+            if any((k, name) in observed.taken for k in v.components):
+                # Another resource owns these here: not deployed, and named in the status.
+                kept = tuple(k for k in v.components if (k, name) not in observed.taken)
+                v = dataclasses.replace(v, components=kept)
             if nodes.serves(v, spec):
                 # A mode change is an upgrade of the node: it keeps what it runs until then.
                 views.append(nodes.as_running(v))
@@ -569,15 +587,43 @@ def plan(observed: Observed) -> Plan:
         states[view.name] = dataclasses.replace(
             states[view.name], report=nodestate.canonical(detail)
         )
-        _set_node(work, view, _desired_labels(spec, view, states[view.name]), states[view.name])
-    # Nodes that stopped being GCU nodes lose what we set there.
+        _set_node(
+            work, view, _desired_labels(spec, view, states[view.name], uid), states[view.name]
+        )
+    # Nodes that are no longer this resource's (relabelled, taken by another resource, no
+    # longer GCU nodes) lose what we set there, within maxUnavailable while our pods run there.
     gcu = {v.name for v in views}
+    leaving = []
+    releasing = 0
     for name, node in sorted(by_name.items()):
         state = nodestate.read(node, resource)
-        if name not in gcu and state != nodestate.NodeState():
+        if name in gcu or state == nodestate.NodeState():
+            continue
+        node_pods = [
+            p
+            for p in pods_by_node.get(name, [])
+            if (p["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL) in nodes.DAEMON_KEYS
+        ]
+        if any(not p["metadata"].get("deletionTimestamp") for p in node_pods):
+            leaving.append((name, node, state))
+        else:
+            releasing += bool(node_pods)  # released, its pods still stopping
             gone = nodes.NodeView(name, node, "none", "", (), {}, state)
             _set_node(work, gone, dict.fromkeys(state.labels), nodestate.NodeState())
+    room = max_unavailable(spec.upgrade.max_unavailable, len(views) + len(leaving))
+    room -= work.down + releasing
+    held = []
+    for name, node, state in leaving:
+        if room <= 0:
+            held.append(name)
+            continue
+        room -= 1
+        gone = nodes.NodeView(name, node, "none", "", (), {}, state)
+        _set_node(work, gone, dict.fromkeys(state.labels), nodestate.NodeState())
+    if held:
+        rollout = dataclasses.replace(rollout, waiting=(*rollout.waiting, *held))
     _node_patch_actions(observed, work, by_name)
+    work.actions.extend(object_actions)
     work.actions.extend(work.after_intent)
     report = status.build(
         observed.resource,
@@ -589,6 +635,7 @@ def plan(observed: Observed) -> Plan:
         conflicts=work.conflicts,
         want=want,
         now=observed.now,
+        taken=observed.taken,
     )
     actions = work.actions
     if report != observed.resource.get("status"):
@@ -655,7 +702,7 @@ def _plan_removal(observed: Observed) -> Plan:
         stage_labels = {
             names.VALIDATED_LABEL if key == rs.VALIDATOR else names.deploy_label(key)
             for key in stage
-        }
+        } | {names.owner_label(key) for key in stage if key in nodes.DAEMON_KEYS}
         for name, node in sorted(by_name.items()):
             state = nodestate.read(node, resource)
             mine = stage_labels & state.labels
@@ -689,3 +736,62 @@ def _plan_removal(observed: Observed) -> Plan:
     if report != observed.resource.get("status"):
         actions.append(status.write(report))
     return Plan(tuple(actions), report)
+
+
+def _display(resource: Mapping[str, Any]) -> str:
+    group = str(resource.get("apiVersion", "")).rpartition("/")[0]
+    return f"GcuResource {resource['metadata']['name']} ({group})"
+
+
+def wanted_pairs(
+    resource: Mapping[str, Any], gcu_nodes: Sequence[Mapping[str, Any]], dra_served: bool
+) -> set[tuple[str, str]]:
+    """(component, node) pairs of node daemons the resource would run (on its nodes only)."""
+    spec = rs.parse(resource.get("spec"))
+    out: set[tuple[str, str]] = set()
+    for node in gcu_nodes:
+        view = nodes.view(node, "", spec, dra_served, [])
+        if nodes.serves(view, spec):
+            out.update((k, view.name) for k in view.components)
+    return out
+
+
+def ownership(
+    resources: Sequence[Mapping[str, Any]],
+    gcu_nodes: Sequence[Mapping[str, Any]],
+    dra_served: bool = True,
+) -> dict[str, tuple[str, dict[tuple[str, str], str]]]:
+    """Who owns each (component, node) pair, for every resource (by uid): why it must deploy
+    nothing ("" unless every pair it wants is another's) and the pairs another one owns, with
+    that one's name. ``resources`` oldest first. The owner is sticky: the resource whose uid the
+    node's owner label names, while it exists (a resource that no longer wants the node
+    releases it within its budget first); a pair nobody owns goes to the oldest that wants it."""
+    by_uid = {str(r["metadata"]["uid"]): r for r in resources}
+    labels = {
+        str(n["metadata"]["name"]): (n.get("metadata", {}).get("labels") or {}) for n in gcu_nodes
+    }
+    wants = {uid: wanted_pairs(r, gcu_nodes, dra_served) for uid, r in by_uid.items()}
+    owner: dict[tuple[str, str], str] = {}
+    for (key, node), value in (
+        ((k, n), labels[n].get(names.owner_label(k))) for n in labels for k in nodes.DAEMON_KEYS
+    ):
+        if value in by_uid:
+            owner[(key, node)] = str(value)
+    for uid in by_uid:  # oldest first
+        for pair in wants[uid]:
+            owner.setdefault(pair, uid)
+    out: dict[str, tuple[str, dict[tuple[str, str], str]]] = {}
+    for uid in by_uid:
+        taken = {p: _display(by_uid[owner[p]]) for p in wants[uid] if owner[p] != uid}
+        conflict = ""
+        if taken and len(taken) == len(wants[uid]):
+            both = sorted(taken)
+            shown = ", ".join(f"{key} on {node}" for key, node in both[:5])
+            more = f" and {len(both) - 5} more" if len(both) > 5 else ""
+            first = taken[both[0]]
+            conflict = (
+                f"{first} (created earlier) already deploys {shown}{more}; this resource "
+                "deploys nothing until that one is deleted or no longer wants them"
+            )
+        out[uid] = (conflict, taken)
+    return out

@@ -264,13 +264,17 @@ def _component(
     if raw.get("command"):
         out.append(Unsupported(f"{path}.command", "our images have their own entry point"))
     selector = _pairs(raw.get("nodeSelector"))
-    ours_only = tuple(k for k, _ in selector if k.startswith(names.DEPLOY_LABEL_PREFIX))
+    ours_only = tuple(
+        k
+        for k, _ in selector
+        if k.startswith((names.DEPLOY_LABEL_PREFIX, names.OWNER_LABEL_PREFIX))
+    )
     for k in ours_only:
         out.append(
             Unsupported(
                 f"{path}.nodeSelector.{k}",
-                "the operator sets enflame.com/gcu.deploy.* labels itself (they decide where "
-                "each component runs and when); ignored",
+                "the operator sets enflame.com/gcu.deploy.* and enflame.com/gcu.owner.* labels "
+                "itself (they decide where each component runs and when); ignored",
             )
         )
     selector = tuple((k, v) for k, v in selector if k not in ours_only)

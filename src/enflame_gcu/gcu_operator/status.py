@@ -129,6 +129,7 @@ def build(
     conflicts: Sequence[str],
     want: Mapping[str, Obj],
     now: float,
+    taken: Mapping[tuple[str, str], str] | None = None,
 ) -> Obj:
     """The status for a resource that is not being deleted: counts, and the first few nodes
     with a problem (every node's report is on the Node, in the operator's state annotation)."""
@@ -199,6 +200,10 @@ def build(
             f"; no pod can run on {_names(blocked)} (an untolerated taint: see the node's "
             "lastError)"
         )
+    shared = sorted((taken or {}).items())
+    if shared:
+        named = [f"{key} on {node} ({owner}'s)" for (key, node), owner in shared]
+        message += f"; not deployed where another resource owns them: {_names(named)}"
     progress = 100 if not keys else ready_count * 100 // len(keys)
     condition = {
         "action": action,
@@ -239,6 +244,16 @@ def build(
             ],
         },
         "unsupported": [{"field": u.field, "reason": u.reason} for u in spec.unsupported],
+        **(
+            {
+                "conflicts": [
+                    {"component": key, "node": node, "owner": owner}
+                    for (key, node), owner in shared[:NAME_LIMIT]
+                ]
+            }
+            if shared
+            else {}
+        ),
     }
 
 
