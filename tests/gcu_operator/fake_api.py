@@ -337,8 +337,94 @@ class FakeApi:
             time.sleep(0.01)
 
 
+# The tolerations the real DaemonSet controller adds to every DaemonSet pod (and not-ready /
+# unreachable with NoExecute): a cordoned or pressured node still runs daemons.
+DAEMONSET_TOLERATIONS = [
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/disk-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/pid-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+]
+UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+
+
+def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """A toleration matches a taint as the scheduler reads them (an empty key with Exists
+    matches every taint; an empty effect every effect)."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    operator = toleration.get("operator") or "Equal"
+    if not key:
+        return operator == "Exists"
+    if key != taint.get("key"):
+        return False
+    return operator == "Exists" or (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def node_taints(node: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The taints that keep pods off: NoSchedule and NoExecute (a cordon is the unschedulable
+    taint the node lifecycle controller adds)."""
+    spec = node.get("spec") or {}
+    taints = [t for t in spec.get("taints") or () if t.get("effect") in ("NoSchedule", "NoExecute")]
+    if spec.get("unschedulable") and not any(
+        t.get("key") == UNSCHEDULABLE_TAINT["key"] for t in taints
+    ):
+        taints.append(UNSCHEDULABLE_TAINT)
+    return taints
+
+
+def untolerated(node: Mapping[str, Any], tolerations: list[Any]) -> list[Mapping[str, Any]]:
+    """The node's NoSchedule/NoExecute taints that none of ``tolerations`` matches."""
+    return [t for t in node_taints(node) if not any(tolerates(x, t) for x in tolerations)]
+
+
+def _term_matches(node: Mapping[str, Any], term: Mapping[str, Any]) -> bool:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    fields = {"metadata.name": str((node.get("metadata") or {}).get("name"))}
+    for source, have in (("matchExpressions", labels), ("matchFields", fields)):
+        for expr in term.get(source) or ():
+            key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+            present = key in have
+            if op == "In" and not (present and have[key] in values):
+                return False
+            if op == "NotIn" and present and have[key] in values:
+                return False
+            if op == "Exists" and not present:
+                return False
+            if op == "DoesNotExist" and present:
+                return False
+            if op in ("Gt", "Lt"):
+                try:
+                    number, bound = int(have[key]), int(values[0])
+                except (KeyError, IndexError, ValueError):
+                    return False
+                if (op == "Gt" and not number > bound) or (op == "Lt" and not number < bound):
+                    return False
+    return True
+
+
+def affinity_fits(node: Mapping[str, Any], pod_spec: Mapping[str, Any]) -> bool:
+    """The pod's required node affinity admits ``node`` (terms ORed, expressions ANDed)."""
+    required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if not required:
+        return True
+    return any(_term_matches(node, t) for t in required.get("nodeSelectorTerms") or ())
+
+
 class FakeCluster:
-    """Controllers and kubelets over a FakeApi: step() moves the world on by one tick."""
+    """Controllers and kubelets over a FakeApi: step() moves the world on by one tick.
+
+    As Kubernetes refuses: the DaemonSet controller places a pod only where the node's
+    NoSchedule/NoExecute taints are tolerated (with the tolerations it adds itself, so a cordon
+    does not stop a daemon) and the template's required node affinity fits; the scheduler binds
+    a pod only where its taints, including a cordon's, are tolerated.
+    """
 
     def __init__(
         self, fake: FakeApi, node_names: list[str], gcu: bool = True, ready_after: int = 1
@@ -432,6 +518,9 @@ class FakeCluster:
                 for v in field.get("values") or []
             ]
             for node in names_:
+                node_obj = self.api.find(api.NODE, node)
+                if node_obj is None or untolerated(node_obj, pod["spec"].get("tolerations") or []):
+                    continue  # cordoned or tainted: the scheduler leaves the pod Pending
                 if self._claims_allocatable(pod, node):
                     pod["spec"]["nodeName"] = node
                     pod["status"] = {
@@ -488,6 +577,29 @@ class FakeCluster:
             return bool(pod["spec"].get("runtimeClassName") == "enflame")
         return True
 
+    @staticmethod
+    def _keeps(node: Obj, pod_spec: Obj, selector: Mapping[str, str]) -> bool:
+        """A pod already on a node the DaemonSet no longer would place it on stays when only a
+        NoSchedule taint is in the way (NoSchedule never evicts); a changed selector, affinity
+        or an untolerated NoExecute taint removes it."""
+        labels = node["metadata"].get("labels") or {}
+        if not all(labels.get(k) == v for k, v in selector.items()):
+            return False
+        if not affinity_fits(node, pod_spec):
+            return False
+        blocking = untolerated(node, [*(pod_spec.get("tolerations") or []), *DAEMONSET_TOLERATIONS])
+        return all(t.get("effect") == "NoSchedule" for t in blocking)
+
+    def taint(self, name: str, key: str, value: str = "", effect: str = "NoSchedule") -> None:
+        """Adds a taint to the node (as kubectl taint does)."""
+        node = self.api.store[self.api._key(api.NODE, name, None)]
+        spec = node.setdefault("spec", {})
+        spec["taints"] = [
+            *(spec.get("taints") or []),
+            {"key": key, "value": value, "effect": effect},
+        ]
+        node["metadata"]["resourceVersion"] = str(next(self.api._rv))
+
     def node_labels(self, name: str) -> dict[str, str]:
         node = self.api.find(api.NODE, name)
         assert node is not None
@@ -537,10 +649,18 @@ class FakeCluster:
                     for r in p["metadata"].get("ownerReferences") or []
                 )
             ]
+            desired = 0
             for node in nodes:
                 name = node["metadata"]["name"]
                 labels = node["metadata"].get("labels") or {}
-                fits = all(labels.get(k) == v for k, v in selector.items())
+                fits = (
+                    all(labels.get(k) == v for k, v in selector.items())
+                    and affinity_fits(node, template["spec"])
+                    and not untolerated(
+                        node, [*(template["spec"].get("tolerations") or []), *DAEMONSET_TOLERATIONS]
+                    )
+                )
+                desired += fits
                 here = [p for p in mine if pods.node_of(p) == name]
                 account = template["spec"].get("serviceAccountName")
                 if (
@@ -570,13 +690,28 @@ class FakeCluster:
                                     }
                                 ],
                             },
-                            "spec": {**_copy(template["spec"]), "nodeName": name},
+                            "spec": {
+                                **_copy(template["spec"]),
+                                "nodeName": name,
+                                "tolerations": [
+                                    *_copy(template["spec"].get("tolerations") or []),
+                                    *_copy(DAEMONSET_TOLERATIONS),
+                                ],
+                            },
                             "status": {"phase": "Pending"},
                         },
                     )
-                elif not fits:
+                elif not fits and not self._keeps(node, template["spec"], selector):
                     for p in here:
                         fake._mark_deleted(fake._key(api.POD, p["metadata"]["name"], ns))
+            stored = fake.store.get(fake._key(api.DAEMONSET, ds["metadata"]["name"], ns))
+            if (
+                stored is not None
+                and (stored.get("status") or {}).get("desiredNumberScheduled") != desired
+            ):
+                # As the DaemonSet controller reports it: the nodes that should run its pod.
+                stored["status"] = {"desiredNumberScheduled": desired}
+                stored["metadata"]["resourceVersion"] = str(next(fake._rv))
         self._schedule()
         for pod in list(fake.store.values()):
             if pod["kind"] != "Pod" or pod["metadata"].get("deletionTimestamp"):

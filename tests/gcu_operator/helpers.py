@@ -7,7 +7,7 @@ import json
 import pathlib
 from typing import Any
 
-from enflame_gcu.gcu_operator import api, runner
+from enflame_gcu.gcu_operator import api, nodestate, runner
 from tests.gcu_operator.fake_api import FakeApi, FakeCluster
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -73,3 +73,16 @@ def set_spec(fake: FakeApi, resource: dict[str, Any], path: list[str], value: An
         node = node.setdefault(part, {})
     node[path[-1]] = copy.deepcopy(value)
     fake.replace(kind, obj)
+
+
+def node_reports(fake: FakeApi, resource: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every node's report, by node name, as the operator keeps it on the Node (its state
+    annotation); the status names only the first few nodes with a problem."""
+    group = resource["apiVersion"].rpartition("/")[0]
+    key = f"{group}/{resource['metadata']['name']}"
+    out = {}
+    for node in fake.objects(api.NODE):
+        report = nodestate.report_of(node, key)
+        if report is not None:
+            out[node["metadata"]["name"]] = {"name": node["metadata"]["name"], **report}
+    return out

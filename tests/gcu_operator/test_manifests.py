@@ -40,7 +40,10 @@ def test_operator_daemonsets_run_the_static_manifests_containers(key: str, manif
     for field in ("containers", "volumes", "tolerations", "priorityClassName", "hostPID"):
         assert pod.get(field) == static.get(field), field
     # Placement is the operator's: its deploy label, never the static affinity; OnDelete updates.
-    assert pod["nodeSelector"] == {names.deploy_label(key): "true"}
+    assert pod["nodeSelector"] == {
+        names.deploy_label(key): "true",
+        names.owner_label(key): resource["metadata"]["uid"],
+    }
     assert desired["spec"]["updateStrategy"] == {"type": "OnDelete"}
     assert desired["metadata"]["ownerReferences"][0]["uid"] == "u1"
 
@@ -292,11 +295,11 @@ def _same_pod(chart: dict[str, Any], mine: dict[str, Any]) -> None:
 def test_the_plugin_publishes_node_state_as_the_charts_does_with_the_extender(
     tmp_path: Any,
 ) -> None:
-    """By default the operator's plugin keeps its Node's node-state annotation current for the
-    scheduler extender, as the chart's with extender.enabled: --node-state, NODE_NAME from the
-    downward API, its own ServiceAccount allowed get/patch on Nodes and nothing else."""
+    """With nodeState: true the operator's plugin keeps its Node's node-state annotation current
+    for the scheduler extender, as the chart's with extender.enabled: --node-state, NODE_NAME
+    from the downward API, its own ServiceAccount allowed get/patch on Nodes and nothing else."""
     chart, rendered = _chart_plugin(tmp_path)
-    mine = _our_plugin({})
+    mine = _our_plugin({"nodeState": True})
     _same_pod(chart, mine[rs.DEVICE_PLUGIN])
     our_pod = mine[rs.DEVICE_PLUGIN]["spec"]["template"]["spec"]
     assert "--node-state" in our_pod["containers"][0]["args"]
@@ -327,8 +330,11 @@ def test_the_plugin_publishes_node_state_as_the_charts_does_with_the_extender(
         assert obj["metadata"]["labels"][names.COMPONENT_LABEL] == rs.DEVICE_PLUGIN
 
 
-def test_node_state_off_gives_the_plugin_no_account_and_no_rbac() -> None:
-    mine = _our_plugin({"nodeState": False})
+@pytest.mark.parametrize("plugin", [{}, {"nodeState": False}], ids=["default", "false"])
+def test_node_state_off_gives_the_plugin_no_account_and_no_rbac(plugin: dict[str, Any]) -> None:
+    """Off unless asked for (issue 47): without an extender nothing reads it, and it would let
+    every GCU node's plugin patch every Node."""
+    mine = _our_plugin(plugin)
     pod = mine[rs.DEVICE_PLUGIN]["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     assert "serviceAccountName" not in pod
@@ -366,7 +372,7 @@ def test_plugin_telemetry_mounts_libefml_as_the_chart_does(
     tmp_path: Any, ours_telemetry: dict[str, Any], chart_telemetry: dict[str, Any]
 ) -> None:
     chart, _ = _chart_plugin(tmp_path, chart_telemetry)
-    mine = _our_plugin({"telemetry": ours_telemetry})
+    mine = _our_plugin({"telemetry": ours_telemetry, "nodeState": True})
     _same_pod(chart, mine[rs.DEVICE_PLUGIN])
     container = mine[rs.DEVICE_PLUGIN]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "ENFLAME_VISIBLE_DEVICES", "value": "all"} in container["env"]
@@ -415,7 +421,7 @@ def test_the_operator_may_create_the_plugins_rbac_without_escalating(tmp_path: A
     rendered = helm_render.render(str(tmp_path), {"operator": {"enabled": True}})
     docs = [d for d in rendered.get("operator.yaml", []) if d]
     role = next(d for d in docs if d["kind"] == "ClusterRole")
-    plugin_role = _our_plugin({})[components.PLUGIN_ROLE_KEY]
+    plugin_role = _our_plugin({"nodeState": True})[components.PLUGIN_ROLE_KEY]
     for rule in plugin_role["rules"]:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:

@@ -9,7 +9,15 @@ import pytest
 from enflame_gcu.gcu_operator import api, names, pods, reconcile, runner
 from enflame_gcu.gcu_operator import resource as rs
 from tests.gcu_operator.fake_api import FakeApi, FakeCluster
-from tests.gcu_operator.helpers import converge, kind_of, ours, set_spec, status, vendor_example
+from tests.gcu_operator.helpers import (
+    converge,
+    kind_of,
+    node_reports,
+    ours,
+    set_spec,
+    status,
+    vendor_example,
+)
 
 NODES = ["node-a", "node-b", "node-c"]
 
@@ -84,6 +92,7 @@ def test_toolkit_readiness_gates_the_plugin_per_node() -> None:
     st = status(fake, ours())
     assert st["phase"] == "Deploying"
     assert "CrashLoopBackOff" in st["nodes"][0]["lastError"]
+    assert "CrashLoopBackOff" in node_reports(fake, ours())["node-a"]["lastError"]
 
 
 def test_version_change_rolls_node_by_node_and_pods_keep_their_cards() -> None:
@@ -163,7 +172,7 @@ def test_a_validator_refused_as_unexpected_by_the_kubelet_is_tried_again() -> No
     said: list[str] = []
 
     def check() -> None:
-        node_b = next(n for n in status(fake, ours()).get("nodes") or [] if n["name"] == "node-b")
+        node_b = node_reports(fake, ours())["node-b"]
         said.append(node_b["lastError"])
 
     converge(operator, cluster, check=check)
@@ -260,7 +269,7 @@ def test_validator_failure_removes_the_label_and_says_why() -> None:
     assert cluster.node_labels("node-a")[names.VALIDATED_LABEL] == "true"
     assert names.VALIDATED_LABEL not in cluster.node_labels("node-b")
     st = status(fake, ours())
-    node_b = next(n for n in st["nodes"] if n["name"] == "node-b")
+    node_b = node_reports(fake, ours())["node-b"]
     assert not node_b["validated"] and "/dev/gcu0 is missing" in node_b["lastError"]
     assert st["phase"] == "Deploying"
 
@@ -291,6 +300,13 @@ def test_delete_removes_in_reverse_order_and_leaves_nodes_as_before() -> None:
         assert names.NODE_STATE_ANNOTATION not in (node["metadata"].get("annotations") or {})
 
 
+def _spec_and_meta(obj: Any) -> Any:
+    """What a writer other than the DaemonSet controller (which keeps its status) changes."""
+    assert obj is not None
+    meta = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
+    return {"metadata": meta, "spec": obj["spec"]}
+
+
 def test_never_touches_what_it_did_not_create() -> None:
     resource = ours()
     fake, cluster, operator = _start(resource)
@@ -308,7 +324,7 @@ def test_never_touches_what_it_did_not_create() -> None:
         operator.run_once()
         cluster.step()
     still = fake.find(api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system")
-    assert still == foreign
+    assert _spec_and_meta(still) == _spec_and_meta(foreign)
     st = status(fake, resource)
     assert st["phase"] == "Failed"
     assert (
@@ -317,7 +333,8 @@ def test_never_touches_what_it_did_not_create() -> None:
     )
     fake.delete(api.GCU_RESOURCE, "gcu")
     converge(operator, cluster)
-    assert fake.find(api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system") == foreign
+    still = fake.find(api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system")
+    assert _spec_and_meta(still) == _spec_and_meta(foreign)
     # A label someone else set stays.
     assert cluster.node_labels("node-a")[names.VALIDATED_LABEL] == "true"
 
@@ -328,7 +345,8 @@ def test_dra_node_on_a_cluster_without_dra_is_reported_and_served_by_the_plugin(
     fake.patch(api.NODE, "node-a", {"metadata": {"labels": {names.MODE_LABEL: "dra"}}})
     converge(operator, cluster)
     st = status(fake, resource)
-    node_a = next(n for n in st["nodes"] if n["name"] == "node-a")
+    assert [n["name"] for n in st["nodes"]] == ["node-a"]  # the node with a problem
+    node_a = node_reports(fake, resource)["node-a"]
     assert node_a["mode"] == "device-plugin"
     assert "DRA needs Kubernetes >= 1.34" in node_a["lastError"]
     assert "node-a" in _plugin_images(fake)
@@ -480,7 +498,12 @@ def test_a_user_node_selector_cannot_replace_the_operators_deploy_label() -> Non
     converge(operator, cluster)
     ds = fake.find(api.DAEMONSET, "enflame-k8s-device-plugin", "kube-system")
     assert ds is not None
-    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {key: "true", "zone": "a"}
+    uid = ds["metadata"]["labels"][names.RESOURCE_LABEL]
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {
+        key: "true",
+        names.owner_label(rs.DEVICE_PLUGIN): uid,
+        "zone": "a",
+    }
     fields = [u["field"] for u in status(fake, resource)["unsupported"]]
     assert f"spec.devicePlugin.nodeSelector.{key}" in fields
 
@@ -543,7 +566,7 @@ def _plugin_rbac(fake: FakeApi) -> tuple[Any, Any, Any]:
 
 
 def test_the_plugin_gets_its_node_state_account_and_deleting_the_resource_removes_it() -> None:
-    fake, cluster, operator = _start(ours())
+    fake, cluster, operator = _start(ours(devicePlugin={"nodeState": True}))
     converge(operator, cluster)
     account, role, binding = _plugin_rbac(fake)
     assert account is not None and role is not None and binding is not None
@@ -564,7 +587,7 @@ def test_the_plugin_gets_its_node_state_account_and_deleting_the_resource_remove
 
 
 def test_node_state_off_removes_the_plugins_rbac_and_a_widened_role_is_put_back() -> None:
-    resource = ours()
+    resource = ours(devicePlugin={"nodeState": True})
     fake, cluster, operator = _start(resource)
     converge(operator, cluster)
     role = fake.find(api.CLUSTER_ROLE, PLUGIN_ROLE)
@@ -583,7 +606,7 @@ def test_node_state_off_removes_the_plugins_rbac_and_a_widened_role_is_put_back(
 
 
 def test_a_foreign_clusterrole_of_the_plugins_name_is_left_alone_and_named() -> None:
-    resource = ours()
+    resource = ours(devicePlugin={"nodeState": True})
     fake, cluster, operator = _start(resource)
     foreign = fake.put(
         api.CLUSTER_ROLE,

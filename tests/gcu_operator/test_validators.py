@@ -12,7 +12,7 @@ import pytest
 from enflame_gcu.gcu_operator import api, components, names, runner
 from enflame_gcu.gcu_operator import resource as rs
 from tests.gcu_operator.fake_api import FakeApi, FakeCluster
-from tests.gcu_operator.helpers import converge, ours, status
+from tests.gcu_operator.helpers import converge, node_reports, ours, status
 
 NODES = ["node-a", "node-b"]
 
@@ -38,7 +38,7 @@ def test_dra_node_is_validated_through_a_claim_placed_by_the_scheduler() -> None
     fake.patch(api.NODE, "node-a", {"metadata": {"labels": {names.MODE_LABEL: "dra"}}})
     _settle(fake, cluster)
     st = status(fake, resource)
-    by_node = {n["name"]: n for n in st["nodes"]}
+    by_node = node_reports(fake, resource)
     assert by_node["node-a"]["mode"] == "dra"
     assert by_node["node-a"]["validated"], by_node["node-a"]
     assert cluster.node_labels("node-a").get(names.VALIDATED_LABEL) == "true"
@@ -69,7 +69,7 @@ def test_runtimeclass_nodes_are_validated_through_runtimeclass_enflame() -> None
     _settle(fake, cluster)
     st = status(fake, resource)
     assert st["phase"] == "Running", st["conditions"]
-    assert all(n["validated"] for n in st["nodes"]), st["nodes"]
+    assert all(n["validated"] for n in node_reports(fake, resource).values())
     rc = fake.find(api.RUNTIME_CLASS, components.RUNTIME_CLASS)
     assert rc is not None and rc["handler"] == "enflame"
     uid = fake.find(api.GCU_RESOURCE, "gcu")["metadata"]["uid"]  # type: ignore[index]

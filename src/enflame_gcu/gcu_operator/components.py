@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from enflame_gcu.gcu_operator import names
@@ -56,6 +56,13 @@ TOLERATIONS = [
     {"key": "CriticalAddonsOnly", "operator": "Exists"},
     {"key": "enflame.com/gcu", "operator": "Exists", "effect": "NoSchedule"},
 ]
+# A validator pod on a DRA node goes through the scheduler, which keeps pods off a cordoned node
+# unless they tolerate its taint: a drain rollout cordons the node it validates.
+CORDON_TOLERATION = {
+    "key": "node.kubernetes.io/unschedulable",
+    "operator": "Exists",
+    "effect": "NoSchedule",
+}
 # Checks what a GCU container must see: the cards the plugin granted, as device nodes.
 VALIDATOR_SCRIPT = """set -eu
 test -n "${ENFLAME_VISIBLE_DEVICES:-}" || { echo "ENFLAME_VISIBLE_DEVICES is not set"; exit 1; }
@@ -313,8 +320,18 @@ DRA_SERVICE_ACCOUNT = "enflame-dra-plugin"
 
 def _dra_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
     """The DRA driver's container as the chart's daemonset-dra-plugin.yaml renders it with its
-    default values (tests/gcu_operator/test_manifests.py compares the two)."""
-    del spec
+    default values and dra.drs / dra.efsmi as spec.dra says (tests/gcu_operator/test_manifests.py
+    compares the two)."""
+    partitions = spec.dra.drs
+    # DRS partitions: efsmi (from the host's /usr/local/efsmi) creates and destroys instances,
+    # and it opens the cards, so the container then runs privileged, as the chart's does.
+    drs_args = [f"--drs={partitions}", f"--efsmi={spec.dra.efsmi}"] if partitions else []
+    daemon = _unprivileged_daemon()
+    if partitions:
+        daemon["securityContext"]["privileged"] = True
+    drs_mounts = (
+        [{"name": "efsmi", "mountPath": "/usr/local/efsmi", "readOnly": True}] if partitions else []
+    )
     return {
         "name": "enflame-dra-plugin",
         "image": component.image,
@@ -328,6 +345,7 @@ def _dra_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
             "--health-interval=5",
             # The pod's own address only, as the chart binds it (never every address).
             f"--http-address=$(POD_IP):{DRA_HTTP_PORT}",
+            *drs_args,
             *component.args,
         ],
         "ports": [{"name": "http", "containerPort": DRA_HTTP_PORT}],
@@ -345,24 +363,26 @@ def _dra_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
                 {"name": "ENFLAME_VISIBLE_DEVICES", "value": "void"},
             ],
         ),
-        **_unprivileged_daemon(),
+        **daemon,
         "volumeMounts": [
             {"name": "plugins-registry", "mountPath": "/var/lib/kubelet/plugins_registry"},
             {"name": "plugin-data", "mountPath": "/var/lib/kubelet/plugins/gcu.enflame.com"},
             {"name": "cdi", "mountPath": "/var/run/cdi"},
             {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True},
             {"name": "host-dev", "mountPath": "/host/dev", "readOnly": True},
+            *drs_mounts,
         ],
     }
 
 
-def _dra_volumes() -> list[Obj]:
+def _dra_volumes(spec: rs.ResourceSpec) -> list[Obj]:
     return [
         _host_path("plugins-registry", "/var/lib/kubelet/plugins_registry", "Directory"),
         _host_path("plugin-data", "/var/lib/kubelet/plugins/gcu.enflame.com", "DirectoryOrCreate"),
         _host_path("cdi", "/var/run/cdi", "DirectoryOrCreate"),
         _host_path("host-sys", "/sys", "Directory"),
         _host_path("host-dev", "/dev", "Directory"),
+        *([_host_path("efsmi", "/usr/local/efsmi", "Directory")] if spec.dra.drs else []),
     ]
 
 
@@ -376,12 +396,18 @@ def _daemonset(
     selector = {names.APP_NAME: app, names.RESOURCE_LABEL: own[names.RESOURCE_LABEL]}
     # The user's selector narrows where the component runs; the operator's own deploy label
     # comes last, so no user key can replace it (rs.parse drops such keys and reports them).
-    node_selector = {**dict(component.node_selector), names.deploy_label(component.key): "true"}
+    node_selector = {
+        **dict(component.node_selector),
+        names.deploy_label(component.key): "true",
+        # Only the nodes where this resource owns the component (the first to want it there).
+        names.owner_label(component.key): str(resource["metadata"]["uid"]),
+    }
     pod_spec = {
         "priorityClassName": "system-node-critical",
         "automountServiceAccountToken": False,
         "nodeSelector": node_selector,
-        "tolerations": TOLERATIONS,
+        "tolerations": [*TOLERATIONS, *(dict(t) for t in component.tolerations)],
+        **({"affinity": dict(component.affinity)} if component.affinity else {}),
         **pod_spec,
     }
     template: Obj = {"metadata": {"labels": own}, "spec": pod_spec}
@@ -568,7 +594,7 @@ def desired(
                 "automountServiceAccountToken": True,
                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [_dra_container(comps[rs.DRA], spec)],
-                "volumes": _dra_volumes(),
+                "volumes": _dra_volumes(spec),
             },
         )
     if rs.EXPORTER in comps:
@@ -592,6 +618,7 @@ def validator_pod(
     *,
     mode: str = "device-plugin",
     node_mode: str = "auto",
+    tolerations: Sequence[Mapping[str, Any]] = (),
 ) -> Obj:
     """A short pod on ``node`` that asks for one GCU and checks what it got.
 
@@ -611,7 +638,12 @@ def validator_pod(
     pod_spec: Obj = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
-        "tolerations": TOLERATIONS,
+        # Its own, and the serving component's: it runs wherever that component does.
+        "tolerations": [
+            *TOLERATIONS,
+            CORDON_TOLERATION,
+            *(dict(t) for t in (*component.tolerations, *tolerations)),
+        ],
     }
     if mode == "dra":
         container["resources"] = {"claims": [{"name": "gcu"}]}

@@ -21,6 +21,9 @@ Obj = dict[str, Any]
 DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A label value (empty, or alphanumerics with '-', '_', '.' inside), checked at admission.
 LABEL_VALUE = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# A DRS selection as the DRA driver's --drs takes it (enflame_gcu.drs.SELECTION_ITEM, listed).
+_DRS_ITEM = "\\s*(all|gcu[0-9]+|[A-Za-z][A-Za-z0-9 ]{0,31})\\s*"
+DRS_SELECTION = f"^$|^{_DRS_ITEM}(,{_DRS_ITEM})*$"
 
 
 def _string(description: str, **extra: Any) -> Obj:
@@ -54,6 +57,29 @@ def base_fields() -> dict[str, Obj]:
             "description": "node labels the component's pods require",
             "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE},
         },
+        "tolerations": {
+            "type": "array",
+            "description": "taints the component's pods tolerate, besides the operator's own",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "key": _string("taint key (empty with Exists: every taint)"),
+                    "operator": _string("Exists or Equal (Equal)", enum=["Exists", "Equal"]),
+                    "value": _string("taint value (Equal)"),
+                    "effect": _string(
+                        "NoSchedule, PreferNoSchedule, NoExecute (empty: any)",
+                        enum=["", "NoSchedule", "PreferNoSchedule", "NoExecute"],
+                    ),
+                    "tolerationSeconds": {"type": "integer"},
+                },
+            },
+        },
+        "affinity": {
+            "type": "object",
+            "description": "the pods' affinity (a Kubernetes Affinity); its required node "
+            "affinity narrows where the component runs",
+            "x-kubernetes-preserve-unknown-fields": True,
+        },
         "command": {"type": "array", "items": {"type": "string"}, "description": "not honoured"},
         "args": {"type": "array", "items": {"type": "string"}, "description": "extra arguments"},
     }
@@ -76,7 +102,8 @@ def _plugin(description: str) -> Obj:
         description,
         nodeState=_flag(
             "ours: keep the Node's enflame.com/gcu-node-state annotation current for the "
-            "scheduler extender (its own ServiceAccount may get and patch Nodes); on unless false"
+            "scheduler extender (its own ServiceAccount may get and patch Nodes); off unless "
+            "true: set it where the scheduler extender runs"
         ),
         telemetry={
             "type": "object",
@@ -131,8 +158,19 @@ def spec_schema() -> Obj:
         "gcuExporter": _base("metrics: the device plugin's port 9402 behind a Service"),
         "exporter": _base("operator 2.0's name for gcuExporter"),
         "gfd": _base("node labels: the device plugin keeps NFD's feature file current"),
-        "dra": _base(
-            "ours: the DRA driver on nodes labelled enflame.com/gcu.mode=dra (k8s >= 1.34)"
+        "dra": _component(
+            "ours: the DRA driver on nodes labelled enflame.com/gcu.mode=dra (k8s >= 1.34)",
+            drs=_string(
+                "DRS partitions (docs/dra.md): empty off; 'all', or comma-separated cards (gcu3), "
+                "models (S60) or families (S); needs Kubernetes >= 1.36 and efsmi on the node, "
+                "and runs the driver privileged",
+                pattern=DRS_SELECTION,
+            ),
+            efsmi=_string(
+                "the efsmi program in the container (the host's /usr/local/efsmi is mounted "
+                "there; /usr/local/efsmi/efsmi)",
+                pattern="^(/[^/\\x00]+)+$",
+            ),
         ),
         "validator": _base(
             "ours: a pod per node that asks for one GCU and checks it (on by default)"

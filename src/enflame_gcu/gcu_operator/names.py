@@ -15,6 +15,9 @@ TEMPLATE_HASH = "enflame.com/gcu.template-hash"
 # Node labels the operator sets (and only those it recorded setting are ever removed).
 DEPLOY_LABEL_PREFIX = "enflame.com/gcu.deploy."
 VALIDATED_LABEL = "enflame.com/gcu.validated"
+# Which resource (uid) owns a component on a node: its DaemonSet selects it, so two resources
+# never both run one component on one node (set and removed with the deploy label).
+OWNER_LABEL_PREFIX = "enflame.com/gcu.owner."
 # The user's per-node choice of DRA (the same label the chart and deploy/dra use).
 MODE_LABEL = "enflame.com/gcu.mode"
 # GCU nodes: Node Feature Discovery's label for PCI vendor 0x1e36, or the hand-set one.
@@ -35,3 +38,8 @@ VALIDATOR_NODE = "enflame.com/gcu.node"
 def deploy_label(component: str) -> str:
     """The node label that lets ``component``'s DaemonSet run on a node."""
     return DEPLOY_LABEL_PREFIX + component
+
+
+def owner_label(component: str) -> str:
+    """The node label naming (by uid) the resource whose ``component`` runs on a node."""
+    return OWNER_LABEL_PREFIX + component

@@ -27,6 +27,9 @@ class NodeState:
     cordoned: bool = False
     # When (seconds since the epoch) the node's upgrade began: its drain times out from here.
     since: float = 0.0
+    # The node's report (mode, components, ready, validated, lastError) as canonical JSON: the
+    # per-node detail lives here, on the Node, so the resource's status stays small at scale.
+    report: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form (sorted labels, so equal states compare equal as text)."""
@@ -40,6 +43,7 @@ class NodeState:
             "upgrading": self.upgrading,
             "cordoned": self.cordoned,
             **({"since": self.since} if self.since else {}),
+            **({"report": json.loads(self.report)} if self.report else {}),
         }
 
 
@@ -67,7 +71,20 @@ def read(node: Mapping[str, Any], resource: str) -> NodeState:
         upgrading=str(raw.get("upgrading") or ""),
         cordoned=bool(raw.get("cordoned")),
         since=float(raw["since"]) if isinstance(raw.get("since"), int | float) else 0.0,
+        report=canonical(raw["report"]) if isinstance(raw.get("report"), dict) else "",
     )
+
+
+def canonical(report: Mapping[str, Any]) -> str:
+    """A node report as the text NodeState keeps (equal reports, equal text)."""
+    return json.dumps(report, sort_keys=True, separators=(",", ":"))
+
+
+def report_of(node: Mapping[str, Any], resource: str) -> dict[str, Any] | None:
+    """The per-node report ``resource`` wrote on ``node`` (None when there is none)."""
+    raw = _all(node).get(resource)
+    found = raw.get("report") if isinstance(raw, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 def annotation(node: Mapping[str, Any], resource: str, state: NodeState | None) -> str | None:

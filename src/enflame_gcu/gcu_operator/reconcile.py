@@ -44,6 +44,8 @@ class Observed:
     gcu_pods: Sequence[Mapping[str, Any]] = ()
     # Why this resource must deploy nothing: an older resource owns its components' nodes.
     conflict: str = ""
+    # (component, node) pairs this resource wants that another one owns, and that one's name.
+    taken: Mapping[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     # The DRA driver's ServiceAccount (the chart's <release>-dra-plugin).
     dra_service_account: str = components.DRA_SERVICE_ACCOUNT
     # The namespace whose Prometheus may scrape the device plugin ("": none).
@@ -76,6 +78,10 @@ class _Work:
     after_intent: list[Action] = dataclasses.field(default_factory=list)
     drain_failed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     drain_blocked: list[str] = dataclasses.field(default_factory=list)
+    # Nodes of the rollout that are drained (or need no drain): a mode change goes ahead there.
+    cleared: set[str] = dataclasses.field(default_factory=set)
+    # How many of the resource's nodes are down (the rollout's budget in use).
+    down: int = 0
 
 
 def _name(observed: Observed) -> str:
@@ -259,6 +265,7 @@ def _validate(
         return state
     if ready and component is not None and state.validated_target != target:
         live = {p["metadata"]["name"] for p in validator_pods}
+        serving = rs.DRA if view.mode == "dra" else rs.DEVICE_PLUGIN
         pod_obj = components.validator_pod(
             observed.resource,
             component,
@@ -266,6 +273,7 @@ def _validate(
             target,
             mode=view.mode,
             node_mode=spec.node_mode,
+            tolerations=spec.components[serving].tolerations if spec.wants(serving) else (),
         )
         if pod_obj["metadata"]["name"] not in live:
             work.actions.append(Create(pod_obj))
@@ -344,6 +352,10 @@ def _roll(
 
     in_progress: list[nodes.NodeView] = []
     pending: list[nodes.NodeView] = []
+    # A node where no new pod can be placed (an untolerated taint) is out of the rollout and of
+    # its budget: replacing a pod there would leave the node without one.
+    unplaceable = [v for v in views if v.blocked and not v.state.upgrading]
+    views = [v for v in views if v not in unplaceable]
     for view in views:
         st = states[view.name]
         target = view.desired_target(hashes)
@@ -351,7 +363,7 @@ def _roll(
             states[view.name] = dataclasses.replace(st, upgrading="", cordoned=False)
         elif st.upgrading and st.upgrading == target:
             in_progress.append(view)
-        elif view.outdated(hashes):
+        elif view.outdated(hashes) or view.switching:
             pending.append(view)
     failed = [(v.name, r) for v in in_progress if (r := failing(v))]
     # maxUnavailable holds at every moment: nodes being upgraded and nodes that are down for
@@ -370,10 +382,13 @@ def _roll(
             down.add(view.name)
         started.append(view)
     for view in started:
+        # A node someone else had cordoned stays theirs to uncordon: only a cordon the
+        # operator sets (recorded here, before it is set) is ever lifted.
+        admin_cordoned = bool((view.node.get("spec") or {}).get("unschedulable"))
         states[view.name] = dataclasses.replace(
             states[view.name],
             upgrading=view.desired_target(hashes),
-            cordoned=spec.upgrade.drain,
+            cordoned=spec.upgrade.drain and not admin_cordoned,
             since=observed.now,
         )
     failed_names = {name for name, _ in failed}
@@ -399,6 +414,8 @@ def _roll(
                     f"drain of {view.name} blocked by a PodDisruptionBudget: {', '.join(blocked)}"
                 )
             continue
+        # Drained (or no drain): a node changing mode may change its labels now.
+        work.cleared.add(view.name)
         outdated = view.outdated(hashes)
         toolkit_pod = view.pods.get(rs.TOOLKIT)
         toolkit_current = rs.TOOLKIT not in view.components or (
@@ -414,7 +431,9 @@ def _roll(
             work.after_intent.append(
                 Delete("v1", "Pod", pod["metadata"]["namespace"], pod["metadata"]["name"])
             )
+    work.down = len(down)
     waiting = [v.name for v in pending if v not in started]
+    waiting += [v.name for v in unplaceable if v.outdated(hashes)]
     return status.Rollout(
         upgrading=tuple(sorted(v.name for v in [*in_progress, *started])),
         waiting=tuple(waiting),
@@ -433,22 +452,43 @@ def _left_on(observed: Observed, view: nodes.NodeView) -> list[str]:
     ]
 
 
+def _switched(view: nodes.NodeView) -> nodes.NodeView:
+    """The view of a node whose mode change goes ahead: the components it is to run."""
+    if view.wanted is None:
+        return view
+    mode = "dra" if rs.DRA in view.wanted else "device-plugin"
+    return dataclasses.replace(view, components=view.wanted, mode=mode, wanted=None)
+
+
 def _desired_labels(
-    spec: rs.ResourceSpec, view: nodes.NodeView, state: nodestate.NodeState
+    spec: rs.ResourceSpec, view: nodes.NodeView, state: nodestate.NodeState, uid: str
 ) -> dict[str, str | None]:
     labels: dict[str, str | None] = {}
     have = view.labels
     toolkit = view.pods.get(rs.TOOLKIT)
     toolkit_ok = rs.TOOLKIT not in view.components or (toolkit is not None and pods.ready(toolkit))
+    # After a mode change, the new serving component starts only once the old one's pod is gone:
+    # the two never hold the node's cards at once.
+    leaving = {
+        k
+        for k in nodes.SERVING_KEYS
+        if k not in view.components and (k in view.pods or k in view.terminating)
+    }
     for key in nodes.DAEMON_KEYS:
         label = names.deploy_label(key)
+        if key in nodes.SERVING_KEYS and leaving - {key} and have.get(label) != "true":
+            continue
         # The toolkit's readiness gates the plugin's first start on a node.
         if key in view.components and (
             key == rs.TOOLKIT or toolkit_ok or have.get(label) == "true"
         ):
             labels[label] = "true"
+            labels[names.owner_label(key)] = uid
         if label not in labels and label in state.labels:
             labels[label] = None
+        owner = names.owner_label(key)
+        if owner not in labels and owner in state.labels:
+            labels[owner] = None
     target = view.running_target()
     ok = (
         spec.wants(rs.VALIDATOR)
@@ -472,7 +512,7 @@ def plan(observed: Observed) -> Plan:
         same = report == observed.resource.get("status")
         return Plan(() if same else (status.write(report),), report)
     work = _Work()
-    resource = _name(observed)
+    resource, uid = _name(observed), _uid(observed)
     finalizers = tuple(observed.resource["metadata"].get("finalizers") or ())
     if rs.FINALIZER not in finalizers:
         work.actions.append(SetFinalizers((*finalizers, rs.FINALIZER)))
@@ -497,7 +537,12 @@ def plan(observed: Observed) -> Plan:
         spec = dataclasses.replace(
             spec, components={k: c for k, c in spec.components.items() if k not in forbidden}
         )
+    mark = len(work.actions)
     conflicted = _sync_objects(observed, want, work) | forbidden
+    # The objects are written after the nodes' labels: a DaemonSet that comes to select the
+    # owner label never finds a node of this resource without it.
+    object_actions = work.actions[mark:]
+    del work.actions[mark:]
     hashes = {
         key: obj["spec"]["template"]["metadata"]["annotations"][names.TEMPLATE_HASH]
         for key, obj in want.items()
@@ -515,11 +560,19 @@ def plan(observed: Observed) -> Plan:
             validators.setdefault(str(node), []).append(pod)
         else:
             pods_by_node.setdefault(pods.node_of(pod), []).append(pod)
-    views = [
-        nodes.view(n, resource, spec, observed.dra_served, pods_by_node.get(name, []))
-        for name, n in sorted(by_name.items())
-        if nodes.is_gcu_node(n)
-    ]
+    # The resource's nodes: GCU nodes one of its serving components selects (a node no serving
+    # component selects is no node of this resource: neither unvalidated nor down).
+    views = []
+    for name, n in sorted(by_name.items()):
+        if nodes.is_gcu_node(n):
+            v = nodes.view(n, resource, spec, observed.dra_served, pods_by_node.get(name, []))
+            if any((k, name) in observed.taken for k in v.components):
+                # Another resource owns these here: not deployed, and named in the status.
+                kept = tuple(k for k in v.components if (k, name) not in observed.taken)
+                v = dataclasses.replace(v, components=kept)
+            if nodes.serves(v, spec):
+                # A mode change is an upgrade of the node: it keeps what it runs until then.
+                views.append(nodes.as_running(v))
     states = {v.name: v.state for v in views}
     for view in views:
         states[view.name] = _validate(
@@ -531,28 +584,64 @@ def plan(observed: Observed) -> Plan:
             work=work,
         )
     rollout = _roll(observed, spec=spec, views=views, states=states, hashes=hashes, work=work)
-    for view in views:
-        _set_node(work, view, _desired_labels(spec, view, states[view.name]), states[view.name])
-    # Nodes that stopped being GCU nodes lose what we set there.
+    # A node whose mode change began (its turn came, it is drained) runs the new mode's pods.
+    views = [_switched(v) if v.switching and v.name in work.cleared else v for v in views]
+    reports = status.node_reports(spec, views, states, hashes, observed.now)
+    for view, (report, _) in zip(views, reports, strict=True):
+        # Each node's report goes on the Node (the status names only the first few problems).
+        detail = {k: v for k, v in report.items() if k != "name"}
+        states[view.name] = dataclasses.replace(
+            states[view.name], report=nodestate.canonical(detail)
+        )
+        _set_node(
+            work, view, _desired_labels(spec, view, states[view.name], uid), states[view.name]
+        )
+    # Nodes that are no longer this resource's (relabelled, taken by another resource, no
+    # longer GCU nodes) lose what we set there, within maxUnavailable while our pods run there.
     gcu = {v.name for v in views}
+    leaving = []
+    releasing = 0
     for name, node in sorted(by_name.items()):
         state = nodestate.read(node, resource)
-        if name not in gcu and state != nodestate.NodeState():
+        if name in gcu or state == nodestate.NodeState():
+            continue
+        node_pods = [
+            p
+            for p in pods_by_node.get(name, [])
+            if (p["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL) in nodes.DAEMON_KEYS
+        ]
+        if any(not p["metadata"].get("deletionTimestamp") for p in node_pods):
+            leaving.append((name, node, state))
+        else:
+            releasing += bool(node_pods)  # released, its pods still stopping
             gone = nodes.NodeView(name, node, "none", "", (), {}, state)
             _set_node(work, gone, dict.fromkeys(state.labels), nodestate.NodeState())
+    room = max_unavailable(spec.upgrade.max_unavailable, len(views) + len(leaving))
+    room -= work.down + releasing
+    held = []
+    for name, node, state in leaving:
+        if room <= 0:
+            held.append(name)
+            continue
+        room -= 1
+        gone = nodes.NodeView(name, node, "none", "", (), {}, state)
+        _set_node(work, gone, dict.fromkeys(state.labels), nodestate.NodeState())
+    if held:
+        rollout = dataclasses.replace(rollout, waiting=(*rollout.waiting, *held))
     _node_patch_actions(observed, work, by_name)
+    work.actions.extend(object_actions)
     work.actions.extend(work.after_intent)
     report = status.build(
         observed.resource,
         spec=spec,
         views=views,
-        states=states,
-        hashes=hashes,
+        reports=reports,
         rollout=rollout,
         conflicted=conflicted,
         conflicts=work.conflicts,
         want=want,
         now=observed.now,
+        taken=observed.taken,
     )
     actions = work.actions
     if report != observed.resource.get("status"):
@@ -619,7 +708,7 @@ def _plan_removal(observed: Observed) -> Plan:
         stage_labels = {
             names.VALIDATED_LABEL if key == rs.VALIDATOR else names.deploy_label(key)
             for key in stage
-        }
+        } | {names.owner_label(key) for key in stage if key in nodes.DAEMON_KEYS}
         for name, node in sorted(by_name.items()):
             state = nodestate.read(node, resource)
             mine = stage_labels & state.labels
@@ -653,3 +742,62 @@ def _plan_removal(observed: Observed) -> Plan:
     if report != observed.resource.get("status"):
         actions.append(status.write(report))
     return Plan(tuple(actions), report)
+
+
+def _display(resource: Mapping[str, Any]) -> str:
+    group = str(resource.get("apiVersion", "")).rpartition("/")[0]
+    return f"GcuResource {resource['metadata']['name']} ({group})"
+
+
+def wanted_pairs(
+    resource: Mapping[str, Any], gcu_nodes: Sequence[Mapping[str, Any]], dra_served: bool
+) -> set[tuple[str, str]]:
+    """(component, node) pairs of node daemons the resource would run (on its nodes only)."""
+    spec = rs.parse(resource.get("spec"))
+    out: set[tuple[str, str]] = set()
+    for node in gcu_nodes:
+        view = nodes.view(node, "", spec, dra_served, [])
+        if nodes.serves(view, spec):
+            out.update((k, view.name) for k in view.components)
+    return out
+
+
+def ownership(
+    resources: Sequence[Mapping[str, Any]],
+    gcu_nodes: Sequence[Mapping[str, Any]],
+    dra_served: bool = True,
+) -> dict[str, tuple[str, dict[tuple[str, str], str]]]:
+    """Who owns each (component, node) pair, for every resource (by uid): why it must deploy
+    nothing ("" unless every pair it wants is another's) and the pairs another one owns, with
+    that one's name. ``resources`` oldest first. The owner is sticky: the resource whose uid the
+    node's owner label names, while it exists (a resource that no longer wants the node
+    releases it within its budget first); a pair nobody owns goes to the oldest that wants it."""
+    by_uid = {str(r["metadata"]["uid"]): r for r in resources}
+    labels = {
+        str(n["metadata"]["name"]): (n.get("metadata", {}).get("labels") or {}) for n in gcu_nodes
+    }
+    wants = {uid: wanted_pairs(r, gcu_nodes, dra_served) for uid, r in by_uid.items()}
+    owner: dict[tuple[str, str], str] = {}
+    for (key, node), value in (
+        ((k, n), labels[n].get(names.owner_label(k))) for n in labels for k in nodes.DAEMON_KEYS
+    ):
+        if value in by_uid:
+            owner[(key, node)] = str(value)
+    for uid in by_uid:  # oldest first
+        for pair in wants[uid]:
+            owner.setdefault(pair, uid)
+    out: dict[str, tuple[str, dict[tuple[str, str], str]]] = {}
+    for uid in by_uid:
+        taken = {p: _display(by_uid[owner[p]]) for p in wants[uid] if owner[p] != uid}
+        conflict = ""
+        if taken and len(taken) == len(wants[uid]):
+            both = sorted(taken)
+            shown = ", ".join(f"{key} on {node}" for key, node in both[:5])
+            more = f" and {len(both) - 5} more" if len(both) > 5 else ""
+            first = taken[both[0]]
+            conflict = (
+                f"{first} (created earlier) already deploys {shown}{more}; this resource "
+                "deploys nothing until that one is deleted or no longer wants them"
+            )
+        out[uid] = (conflict, taken)
+    return out

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from enflame_gcu import __version__
+from enflame_gcu import __version__, drs
 from enflame_gcu.gcu_operator import names
 
 GROUP = "topscloud.enflame.com"
@@ -104,6 +104,10 @@ class Component:
     env: tuple[tuple[str, str], ...]
     node_selector: tuple[tuple[str, str], ...]
     args: tuple[str, ...]
+    # Added to the operator's own tolerations (the pods tolerate these taints too).
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    # The pods' affinity as given (its required node affinity narrows where they run).
+    affinity: Mapping[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -129,12 +133,20 @@ class Telemetry:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PluginOptions:
-    """What the device plugin publishes: node state for the scheduler extender (on unless
-    ``spec.devicePlugin.nodeState: false``), card telemetry (off unless
-    ``spec.devicePlugin.telemetry.enabled``)."""
+    """What the device plugin publishes: node state for the scheduler extender (off unless
+    ``spec.devicePlugin.nodeState: true``: it lets every GCU node's plugin patch Nodes, which
+    only an extender needs), card telemetry (off unless ``spec.devicePlugin.telemetry.enabled``)."""
 
-    node_state: bool = True
+    node_state: bool = False
     telemetry: Telemetry | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DraOptions:
+    """The DRA driver's DRS partitions (the chart's dra.drs and dra.efsmi, same defaults)."""
+
+    drs: str = ""
+    efsmi: str = "/usr/local/efsmi/efsmi"
 
 
 TELEMETRY_ISOLATION = ("thread", "process")
@@ -152,6 +164,7 @@ class ResourceSpec:
     upgrade: UpgradePolicy
     unsupported: tuple[Unsupported, ...]
     plugin: PluginOptions = PluginOptions()
+    dra: DraOptions = DraOptions()
 
     def wants(self, key: str) -> bool:
         """Whether the component ``key`` is to be deployed."""
@@ -178,6 +191,57 @@ def _env(raw: Any) -> tuple[tuple[str, str], ...]:
     )
 
 
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_TOLERATION_FIELDS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+
+
+def _toleration(item: Any) -> Mapping[str, Any] | None:
+    """One toleration as Kubernetes accepts it (None when it is not one)."""
+    if not isinstance(item, Mapping) or set(item) - _TOLERATION_FIELDS:
+        return None
+    operator = item.get("operator", "Equal")
+    effect = item.get("effect", "")
+    seconds = item.get("tolerationSeconds")
+    if operator not in TOLERATION_OPERATORS or (effect and effect not in TAINT_EFFECTS):
+        return None
+    if not all(isinstance(item.get(k, ""), str) for k in ("key", "value")):
+        return None
+    if operator == "Exists" and item.get("value"):
+        return None  # the API server refuses a value with Exists
+    if not item.get("key") and operator != "Exists":
+        return None  # an empty key tolerates everything only with Exists
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+        return None
+    return dict(item)
+
+
+def _tolerations(raw: Any, path: str, out: list[Unsupported]) -> tuple[Mapping[str, Any], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, Sequence) or isinstance(raw, str):
+        out.append(Unsupported(path, "must be a list of tolerations; ignored"))
+        return ()
+    kept = []
+    for index, item in enumerate(raw):
+        toleration = _toleration(item)
+        if toleration is None:
+            out.append(Unsupported(f"{path}[{index}]", "not a valid toleration; ignored"))
+        else:
+            kept.append(toleration)
+    return tuple(kept)
+
+
+def _affinity(raw: Any, path: str, out: list[Unsupported]) -> Mapping[str, Any] | None:
+    if raw is None:
+        return None
+    known = {"nodeAffinity", "podAffinity", "podAntiAffinity"}
+    if not isinstance(raw, Mapping) or set(raw) - known:
+        out.append(Unsupported(path, "must be a pod affinity (nodeAffinity, podAffinity, ...)"))
+        return None
+    return dict(raw)
+
+
 def _component(
     key: str, raw: dict[str, Any], out: list[Unsupported], spelled: str = ""
 ) -> Component:
@@ -200,13 +264,17 @@ def _component(
     if raw.get("command"):
         out.append(Unsupported(f"{path}.command", "our images have their own entry point"))
     selector = _pairs(raw.get("nodeSelector"))
-    ours_only = tuple(k for k, _ in selector if k.startswith(names.DEPLOY_LABEL_PREFIX))
+    ours_only = tuple(
+        k
+        for k, _ in selector
+        if k.startswith((names.DEPLOY_LABEL_PREFIX, names.OWNER_LABEL_PREFIX))
+    )
     for k in ours_only:
         out.append(
             Unsupported(
                 f"{path}.nodeSelector.{k}",
-                "the operator sets enflame.com/gcu.deploy.* labels itself (they decide where "
-                "each component runs and when); ignored",
+                "the operator sets enflame.com/gcu.deploy.* and enflame.com/gcu.owner.* labels "
+                "itself (they decide where each component runs and when); ignored",
             )
         )
     selector = tuple((k, v) for k, v in selector if k not in ours_only)
@@ -219,6 +287,8 @@ def _component(
         env=_env(raw.get("env")),
         node_selector=selector,
         args=tuple(str(a) for a in raw.get("args") or ()),
+        tolerations=_tolerations(raw.get("tolerations"), f"{path}.tolerations", out),
+        affinity=_affinity(raw.get("affinity"), f"{path}.affinity", out),
     )
 
 
@@ -299,11 +369,33 @@ def _telemetry(raw: Any, path: str, out: list[Unsupported]) -> Telemetry | None:
 
 
 def _plugin_options(raw: dict[str, Any], path: str, out: list[Unsupported]) -> PluginOptions:
-    node_state = raw.get("nodeState", True)
+    node_state = raw.get("nodeState", False)
     if not isinstance(node_state, bool):
-        out.append(Unsupported(f"{path}.nodeState", "must be true or false; left on"))
-        node_state = True
+        out.append(Unsupported(f"{path}.nodeState", "must be true or false; left off"))
+        node_state = False
     return PluginOptions(node_state, _telemetry(raw.get("telemetry"), f"{path}.telemetry", out))
+
+
+def _dra_options(raw: dict[str, Any], out: list[Unsupported]) -> DraOptions:
+    """``spec.dra.drs`` / ``.efsmi`` read; a bad value leaves DRS off, said so."""
+    selection = raw.get("drs", "")
+    efsmi = raw.get("efsmi", DraOptions().efsmi)
+    if selection in ("", None):
+        return DraOptions()
+    if not isinstance(selection, str):
+        out.append(Unsupported("spec.dra.drs", "must be a string; DRS stays off"))
+        return DraOptions()
+    try:
+        items = drs.selection_items(selection)
+    except ValueError as exc:
+        out.append(Unsupported("spec.dra.drs", f"{exc}; DRS stays off"))
+        return DraOptions()
+    if _host_dir(efsmi, empty_ok=False) is None:
+        out.append(
+            Unsupported("spec.dra.efsmi", "must be an absolute, normalised path; DRS stays off")
+        )
+        return DraOptions()
+    return DraOptions(",".join(items), str(efsmi)) if items else DraOptions()
 
 
 def parse(spec: Mapping[str, Any] | None) -> ResourceSpec:
@@ -337,8 +429,10 @@ def parse(spec: Mapping[str, Any] | None) -> ResourceSpec:
     if DEVICE_PLUGIN in components:
         spelled_plugin = f"spec.{spelled.get(DEVICE_PLUGIN) or DEVICE_PLUGIN}"
         plugin = _plugin_options(deployed[DEVICE_PLUGIN], spelled_plugin, unsupported)
+    dra = _dra_options(deployed[DRA], unsupported) if DRA in components else DraOptions()
     node_mode = str(raw.get("nodeMode") or "auto")
     return ResourceSpec(
+        dra=dra,
         components=components,
         node_mode=node_mode if node_mode in NODE_MODES else "auto",
         upgrade=_upgrade(_fields(raw.get("upgradePolicy"))),

@@ -223,7 +223,13 @@ class Operator:
                 current["status"] = action.status
                 self._api.replace_status(kind, current)
 
-    def reconcile(self, kind: api.Kind, resource: Obj, conflict: str = "") -> PassResult:
+    def reconcile(
+        self,
+        kind: api.Kind,
+        resource: Obj,
+        conflict: str = "",
+        taken: Mapping[tuple[str, str], str] | None = None,
+    ) -> PassResult:
         """Observe, plan and apply for one resource (``conflict``: why it must deploy nothing).
 
         An action the API server refuses (a namespace that does not exist, an invalid label) is
@@ -246,6 +252,7 @@ class Operator:
             observed = dataclasses.replace(
                 self.observe(kind, resource),
                 conflict=conflict,
+                taken=dict(taken or {}),
                 allowed_namespaces=self._allowed_namespaces,
                 dra_service_account=self._dra_service_account,
                 scraper_namespace=self._scraper_namespace,
@@ -365,24 +372,12 @@ class Operator:
         self._listed_nodes = every_node
         self.seen_nodes = {node_name(n): node_labels(n) for n in every_node}
         gcu_nodes = [n for n in every_node if nodes.is_gcu_node(n)]
-        owners: list[tuple[str, set[tuple[str, str]]]] = []
+        # One owner per (component, node), sticky (reconcile.ownership).
+        owned = reconcile.ownership([r for _, r in found], gcu_nodes, self._dra_served is not False)
         results = []
         for kind, resource in found:
-            wants = claims(resource, gcu_nodes)
-            conflict = ""
-            for owner, owned in owners:
-                both = sorted(wants & owned)
-                if both:
-                    shown = ", ".join(f"{key} on {node}" for key, node in both[:5])
-                    more = f" and {len(both) - 5} more" if len(both) > 5 else ""
-                    conflict = (
-                        f"{owner} (created earlier) already deploys {shown}{more}; this resource "
-                        "deploys nothing until that one is deleted or no longer wants them"
-                    )
-                    break
-            if not conflict:
-                owners.append((_display(resource), wants))
-            results.append(self.reconcile(kind, resource, conflict))
+            conflict, taken = owned.get(str(resource["metadata"].get("uid")), ("", {}))
+            results.append(self.reconcile(kind, resource, conflict, taken))
         self._listed_nodes = None  # never carried into a later pass
         return results
 

@@ -24,7 +24,22 @@ class Rollout:
     blocked: tuple[str, ...] = ()
 
 
-def _node_report(
+# How many problem nodes the status names (the rest are counted; every node's report is in its
+# own annotation): at 5,000 nodes, one report each would pass etcd's 1.5 MiB request limit.
+NODE_REPORT_LIMIT = 10
+# How many node names a list in the status (rollout.waiting) or a condition message names.
+NAME_LIMIT = 20
+# A lastError in the status is cut here (the node's annotation keeps it whole).
+ERROR_LIMIT = 1024
+
+
+def _names(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:NAME_LIMIT])
+    more = len(items) - NAME_LIMIT
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def node_report(
     view: nodes.NodeView,
     *,
     state: nodestate.NodeState,
@@ -35,7 +50,7 @@ def _node_report(
 ) -> tuple[Obj, dict[str, bool]]:
     comps: list[Obj] = []
     ready: dict[str, bool] = {}
-    errors = [view.mode_error] if view.mode_error else []
+    errors = [e for e in (view.blocked, view.mode_error) if e]
     for key in view.components:
         pod = view.pods.get(key)
         if pod is None:
@@ -76,34 +91,57 @@ def _keep_time(old: Mapping[str, Any], condition: Obj, now: float) -> Obj:
     return {**condition, "lastUpdateTime": pods.rfc3339(now)}
 
 
-def build(
-    resource: Mapping[str, Any],
-    *,
+def node_reports(
     spec: rs.ResourceSpec,
     views: Sequence[nodes.NodeView],
     states: Mapping[str, nodestate.NodeState],
     hashes: Mapping[str, str],
-    rollout: Rollout,
-    conflicted: set[str],
-    conflicts: Sequence[str],
-    want: Mapping[str, Obj],
     now: float,
-) -> Obj:
-    """The status for a resource that is not being deleted."""
-    validating = spec.wants(rs.VALIDATOR)
-    node_reports = []
-    ready_by_node: list[dict[str, bool]] = []
-    for view in views:
-        report, ready = _node_report(
+) -> list[tuple[Obj, dict[str, bool]]]:
+    """Every node's report and which of its components are ready, in ``views``' order."""
+    return [
+        node_report(
             view,
             state=states[view.name],
             hashes=hashes,
             now=now,
             timeout=spec.upgrade.pod_ready_timeout,
-            validating=validating,
+            validating=spec.wants(rs.VALIDATOR),
         )
+        for view in views
+    ]
+
+
+def _problem(report: Mapping[str, Any], validating: bool) -> bool:
+    ready, _, total = str(report["ready"]).partition("/")
+    unvalidated = validating and report["mode"] != "none" and not report["validated"]
+    return bool(report["lastError"]) or ready != total or unvalidated
+
+
+def build(
+    resource: Mapping[str, Any],
+    *,
+    spec: rs.ResourceSpec,
+    views: Sequence[nodes.NodeView],
+    reports: Sequence[tuple[Obj, dict[str, bool]]],
+    rollout: Rollout,
+    conflicted: set[str],
+    conflicts: Sequence[str],
+    want: Mapping[str, Obj],
+    now: float,
+    taken: Mapping[tuple[str, str], str] | None = None,
+) -> Obj:
+    """The status for a resource that is not being deleted: counts, and the first few nodes
+    with a problem (every node's report is on the Node, in the operator's state annotation)."""
+    validating = spec.wants(rs.VALIDATOR)
+    node_reports = []
+    ready_by_node: list[dict[str, bool]] = []
+    for view, (report, ready) in zip(views, reports, strict=True):
         node_reports.append(report)
-        ready_by_node.append(ready)
+        if not view.blocked:
+            # A node where no pod can be placed is reported, and not waited for.
+            ready_by_node.append(ready)
+    blocked = [v.name for v in views if v.blocked]
 
     def daemon_ready(key: str) -> bool:
         return key not in conflicted and all(r.get(key, True) for r in ready_by_node)
@@ -114,7 +152,9 @@ def build(
         rs.DRA: daemon_ready(rs.DRA),
         rs.EXPORTER: rs.EXPORTER not in conflicted and daemon_ready(rs.DEVICE_PLUGIN),
         rs.GFD: daemon_ready(rs.DEVICE_PLUGIN),
-        rs.VALIDATOR: all(r["validated"] for r in node_reports if r["mode"] != "none"),
+        rs.VALIDATOR: all(
+            r["validated"] for r in node_reports if r["mode"] != "none" and r["name"] not in blocked
+        ),
     }
     keys = [k for k in rs.ORDER if spec.wants(k)]
     ready_count = sum(1 for k in keys if component_ready[k])
@@ -137,22 +177,33 @@ def build(
         )
     if rollout.failed:
         phase, action, state = "Failed", "upgrade", "failed"
-        message = "; ".join(f"node {n}: {why}" for n, why in rollout.failed)
+        message = "; ".join(f"node {n}: {why[:ERROR_LIMIT]}" for n, why in rollout.failed[:5])
+        if len(rollout.failed) > 5:
+            message += f"; and {len(rollout.failed) - 5} more nodes"
         message += " (the rollout stopped; fix it or set the previous version to roll back)"
     elif conflicts:
         phase, action, state, message = "Failed", "deploy", "failed", "; ".join(conflicts)
     elif rollout.upgrading or rollout.waiting:
         phase, action, state = "Upgrading", "upgrade", "upgrading"
-        message = f"upgrading {', '.join(rollout.upgrading) or '-'}"
+        message = f"upgrading {_names(rollout.upgrading) or '-'}"
         if rollout.waiting:
-            message += f"; waiting: {', '.join(rollout.waiting)}"
+            message += f"; waiting: {_names(rollout.waiting)}"
         if rollout.blocked:
-            message += "; " + "; ".join(rollout.blocked)
+            message += "; " + "; ".join(b[:ERROR_LIMIT] for b in rollout.blocked[:5])
     elif ready_count < len(keys):
         phase, action, state = "Deploying", "deploy", "deploying"
         message = "waiting for " + ", ".join(k for k in keys if not component_ready[k])
     else:
         phase, action, state, message = "Running", "deploy", "success", "success"
+    if blocked and phase in ("Running", "Deploying", "Upgrading"):
+        message += (
+            f"; no pod can run on {_names(blocked)} (an untolerated taint: see the node's "
+            "lastError)"
+        )
+    shared = sorted((taken or {}).items())
+    if shared:
+        named = [f"{key} on {node} ({owner}'s)" for (key, node), owner in shared]
+        message += f"; not deployed where another resource owns them: {_names(named)}"
     progress = 100 if not keys else ready_count * 100 // len(keys)
     condition = {
         "action": action,
@@ -162,6 +213,7 @@ def build(
         "message": message,
     }
     old = resource.get("status") or {}
+    problems = [r for r in node_reports if _problem(r, validating)]
     return {
         "observedGeneration": int(resource["metadata"].get("generation") or 0),
         "phase": phase,
@@ -169,13 +221,39 @@ def build(
         "clusterGCUNodes": [v.name for v in views],
         "conditions": [_keep_time(old, condition, now)],
         "resourceStatuses": statuses,
-        "nodes": node_reports,
+        "nodeCounts": {
+            "total": len(node_reports),
+            "ready": sum(1 for r in node_reports if not _problem(r, False)),
+            "validated": sum(1 for r in node_reports if r["validated"]),
+            "problems": len(problems),
+        },
+        "nodes": [
+            {**r, "lastError": str(r["lastError"])[:ERROR_LIMIT]}
+            for r in problems[:NODE_REPORT_LIMIT]
+        ],
         "rollout": {
-            "upgrading": list(rollout.upgrading),
-            "waiting": list(rollout.waiting),
-            "failed": [{"node": n, "reason": r} for n, r in rollout.failed],
+            "upgrading": list(rollout.upgrading[:NAME_LIMIT]),
+            "waiting": list(rollout.waiting[:NAME_LIMIT]),
+            "counts": {
+                "upgrading": len(rollout.upgrading),
+                "waiting": len(rollout.waiting),
+                "failed": len(rollout.failed),
+            },
+            "failed": [
+                {"node": n, "reason": r[:ERROR_LIMIT]} for n, r in rollout.failed[:NAME_LIMIT]
+            ],
         },
         "unsupported": [{"field": u.field, "reason": u.reason} for u in spec.unsupported],
+        **(
+            {
+                "conflicts": [
+                    {"component": key, "node": node, "owner": owner}
+                    for (key, node), owner in shared[:NAME_LIMIT]
+                ]
+            }
+            if shared
+            else {}
+        ),
     }
 
 
