@@ -201,3 +201,54 @@ def test_install_sh_migrate_moves_a_topscloud_kubernetes_node_to_device_specs(
     table = document["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
     assert table["default_runtime_name"] == "runc" and "enflame" not in table["runtimes"]
     assert _doctor(root, "topscloud").status == "pass"
+
+
+NOBODY = 65534
+
+
+@pytest.mark.parametrize("damage", ["mode 0777", "owned by nobody"])
+def test_migrate_repairs_a_vendor_log_directory_others_could_aim_at_ld_so_preload(
+    node: str, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 48 item 1: whoever can write in /var/log/enflame links our root log anywhere."""
+    logdir = os.path.join(node, "var/log/enflame")
+    if damage == "mode 0777":
+        os.chmod(logdir, 0o777)  # noqa: S103 - the hostile mode under test
+    else:
+        os.chown(logdir, NOBODY, NOBODY)
+    before = fx.snapshot(node)
+    assert main(["migrate", "--host-root", node, "--dry-run"]) == 0
+    assert "make /var/log/enflame root's and writable by root alone" in capsys.readouterr().out
+    assert fx.snapshot(node) == before
+    assert main(["migrate", "--host-root", node]) == 0
+    info = os.stat(logdir)
+    assert (info.st_uid, info.st_mode & 0o777) == (0, 0o755)
+    assert "made /var/log/enflame root's, mode 0755" in capsys.readouterr().err
+    assert not migrate.survey(node).pending
+
+
+@pytest.mark.parametrize(
+    "plant", ["nobody's link to /etc", "hard-linked log file", "log file symlink"]
+)
+def test_migrate_refuses_a_vendor_log_directory_it_cannot_repair_and_changes_nothing(
+    node: str, plant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logdir = os.path.join(node, "var/log/enflame")
+    preload = os.path.join(node, "etc/ld.so.preload")
+    with open(preload, "w", encoding="utf-8"):
+        pass
+    logfile = os.path.join(logdir, "enflame-container-runtime.log")
+    if plant == "nobody's link to /etc":
+        os.rename(logdir, logdir + ".old")
+        os.symlink("../../etc", logdir)
+        os.chown(logdir, NOBODY, NOBODY, follow_symlinks=False)
+    elif plant == "hard-linked log file":
+        os.link(preload, logfile)
+    else:
+        os.symlink("/etc/ld.so.preload", logfile)
+    before = fx.snapshot(node)
+    assert main(["migrate", "--host-root", node]) != 0
+    err = capsys.readouterr().err
+    assert "our runtime would not log in /var/log/enflame" in err
+    assert "nothing was changed" in err
+    assert fx.snapshot(node) == before
