@@ -170,6 +170,11 @@ def plan(found: Survey) -> list[str]:
             f"the vendor's device plugin serves {shown(found.plugin.path)}: start ours first "
             "(it stands by while another serves that socket), then run migrate again"
         )
+    elif state == "unknown":
+        lines.append(
+            f"cannot tell who serves {shown(found.plugin.path)} ({found.plugin.listener}): "
+            "nothing is moved; run this in the host's PID namespace"
+        )
     elif state == "vendor-ours-waiting":
         lines.append(
             f"hand {shown(found.plugin.path)} over from the vendor's plugin to ours (standing "
@@ -231,7 +236,9 @@ def run(
             raise InstallError(found.id_problem)
         migrate_plugin.hand_over(found.plugin, handover_timeout)
         done.append(
-            f"handed {base.host_view(found.plugin.path, root)} over to our device plugin; remove "
-            "the vendor's DaemonSet now (kubectl delete -f enflame-device-plugin.yaml)"
+            f"handed {base.host_view(found.plugin.path, root)} over to our device plugin; delete "
+            "topscloud's device-plugin DaemonSet now (find it with `kubectl get daemonsets -A`; "
+            "its manifest shares our manifest's file name, enflame-device-plugin.yaml: delete "
+            "it by the DaemonSet's namespace and name, not with our file)"
         )
     return done or ["nothing of topscloud's left to migrate"]
