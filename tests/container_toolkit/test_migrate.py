@@ -252,3 +252,52 @@ def test_migrate_refuses_a_vendor_log_directory_it_cannot_repair_and_changes_not
     assert "our runtime would not log in /var/log/enflame" in err
     assert "nothing was changed" in err
     assert fx.snapshot(node) == before
+
+
+VENDOR_RUNTIME = '#!/bin/sh\n# topscloud\'s enflame-container-runtime\nexec runc "$@"\n'
+
+
+def _install_sh(root: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", INSTALL_SH, *args, "--host-root", root, "--use-env", DEV_ENV],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_install_sh_migrate_sets_the_vendors_runtime_aside_and_uninstall_puts_it_back(
+    make_node: MakeNode,
+) -> None:
+    """Issue 48 item 3a: the vendor's binary at our path no longer strands the node (a mode
+    with our runtime at that path; without one, the vendor's containers keep using theirs)."""
+    root = make_node("vendor-8card")
+    vendor.seed(root, docker=False)
+    os.makedirs(os.path.join(root, "var/lib/kubelet"))
+    binary = os.path.join(root, "usr/bin/enflame-container-runtime")
+    fx.write(root, "/usr/bin/enflame-container-runtime", VENDOR_RUNTIME)
+    os.chmod(binary, 0o755)  # noqa: S103 - an executable, as the vendor's
+    done = _install_sh(root, "--migrate", "--mode", "runtimeclass")
+    assert done.returncode == 0, done.stderr
+    assert "topscloud's runtime, not ours; set aside as" in done.stderr
+    assert os.path.islink(binary)
+    assert _read(root, "/usr/bin/enflame-container-runtime.topscloud") == VENDOR_RUNTIME
+    undone = _install_sh(root, "--uninstall")
+    assert undone.returncode == 0, undone.stderr
+    assert not os.path.islink(binary)
+    assert _read(root, "/usr/bin/enflame-container-runtime") == VENDOR_RUNTIME
+    assert not os.path.lexists(binary + ".topscloud")
+
+
+def test_install_sh_migrate_that_would_be_refused_changes_nothing(make_node: MakeNode) -> None:
+    """The whole install is dry-run before migrate touches the node (issue 48 item 3a)."""
+    root = make_node("vendor-8card")
+    vendor.seed(root, docker=False)
+    os.makedirs(os.path.join(root, "var/lib/kubelet"))
+    fx.write(root, "/usr/bin/enflame-container-runtime", VENDOR_RUNTIME)
+    fx.write(root, "/usr/bin/enflame-container-runtime.topscloud", "an older copy\n")
+    before = fx.snapshot(root)
+    done = _install_sh(root, "--migrate", "--mode", "runtimeclass")
+    assert done.returncode != 0
+    assert "exists already" in done.stderr and "nothing was migrated" in done.stderr
+    assert fx.snapshot(root) == before

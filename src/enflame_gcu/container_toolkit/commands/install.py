@@ -178,6 +178,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument("--link-ctk", metavar="PATH", help="with --bin-dir: link this enflame-ctk")
     parser.add_argument(
+        "--set-aside-vendor-runtime",
+        action="store_true",
+        help="with --bin-dir (install.sh --migrate): a BIN_DIR/enflame-container-runtime that is "
+        "not ours (topscloud's) is renamed to *.topscloud, recorded; uninstall puts it back",
+    )
+    parser.add_argument(
         "--created",
         action="append",
         default=[],
@@ -241,6 +247,7 @@ def install_command(args: argparse.Namespace) -> int:
         package_dir=args.package_dir,
         bin_dir=args.bin_dir,
         ctk=args.link_ctk,
+        set_aside_vendor_runtime=args.set_aside_vendor_runtime,
         created=tuple(args.created),
         dry_run=args.dry_run,
         mode=args.mode,
