@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -11,7 +12,8 @@ import pytest
 import tomlkit
 
 from enflame_gcu import node_modes
-from enflame_gcu.container_toolkit import doctor, engines, installer, migrate
+from enflame_gcu._proto import api_pb2
+from enflame_gcu.container_toolkit import doctor, engines, installer, migrate, migrate_plugin
 from enflame_gcu.container_toolkit.cli import main
 from tests.conftest import PROJECT_ROOT, MakeNode
 from tests.container_toolkit import installer_fixtures as fx
@@ -301,3 +303,76 @@ def test_install_sh_migrate_that_would_be_refused_changes_nothing(make_node: Mak
     assert done.returncode != 0
     assert "exists already" in done.stderr and "nothing was migrated" in done.stderr
     assert fx.snapshot(root) == before
+
+
+def _checkpoint(root: str, responses: list[bytes]) -> None:
+    """The kubelet's device checkpoint with one container per answer, as kubelet 1.20 writes
+    it (AllocResp: the marshalled ContainerAllocateResponse, base64 in JSON)."""
+    entries = [
+        {
+            "PodUID": f"pod-{n}",
+            "ContainerName": "main",
+            "ResourceName": "enflame.com/gcu",
+            "DeviceIDs": {"0": [f"gcu{n}"]},
+            "AllocResp": base64.b64encode(response).decode(),
+        }
+        for n, response in enumerate(responses)
+    ]
+    data = {"PodDeviceEntries": entries, "RegisteredDevices": {"enflame.com/gcu": CARDS}}
+    fx.write(
+        root,
+        "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+        json.dumps({"Data": data, "Checksum": 0}),
+    )
+
+
+CARDS = [f"gcu{n}" for n in range(8)]
+VENDOR_ANSWER = api_pb2.ContainerAllocateResponse(
+    envs={"ENFLAME_VISIBLE_DEVICES": "0"}
+).SerializeToString()
+OUR_ANSWER = api_pb2.ContainerAllocateResponse(
+    envs={"ENFLAME_VISIBLE_DEVICES": "1"},
+    devices=[
+        api_pb2.DeviceSpec(container_path="/dev/gcu1", host_path="/dev/gcu1", permissions="rw")
+    ],
+).SerializeToString()
+
+
+def _default_runtime(root: str) -> str:
+    document = tomlkit.parse(_read(root, "/etc/containerd/config.toml")).unwrap()
+    return str(
+        document["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["default_runtime_name"]
+    )
+
+
+def test_the_adopted_default_stays_while_a_pod_holds_a_vendor_answer_by_environment(
+    make_node: MakeNode,
+) -> None:
+    """Issue 48 item 3b: a restarted container gets the vendor's checkpointed answer again."""
+    root = make_node("vendor-8card")
+    vendor.seed(root, docker=False)
+    _checkpoint(root, [VENDOR_ANSWER, OUR_ANSWER])
+    assert main(["migrate", "--host-root", root]) == 0
+    outcome = installer.install(installer.InstallOptions(host_root=root, mode="auto"))
+    assert outcome.mode == "device-specs"
+    assert _default_runtime(root) == "enflame"
+    kept = [line for line in outcome.lines if line.startswith("kept topscloud's containerd")]
+    assert kept and "pod pod-0/main" in kept[0] and "pod-1" not in kept[0]
+    # The pod is gone (only ours, with DeviceSpecs, is held): the next install takes it out.
+    _checkpoint(root, [OUR_ANSWER])
+    again = installer.install(installer.InstallOptions(host_root=root, mode="auto"))
+    assert _default_runtime(root) == "runc"
+    assert any("migrate adopted" in line for line in again.lines)
+
+
+def test_an_unreadable_checkpointed_answer_counts_as_needing_the_runtime(
+    make_node: MakeNode,
+) -> None:
+    assert migrate_plugin.needs_the_runtime(VENDOR_ANSWER)
+    assert not migrate_plugin.needs_the_runtime(OUR_ANSWER)
+    assert not migrate_plugin.needs_the_runtime(b"")
+    with pytest.raises(ValueError):
+        migrate_plugin.needs_the_runtime(VENDOR_ANSWER[:-1])
+    root = make_node("vendor-8card")
+    _checkpoint(root, [VENDOR_ANSWER[:-1], OUR_ANSWER, b""])
+    assert migrate_plugin.env_only_holders(root) == ["pod pod-0/main"]

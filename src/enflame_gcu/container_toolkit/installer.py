@@ -32,6 +32,7 @@ from enflame_gcu.container_toolkit import (
     host_python,
     install_manifest,
     migrate_engines,
+    migrate_plugin,
     node_mode,
 )
 from enflame_gcu.container_toolkit.engines import containerd_api, hosts, storage
@@ -627,6 +628,18 @@ def _retire_adopted(run: InstallRun, options: InstallOptions, mode: node_modes.N
     for name in engines.detect(run.root, site):
         config = migrate_engines.adopted(run.root, name, site)
         if config is None:
+            continue
+        # A container the vendor's plugin gave cards by environment alone gets that same answer
+        # from the kubelet when it restarts: it needs the adopted `enflame` default until then.
+        holders = migrate_plugin.env_only_holders(run.root)
+        if holders:
+            run.lines.append(
+                f"kept topscloud's {name} entries that migrate adopted (node mode {mode.name} "
+                f"takes them out): the kubelet holds cards for {', '.join(holders)} with "
+                "topscloud's answer (ENFLAME_VISIBLE_DEVICES only), which a restarted container "
+                "gets again and only the `enflame` default runtime turns into /dev/gcu*; run "
+                "this install again once those pods are gone"
+            )
             continue
         change = engines.unconfigure(
             name, config, host_root=run.root, dry_run=run.dry_run, step=migrate_engines.STEP

@@ -11,6 +11,7 @@ the vendor's: :func:`check_ids` compares them with the kubelet's checkpoint firs
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import fcntl
@@ -179,6 +180,86 @@ def held_ids(root: str, plugin_dir: str = PLUGIN_DIR) -> tuple[set[str], set[str
         for group in ids.values() if isinstance(ids, dict) else [ids]:
             held.update(str(i) for i in group or ())
     return {str(i) for i in registered}, held
+
+
+def _fields(data: bytes) -> list[tuple[int, bytes]]:
+    """The length-delimited fields of a protobuf message (number, bytes); ValueError if the
+    bytes are no message. Varint and fixed fields are skipped (none matter here)."""
+    fields, at = [], 0
+
+    def varint() -> int:
+        nonlocal at
+        value, shift = 0, 0
+        while True:
+            if at >= len(data) or shift > 63:
+                raise ValueError("truncated varint")
+            byte = data[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    while at < len(data):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            varint()
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        elif wire == 2:
+            size = varint()
+            if at + size > len(data):
+                raise ValueError("truncated field")
+            fields.append((number, data[at : at + size]))
+            at += size
+        else:
+            raise ValueError(f"wire type {wire}")
+    if at != len(data):
+        raise ValueError("truncated message")
+    return fields
+
+
+def needs_the_runtime(response: bytes) -> bool:
+    """Whether a checkpointed ContainerAllocateResponse gives its container cards only through
+    ``ENFLAME_VISIBLE_DEVICES`` (no DeviceSpec, no CDI device): what topscloud's plugin answers
+    without device specs, and what the kubelet hands the container again when it restarts."""
+    fields = _fields(response)
+    if any(number in (3, 5) for number, _ in fields):  # devices, cdi_devices
+        return False
+    for number, entry in fields:
+        if number == 1:  # envs: map entries of key (1) and value (2)
+            key = dict(_fields(entry)).get(1, b"")
+            if key == b"ENFLAME_VISIBLE_DEVICES":
+                return True
+    return False
+
+
+def env_only_holders(root: str, plugin_dir: str = PLUGIN_DIR) -> list[str]:
+    """Containers the kubelet's checkpoint holds ``enflame.com/gcu`` for with an answer that
+    needs the runtime to inject the cards (:func:`needs_the_runtime`): ``pod <uid>/<name>``."""
+    path = fileio.resolve(root, os.path.join(plugin_dir, CHECKPOINT))
+    try:
+        document = fileio.read_json(path)
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise InstallError(f"cannot read the kubelet's checkpoint {path}: {exc}") from exc
+    data = document.get("Data") if isinstance(document, dict) else None
+    found = []
+    for entry in (data.get("PodDeviceEntries") or ()) if isinstance(data, dict) else ():
+        if not isinstance(entry, dict) or entry.get("ResourceName") != RESOURCE:
+            continue
+        try:
+            response = base64.b64decode(str(entry.get("AllocResp") or ""), validate=True)
+            needed = needs_the_runtime(response)
+        except ValueError:
+            needed = True  # unreadable: keep what it might need
+        if needed:
+            found.append(f"pod {entry.get('PodUID')}/{entry.get('ContainerName')}")
+    return sorted(set(found))
 
 
 def check_ids(root: str, ours: set[str], plugin_dir: str = PLUGIN_DIR) -> str | None:
