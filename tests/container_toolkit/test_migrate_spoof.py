@@ -9,8 +9,10 @@ our live socket the vendor's, nor a lone vendor plugin one that ours stands behi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -138,3 +140,46 @@ def test_a_process_named_like_our_plugin_is_not_ours_standing_by(node: tuple[str
     assert state == "vendor"
     assert any("left for later" in line and "ours is not running" in line for line in done)
     assert not os.path.lexists(os.path.join(plugin_dir, "enflame.sock" + migrate_plugin.ASIDE))
+
+
+# Listens, then hands the socket to a child and exits: SO_PEERCRED names a process now gone.
+_DAEMON = (
+    "import os, socket, sys, time; s = socket.socket(socket.AF_UNIX); "
+    "s.bind(sys.argv[1] + '/enflame.sock'); s.listen()\n"
+    "if os.fork(): os._exit(0)\n"
+    "print('ready', os.getpid(), flush=True); time.sleep(120)"
+)
+
+
+def test_a_listener_that_cannot_be_identified_is_reported_and_never_moved(
+    node: tuple[str, str],
+) -> None:
+    root, plugin_dir = node
+    socket_path = os.path.join(plugin_dir, "enflame.sock")
+    process = subprocess.Popen(
+        [sys.executable, "-c", _DAEMON, plugin_dir], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    child = 0
+    try:
+        word, child_pid = process.stdout.readline().split()
+        assert word == "ready"
+        child = int(child_pid)
+        before = os.lstat(socket_path).st_ino
+        found = migrate_plugin.inspect(root)
+        assert found.state == "unknown"
+        assert main_migrate(root) == ["nothing of topscloud's left to migrate"]
+        assert os.lstat(socket_path).st_ino == before
+        checked = [r for r in doctor.run(root) if r.name == "topscloud"]
+        assert [r.status for r in checked] == ["warn"]
+        assert "cannot tell who serves" in checked[0].detail
+    finally:
+        if child:
+            with contextlib.suppress(OSError):
+                os.kill(child, signal.SIGKILL)
+        process.stdout.close()
+        process.wait()
+
+
+def main_migrate(root: str) -> list[str]:
+    return migrate.run(root, handover_timeout=5)
