@@ -13,9 +13,9 @@ file with an older mtime all hand every call to Python until Python has read the
 What only the ctime and size would tell (the file rewritten in place and its mtime put back
 to the very nanosecond, ``touch -r`` of a copy) the front cannot see; the packages remove the
 verdict when they install a config. A config that does not load cleanly, a symlinked or
-relative config path, or a runtime name on several lines
-leaves no verdict, so the front always asks Python. Best effort: a verdict that cannot be
-written only costs speed. Standard library only (it runs on the wrapper's pass-through path).
+relative config path, or a runtime name on several lines leaves no verdict, so the front
+always asks Python. Best effort: a verdict that cannot be written only costs speed. Standard
+library only (it runs on the wrapper's pass-through path).
 
 The verdict is a few ``sh`` variable assignments (every value single-quoted) that the front
 reads with ``.``: ``dash`` reads a sourced file in one block, where its ``read`` builtin takes
