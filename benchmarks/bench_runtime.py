@@ -194,8 +194,13 @@ def main() -> int:
         if not cdi.refresh_prepared_edits(prepared, devices.discover(node)):
             raise SystemExit("could not prepare the simulated node's edits")
         configs = {}
+        # The configs and the verdicts in directories of their own, as /etc and /var/run on a
+        # node: the front trusts a verdict only while it is newer than the config's directory,
+        # which the bundles and verdicts written into ``work`` would keep touching.
+        os.mkdir(os.path.join(work, "etc"))
+        os.mkdir(os.path.join(work, "run"))
         for name, prepared_path in (("prepared", prepared), ("discovery", "")):
-            configs[name] = os.path.join(work, f"config-{name}.toml")
+            configs[name] = os.path.join(work, "etc", f"config-{name}.toml")
             with open(configs[name], "w", encoding="utf-8") as handle:
                 handle.write(
                     f'runtimes = ["{runc}"]\nroot = "{node}"\n'
@@ -203,13 +208,17 @@ def main() -> int:
                     f'prepared-edits = "{prepared_path}"\n'
                 )
         wrapper = os.path.join(work, "enflame-container-runtime")
-        launcher.write_launcher(wrapper, sys.executable, verdict=os.path.join(work, "verdict"))
+        launcher.write_launcher(
+            wrapper, sys.executable, verdict=os.path.join(work, "run", "verdict")
+        )
         # One config per node in real life: the discovery config gets its own front (and
         # verdict), so the two configs do not take turns invalidating one verdict.
         wrapper_discovery = os.path.join(work, "discovery", "enflame-container-runtime")
         os.mkdir(os.path.dirname(wrapper_discovery))
         launcher.write_launcher(
-            wrapper_discovery, sys.executable, verdict=os.path.join(work, "verdict-discovery")
+            wrapper_discovery,
+            sys.executable,
+            verdict=os.path.join(work, "run", "verdict-discovery"),
         )
         python_only = os.path.join(work, "python-only", "enflame-container-runtime")
         os.mkdir(os.path.dirname(python_only))

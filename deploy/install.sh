@@ -329,8 +329,21 @@ ARGS+=(--mode "$MODE")
 for runtime in "${RUNTIMES[@]+"${RUNTIMES[@]}"}"; do ARGS+=(--runtime "$runtime"); done
 
 if [[ $MIGRATE == 1 && $UNINSTALL == 0 ]]; then
+    # topscloud's own /usr/bin/enflame-container-runtime is set aside (recorded; --uninstall
+    # puts it back) rather than refused after migrate changed the node.
+    ARGS+=(--set-aside-vendor-runtime)
     MIGRATE_ARGS=(--host-root "$HOST_ROOT")
-    [[ $DRY_RUN == 1 ]] && MIGRATE_ARGS+=(--dry-run)
+    if [[ $DRY_RUN == 0 ]]; then
+        # The whole install, dry-run, before migrate changes anything: a refusal stops here
+        # with the node as it was (a first install's new venv goes with this run's exit trap).
+        "$CTK_ENV/bin/enflame-ctk" migrate "${MIGRATE_ARGS[@]}" --dry-run >/dev/null \
+            || die "migrating from topscloud would stop (above); nothing was changed"
+        "$CTK_ENV/bin/enflame-ctk" install "${COMMON[@]}" --dry-run "${ARGS[@]}" \
+            "${CREATED[@]+"${CREATED[@]}"}" >/dev/null \
+            || die "the install after migrating would stop (above); nothing was migrated"
+    else
+        MIGRATE_ARGS+=(--dry-run)
+    fi
     "$CTK_ENV/bin/enflame-ctk" migrate "${MIGRATE_ARGS[@]}" \
         || die "migrating from topscloud stopped (above); the install did not run"
 fi

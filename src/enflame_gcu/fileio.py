@@ -318,9 +318,10 @@ def atomic_write(
                 handle.flush()
                 os.fsync(handle.fileno())
             created = os.fstat(handle.fileno())
-        if owner is not None and owner != (created.st_uid, created.st_gid):
-            os.chown(tmp, owner[0], owner[1])
-        os.chmod(tmp, mode)
+            # By fd, not by name: a name in the directory could be swapped for a link meanwhile.
+            if owner is not None and owner != (created.st_uid, created.st_gid):
+                os.fchown(handle.fileno(), owner[0], owner[1])
+            os.fchmod(handle.fileno(), mode)
         os.replace(tmp, path)
     except BaseException:
         try:  # noqa: SIM105 - contextlib stays off the runtime's create path

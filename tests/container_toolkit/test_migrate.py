@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -11,7 +12,8 @@ import pytest
 import tomlkit
 
 from enflame_gcu import node_modes
-from enflame_gcu.container_toolkit import doctor, engines, installer, migrate
+from enflame_gcu._proto import api_pb2
+from enflame_gcu.container_toolkit import doctor, engines, installer, migrate, migrate_plugin
 from enflame_gcu.container_toolkit.cli import main
 from tests.conftest import PROJECT_ROOT, MakeNode
 from tests.container_toolkit import installer_fixtures as fx
@@ -201,3 +203,176 @@ def test_install_sh_migrate_moves_a_topscloud_kubernetes_node_to_device_specs(
     table = document["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
     assert table["default_runtime_name"] == "runc" and "enflame" not in table["runtimes"]
     assert _doctor(root, "topscloud").status == "pass"
+
+
+NOBODY = 65534
+
+
+@pytest.mark.parametrize("damage", ["mode 0777", "owned by nobody"])
+def test_migrate_repairs_a_vendor_log_directory_others_could_aim_at_ld_so_preload(
+    node: str, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 48 item 1: whoever can write in /var/log/enflame links our root log anywhere."""
+    logdir = os.path.join(node, "var/log/enflame")
+    if damage == "mode 0777":
+        os.chmod(logdir, 0o777)  # noqa: S103 - the hostile mode under test
+    else:
+        os.chown(logdir, NOBODY, NOBODY)
+    before = fx.snapshot(node)
+    assert main(["migrate", "--host-root", node, "--dry-run"]) == 0
+    assert "make /var/log/enflame root's and writable by root alone" in capsys.readouterr().out
+    assert fx.snapshot(node) == before
+    assert main(["migrate", "--host-root", node]) == 0
+    info = os.stat(logdir)
+    assert (info.st_uid, info.st_mode & 0o777) == (0, 0o755)
+    assert "made /var/log/enflame root's, mode 0755" in capsys.readouterr().err
+    assert not migrate.survey(node).pending
+
+
+@pytest.mark.parametrize(
+    "plant", ["nobody's link to /etc", "hard-linked log file", "log file symlink"]
+)
+def test_migrate_refuses_a_vendor_log_directory_it_cannot_repair_and_changes_nothing(
+    node: str, plant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logdir = os.path.join(node, "var/log/enflame")
+    preload = os.path.join(node, "etc/ld.so.preload")
+    with open(preload, "w", encoding="utf-8"):
+        pass
+    logfile = os.path.join(logdir, "enflame-container-runtime.log")
+    if plant == "nobody's link to /etc":
+        os.rename(logdir, logdir + ".old")
+        os.symlink("../../etc", logdir)
+        os.chown(logdir, NOBODY, NOBODY, follow_symlinks=False)
+    elif plant == "hard-linked log file":
+        os.link(preload, logfile)
+    else:
+        os.symlink("/etc/ld.so.preload", logfile)
+    before = fx.snapshot(node)
+    assert main(["migrate", "--host-root", node]) != 0
+    err = capsys.readouterr().err
+    assert "our runtime would not log in /var/log/enflame" in err
+    assert "nothing was changed" in err
+    assert fx.snapshot(node) == before
+
+
+VENDOR_RUNTIME = '#!/bin/sh\n# topscloud\'s enflame-container-runtime\nexec runc "$@"\n'
+
+
+def _install_sh(root: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", INSTALL_SH, *args, "--host-root", root, "--use-env", DEV_ENV],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_install_sh_migrate_sets_the_vendors_runtime_aside_and_uninstall_puts_it_back(
+    make_node: MakeNode,
+) -> None:
+    """Issue 48 item 3a: the vendor's binary at our path no longer strands the node (a mode
+    with our runtime at that path; without one, the vendor's containers keep using theirs)."""
+    root = make_node("vendor-8card")
+    vendor.seed(root, docker=False)
+    os.makedirs(os.path.join(root, "var/lib/kubelet"))
+    binary = os.path.join(root, "usr/bin/enflame-container-runtime")
+    fx.write(root, "/usr/bin/enflame-container-runtime", VENDOR_RUNTIME)
+    os.chmod(binary, 0o755)  # noqa: S103 - an executable, as the vendor's
+    done = _install_sh(root, "--migrate", "--mode", "runtimeclass")
+    assert done.returncode == 0, done.stderr
+    assert "topscloud's runtime, not ours; set aside as" in done.stderr
+    assert os.path.islink(binary)
+    assert _read(root, "/usr/bin/enflame-container-runtime.topscloud") == VENDOR_RUNTIME
+    undone = _install_sh(root, "--uninstall")
+    assert undone.returncode == 0, undone.stderr
+    assert not os.path.islink(binary)
+    assert _read(root, "/usr/bin/enflame-container-runtime") == VENDOR_RUNTIME
+    assert not os.path.lexists(binary + ".topscloud")
+
+
+def test_install_sh_migrate_that_would_be_refused_changes_nothing(make_node: MakeNode) -> None:
+    """The whole install is dry-run before migrate touches the node (issue 48 item 3a)."""
+    root = make_node("vendor-8card")
+    vendor.seed(root, docker=False)
+    os.makedirs(os.path.join(root, "var/lib/kubelet"))
+    fx.write(root, "/usr/bin/enflame-container-runtime", VENDOR_RUNTIME)
+    fx.write(root, "/usr/bin/enflame-container-runtime.topscloud", "an older copy\n")
+    before = fx.snapshot(root)
+    done = _install_sh(root, "--migrate", "--mode", "runtimeclass")
+    assert done.returncode != 0
+    assert "exists already" in done.stderr and "nothing was migrated" in done.stderr
+    assert fx.snapshot(root) == before
+
+
+def _checkpoint(root: str, responses: list[bytes]) -> None:
+    """The kubelet's device checkpoint with one container per answer, as kubelet 1.20 writes
+    it (AllocResp: the marshalled ContainerAllocateResponse, base64 in JSON)."""
+    entries = [
+        {
+            "PodUID": f"pod-{n}",
+            "ContainerName": "main",
+            "ResourceName": "enflame.com/gcu",
+            "DeviceIDs": {"0": [f"gcu{n}"]},
+            "AllocResp": base64.b64encode(response).decode(),
+        }
+        for n, response in enumerate(responses)
+    ]
+    data = {"PodDeviceEntries": entries, "RegisteredDevices": {"enflame.com/gcu": CARDS}}
+    fx.write(
+        root,
+        "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+        json.dumps({"Data": data, "Checksum": 0}),
+    )
+
+
+CARDS = [f"gcu{n}" for n in range(8)]
+VENDOR_ANSWER = api_pb2.ContainerAllocateResponse(
+    envs={"ENFLAME_VISIBLE_DEVICES": "0"}
+).SerializeToString()
+OUR_ANSWER = api_pb2.ContainerAllocateResponse(
+    envs={"ENFLAME_VISIBLE_DEVICES": "1"},
+    devices=[
+        api_pb2.DeviceSpec(container_path="/dev/gcu1", host_path="/dev/gcu1", permissions="rw")
+    ],
+).SerializeToString()
+
+
+def _default_runtime(root: str) -> str:
+    document = tomlkit.parse(_read(root, "/etc/containerd/config.toml")).unwrap()
+    return str(
+        document["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["default_runtime_name"]
+    )
+
+
+def test_the_adopted_default_stays_while_a_pod_holds_a_vendor_answer_by_environment(
+    make_node: MakeNode,
+) -> None:
+    """Issue 48 item 3b: a restarted container gets the vendor's checkpointed answer again."""
+    root = make_node("vendor-8card")
+    vendor.seed(root, docker=False)
+    _checkpoint(root, [VENDOR_ANSWER, OUR_ANSWER])
+    assert main(["migrate", "--host-root", root]) == 0
+    outcome = installer.install(installer.InstallOptions(host_root=root, mode="auto"))
+    assert outcome.mode == "device-specs"
+    assert _default_runtime(root) == "enflame"
+    kept = [line for line in outcome.lines if line.startswith("kept topscloud's containerd")]
+    assert kept and "pod pod-0/main" in kept[0] and "pod-1" not in kept[0]
+    # The pod is gone (only ours, with DeviceSpecs, is held): the next install takes it out.
+    _checkpoint(root, [OUR_ANSWER])
+    again = installer.install(installer.InstallOptions(host_root=root, mode="auto"))
+    assert _default_runtime(root) == "runc"
+    assert any("migrate adopted" in line for line in again.lines)
+
+
+def test_an_unreadable_checkpointed_answer_counts_as_needing_the_runtime(
+    make_node: MakeNode,
+) -> None:
+    assert migrate_plugin.needs_the_runtime(VENDOR_ANSWER)
+    assert not migrate_plugin.needs_the_runtime(OUR_ANSWER)
+    assert not migrate_plugin.needs_the_runtime(b"")
+    with pytest.raises(ValueError):
+        migrate_plugin.needs_the_runtime(VENDOR_ANSWER[:-1])
+    root = make_node("vendor-8card")
+    _checkpoint(root, [VENDOR_ANSWER[:-1], OUR_ANSWER, b""])
+    assert migrate_plugin.env_only_holders(root) == ["pod pod-0/main"]

@@ -207,6 +207,14 @@ def test_deb_installs_runs_and_removes_with_dpkg(
         assert front.startswith("#!/bin/sh\n"), front[:80]
         assert "exec /usr/lib/enflame-gcu/python3 -IS -c " in front
         assert os.path.isfile(VERDICT)
+        # An upgrade's postinst configure takes the verdict away: dpkg may just have put a
+        # config.toml with the package's older mtime in place (issue 48 item 2).
+        again = _dpkg("-i", deb)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert not os.path.exists(VERDICT)
+        assert glob.glob(VERDICT + ".m*") == []
+        runtime = run("/usr/bin/enflame-container-runtime", "--version")
+        assert runtime.returncode == 0 and os.path.isfile(VERDICT), runtime.stderr
         # Everything shipped imports with the node's dependencies alone (no grpc & co.).
         walk = run(
             "/usr/bin/python3", "-I", "-c",

@@ -491,7 +491,10 @@ def test_a_verdict_the_front_did_not_write_is_ignored(
     verdict = launch.verdict_path(pair.tmp)
     evil = os.path.join(pair.tmp, "evil")
     shutil.copy(pair.fake, evil)
-    forged = front.render(config, "present", (evil,))
+    identity = os.stat(config)
+    mtime = identity.st_mtime_ns
+    ids = (identity.st_dev, identity.st_ino, identity.st_size, mtime, identity.st_ctime_ns)
+    forged = front.render(config, "present", (evil,), ids, front.stamp_path(verdict, mtime))
     assert forged is not None
     with open(verdict, "w", encoding="utf-8") as handle:
         handle.write(forged)
@@ -510,20 +513,24 @@ def test_no_verdict_is_left_for_a_config_the_front_cannot_follow(
     tmp_path: os.PathLike[str],
 ) -> None:
     tmp = str(tmp_path)
-    assert front.render("relative/config.toml", "present", ("runc",)) is None
-    assert front.render("/etc/c.toml", "present", ("run\nc",)) is None
-    assert front.render("/etc/c.toml", "present", ("",)) is None
+    ids, stamp = (1, 2, 3, 4, 5), "/run/v.m4"
+    assert front.render("relative/config.toml", "present", ("runc",), ids, stamp) is None
+    assert front.render("/etc/c.toml", "present", ("run\nc",), ids, stamp) is None
+    assert front.render("/etc/c.toml", "present", ("",), ids, stamp) is None
+    assert front.render("/etc/c.toml", "present", ("runc",)) is None  # no identity: no verdict
     os.symlink(tmp, os.path.join(tmp, "link"))
-    assert front.render(os.path.join(tmp, "link", "c.toml"), "present", ("runc",)) is None
-    text = front.render(os.path.join(tmp, "c.toml"), "present", ("runc", "/x"))
+    link = os.path.join(tmp, "link", "c.toml")
+    assert front.render(link, "present", ("runc",), ids, stamp) is None
+    text = front.render(os.path.join(tmp, "c.toml"), "present", ("runc", "/x"), ids, stamp)
     assert text is not None
-    # What the front sources: the same four values, read back by sh itself.
+    # What the front sources: the same six values, read back by sh itself.
     shown = subprocess.run(
         ["/bin/sh", "-c", '. /dev/stdin; printf "%s|" "$_efr_format" "$_efr_path" "$_efr_state" '
-         '"$_efr_names"'],
+         '"$_efr_names" "$_efr_identity" "$_efr_stamp"'],
         input=text.encode(), capture_output=True, check=True,
     )  # fmt: skip
-    assert shown.stdout.decode() == f"{front.FORMAT}|{tmp}/c.toml|present|runc\n/x\n|"
+    expected = f"{front.FORMAT}|{tmp}/c.toml|present|runc\n/x\n|1 2 3 4 5|/run/v.m4|"
+    assert shown.stdout.decode() == expected
 
 
 def test_no_verdict_for_a_config_that_is_not_a_regular_file(
@@ -581,3 +588,68 @@ def test_the_front_reads_its_verdict_in_one_go(pair: Pair, write_config: WriteCo
         calls = handle.read().split(f'execve("{pair.fake}"')[0]
     assert f'execve("{pair.front}"' in calls  # the front ran, then exec'd runc itself
     assert re.findall(r"^read\(\d+, .*, 1\) += 1$", calls, re.MULTILINE) == []
+
+
+# A config replaced by a file with an older mtime (issue 48 item 2): never the old verdict.
+
+OLD = 1_600_000_000 * 10**9  # 2020-09-13: older than any verdict
+
+
+def _other_runtime(pair: Pair) -> str:
+    other = os.path.join(pair.tmp, "other-runc")
+    shutil.copy(pair.fake, other)
+    return other
+
+
+def _older_file(path: str, text: str) -> str:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.utime(path, ns=(OLD, OLD))
+    return path
+
+
+@pytest.mark.parametrize("how", ["cp -p", "touch -d", "rsync -t", "touch -r of itself"])
+def test_a_config_replaced_by_an_older_file_is_followed_at_once(
+    pair: Pair, write_config: WriteConfig, how: str
+) -> None:
+    config = write_config(runtimes=[pair.fake])
+    record = os.path.join(pair.tmp, "record")
+    for _ in range(2):  # the wrapper leaves the verdict, then the front uses it alone
+        assert _state(pair, config, record)[2] == [pair.fake, "state", "c1"]
+    other = _other_runtime(pair)
+    text = f"runtimes = [{json.dumps(other)}]\n"
+    if how == "cp -p":  # in place: same inode, the source's older mtime
+        source = _older_file(os.path.join(pair.tmp, "config.toml.new"), text)
+        subprocess.run(["cp", "-p", source, config], check=True)
+    elif how == "touch -d":  # edited in place, then dated back
+        with open(config, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        subprocess.run(["touch", "-d", "2020-09-13 12:26:40", config], check=True)
+    elif how == "rsync -t":  # a new file with the old mtime renamed into place (tar, dpkg)
+        temp = _older_file(os.path.join(os.path.dirname(config), ".config.toml.x"), text)
+        os.rename(temp, config)
+    else:  # its mtime put back to the very second of the original (not the nanosecond)
+        before = os.stat(config).st_mtime_ns
+        with open(config, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.utime(config, ns=(before, before - before % 10**9))
+    for _ in range(2):
+        assert _state(pair, config, record)[2] == [other, "state", "c1"]
+
+
+def test_a_verdict_names_the_config_s_whole_identity(pair: Pair, write_config: WriteConfig) -> None:
+    config = write_config(runtimes=[pair.fake])
+    _state(pair, config, os.path.join(pair.tmp, "record"))
+    verdict = launch.verdict_path(pair.tmp)
+    info = os.stat(config)
+    shown = subprocess.run(
+        ["/bin/sh", "-c", f'. {verdict}; printf "%s|%s" "$_efr_identity" "$_efr_stamp"'],
+        capture_output=True, check=True, text=True,
+    )  # fmt: skip
+    ids = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    stamp = front.stamp_path(verdict, info.st_mtime_ns)
+    assert shown.stdout == " ".join(map(str, ids)) + "|" + stamp
+    assert os.stat(stamp).st_mtime_ns == info.st_mtime_ns
+    assert [n for n in os.listdir(os.path.dirname(verdict)) if ".m" in n] == [
+        os.path.basename(stamp)
+    ]

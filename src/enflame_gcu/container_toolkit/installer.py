@@ -32,6 +32,7 @@ from enflame_gcu.container_toolkit import (
     host_python,
     install_manifest,
     migrate_engines,
+    migrate_plugin,
     node_mode,
 )
 from enflame_gcu.container_toolkit.engines import containerd_api, hosts, storage
@@ -84,6 +85,9 @@ class InstallOptions:
     package_dir: str | None = None  # None: copy the package to <toolkit_dir>/lib
     bin_dir: str | None = None
     ctk: str | None = None  # an enflame-ctk to link into bin_dir
+    # install.sh --migrate: a runtime at bin_dir's name that is not ours (topscloud's binary)
+    # is set aside as *.topscloud instead of refused; uninstall puts it back.
+    set_aside_vendor_runtime: bool = False
     created: tuple[str, ...] = ()  # "dir:PATH" / "tree:PATH" made by the caller (install.sh)
     dry_run: bool = False
     # None: install the wrapper as the flags above say (before node modes). Otherwise "auto" or
@@ -166,7 +170,8 @@ def _link(run: InstallRun, link: str, target: str) -> None:
     if os.path.islink(local) and os.readlink(local) == target:
         run.lines.append(f"{link} -> {target}: up to date")
         return
-    run.refuse_foreign("symlink", link, "move it away or pass another --bin-dir")
+    if run.find("moved", link) is None:  # a vendor's file set aside (or to be, in a dry run)
+        run.refuse_foreign("symlink", link, "move it away or pass another --bin-dir")
     previous = run.find("symlink", link)
     if previous is not None:
         run.actions.remove(previous)
@@ -425,6 +430,33 @@ def _write_cdi_specs(run: InstallRun) -> None:
     run.lines.extend(changed or [f"{directory}/enflame.com-*.yaml: up to date"])
 
 
+VENDOR_ASIDE = ".topscloud"  # as migrate sets the vendor's runtime config aside
+
+
+def _set_aside_vendor_runtime(run: InstallRun, path: str) -> None:
+    """Rename a runtime at ``path`` that no install of ours made (topscloud's binary) aside,
+    recorded so that uninstall puts it back; ours (a recorded link, a front of ours from the
+    packages) is never moved."""
+    local = run.local(path)
+    if not os.path.lexists(local) or run.find("symlink", path) or run.find("moved", path):
+        return
+    if os.path.islink(local) or launcher.front_python(_read(local) or "") is not None:
+        return  # a link, or our packages' front: refused by _link as before, never moved
+    saved = path + VENDOR_ASIDE
+    if os.path.lexists(run.local(saved)):
+        raise InstallError(
+            f"cannot set the vendor's {path} aside: {saved} exists already; compare the two "
+            "and move one of them away (nothing was changed)"
+        )
+    run.record({"kind": "moved", "path": path, "saved": saved})
+    run.lines.append(
+        f"{path}: topscloud's runtime, not ours; {run.verb}set aside as {saved} (put back by "
+        "uninstall)"
+    )
+    if not run.dry_run:
+        os.rename(local, run.local(saved))
+
+
 def _set_aside(run: InstallRun, path: str) -> None:
     saved = path + SET_ASIDE
     if os.path.lexists(run.local(saved)):
@@ -597,6 +629,18 @@ def _retire_adopted(run: InstallRun, options: InstallOptions, mode: node_modes.N
         config = migrate_engines.adopted(run.root, name, site)
         if config is None:
             continue
+        # A container the vendor's plugin gave cards by environment alone gets that same answer
+        # from the kubelet when it restarts: it needs the adopted `enflame` default until then.
+        holders = migrate_plugin.env_only_holders(run.root)
+        if holders:
+            run.lines.append(
+                f"kept topscloud's {name} entries that migrate adopted (node mode {mode.name} "
+                f"takes them out): the kubelet holds cards for {', '.join(holders)} with "
+                "topscloud's answer (ENFLAME_VISIBLE_DEVICES only), which a restarted container "
+                "gets again and only the `enflame` default runtime turns into /dev/gcu*; run "
+                "this install again once those pods are gone"
+            )
+            continue
         change = engines.unconfigure(
             name, config, host_root=run.root, dry_run=run.dry_run, step=migrate_engines.STEP
         )
@@ -645,6 +689,8 @@ def _install_wrapper(
     _write_launcher(run, options, package_dir)
     if options.bin_dir:
         run.make_dirs(options.bin_dir)
+        if options.set_aside_vendor_runtime:
+            _set_aside_vendor_runtime(run, options.runtime_path)
         _link(run, options.runtime_path, os.path.join(options.toolkit_dir, "bin", RUNTIME_NAME))
         if options.ctk:
             _link(run, os.path.join(options.bin_dir, "enflame-ctk"), options.ctk)

@@ -11,14 +11,19 @@ the vendor's: :func:`check_ids` compares them with the kubelet's checkpoint firs
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
+import fcntl
 import os
+import socket
+import stat
+import struct
 import time
 
 from enflame_gcu import fileio
 from enflame_gcu.errors import InstallError
-from enflame_gcu.support import unix_sockets
+from enflame_gcu.support import socket_lock, unix_sockets
 
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 SOCKET = "enflame.sock"
@@ -29,95 +34,128 @@ ASIDE = ".topscloud"
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PluginSocket:
-    """Who serves ``enflame.sock``: nobody, the vendor (alone or with ours standing by), us."""
+    """Who serves ``enflame.sock``: nobody, the vendor (alone or with ours standing by), us,
+    or a listener we cannot see (another PID namespace, gone meanwhile): "unknown"."""
 
     path: str  # as seen from here
-    state: str  # "none", "vendor", "vendor-ours-waiting", "ours"
+    state: str  # "none", "vendor", "vendor-ours-waiting", "ours", "unknown"
+    listener: str = ""  # who listens, for messages: "pid 123 (/usr/bin/x)"
 
 
-# A listening unix socket's row in /proc/net/unix: ``... Flags Type St Inode Path``.
-_ACCEPTING = 0x10000  # __SO_ACCEPTCON in Flags: the socket listens
+_ACCEPTING = 0x10000  # __SO_ACCEPTCON in /proc/net/unix's Flags: the socket listens
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_CONNECT_TIMEOUT = 2.0
 
 
-def _bound_at(names: set[str], proc: str = "/proc") -> bool:
-    """Whether a listening unix socket was bound at one of ``names``, in any network namespace.
-
-    Our plugin binds a private name and renames it into place (device_plugin.kubelet), so
-    /proc/net/unix never shows ``enflame.sock`` for ours: a listener bound at that very path is
-    another program's (topscloud's binds it directly).
-    """
-    wanted = {os.path.normpath(name) for name in names}
-    seen: set[str] = set()
+def _peer_pid(path: str) -> int | None:
+    """The pid of the process listening on the unix socket file ``path`` (SO_PEERCRED);
+    None when nobody accepts or the kernel cannot name it here (pid 0: another namespace)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(_CONNECT_TIMEOUT)
     try:
-        pids = ["self", *(e for e in os.listdir(proc) if e.isdigit())]
+        probe.connect(path)
+        raw = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
     except OSError:
-        pids = ["self"]
-    for pid in pids:
-        try:
-            namespace = os.readlink(os.path.join(proc, pid, "ns", "net"))
-        except OSError:
+        return None
+    finally:
+        probe.close()
+    pid = _PEERCRED.unpack(raw)[0]
+    return pid or None
+
+
+def _listening_names(pid: int, proc: str = "/proc") -> list[str]:
+    """The names the listening unix sockets of process ``pid`` were bound at, from its own
+    network namespace's table, only for sockets that process holds (by inode)."""
+    base = os.path.join(proc, str(pid))
+    held = set()
+    for fd in os.listdir(os.path.join(base, "fd")):
+        with contextlib.suppress(OSError):
+            link = os.readlink(os.path.join(base, "fd", fd))
+            if link.startswith("socket:[") and link.endswith("]"):
+                held.add(link[len("socket:[") : -1])
+    table = fileio.read_regular(os.path.join(base, "net", "unix"), 64 << 20)
+    names = []
+    for line in table.decode("utf-8", "replace").splitlines()[1:]:
+        fields = line.split(None, 7)  # Num RefCount Protocol Flags Type St Inode Path
+        if len(fields) == 8 and fields[6] in held and int(fields[3], 16) & _ACCEPTING:
+            names.append(fields[7])
+    return names
+
+
+def _bound_here(path: str, pid: int, proc: str = "/proc") -> bool | None:
+    """Whether process ``pid``, listening on ``path``, bound that very file under its own name
+    (as topscloud's plugin does) rather than a private name renamed into place (as ours does).
+
+    Decided from the listener the kernel names for the file and the names its own sockets were
+    bound at, each looked up in its own mount namespace (``/proc/<pid>/root``) and compared
+    with the file by device and inode: a socket bound at the same path string in a pod's
+    emptyDir or another network namespace is not this file. None: cannot tell.
+    """
+    try:
+        target = os.lstat(path)
+        names = _listening_names(pid, proc)
+    except OSError:
+        return None
+    for name in names:
+        # As bound: gRPC keeps the slashes of its unix:/// address ("///var/lib/...").
+        if not name.startswith("/"):
             continue
-        if namespace in seen:
-            continue
-        seen.add(namespace)
-        try:
-            table = fileio.read_regular(os.path.join(proc, pid, "net", "unix"), 64 << 20)
-        except OSError:
-            continue
-        for line in table.decode("utf-8", "replace").splitlines()[1:]:
-            fields = line.split(None, 7)
-            # As bound: gRPC keeps the slashes of its unix:/// address ("///var/lib/...").
-            if (
-                len(fields) == 8
-                and int(fields[3], 16) & _ACCEPTING
-                and os.path.normpath(fields[7]) in wanted
-            ):
+        with contextlib.suppress(OSError):
+            seen = os.lstat(os.path.join(proc, str(pid), "root") + os.path.normpath(name))
+            if (seen.st_dev, seen.st_ino) == (target.st_dev, target.st_ino):
                 return True
     return False
 
 
-def _ours_running(plugin_dir: str, proc: str = "/proc") -> bool:
-    """Whether an enflame-device-plugin of ours runs for ``plugin_dir`` (as seen from here)."""
-    wanted = os.path.realpath(plugin_dir)
+def _describe(pid: int, proc: str = "/proc") -> str:
     try:
-        entries = [e for e in os.listdir(proc) if e.isdigit()]
+        exe = os.readlink(os.path.join(proc, str(pid), "exe"))
+    except OSError:
+        exe = "executable unknown"
+    return f"pid {pid} ({exe})"
+
+
+def _ours_waiting(path: str) -> bool:
+    """Whether an instance of ours holds the socket's lock (socket_lock: ours stands by holding
+    it while a foreign server keeps the path); read with a shared lock tried, never waited on."""
+    lock = path + socket_lock.LOCK_SUFFIX
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
-    for entry in entries:
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
         try:
-            raw = fileio.read_regular(os.path.join(proc, entry, "cmdline"), 1 << 20)
-        except OSError:
-            continue
-        theirs = _plugin_dir_of([w for w in raw.decode("utf-8", "replace").split("\0") if w])
-        if theirs is not None and os.path.realpath(theirs) == wanted:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
             return True
-    return False
-
-
-def _plugin_dir_of(argv: list[str]) -> str | None:
-    """The --plugin-dir of an enflame-device-plugin command line; None for other programs."""
-    names = [os.path.basename(word) for word in argv[:2]]
-    if "enflame-device-plugin" not in names and "enflame_gcu.device_plugin.main" not in argv[:4]:
-        return None
-    for index, word in enumerate(argv):
-        if word == "--plugin-dir" and index + 1 < len(argv):
-            return argv[index + 1]
-        if word.startswith("--plugin-dir="):
-            return word.partition("=")[2]
-    return PLUGIN_DIR
+        except OSError:
+            return False
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def inspect(root: str, plugin_dir: str = PLUGIN_DIR) -> PluginSocket:
-    """Who serves the plugin socket under ``root``: a listener bound at the socket's own path
-    is foreign (ours binds a private name first); whether ours stands by is read off /proc."""
+    """Who serves the plugin socket under ``root``: the process the kernel names as its
+    listener is the vendor's when it bound that very file (ours binds a private name first);
+    ours stands by when it holds the socket's lock."""
     shown = os.path.join(plugin_dir, SOCKET)
     path = fileio.resolve(root, shown, follow=False)
     if not unix_sockets.listening(path):
         return PluginSocket(path, "none")
-    if not _bound_at({shown, path}):
-        return PluginSocket(path, "ours")
-    waiting = _ours_running(os.path.dirname(path))
-    return PluginSocket(path, "vendor-ours-waiting" if waiting else "vendor")
+    pid = _peer_pid(path)
+    if pid is None:
+        return PluginSocket(path, "unknown", "a process this PID namespace cannot see")
+    who = _describe(pid)
+    bound = _bound_here(path, pid)
+    if bound is None:
+        return PluginSocket(path, "unknown", who)
+    if not bound:
+        return PluginSocket(path, "ours", who)
+    return PluginSocket(path, "vendor-ours-waiting" if _ours_waiting(path) else "vendor", who)
 
 
 def held_ids(root: str, plugin_dir: str = PLUGIN_DIR) -> tuple[set[str], set[str]]:
@@ -144,6 +182,86 @@ def held_ids(root: str, plugin_dir: str = PLUGIN_DIR) -> tuple[set[str], set[str
     return {str(i) for i in registered}, held
 
 
+def _fields(data: bytes) -> list[tuple[int, bytes]]:
+    """The length-delimited fields of a protobuf message (number, bytes); ValueError if the
+    bytes are no message. Varint and fixed fields are skipped (none matter here)."""
+    fields, at = [], 0
+
+    def varint() -> int:
+        nonlocal at
+        value, shift = 0, 0
+        while True:
+            if at >= len(data) or shift > 63:
+                raise ValueError("truncated varint")
+            byte = data[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    while at < len(data):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            varint()
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        elif wire == 2:
+            size = varint()
+            if at + size > len(data):
+                raise ValueError("truncated field")
+            fields.append((number, data[at : at + size]))
+            at += size
+        else:
+            raise ValueError(f"wire type {wire}")
+    if at != len(data):
+        raise ValueError("truncated message")
+    return fields
+
+
+def needs_the_runtime(response: bytes) -> bool:
+    """Whether a checkpointed ContainerAllocateResponse gives its container cards only through
+    ``ENFLAME_VISIBLE_DEVICES`` (no DeviceSpec, no CDI device): what topscloud's plugin answers
+    without device specs, and what the kubelet hands the container again when it restarts."""
+    fields = _fields(response)
+    if any(number in (3, 5) for number, _ in fields):  # devices, cdi_devices
+        return False
+    for number, entry in fields:
+        if number == 1:  # envs: map entries of key (1) and value (2)
+            key = dict(_fields(entry)).get(1, b"")
+            if key == b"ENFLAME_VISIBLE_DEVICES":
+                return True
+    return False
+
+
+def env_only_holders(root: str, plugin_dir: str = PLUGIN_DIR) -> list[str]:
+    """Containers the kubelet's checkpoint holds ``enflame.com/gcu`` for with an answer that
+    needs the runtime to inject the cards (:func:`needs_the_runtime`): ``pod <uid>/<name>``."""
+    path = fileio.resolve(root, os.path.join(plugin_dir, CHECKPOINT))
+    try:
+        document = fileio.read_json(path)
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise InstallError(f"cannot read the kubelet's checkpoint {path}: {exc}") from exc
+    data = document.get("Data") if isinstance(document, dict) else None
+    found = []
+    for entry in (data.get("PodDeviceEntries") or ()) if isinstance(data, dict) else ():
+        if not isinstance(entry, dict) or entry.get("ResourceName") != RESOURCE:
+            continue
+        try:
+            response = base64.b64decode(str(entry.get("AllocResp") or ""), validate=True)
+            needed = needs_the_runtime(response)
+        except ValueError:
+            needed = True  # unreadable: keep what it might need
+        if needed:
+            found.append(f"pod {entry.get('PodUID')}/{entry.get('ContainerName')}")
+    return sorted(set(found))
+
+
 def check_ids(root: str, ours: set[str], plugin_dir: str = PLUGIN_DIR) -> str | None:
     """Why handing over would lose pods their cards (IDs the vendor used that we do not
     advertise); None when every ID the kubelet knows is one of ours."""
@@ -158,22 +276,30 @@ def check_ids(root: str, ours: set[str], plugin_dir: str = PLUGIN_DIR) -> str | 
     )
 
 
-def hand_over(socket: PluginSocket, timeout: float) -> None:
+def hand_over(plugin: PluginSocket, timeout: float) -> None:
     """Move the vendor's socket aside and wait for ours to serve the path; put it back (and
     raise InstallError) when ours does not within ``timeout`` seconds."""
-    aside = socket.path + ASIDE
-    vendor = os.lstat(socket.path).st_ino
-    os.rename(socket.path, aside)
+    aside = plugin.path + ASIDE
+    vendor = os.lstat(plugin.path).st_ino
+    # Checked again just before the move: never move a socket our plugin (or anyone but the
+    # vendor's plugin found by survey) serves now.
+    again = inspect("/", os.path.dirname(plugin.path))
+    if again.path != plugin.path or not again.state.startswith("vendor"):
+        raise InstallError(
+            f"{plugin.path} is served by {again.listener or 'nobody'} now, not by the vendor's "
+            "plugin found before: not moved"
+        )
+    os.rename(plugin.path, aside)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(FileNotFoundError):
-            if os.lstat(socket.path).st_ino != vendor and unix_sockets.listening(socket.path):
+            if os.lstat(plugin.path).st_ino != vendor and unix_sockets.listening(plugin.path):
                 return
         time.sleep(0.05)
     with contextlib.suppress(OSError):
-        if not os.path.lexists(socket.path):
-            os.rename(aside, socket.path)
+        if not os.path.lexists(plugin.path):
+            os.rename(aside, plugin.path)
     raise InstallError(
-        f"our device plugin did not serve {socket.path} within {timeout:.0f} s; the vendor's "
+        f"our device plugin did not serve {plugin.path} within {timeout:.0f} s; the vendor's "
         "socket was put back (is enflame-device-plugin running on this node?)"
     )

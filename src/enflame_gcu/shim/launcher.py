@@ -11,10 +11,12 @@ handle, a config it cannot vouch for -- goes to ``python -IS`` running :func:`ma
 
 The front never reads ``config.toml`` (reading a file byte by byte in ``sh`` costs more than
 Python's start). It reads the verdict :mod:`front` leaves after Python loaded the config
-cleanly: the config's path and the runtimes it names, as ``sh`` assignments it sources (one
-``read`` system call instead of one per byte). The front trusts that verdict only
-while it is newer than the config (nanosecond mtimes), so an edited config sends calls to
-Python until Python has checked it and written a new verdict.
+cleanly: the config's path, the runtimes it names and the file's identity, as ``sh``
+assignments it sources (one ``read`` system call instead of one per byte). The front trusts
+that verdict only while the config's mtime is the recorded one to the nanosecond and the
+verdict is newer than the config and its directory (:mod:`front` says why that is all a
+fork-free ``sh`` can compare), so a changed config sends calls to Python until Python has
+checked it and written a new verdict.
 """
 
 from __future__ import annotations
@@ -53,16 +55,20 @@ case $0 in */*) ;; *) _efr_py "$@" ;; esac
 _efr_verdict={verdict_q}
 _efr_cfg=${{{config_env}:-{config_default_q}}}
 # The runtimes the Python wrapper found in this config, trusted while the config is unchanged:
-# four assignments the wrapper wrote (shim.front), sourced in one read where dash's `read`
+# six assignments the wrapper wrote (shim.front), sourced in one read where dash's `read`
 # takes a system call per byte. `command` keeps a verdict removed meanwhile or broken from
 # ending the script, stderr stays quiet (no line the wrapper would not print): both ask Python.
 [ -f "$_efr_verdict" ] && [ ! -L "$_efr_verdict" ] && [ -O "$_efr_verdict" ] || _efr_py "$@"
-_efr_format= _efr_path= _efr_state= _efr_names=
+_efr_format= _efr_path= _efr_state= _efr_names= _efr_identity= _efr_stamp=
 command . "$_efr_verdict" 2>/dev/null || _efr_py "$@"
 [ "$_efr_format" = {format_q} ] && [ "$_efr_path" = "$_efr_cfg" ] || _efr_py "$@"
+# present: the config is the file Python read. Its mtime is the stamp's to the nanosecond
+# (cp -p, touch -d, an older file put in place all change it), and the verdict is newer than
+# the config and its directory (a rename into it: dpkg, rpm, rsync -t, tar).
 case $_efr_state in
-present) [ "$_efr_verdict" -nt "$_efr_cfg" ] && [ -f "$_efr_cfg" ] && [ ! -L "$_efr_cfg" ] ||
-  _efr_py "$@" ;;
+present) [ -f "$_efr_cfg" ] && [ ! -L "$_efr_cfg" ] && [ "$_efr_verdict" -nt "$_efr_cfg" ] &&
+  [ "$_efr_verdict" -nt "${{_efr_cfg%/*}}/" ] && [ -f "$_efr_stamp" ] && [ ! -L "$_efr_stamp" ] &&
+  [ ! "$_efr_cfg" -nt "$_efr_stamp" ] && [ ! "$_efr_cfg" -ot "$_efr_stamp" ] || _efr_py "$@" ;;
 absent) [ -z "${{{config_env}}}" ] && [ -d "${{_efr_cfg%/*}}/" ] && [ ! -e "$_efr_cfg" ] &&
   [ ! -L "$_efr_cfg" ] || _efr_py "$@" ;;
 *) _efr_py "$@" ;;

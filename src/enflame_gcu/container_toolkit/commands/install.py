@@ -11,7 +11,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from enflame_gcu import node_modes
+from enflame_gcu import fileio, node_modes
 from enflame_gcu.container_toolkit import cdi, cdi_keeper, engines, install_manifest, installer
 from enflame_gcu.container_toolkit.commands import common
 from enflame_gcu.support import env_vars
@@ -178,6 +178,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument("--link-ctk", metavar="PATH", help="with --bin-dir: link this enflame-ctk")
     parser.add_argument(
+        "--set-aside-vendor-runtime",
+        action="store_true",
+        help="with --bin-dir (install.sh --migrate): a BIN_DIR/enflame-container-runtime that is "
+        "not ours (topscloud's) is renamed to *.topscloud, recorded; uninstall puts it back",
+    )
+    parser.add_argument(
         "--created",
         action="append",
         default=[],
@@ -241,6 +247,7 @@ def install_command(args: argparse.Namespace) -> int:
         package_dir=args.package_dir,
         bin_dir=args.bin_dir,
         ctk=args.link_ctk,
+        set_aside_vendor_runtime=args.set_aside_vendor_runtime,
         created=tuple(args.created),
         dry_run=args.dry_run,
         mode=args.mode,
@@ -257,8 +264,8 @@ def install_command(args: argparse.Namespace) -> int:
         return 0
     if args.ready_file:
         os.makedirs(os.path.dirname(os.path.abspath(args.ready_file)), exist_ok=True)
-        with open(args.ready_file, "w", encoding="utf-8") as handle:
-            handle.write("ready\n")
+        # Replaced, never written through: a link at the name is not followed.
+        fileio.atomic_write_text(args.ready_file, "ready\n")
     common.note(f"{READY_MESSAGE}; waiting for SIGTERM to undo the install")
     if outcome.mode is not None and node_modes.MODES[outcome.mode].cdi_specs:
         # Node mode cdi: this process owns the CDI specs until it is stopped (cdi_keeper).

@@ -36,6 +36,12 @@ def check_migration(node: Node) -> list[Result]:
         found = migrate.survey(node.root, node.containerd)
     except (EnflameError, OSError, ValueError) as exc:
         return [Result(NAME, "fail", f"cannot tell what topscloud left: {exc}")]
+    if not found.pending and found.plugin.state == "unknown":
+        detail = (
+            f"cannot tell who serves {found.plugin.path} ({found.plugin.listener}): the "
+            "listener's process is not visible from here"
+        )
+        return [Result(NAME, "warn", detail, "run enflame-ctk doctor in the host's PID namespace")]
     if not found.pending:
         return [Result(NAME, "pass", "nothing of topscloud's is left to migrate")]
     left = [line for line in migrate.plan(found) if not line.startswith(("  ", "keep "))]

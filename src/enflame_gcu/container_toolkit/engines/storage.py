@@ -86,7 +86,7 @@ def locked(config_path: str) -> Iterator[None]:
         raise _os_error("create the directory for", config_path, exc) from exc
     while True:
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise _os_error("create the lock file", lock_path, exc) from exc
         fcntl.flock(fd, fcntl.LOCK_EX)
