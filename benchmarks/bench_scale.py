@@ -7,8 +7,10 @@ the device plugin's own service code, ``gcu7`` as 6 shared slices), each publish
 state with the plugin's own writer on the plugin's cadence (tests/controlplane/agent.py):
 
 - **idle node state**: for ``--idle`` seconds with nothing scheduled, the API writes a second
-  the node-state writers make, and the bytes a minute one client watching all Nodes receives
-  (every watch event's bytes, as a node-local agent such as flannel receives them);
+  the node-state writers make (to Nodes and to their Leases), and the bytes a minute one client
+  watching all Nodes receives (every watch event's bytes, as a node-local agent such as flannel
+  receives them); the agent's own Ready heartbeat on the Node (a kubelet's 5-minute status
+  report) is held back for the whole run, so those bytes are the writers' alone;
 - **prefill**: pods bound straight to nodes (a seeded pattern of 1/2/4-card pods) up to
   ``--load`` of the cards, so the measured pods meet a fragmented cluster;
 - **scheduler arms**, alternating, ``--runs`` times each: ``default`` (kube-scheduler with no
@@ -61,6 +63,8 @@ from tests.controlplane.harness import Harness
 GCU = "enflame.com/gcu"
 SHARED = "enflame.com/shared-gcu"
 EXTENDER_BIN = os.path.join(os.path.dirname(sys.executable), "enflame-scheduler-extender")
+NODE_STATE_NAMESPACE = "kube-system"
+LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NODE_STATE_NAMESPACE}/leases"
 MIX = ((1, 0.30), (2, 0.25), (4, 0.10), (8, 0.05), (-1, 0.10), (0, 0.20))  # cards; -1 shared
 
 
@@ -121,16 +125,40 @@ class Board:
 
 
 class _AgentNodeApi:
-    """The plugin writer's NodeApi over the agent's client (counted as node-state writes)."""
+    """The plugin writer's NodeApi over the agent's client: its Node's annotations and its
+    node-state Lease in ``namespace`` (counted as node-state writes to each)."""
+
+    namespace = NODE_STATE_NAMESPACE
 
     def __init__(self, nodes: agent.SimNodes) -> None:
         self.nodes = nodes
 
     async def patch_annotations(self, node: str, annotations: Any) -> None:
         await self.nodes.call(
-            "PATCH", f"/api/v1/nodes/{node}", {"metadata": {"annotations": dict(annotations)}},
-            kind="node-state",
-        )  # fmt: skip
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            {"metadata": {"annotations": dict(annotations)}},
+            kind="node-state-node",
+        )
+
+    async def node_annotations(self, node: str) -> dict[str, str]:
+        found = await self.nodes.call("GET", f"/api/v1/nodes/{node}")
+        return dict(found["metadata"].get("annotations") or {})
+
+    async def patch_lease(self, name: str, patch: Any) -> bool:
+        try:
+            await self.nodes.call("PATCH", f"{LEASES}/{name}", dict(patch), kind="node-state-lease")
+        except agent.ApiFailure as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def create_lease(self, body: Any) -> None:
+        await self.nodes.call("POST", LEASES, dict(body), kind="node-state-lease")
+
+    async def delete_lease(self, name: str) -> None:
+        await self.nodes.call("DELETE", f"{LEASES}/{name}", kind="node-state-lease")
 
 
 def chart_scheduler_config(port: int) -> dict[str, Any]:
@@ -306,7 +334,8 @@ async def idle_node_state(harness: Harness, seconds: float) -> dict[str, Any]:
     delta = {k: nodes.writes[k] - before.get(k, 0) for k in nodes.writes}
     return {
         "seconds": seconds,
-        "node_state_writes_per_second": round(delta.get("node-state", 0) / seconds, 2),
+        "node_state_node_writes_per_second": round(delta.get("node-state-node", 0) / seconds, 2),
+        "node_state_lease_writes_per_second": round(delta.get("node-state-lease", 0) / seconds, 2),
         "lease_writes_per_second": round(delta.get("lease", 0) / seconds, 2),
         "all_writes_per_second": round(sum(delta.values()) / seconds, 2),
         "watcher_bytes_per_minute": int(received * 60 / seconds),
@@ -322,6 +351,7 @@ def start_extender(harness: Harness, port: int) -> subprocess.Popen[bytes]:
             f"--kubeconfig={harness.plane.kubeconfig}",
             f"--port={port}",
             "--bind-address=127.0.0.1",
+            f"--node-state-namespace={NODE_STATE_NAMESPACE}",
         ],
         stdout=log,
         stderr=log,

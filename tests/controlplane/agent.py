@@ -472,8 +472,8 @@ class SimNodes:
             names = list(self.nodes)
             gap = self.renew / max(1, len(names))
             for name in names:
-                node = self.nodes[name]
-                if node.beating and node.uid:
+                node = self.nodes.get(name)  # a node removed meanwhile is skipped
+                if node is not None and node.beating and node.uid:
                     self._spawn(self._quiet(self._renew(node)))
                 await asyncio.sleep(gap)
             if self.clock() - last_status >= self.status_every:
@@ -512,10 +512,10 @@ class SimNodes:
                             break  # 410 Gone and the like: list again
                         if event.get("type") != "BOOKMARK":
                             await self._pod_event(event["type"], event["object"])
-            except (httpx2.HTTPError, ApiFailure, OSError) as exc:
+            except Exception as exc:  # the watch never dies: list again
                 if self._stopping.is_set():
                     return
-                log.info("pod watch ended (%s); listing again", exc)
+                log.info("pod watch ended (%r); listing again", exc)
                 await asyncio.sleep(0.5)
 
     async def _pod_event(self, kind: str, pod: Obj) -> None:

@@ -26,18 +26,29 @@ NAMESPACE = "enflame-operator"  # the release namespace
 RELEASE = "test-release"  # helm_render's release name
 SERVICE_ACCOUNT = f"{RELEASE}-enflame-gcu-operator"
 GR_PATH = f"/apis/{rs.GROUP}/v1/gcuresources"
+# The operator container's arguments as the chart renders them (set by :func:`install`).
+CHART_ARGS: list[str] = []
+# What the harness changes of them: passes every second (the tests wait on the operator), the
+# health endpoint on a port of its own on loopback (the pod IP stands for it in the chart).
+FAST = {
+    "--interval": "1",
+    "--max-interval": "5",
+    "--health-port": "0",
+    "--health-address": "127.0.0.1",
+}
 
 
 def chart_objects(overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The chart's operator objects with ``operator.enabled`` (all but its Deployment, its
-    PodDisruptionBudget and its hook Job: the test runs the process itself)."""
+    """The chart's operator objects with ``operator.enabled`` (all but its PodDisruptionBudget
+    and its hook Job; the Deployment is kept for its arguments, never applied: the test runs
+    the process itself)."""
     from tests.deploy import helm_render
 
     values: dict[str, Any] = {"operator": {"enabled": True}}
     values = helm_render.merged(values, dict(overrides or {}))
     with tempfile.TemporaryDirectory(prefix="enflame-chart-") as work:
         rendered = helm_render.render(work, values)
-    skip = {"Deployment", "PodDisruptionBudget", "Job"}
+    skip = {"PodDisruptionBudget", "Job"}
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
     found = []
     for doc in rendered.get("operator.yaml", []):
@@ -67,8 +78,10 @@ def install(harness: Harness) -> str:
         plane.api("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                  "metadata": {"name": NAMESPACE}})  # fmt: skip
     objects = chart_objects()
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    CHART_ARGS[:] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
-        yaml.safe_dump_all(objects, handle)
+        yaml.safe_dump_all([o for o in objects if o["kind"] != "Deployment"], handle)
     try:
         plane.kubectl("apply", "-f", handle.name)
     finally:
@@ -109,11 +122,20 @@ def operator_process(
     """``enflame-gcu-operator`` with the chart's arguments (fast intervals), until the block
     ends; its log is ``<work>/<log_name>.log``."""
     log_path = os.path.join(harness.plane.work, f"{log_name}.log")
+    assert CHART_ARGS, "install() first: the chart's arguments are read there"
+    overrides = dict(FAST)
+    for arg in extra:
+        key, _, value = arg.partition("=")
+        overrides[key] = value
+    args = []
+    for arg in CHART_ARGS:
+        key, _, value = arg.partition("=")
+        args.append(f"{key}={overrides.pop(key)}" if key in overrides else arg)
+    args += [f"{key}={value}" for key, value in overrides.items()]
     command = [
         sys.executable, "-m", "enflame_gcu.gcu_operator.main",
         f"--kubeconfig={kubeconfig}", f"--namespace={NAMESPACE}", f"--identity={log_name}",
-        "--interval=1", "--max-interval=5", "--allowed-namespaces=kube-system",
-        f"--dra-service-account={RELEASE}-enflame-gcu-dra-plugin", *extra,
+        *args,
     ]  # fmt: skip
     with open(log_path, "ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL)

@@ -23,7 +23,7 @@ from tests.controlplane.harness import Harness, until
 
 pytestmark = [*conftest.MARKS, pytest.mark.timeout(900)]
 GCU = "enflame.com/gcu"
-COMPONENT_NAMESPACE = "kube-system"
+COMPONENT_NAMESPACE = operator_env.NAMESPACE  # the chart puts components in its own
 
 
 @pytest.fixture(scope="module")
