@@ -84,7 +84,8 @@ def _everything() -> dict[str, Any]:
         "metadata": {"name": "gcu", "uid": "u-1"},
         "spec": {
             "containerToolkit": {},
-            "devicePlugin": {},
+            # Node state on: the plugin's ServiceAccount and its node-state RBAC are made too.
+            "devicePlugin": {"nodeState": True},
             "gcuExporter": {},
             "gfd": {},
             "dra": {},
