@@ -208,3 +208,22 @@ tolerations:
 {{- fail (printf "%s needs the API %s, which this cluster does not serve (%s); with helm template, list it in apiVersions" .for .api .needs) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* How many of .nodes (Node objects, as lookup lists them) carry any of .anyOfLabels
+     (nodeSelection's list): the NOTES say so when it is none. */}}
+{{- define "enflame-gcu.matchingNodeCount" -}}
+{{- $count := 0 -}}
+{{- range $node := .nodes -}}
+{{- $labels := (($node.metadata | default dict).labels | default dict) -}}
+{{- $hit := false -}}
+{{- range $.anyOfLabels -}}
+{{- if and (hasKey $labels .key) (eq (toString (get $labels .key)) (toString .value)) -}}
+{{- $hit = true -}}
+{{- end -}}
+{{- end -}}
+{{- if $hit -}}
+{{- $count = add1 $count -}}
+{{- end -}}
+{{- end -}}
+{{- $count -}}
+{{- end -}}
