@@ -227,3 +227,30 @@ tolerations:
 {{- end -}}
 {{- $count -}}
 {{- end -}}
+
+{{/* The kube-scheduler image and KubeSchedulerConfiguration apiVersion of extender mode
+     scheduler, as JSON {"image", "api"}: .image and .api when set, else chosen from the
+     cluster's version .version (e.g. v1.30.4+k3s1): that version's registry.k8s.io
+     kube-scheduler, and kubescheduler.config.k8s.io v1 from 1.25, v1beta3 for 1.23-1.24,
+     v1beta2 for 1.22, v1beta1 for 1.19-1.21 (each the newest that Kubernetes version reads;
+     KEP-785). Older clusters must set both. */}}
+{{- define "enflame-gcu.schedulerChoice" -}}
+{{- $v := semver .version -}}
+{{- $minor := int $v.Minor -}}
+{{- $api := .api -}}
+{{- if not $api -}}
+{{- if or (ne (int $v.Major) 1) (lt $minor 19) -}}
+{{- fail (printf "Kubernetes %s: the extender's scheduler needs 1.19 or later (KubeSchedulerConfiguration beta or v1); set extender.schedulerImage and extender.configApiVersion yourself" .version) -}}
+{{- else if ge $minor 25 -}}
+{{- $api = "kubescheduler.config.k8s.io/v1" -}}
+{{- else if ge $minor 23 -}}
+{{- $api = "kubescheduler.config.k8s.io/v1beta3" -}}
+{{- else if eq $minor 22 -}}
+{{- $api = "kubescheduler.config.k8s.io/v1beta2" -}}
+{{- else -}}
+{{- $api = "kubescheduler.config.k8s.io/v1beta1" -}}
+{{- end -}}
+{{- end -}}
+{{- $image := .image | default (printf "registry.k8s.io/kube-scheduler:v%d.%d.%d" (int $v.Major) $minor (int $v.Patch)) -}}
+{{- dict "image" $image "api" $api | toJson -}}
+{{- end -}}
