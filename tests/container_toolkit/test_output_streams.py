@@ -77,10 +77,14 @@ def test_runtime_configure_and_unconfigure_report_on_stderr(host: str) -> None:
     assert "/etc/containerd/config.toml would be modified" in plan
     done = reports_on_stderr_only(ctk("runtime", "configure", *args, "--set-as-default"))
     assert done[0].startswith("/etc/containerd/config.toml was modified")
+    # The engine reads its config at start only: the command says so (issue 50 point 6).
+    restart = "containerd: restart it so it loads the change (systemctl restart containerd)"
+    assert done[-1].startswith(restart), done
     again = reports_on_stderr_only(ctk("runtime", "configure", *args, "--set-as-default"))
     assert again == ["/etc/containerd/config.toml: already up to date, nothing written"]
     undone = reports_on_stderr_only(ctk("runtime", "unconfigure", *args))
     assert undone[0].startswith("/etc/containerd/config.toml was restored")
+    assert undone[-1].startswith(restart), undone
 
 
 def test_dev_char_links_report_on_stderr_and_plan_on_stdout(host: str) -> None:

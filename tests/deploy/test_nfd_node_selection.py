@@ -181,3 +181,16 @@ def test_the_notes_count_the_nodes_that_match_node_selection(tmp_path: Any, gcu_
         notes = f.read()
     assert 'include "enflame-gcu.matchingNodeCount"' in notes
     assert "WARNING: none of the cluster's" in notes
+
+
+def test_the_charts_description_and_readme_name_everything_it_installs() -> None:
+    """Chart.yaml and the chart README once named only the plugin and the toolkit."""
+    description = " ".join(load_one(os.path.join(CHART_DIR, "Chart.yaml"))["description"].split())
+    with open(os.path.join(CHART_DIR, "README.md"), encoding="utf-8") as handle:
+        readme = handle.read()
+    for words in (
+        "DRA driver", "scheduler extender", "operator", "Node Feature Discovery",
+        "ServiceMonitor", "PrometheusRule", "Grafana dashboard", "NetworkPolicies",
+    ):  # fmt: skip
+        assert words in description, words
+        assert words in readme, words
