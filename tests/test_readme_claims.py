@@ -162,3 +162,16 @@ def test_the_user_guides_chart_defaults_are_the_charts(guide: str, marker: str) 
         assert len(names) == len(defaults), (guide, cells)
         for name, default in zip(names, defaults, strict=True):
             assert _value(values, name) == yaml.safe_load(default or '""'), (guide, name, default)
+
+
+@pytest.mark.parametrize("readme", ["README.md", "README.zh-CN.md"])
+def test_the_operator_install_waits_for_its_crd_before_the_gcu_resource(readme: str) -> None:
+    """helm install with operator.enabled cannot create the GcuResource itself (its CRD is
+    installed by that same release): the README prints the wait between the two steps."""
+    text = _text(readme)
+    install = text.index("--set operator.enabled=true\n")
+    wait = text.index("kubectl wait --for condition=established crd/gcuresources.topscloud.")
+    apply = text.index("kubectl apply -f deploy/operator/examples/gcu-resource.yaml")
+    assert install < wait < apply
+    crd = _text("deploy/helm/enflame-gcu/crds/gcuresource-crd.yaml")
+    assert "name: gcuresources.topscloud.enflame.com" in crd

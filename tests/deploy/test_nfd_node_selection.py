@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from enflame_gcu import devices
+from enflame_gcu.device_plugin import config as plugin_config
+from enflame_gcu.device_plugin import main as plugin_main
 from enflame_gcu.gcu_operator import nodes as operator_nodes
 from enflame_gcu.simulation import simulate, topofile
 from tests.deploy import helm_render
@@ -194,3 +196,36 @@ def test_the_charts_description_and_readme_name_everything_it_installs() -> None
     ):  # fmt: skip
         assert words in description, words
         assert words in readme, words
+
+
+@needs_helm
+def test_the_plugins_drs_value_serves_drs_gcu_with_efsmi_and_the_privilege_it_needs(
+    tmp_path: Any,
+) -> None:
+    """enflame.com/drs-gcu could not be reached from Helm (issue 50 point 3)."""
+    rendered = helm_render.render(str(tmp_path / "on"), {"devicePlugin": {"drs": "S60,gcu3"}})
+    pod = helm_render.daemonset(rendered, "daemonset-device-plugin.yaml")["spec"]["template"]
+    [container] = pod["spec"]["containers"]
+    args = container["args"]
+    assert "--resources=gcu,drs-gcu" in args
+    assert "--drs=S60,gcu3" in args and "--efsmi=/usr/local/efsmi/efsmi" in args
+    # The plugin's own parser takes what the chart passes.
+    config = plugin_main.load_config(args, {})
+    assert plugin_config.DRS_GCU in config.resources
+    assert config.efsmi == "/usr/local/efsmi/efsmi"
+    security = container["securityContext"]
+    assert security["privileged"] is True and "allowPrivilegeEscalation" not in security
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["drs-efsmi"] == {
+        "name": "drs-efsmi", "mountPath": "/usr/local/efsmi", "readOnly": True,
+    }  # fmt: skip
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["drs-efsmi"]["hostPath"]["path"] == "/usr/local/efsmi"
+    # Off (the default): nothing of it, and the plugin stays unprivileged.
+    off = helm_render.render(str(tmp_path / "off"), {})
+    pod = helm_render.daemonset(off, "daemonset-device-plugin.yaml")["spec"]["template"]
+    [container] = pod["spec"]["containers"]
+    assert not any(a.startswith(("--drs", "--efsmi")) for a in container["args"])
+    assert container["securityContext"]["privileged"] is False
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert "drs-efsmi" not in {v["name"] for v in pod["spec"]["volumes"]}

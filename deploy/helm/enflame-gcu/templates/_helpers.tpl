@@ -98,11 +98,12 @@ app.kubernetes.io/instance: {{ .context.Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{/* The plugin's --resources list: gcu, plus vgcu and shared-gcu when turned on. */}}
+{{/* The plugin's --resources list: gcu, plus vgcu, shared-gcu and drs-gcu when turned on. */}}
 {{- define "enflame-gcu.pluginResources" -}}
 {{- $kinds := list "gcu" -}}
 {{- if .Values.vgcu.enabled -}}{{- $kinds = append $kinds "vgcu" -}}{{- end -}}
 {{- if .Values.sharing.enabled -}}{{- $kinds = append $kinds "shared-gcu" -}}{{- end -}}
+{{- if .Values.devicePlugin.drs -}}{{- $kinds = append $kinds "drs-gcu" -}}{{- end -}}
 {{- join "," $kinds -}}
 {{- end -}}
 
