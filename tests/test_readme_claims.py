@@ -175,3 +175,21 @@ def test_the_operator_install_waits_for_its_crd_before_the_gcu_resource(readme: 
     assert install < wait < apply
     crd = _text("deploy/helm/enflame-gcu/crds/gcuresource-crd.yaml")
     assert "name: gcuresources.topscloud.enflame.com" in crd
+
+
+@pytest.mark.parametrize(
+    ("readme", "heading"), [("README.md", "Development"), ("README.zh-CN.md", "开发")]
+)
+def test_one_table_gives_every_heavy_targets_costs(readme: str, heading: str) -> None:
+    section = _text(readme).split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        line.split(" | ")[0].strip("| `")
+        for line in section.splitlines()
+        if line.startswith("| `make ")
+    }
+    makefile = _text("Makefile")
+    heavy = {"make test", "make e2e", "make e2e-cluster", "make demo-cluster", "make chaos"}
+    assert heavy <= rows, rows
+    for target in heavy:
+        assert f"\n{target.split()[1]}:" in makefile, target  # a real target
+    assert "/var/cache/enflame-e2e" in section and "du -sh" in section
