@@ -8,7 +8,9 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 setup:
 	@bash scripts/bootstrap.sh
 
-demo: setup
+# Only what the demo needs (scripts/bootstrap.sh demo); make test's set-up installs the rest.
+demo:
+	@bash scripts/bootstrap.sh demo
 	@$(PY) -m enflame_gcu.simulation.demo
 
 test: setup lint types contracts unit

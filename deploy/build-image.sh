@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Builds the two images from this source tree: the device plugin and the toolkit installer.
 #
-#   deploy/build-image.sh [--dry-run] [IMAGE [TAG]]
+#   deploy/build-image.sh [--dry-run] [--push] [IMAGE [TAG]]
+#
+# --push pushes both images to IMAGE's registry after building them (log in first: docker login,
+# podman login or buildah login); the chart's image.repository/toolkit.image.repository and the
+# manifests' image: lines then name what you pushed.
 #
 # IMAGE is the device plugin image (default ghcr.io/enflame-gcu/enflame-gcu-device-plugin);
 # the toolkit image is named after it with "device-plugin" replaced by "container-toolkit"
@@ -20,10 +24,11 @@
 set -euo pipefail
 
 usage() {
-    sed -n '2,19s/^# \{0,1\}//p' "$0"
+    sed -n '2,24s/^# \{0,1\}//p' "$0"
 }
 
 dry_run=0
+push=0
 from_debian=""
 positional=()
 expect_outdir=0
@@ -36,6 +41,7 @@ for arg in "$@"; do
     case "$arg" in
         -h | --help) usage; exit 0 ;;
         --dry-run) dry_run=1 ;;
+        --push) push=1 ;;
         --from-debian) expect_outdir=1 ;;
         --from-debian=*) from_debian=${arg#--from-debian=} ;;
         -*) echo "build-image.sh: unknown option $arg" >&2; usage >&2; exit 2 ;;
@@ -61,6 +67,10 @@ fi
 
 if [ "$expect_outdir" -eq 1 ] || { [ -n "$from_debian" ] && [ "$from_debian" != "${from_debian#-}" ]; }; then
     echo "build-image.sh: --from-debian needs an output directory" >&2
+    exit 2
+fi
+if [ -n "$from_debian" ] && [ "$push" -eq 1 ]; then
+    echo "build-image.sh: --push needs docker, podman or buildah; --from-debian writes an OCI archive to import instead" >&2
     exit 2
 fi
 if [ -n "$from_debian" ]; then
@@ -100,8 +110,25 @@ build() { # build DOCKERFILE IMAGE_REF
     fi
 }
 
+push_image() { # push IMAGE_REF (docker, podman and buildah all spell it "push REF")
+    local cmd=("$builder" push "$1")
+    if [ "$dry_run" -eq 1 ]; then
+        printf '%q ' "${cmd[@]}"
+        printf '\n'
+    else
+        echo "build-image.sh: pushing $1" >&2
+        "${cmd[@]}"
+    fi
+}
+
 build "$repo_root/deploy/docker/Dockerfile" "$image:$tag"
 build "$repo_root/deploy/docker/Dockerfile.toolkit" "$toolkit_image:$tag"
+if [ "$push" -eq 1 ]; then
+    push_image "$image:$tag"
+    push_image "$toolkit_image:$tag"
+fi
 if [ "$dry_run" -eq 0 ]; then
-    echo "build-image.sh: built $image:$tag and $toolkit_image:$tag" >&2
+    what=built
+    [ "$push" -eq 0 ] || what="built and pushed"
+    echo "build-image.sh: $what $image:$tag and $toolkit_image:$tag" >&2
 fi

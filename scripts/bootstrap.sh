@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
-# Installs what `make demo` and `make test` need on a fresh Debian 12 machine:
-# Debian packages (when missing, as root) and a virtualenv with the project and its dev tools.
-# Idempotent: a second run only checks.
+# Installs what `make demo` (argument "demo") or `make test` (no argument: everything) needs on a
+# fresh Debian 12 machine: Debian packages (when missing, as root) and a virtualenv with the
+# project. Idempotent: a second run only checks.
+#   demo: runc and busybox-static (its real container), gcc (its simulated libefml), and the
+#         project with the device plugin's dependencies ('.[plugin]'); nothing else.
+#   all:  the demo's, then every test's tools: containerd, podman, shellcheck, packaging tools,
+#         prometheus, strace, the dev extras and Helm's library (.venv-helm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+set_name=${1:-all}
+case $set_name in
+    demo | all) ;;
+    *) echo "bootstrap: unknown set '$set_name' (demo or all)" >&2; exit 2 ;;
+esac
 
-want_debs=(runc busybox-static containerd shellcheck podman)
-# make dist and its tests (tests/packaging): rpmbuild/rpm, the .deb's python3-tomlkit dependency
-# (Debian's 0.11.7 is the declared minimum, exercised there), logrotate to check our file.
-want_debs+=(rpm python3-tomlkit logrotate)
-# The .deb's lintian check; systemd-analyze (systemd) verifies the units the packages ship.
-want_debs+=(lintian systemd)
-# Card telemetry tests: gcc builds the simulated libefml; a real Prometheus scrapes the plugin.
-want_debs+=(gcc prometheus)
-# The runtime front's test counts its system calls (tests/shim/test_front.py).
-want_debs+=(strace)
+want_debs=(runc busybox-static gcc)
+if [ "$set_name" = all ]; then
+    want_debs+=(containerd shellcheck podman)
+    # make dist and its tests (tests/packaging): rpmbuild/rpm, the .deb's python3-tomlkit dependency
+    # (Debian's 0.11.7 is the declared minimum, exercised there), logrotate to check our file.
+    want_debs+=(rpm python3-tomlkit logrotate)
+    # The .deb's lintian check; systemd-analyze (systemd) verifies the units the packages ship.
+    want_debs+=(lintian systemd)
+    # Card telemetry tests: a real Prometheus scrapes the plugin (gcc, above, builds the libefml).
+    want_debs+=(prometheus)
+    # The runtime front's test counts its system calls (tests/shim/test_front.py).
+    want_debs+=(strace)
+fi
 missing=()
 # The venv's interpreter: Debian's own python3 (the one the .deb runs on, and the only one on a
 # fresh Debian 12) rather than the first python3 on PATH, which on a developer's machine is
@@ -50,11 +62,21 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 venv=${VENV:-.venv}
-stamp="$venv/.installed"
+stamp="$venv/.installed"  # the whole set ('.[dev]'), which holds the demo's too
+demo_stamp="$venv/.installed-demo"
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+fresh() { [ -f "$1" ] && ! [ pyproject.toml -nt "$1" ]; }
+if [ "$set_name" = demo ]; then
+    if ! fresh "$stamp" && ! fresh "$demo_stamp"; then
+        "$venv/bin/python" -m pip install -q --upgrade pip >&2
+        "$venv/bin/python" -m pip install -q -e '.[plugin]' >&2
+        touch "$demo_stamp"
+    fi
+    exit 0
+fi
+if ! fresh "$stamp"; then
     "$venv/bin/python" -m pip install -q --upgrade pip >&2
     "$venv/bin/python" -m pip install -q -e '.[dev]' >&2
     touch "$stamp"

@@ -62,7 +62,7 @@ def test_two_pods_show_on_their_cards_and_leave_when_they_go() -> None:
             await node.kubelet.allocate_pod("pod2", {"main": 2}, namespace="ml")
             doc = await document(node)
             assert (doc["schemaVersion"], doc["kind"]) == (1, "Allocations")
-            assert doc["multiCardPods"] == doc["multi_card_pods"]  # the 0.1 name, kept for now
+            assert "multi_card_pods" not in doc  # camelCase once: no 0.1 twin (issue 50)
             assert doc["cards"][0]["numaNode"] == 0 and doc["summary"]["byLocality"]
             held = {name: who for name, who in owners(doc).items() if who}
             assert held == {
@@ -71,10 +71,10 @@ def test_two_pods_show_on_their_cards_and_leave_when_they_go() -> None:
                 "gcu4": ["ml/pod2/main"],
                 "gcu5": ["ml/pod2/main"],
             }
-            assert doc["summary"]["multi_card_pods"] == 2
-            assert doc["summary"]["by_locality"]["switch"] == 2
+            assert doc["summary"]["multiCardPods"] == 2
+            assert doc["summary"]["byLocality"]["switch"] == 2
             # A 1.21+ kubelet also says what it can allocate.
-            assert doc["pod_resources"]["allocatable"]["enflame.com/gcu"] == [
+            assert doc["podResources"]["allocatable"]["enflame.com/gcu"] == [
                 f"gcu{i}" for i in range(8)
             ]
             code, text, _ = await allocations(node)
@@ -121,7 +121,7 @@ def test_slice_holders_show_on_their_card(tmp_path: pathlib.Path) -> None:
                 ("b", SHARED),
             ]
             assert {h["device"] for h in gcu6["holders"]} <= {f"gcu6-slice{i}" for i in range(3)}
-            assert doc["multi_card_pods"] == []
+            assert doc["multiCardPods"] == []
             _, text, _ = await allocations(node)
             row = next(line for line in text.splitlines() if line.startswith("gcu6"))
             assert "default/a/main (gcu6-slice" in row and "default/b/main (gcu6-slice" in row
@@ -145,9 +145,9 @@ def test_vgcu_holders_show_on_their_parent_card_on_a_1_20_kubelet() -> None:
                 card: [d for d in got if parent[d] == card] for card in ("gcu0", "gcu1")
             }
             # A 1.20 kubelet has no GetAllocatableResources: said, not an error.
-            assert doc["pod_resources"]["available"] is True
-            assert doc["pod_resources"]["allocatable"] is None
-            assert "Kubernetes < 1.21" in doc["pod_resources"]["allocatable_note"]
+            assert doc["podResources"]["available"] is True
+            assert doc["podResources"]["allocatable"] is None
+            assert "Kubernetes < 1.21" in doc["podResources"]["allocatableNote"]
 
     asyncio.run(main())
 
@@ -160,7 +160,11 @@ def test_without_the_socket_the_cards_show_and_holders_are_not_available() -> No
             assert "PodResources API is not available at" in err
             assert "the socket does not exist" in err
             assert "gcu7" in text and text.splitlines()[-1].startswith("holders unknown")
-            code, out, _ = await allocations(node, "--json")
+            # The error once, on stderr, not again in the table on stdout.
+            assert "the socket does not exist" not in text
+            assert err.count("the socket does not exist") == 1, err
+            code, out, err = await allocations(node, "--json")
+            assert err.count("the socket does not exist") == 1, err
             doc = json.loads(out)
             assert code == 1 and doc["podResources"]["available"] is False
             assert all(card["holders"] is None for card in doc["cards"])

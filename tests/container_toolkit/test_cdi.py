@@ -17,6 +17,18 @@ from enflame_gcu.container_toolkit import cdi, cdi_validate, cli
 from enflame_gcu.shim import prepared_edits
 from tests.shim.schemas import CDI_DIR, assert_valid_cdi
 
+# The PCI addresses of the vendor 8-card machine's gcu0..gcu7 (SPEC section 2).
+VENDOR_BDFS = [
+    "0000:11:00.0",
+    "0000:12:00.0",
+    "0000:15:00.0",
+    "0000:19:00.0",
+    "0000:9c:00.0",
+    "0000:9d:00.0",
+    "0000:a0:00.0",
+    "0000:a4:00.0",
+]
+
 
 def generate(vendor_node: str, output: str, *extra: str) -> int:
     return cli.main(["cdi", "generate", "--host-root", vendor_node, "--output", output, *extra])
@@ -47,7 +59,13 @@ def test_generate_writes_a_valid_spec_with_minors_all_and_common_gcuctl(
     assert_valid_cdi(spec)
     assert spec["cdiVersion"] == "0.5.0"
     assert spec["kind"] == "enflame.com/gcu"
-    assert [d["name"] for d in spec["devices"]] == [str(n) for n in range(8)] + ["all"]
+    # By minor, by PCI address (SPEC's reference machine, gcu0..gcu7), and all.
+    assert [d["name"] for d in spec["devices"]] == [str(n) for n in range(8)] + VENDOR_BDFS + [
+        "all"
+    ]
+    by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+    for minor, bdf in enumerate(VENDOR_BDFS):
+        assert by_name[bdf] == by_name[str(minor)], bdf
     assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == ["/dev/gcuctl"]
     zero = spec["devices"][0]["containerEdits"]
     assert zero["deviceNodes"] == [
@@ -137,7 +155,7 @@ def test_list_names_every_device(
     capsys.readouterr()
     assert cli.main(["cdi", "list", "--spec-dir", out, "--spec-dir", "/nonexistent"]) == 0
     names = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
-    assert names == [f"enflame.com/gcu={n}" for n in range(8)] + ["enflame.com/gcu=all"]
+    assert names == [f"enflame.com/gcu={n}" for n in [*range(8), *VENDOR_BDFS, "all"]]
 
 
 @pytest.mark.usefixtures("no_runtime_config")
@@ -367,9 +385,10 @@ def test_list_warns_when_two_spec_files_define_the_same_device(
     capsys.readouterr()
     assert cli.main(["cdi", "list", "--host-root", vendor_node]) == 0
     captured = capsys.readouterr()
-    assert len(captured.out.splitlines()) == 18  # every device twice (9 names, 2 files)
+    # every device twice (17 names: 8 minors, 8 PCI addresses, all; 2 files)
+    assert len(captured.out.splitlines()) == 34
     warnings = [line for line in captured.err.splitlines() if "spec files" in line]
-    assert len(warnings) == 9
+    assert len(warnings) == 17
     assert "enflame.com/gcu=0 is defined by 2 spec files" in warnings[0]
     assert cli.main(["cdi", "list", "--host-root", vendor_node, "--json"]) == 0
     document = json.loads(capsys.readouterr().out)

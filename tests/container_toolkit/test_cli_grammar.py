@@ -67,12 +67,12 @@ def test_reporting_commands_print_json_with_a_schema_version(
 
 
 def _not_camel(value: object, path: str = "") -> list[str]:
-    """Keys that are neither camelCase nor the 0.1 snake_case twin of a camelCase key."""
+    """Keys that are not camelCase (each key once: no snake_case twin beside it)."""
     found: list[str] = []
     if isinstance(value, dict):
         for key, item in value.items():
             twin = common.camel(key)
-            if "_" in key and (twin not in value or value[twin] != item):
+            if "_" in key:
                 found.append(f"{path}.{key}")
             if twin not in common.DATA_MAPS:
                 found += _not_camel(item, f"{path}.{key}")
@@ -82,20 +82,28 @@ def _not_camel(value: object, path: str = "") -> list[str]:
     return found
 
 
-def test_json_keys_are_camel_case_with_the_old_spelling_kept_for_one_release() -> None:
-    document = common.json_document(
-        "X", {"numa_node": 1, "cards": [{"root_port": "a"}], "by_locality": {"root_port": 2}}
-    )
-    assert document == {
+def test_json_keys_are_camel_case_once_and_the_old_spelling_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    given = {"numa_node": 1, "cards": [{"root_port": "a"}], "by_locality": {"root_port": 2}}
+    monkeypatch.delenv(common.LEGACY_KEYS_ENV, raising=False)
+    assert common.json_document("X", given) == {
+        "schemaVersion": 1,
+        "kind": "X",
+        "numaNode": 1,
+        "cards": [{"rootPort": "a"}],
+        "byLocality": {"root_port": 2},  # locality names are data, not field names
+    }
+    monkeypatch.setenv(common.LEGACY_KEYS_ENV, "1")  # a script still on 0.1's names
+    assert common.json_document("X", given) == {
         "schemaVersion": 1,
         "kind": "X",
         "numaNode": 1,
         "numa_node": 1,
         "cards": [{"rootPort": "a", "root_port": "a"}],
-        "byLocality": {"root_port": 2},  # locality names are data, not field names
+        "byLocality": {"root_port": 2},
         "by_locality": {"root_port": 2},
     }
-    assert common.json_keys({"numa_node": 1}, legacy=False) == {"numaNode": 1}
 
 
 def test_global_options_are_accepted_after_the_subcommand(vendor_node: str) -> None:

@@ -52,7 +52,7 @@ def test_info_json_is_the_same_facts(vendor_node: str) -> None:
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["driver"] == {"loaded": True, "version": "1.0.20230110"}
-    assert data["switch_groups"] == [
+    assert data["switchGroups"] == [
         ["gcu0", "gcu1"],
         ["gcu2"],
         ["gcu3"],
@@ -60,16 +60,16 @@ def test_info_json_is_the_same_facts(vendor_node: str) -> None:
         ["gcu6"],
         ["gcu7"],
     ]
-    assert data["root_port_groups"] == [
+    assert data["rootPortGroups"] == [
         ["gcu0", "gcu1", "gcu2", "gcu3"],
         ["gcu4", "gcu5", "gcu6", "gcu7"],
     ]
     gcu5 = data["cards"][5]
     assert gcu5["bdf"] == "0000:9d:00.0"
-    assert gcu5["numa_node"] == 1
-    assert gcu5["device_id"] == "0x0021"
+    assert gcu5["numaNode"] == 1
+    assert gcu5["deviceId"] == "0x0021"
     assert gcu5["usable"] is True
-    assert gcu5["pci_chain"][0] == "0000:97:02.0"
+    assert gcu5["pciChain"][0] == "0000:97:02.0"
 
 
 def test_info_reports_an_unusable_card_and_exits_zero_while_others_work(vendor_node: str) -> None:

@@ -61,7 +61,7 @@ def test_install_links_runtime_and_merges_engine_configs(host: str) -> None:
     assert os.path.isfile(os.path.join(host, "etc/enflame-container-runtime/config.toml"))
     assert os.path.isdir(os.path.join(host, "var/log/enflame"))
     # enflame-ctk reports what it did on stderr, with its prefix.
-    said = [x for x in result.stderr.splitlines() if "added default-runtime = 'enflame'" in x]
+    said = [x for x in result.stderr.splitlines() if 'added default-runtime = "enflame"' in x]
     assert said and all(x.startswith("enflame-ctk: ") for x in said)
     assert "install-manifest.json; undo with:" in result.stderr
     assert result.stdout == ""  # a real run has no result to print (docs/user-guide.md)

@@ -51,7 +51,7 @@ def test_dry_run_shows_every_leftover_and_changes_nothing(
     assert main(["migrate", "--host-root", node, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "adopt docker's topscloud entries in /etc/docker/daemon.json" in out
-    assert "default-runtime = 'enflame'" in out
+    assert 'default-runtime = "enflame"' in out  # daemon.json's own (JSON) spelling
     assert "adopt containerd's topscloud entries in /etc/containerd/config.toml" in out
     assert "adopt crio's topscloud entries in /etc/crio/crio.conf.d/99-enflame.toml" in out
     assert "set /etc/enflame-container-runtime/config.toml aside" in out

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from enflame_gcu.container_toolkit.commands import common
+from enflame_gcu.container_toolkit.engines import changes
 from tests.conftest import MakeNode
 from tests.container_toolkit import installer_fixtures as fx
 
@@ -61,7 +62,7 @@ def test_install_and_uninstall_report_on_stderr_and_dry_runs_plan_on_stdout(host
     assert fx.diff(before, fx.snapshot(host)) == []
     done = reports_on_stderr_only(ctk("install", *args))
     assert "/opt/enflame-gcu/ created" in done
-    assert any("added default-runtime = 'enflame'" in line for line in done)
+    assert any('added default-runtime = "enflame"' in line for line in done)
     undo_plan = plan_on_stdout(ctk("uninstall", "--host-root", host, "--dry-run"))
     assert "/opt/enflame-gcu/ would be removed" in undo_plan
     undone = reports_on_stderr_only(ctk("uninstall", "--host-root", host))
@@ -77,10 +78,14 @@ def test_runtime_configure_and_unconfigure_report_on_stderr(host: str) -> None:
     assert "/etc/containerd/config.toml would be modified" in plan
     done = reports_on_stderr_only(ctk("runtime", "configure", *args, "--set-as-default"))
     assert done[0].startswith("/etc/containerd/config.toml was modified")
+    # The engine reads its config at start only: the command says so (issue 50 point 6).
+    restart = "containerd: restart it so it loads the change (systemctl restart containerd)"
+    assert done[-1].startswith(restart), done
     again = reports_on_stderr_only(ctk("runtime", "configure", *args, "--set-as-default"))
     assert again == ["/etc/containerd/config.toml: already up to date, nothing written"]
     undone = reports_on_stderr_only(ctk("runtime", "unconfigure", *args))
     assert undone[0].startswith("/etc/containerd/config.toml was restored")
+    assert undone[-1].startswith(restart), undone
 
 
 def test_dev_char_links_report_on_stderr_and_plan_on_stdout(host: str) -> None:
@@ -133,3 +138,44 @@ def test_cdi_watch_reports_each_spec_it_writes_on_stderr_with_the_prefix(
     result = subprocess.CompletedProcess(process.args, 0, out, "".join(lines) + rest)
     said = reports_on_stderr_only(result)
     assert f"INFO: {output}/enflame.com-gcu.yaml written" in said, said
+
+
+def test_the_dry_run_summary_writes_values_as_the_file_does(host: str) -> None:
+    """TOML's true and "..." for containerd, JSON's for docker: not Python's True and '...'."""
+    fx.write(host, "/usr/bin/enflame-container-runtime", "#!/bin/sh\n", 0o755)
+    fx.write(
+        host,
+        "/etc/containerd/config.toml",
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+        "  SystemdCgroup = true\n",
+    )
+    args = ("--runtime", "containerd", "--host-root", host, "--set-as-default", "--dry-run")
+    summary = [line for line in plan_on_stdout(ctk("runtime", "configure", *args)) if "=" in line]
+    enflame = 'plugins."io.containerd.grpc.v1.cri".containerd.runtimes.enflame'
+    assert f"  added {enflame}.options.SystemdCgroup = true" in summary, summary
+    binary = f'  added {enflame}.options.BinaryName = "/usr/bin/enflame-container-runtime"'
+    assert binary in summary, summary
+    assert not any("True" in line or "'" in line for line in summary), summary
+    fx.write(host, "/etc/docker/daemon.json", '{"default-runtime": "runc"}\n')
+    docker = ("--runtime", "docker", "--host-root", host, "--set-as-default", "--dry-run")
+    summary = plan_on_stdout(ctk("runtime", "configure", *docker))
+    assert '  set default-runtime = "enflame" (was "runc")' in summary, summary
+
+
+@pytest.mark.parametrize(
+    ("value", "toml", "json_"),
+    [
+        (False, "false", "false"),
+        ("", '""', '""'),
+        (["a", 1], '["a", 1]', '["a", 1]'),
+        ({"path": "/x", "weird key": True}, '{ path = "/x", "weird key" = true }',
+         '{"path": "/x", "weird key": true}'),
+        ({}, "{}", "{}"),
+        ('say "hi"\n', '"say \\"hi\\"\\n"', '"say \\"hi\\"\\n"'),
+    ],
+)  # fmt: skip
+def test_a_changed_value_is_written_in_the_files_syntax(
+    value: object, toml: str, json_: str
+) -> None:
+    assert changes.literal(value, "toml") == toml
+    assert changes.literal(value, "json") == json_

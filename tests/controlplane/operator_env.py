@@ -123,7 +123,9 @@ def operator_process(
     ends; its log is ``<work>/<log_name>.log``."""
     log_path = os.path.join(harness.plane.work, f"{log_name}.log")
     assert CHART_ARGS, "install() first: the chart's arguments are read there"
-    overrides = dict(FAST)
+    # helm_render renders with an empty .Release.Namespace, which these arguments are made of
+    # (the release namespace, and componentNamespaces [] beside it by default).
+    overrides = {"--component-namespace": NAMESPACE, "--allowed-namespaces": NAMESPACE, **FAST}
     for arg in extra:
         key, _, value = arg.partition("=")
         overrides[key] = value

@@ -58,8 +58,13 @@ def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def render(workdir: str, overrides: dict[str, Any] | None = None) -> dict[str, list[Any]]:
-    """``{template file: its YAML documents}`` for the chart with ``overrides`` applied.
+def render(
+    workdir: str,
+    overrides: dict[str, Any] | None = None,
+    extra_templates: dict[str, str] | None = None,
+) -> dict[str, list[Any]]:
+    """``{template file: its YAML documents}`` for the chart with ``overrides`` applied (and
+    ``extra_templates``, ``{file name: text}``, added to its templates: a probe of a helper).
 
     Raises AssertionError with Helm's messages when lint finds an error (a bad value the schema
     rejects, a template that does not render).
@@ -71,6 +76,9 @@ def render(workdir: str, overrides: dict[str, Any] | None = None) -> dict[str, l
     with open(os.path.join(target, "values.yaml"), "w", encoding="utf-8") as handle:
         yaml.safe_dump(merged(values, overrides or {}), handle, sort_keys=False)
     assert os.path.exists(HELM_SDK), NO_HELM_SDK
+    for name, text in (extra_templates or {}).items():
+        with open(os.path.join(target, "templates", name), "w", encoding="utf-8") as handle:
+            handle.write(text)
     names = sorted(n for n in os.listdir(os.path.join(target, "templates")) if n.endswith(".yaml"))
     with open(os.path.join(target, "templates", "zz-render-probe.yaml"), "w") as handle:
         handle.write(PROBE % " ".join(json.dumps(n) for n in names))

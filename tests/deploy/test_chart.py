@@ -323,6 +323,9 @@ def test_chart_app_version_is_the_project_version() -> None:
         version = re.search(r'^version = "([^"]+)"', f.read(), re.MULTILINE)
     assert version is not None
     assert chart()["appVersion"] == version.group(1)
+    # The chart's own version moves with the package's too: make chart-package names the
+    # file after it, and a chart 0.1.0 holding 0.2.0 images would be a second version scheme.
+    assert chart()["version"] == version.group(1)
     assert chart()["name"] == "enflame-gcu"
 
 

@@ -125,6 +125,27 @@ def test_build_image_takes_image_and_tag(tmp_path: str) -> None:
     assert "--tag registry.local/enflame-container-toolkit:dev" in result.stdout
 
 
+@pytest.mark.parametrize("builder", ["docker", "podman", "buildah"])
+def test_build_image_push_pushes_both_images_after_building_them(
+    tmp_path: str, builder: str
+) -> None:
+    """build-image.sh built but never pushed (issue 50 point 2)."""
+    path = _system_path_without_builders(str(tmp_path))
+    _fake_builder(path, builder)
+    image = "registry.example.com/enflame/enflame-gcu-device-plugin"
+    result = _build_image(["--dry-run", "--push", image, "0.1.0"], path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4, lines
+    assert lines[2] == f"{builder} push {image}:0.1.0 "
+    toolkit = "registry.example.com/enflame/enflame-gcu-container-toolkit"
+    assert lines[3] == f"{builder} push {toolkit}:0.1.0 "
+    # Without --push nothing is pushed; with --from-debian there is nothing to push from.
+    assert "push" not in _build_image(["--dry-run", image], path).stdout
+    refused = _build_image(["--push", "--from-debian", str(tmp_path)], path)
+    assert refused.returncode == 2 and "--push needs docker, podman or buildah" in refused.stderr
+
+
 def test_build_image_without_any_builder_says_what_to_install(tmp_path: str) -> None:
     result = _build_image([], _system_path_without_builders(str(tmp_path)))
     assert result.returncode == 1

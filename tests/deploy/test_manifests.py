@@ -35,7 +35,10 @@ EXPECTED_FILES = {
     "enflame-runtimeclass.yaml",
     "enflame-device-plugin-networkpolicy.yaml",
     "examples/pod-gcu-runtimeclass-example.yaml",
+    "enflame-gcu-nodefeaturerule.yaml",
 }
+# Not a built-in API: tests/deploy/test_nfd_node_selection.py checks it.
+CRD_MANIFESTS = {"enflame-gcu-nodefeaturerule.yaml"}
 PLUGIN_HOST_PATHS = {
     # volume name: (host path, mount path, read-only)
     "device-plugin": ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins", False),
@@ -93,7 +96,7 @@ def test_the_vendor_file_set_is_complete() -> None:
 
 
 @pytest.mark.parametrize("version", [OLDEST, NEWEST])
-@pytest.mark.parametrize("name", sorted(EXPECTED_FILES - {EXTENSIONS_MANIFEST}))
+@pytest.mark.parametrize("name", sorted(EXPECTED_FILES - {EXTENSIONS_MANIFEST} - CRD_MANIFESTS))
 def test_manifest_validates_strictly(name: str, version: str) -> None:
     doc = manifest(name)
     # Raises ValidationError (with the offending path) on any unknown or mistyped field.
@@ -151,7 +154,11 @@ def test_daemonsets_run_only_on_gcu_nodes_as_critical_addons(name: str) -> None:
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
-    labels = ["feature.node.kubernetes.io/pci-1e36.present", "enflame.com/gcu.present"]
+    labels = [
+        "feature.node.kubernetes.io/pci-1200_1e36.present",  # NFD's stock class_vendor form
+        "feature.node.kubernetes.io/pci-1e36.present",  # deviceLabelFields: [vendor]
+        "enflame.com/gcu.present",  # the NodeFeatureRule's, or set by hand
+    ]
     # The device plugin never runs where the DRA driver serves GCUs (the toolkit runs on both).
     not_dra = [{"key": "enflame.com/gcu.mode", "operator": "NotIn", "values": ["dra"]}]
     assert terms == [

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 def test_demo_runs_the_manual_scenario_and_heals() -> None:
     done = subprocess.run(
@@ -28,6 +30,19 @@ def test_demo_runs_the_manual_scenario_and_heals() -> None:
     assert "the node's other 6 cards stay out of this container" in out
     assert "exit status 0" in out and "socket removed: yes" in out
     assert out.rstrip().endswith("Demo finished.")
+    # It ends by saying what to try next (issue 50 point 5), each a real target or command.
+    after = out.split("What to try next:", 1)[1]
+    for target in (
+        "make test",
+        "make demo-cluster",
+        "enflame-ctk sim create",
+        "docs/user-guide.md",
+    ):
+        assert target in after, after
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as handle:
+        makefile = handle.read()
+    assert "\ntest:" in makefile and "\ndemo-cluster:" in makefile
+    assert os.path.exists(os.path.join(ROOT, "docs", "user-guide.md"))
     # Nothing of the demo's plugin survives it, and its temp dir is gone.
     plugin_dir = out.split("--plugin-dir ", 1)[1].split()[0]
     running = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

@@ -14,9 +14,10 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
+import grpc
 import pytest
 
-from enflame_gcu.device_plugin import config, kubelet, runner
+from enflame_gcu.device_plugin import config, kubelet, runner, service
 from enflame_gcu.simulation.testing import plugin_process
 from enflame_gcu.simulation.testing.kubelet_stub import KubeletStub
 from enflame_gcu.support import inotify, unix_sockets
@@ -261,6 +262,84 @@ def test_the_old_holder_stopping_never_removes_the_socket_its_successor_bound(
     try:
         asyncio.run(main())
     finally:
+        shutil.rmtree(work)
+
+
+@pytest.mark.parametrize("arrives", ["the successor's socket", "an older plugin's socket"])
+def test_an_instance_binding_anew_never_replaces_a_socket_that_arrived_meanwhile(
+    arrives: str,
+) -> None:
+    """The interleaving behind the wipe test's rare "registrations 1", every card Unhealthy.
+
+    A wipe deletes A's socket, then its lock. A sees its socket gone while the lock file is
+    still there, stops and binds anew; meanwhile the lock goes, B takes it, publishes its socket
+    and calls Register. A's bind, renamed into place, replaced B's socket; A then saw its lock
+    gone and removed that socket as its own. The kubelet, dialing inside B's Register, found
+    nothing at the path for its whole 10 s timeout: no re-registration, the old stream's cards
+    Unhealthy. Forced here in one process; the second case is the same race with an older
+    plugin (no lock) binding the path while A binds, which A must not replace either.
+    """
+    work, root, plugins = plugin_process.make_node("flat-4card")
+    cfg = config.PluginConfig(plugin_dir=plugins, host_root=root)
+    older = socket.socket(socket.AF_UNIX)
+    arrived: list[tuple[int, int] | None] = []
+
+    async def main() -> None:
+        node = runner.NodeResources(cfg)
+        a = kubelet.ResourceServer(cfg, node.state)
+        b = kubelet.ResourceServer(cfg, node.state)
+        async with KubeletStub(plugins, dial_timeout=2.0) as stub:
+            try:
+                assert a.lock.try_acquire()
+                await a.start()
+                os.unlink(cfg.socket_path)  # the wipe's first file: A serves anew
+                await a.stop()
+                real_listen = a._listen
+
+                async def listen_while_the_path_is_taken(
+                    servicer: service.DevicePluginService,
+                ) -> tuple[grpc.aio.Server, str]:
+                    bound = await real_listen(servicer)
+                    if arrives == "the successor's socket":
+                        os.unlink(a.lock.path)  # the wipe's second file
+                        assert b.lock.try_acquire()
+                        await b.start()
+                    else:
+                        older.bind(cfg.socket_path)
+                        older.listen()
+                    arrived.append(unix_sockets.inode(cfg.socket_path))
+                    return bound
+
+                a._listen = listen_while_the_path_is_taken  # type: ignore[method-assign]
+                try:
+                    await a.start()
+                except (kubelet.Occupied, kubelet.LockLost):
+                    pass  # run() goes back to _take_lock: it stands by
+                finally:
+                    await a.stop()  # what A's loop does next; it removes only its own file
+                    if not a.lock.held():  # as run() does: a wiped lock is let go
+                        a.lock.release(unlink=False)
+                # The file that arrived is still the one at the path, and it answers.
+                assert arrived and unix_sockets.inode(cfg.socket_path) == arrived[0]
+                assert unix_sockets.listening(cfg.socket_path), os.listdir(plugins)
+                if arrives == "the successor's socket":
+                    with inotify.ChangeWatcher([plugins]) as watcher:
+                        assert await asyncio.wait_for(b.register(watcher), 10)
+                    await stub.wait_for(lambda k: len(k.allocatable()) == 4, 5, "B's four cards")
+                    assert len(stub.registrations) == 1
+            finally:
+                for server in (a, b):
+                    await server.stop()
+                    server.lock.release()
+        if arrives == "the successor's socket":
+            assert os.listdir(plugins) == []  # B's socket and lock went with B; nothing else left
+        else:
+            assert os.listdir(plugins) == ["enflame.sock"]  # the older plugin's, untouched
+
+    try:
+        asyncio.run(main())
+    finally:
+        older.close()
         shutil.rmtree(work)
 
 

@@ -105,7 +105,7 @@ def test_allocations_metrics_probes_labels_and_dashboard(node: harness.Node) -> 
         "gcu4": [f"default/pod2{SUFFIX}/main"],
         "gcu5": [f"default/pod2{SUFFIX}/main"],
     }
-    assert document["summary"]["by_locality"]["switch"] == 2
+    assert document["summary"]["byLocality"]["switch"] == 2
     # Kubernetes 1.20: List only; GetAllocatableResources came in 1.21.
     assert document["podResources"]["allocatable"] is None
     assert "1.21" in document["podResources"]["allocatableNote"]

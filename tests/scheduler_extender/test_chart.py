@@ -148,3 +148,56 @@ def test_the_plugin_writes_its_node_state(tmp_path: Any) -> None:
     assert len(bound) == 2
     for doc in docs:
         kv.validate(doc, kv.latest_version(), strict=True)
+
+
+CHOICE_PROBE = """apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: probe
+data:
+{{- range $i, $version := list %s }}
+{{- $asked := dict "version" $version "image" "" "api" "" }}
+  v{{ $i }}: {{ include "enflame-gcu.schedulerChoice" $asked | quote }}
+{{- end }}
+"""
+
+
+def test_the_scheduler_image_and_config_api_follow_the_clusters_version(tmp_path: Any) -> None:
+    """1.20.15 with v1beta1 was the default everywhere: kube-schedulers from 1.23 read no
+    v1beta1. Now the cluster's own version chooses both (issue 50 point 3; KEP-785's table)."""
+    expected = {
+        "v1.20.15": ("v1.20.15", "v1beta1"),
+        "v1.21.2": ("v1.21.2", "v1beta1"),
+        "v1.22.17": ("v1.22.17", "v1beta2"),
+        "v1.23.0": ("v1.23.0", "v1beta3"),
+        "v1.24.3": ("v1.24.3", "v1beta3"),
+        "v1.25.16": ("v1.25.16", "v1"),
+        "v1.30.4+k3s1": ("v1.30.4", "v1"),
+        "v1.29.8-eks-a737599": ("v1.29.8", "v1"),
+        "v1.36.0": ("v1.36.0", "v1"),
+    }
+    probe = CHOICE_PROBE % " ".join(f'"{v}"' for v in expected)
+    out = helm_render.render(str(tmp_path), {}, {"zz-choice.yaml": probe})
+    data = out["zz-choice.yaml"][0]["data"]
+    for i, (tag, api) in enumerate(expected.values()):
+        assert yaml.safe_load(data[f"v{i}"]) == {
+            "image": f"registry.k8s.io/kube-scheduler:{tag}",
+            "api": f"kubescheduler.config.k8s.io/{api}",
+        }, list(expected)[i]
+    # The chart's defaults use that choice for the cluster it renders for (lint's own version).
+    docs = rendered(tmp_path / "defaults")["extender.yaml"]
+    config = yaml.safe_load(kind(docs, "ConfigMap")["data"]["config.yaml"])
+    image = container(kind(docs, "Deployment")["spec"]["template"]["spec"], "kube-scheduler")
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert image["image"].startswith("registry.k8s.io/kube-scheduler:v1.")
+    assert image["image"] != "registry.k8s.io/kube-scheduler:v1.20.15"
+    # Set values win.
+    set_ = rendered(
+        tmp_path / "set", schedulerImage="r.example/ks:v1.22.1",
+        configApiVersion="kubescheduler.config.k8s.io/v1beta2",
+    )["extender.yaml"]  # fmt: skip
+    assert yaml.safe_load(kind(set_, "ConfigMap")["data"]["config.yaml"])["apiVersion"].endswith(
+        "/v1beta2"
+    )
+    spec = kind(set_, "Deployment")["spec"]["template"]["spec"]
+    assert container(spec, "kube-scheduler")["image"] == "r.example/ks:v1.22.1"

@@ -1,6 +1,8 @@
 """CDI specs for ``enflame.com/gcu`` (and ``enflame.com/vgcu``): generate, list and validate.
 
-Devices are named by minor (``enflame.com/gcu=0``) plus ``all``; ``/dev/gcuctl`` and the
+Cards are named by minor (``enflame.com/gcu=0``), by PCI address (``enflame.com/gcu=0000:11:00.0``,
+the name that stays when minors are handed out in another order), plus ``all``; vGCUs by minor.
+``/dev/gcuctl`` and the
 configured driver mounts/env go into the spec-wide ``containerEdits``. The per-device edits come
 from :func:`edits.for_devices`, the same model Allocate and the runtime use, so all three inject
 the same nodes. One deliberate difference: no per-device ``ENFLAME_VISIBLE_DEVICES``, because
@@ -74,6 +76,8 @@ def build_specs(
             continue
         entries = [_device_entry(inventory, name[len(kind) :], [name]) for name in names]
         if kind == "gcu":
+            by_name = inventory.card_by_name()
+            entries += [_device_entry(inventory, by_name[name].bdf, [name]) for name in names]
             entries.append(_device_entry(inventory, "all", names))
         spec: dict[str, Any] = {
             "cdiVersion": BASE_VERSION,

@@ -47,7 +47,9 @@ class Foreign:
     def describe(self) -> tuple[str, ...]:
         """One line per entry."""
         return tuple(
-            f"{changes.dotted(r['path'])} = {r['new']!r}" for r in self.records if "new" in r
+            f"{changes.dotted(r['path'])} = {changes.literal(r['new'], self.format)}"
+            for r in self.records
+            if "new" in r
         )
 
 

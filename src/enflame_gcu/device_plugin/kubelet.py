@@ -5,8 +5,10 @@
   takes over when the holder stops. A live socket at our path that nobody locked (an older plugin)
   is never deleted: we wait for it to go away. An instance removes only the socket file that is
   still its own, and only while its listener is open (a closed socket's inode number is free for the
-  successor's socket at once); gRPC binds a private name that is renamed into place, because gRPC
-  deletes the path it bound when the server stops, whoever's file is there by then.
+  successor's socket at once); gRPC binds a private name that is linked into place, because gRPC
+  deletes the path it bound when the server stops, whoever's file is there by then. The link never
+  replaces a file, and an instance whose lock went does not publish at all: a successor's socket
+  at the path is never ours to replace.
 - **Healing.** The kubelet deletes every socket in its plugin dir when it restarts and re-creates
   ``kubelet.sock``; someone may also delete our socket by hand. Inotify on the plugin dir (plus a
   one-second check for what events miss) notices both; the old server is stopped before the new
@@ -17,7 +19,7 @@
   touch, and ending that stream would mark every card unhealthy. The usual deleter is the plugin
   we took the socket name over from (topscloud's, on ``enflame-ctk migrate``): a gRPC server, Go's
   or ours, unlinks the path it bound, by name, when it stops, and that name is ours by then. A new
-  listener (same service, same state) is bound privately and renamed into place; the connection
+  listener (same service, same state) is bound privately and linked into place; the connection
   and stream the kubelet has stay open. Only when the kubelet.sock changed too (a kubelet
   restart), the lock went, or another file took the path do we serve and register anew.
 - **A plugin dir we cannot use** (missing, read-only, not a directory) is one error line, then
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -78,6 +81,11 @@ class DirUnusable(Exception):
 
 class Occupied(Exception):
     """A live server we do not know listens on our socket path."""
+
+
+class LockLost(Exception):
+    """The lock we took is no longer the one at its path (deleted or replaced): not ours to
+    serve until :meth:`ResourceServer._take_lock` says so again."""
 
 
 class _Trouble:
@@ -163,9 +171,11 @@ class ResourceServer:
     async def start(self) -> None:
         """Serve on our socket (we hold the lock), removing a stale file nobody listens on.
 
-        gRPC binds a private name next to the socket, which is then renamed to the socket path:
+        gRPC binds a private name next to the socket, which is then linked to the socket path:
         gRPC removes the path it bound, by name, when the server stops, and by then the socket
-        path may hold a successor's socket (another instance took over after a wipe).
+        path may hold a successor's socket (another instance took over after a wipe). Occupied
+        when a file took the path while we bound, LockLost when our lock went meanwhile; either
+        way nothing of ours is left serving.
         """
         self._check_dir()
         path = self.socket_path
@@ -188,7 +198,11 @@ class ResourceServer:
         except DirUnusable:
             self._service = None
             raise
-        await self._publish(private)
+        try:
+            await self._publish(private)
+        except (Occupied, LockLost):
+            await self.stop()  # nothing of ours is at the path: stop the unpublished server
+            raise
         log.debug("serving %s on %s", self.resource_name, path)
 
     async def _listen(self, servicer: service.DevicePluginService) -> tuple[grpc.aio.Server, str]:
@@ -207,14 +221,26 @@ class ResourceServer:
         return server, private
 
     async def _publish(self, private: str) -> None:
-        """Rename our private bind into place and remember the file's identity."""
+        """Link our private bind into place (never over another file) and remember the file's
+        identity; Occupied when a file arrived at the path meanwhile, LockLost when our lock went.
+
+        A rename would replace whatever is at the path: an instance whose lock was wiped while
+        it was binding (the lock is checked before its bind, not at this instant) replaced the
+        socket its successor had just published and registered, and then removed it as its own
+        when it saw the lock gone; the kubelet, dialing that path inside the successor's Register,
+        found nothing for its whole 10 s timeout (tests/device_plugin/test_two_instances.py).
+        """
         # Nobody else knows the private name: this is the identity of the file we bound.
         bound = unix_sockets.inode(private)
+        if self.lock.acquired and not self.lock.held():
+            raise LockLost(self.lock.path)  # tests serve without taking the lock at all
         try:
-            os.rename(private, self.socket_path)
+            _link_no_replace(private, self.socket_path)
         except FileNotFoundError:
             # Wiped before we published it: None makes _lost() say so, and we serve again.
             bound = None
+        except FileExistsError as exc:
+            raise Occupied(self.socket_path) from exc
         except OSError as exc:
             await self.stop()
             raise DirUnusable(
@@ -254,6 +280,9 @@ class ResourceServer:
             return False
         try:
             await self._publish(private)
+        except (Occupied, LockLost):
+            await server.stop(None)  # someone else's file arrived, or our lock went: serve anew
+            return False
         except DirUnusable as exc:
             await server.stop(None)
             log.warning("%s", exc)
@@ -443,8 +472,8 @@ class ResourceServer:
         while not self.stopping.is_set():
             try:
                 await self.start()
-            except Occupied:
-                return  # _take_lock waits for the foreign server to go
+            except (Occupied, LockLost):
+                return  # _take_lock waits for the foreign server to go, or takes the lock anew
             except DirUnusable as exc:
                 await self.stop()
                 await wait_any(watcher, self.stopping, self._trouble.failed(str(exc)))
@@ -471,6 +500,23 @@ class ResourceServer:
     async def close(self) -> None:
         """Ask :meth:`run` to end (it stops the server and releases the lock)."""
         self.stopping.set()
+
+
+def _link_no_replace(source: str, target: str) -> None:
+    """Give ``source`` the name ``target`` unless ``target`` exists (FileExistsError), then
+    drop ``source``: the rename that never replaces (link(2) fails on an existing target)."""
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+            raise
+        # A file system without hard links for sockets: rename, checked just before.
+        if os.path.lexists(target):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), target) from exc
+        os.rename(source, target)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(source)  # gRPC's own unlink of the bound name at stop then finds nothing
 
 
 def _cause(reason: str) -> str:

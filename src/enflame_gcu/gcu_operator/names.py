@@ -20,8 +20,11 @@ VALIDATED_LABEL = "enflame.com/gcu.validated"
 OWNER_LABEL_PREFIX = "enflame.com/gcu.owner."
 # The user's per-node choice of DRA (the same label the chart and deploy/dra use).
 MODE_LABEL = "enflame.com/gcu.mode"
-# GCU nodes: Node Feature Discovery's label for PCI vendor 0x1e36, or the hand-set one.
+# GCU nodes: Node Feature Discovery's stock label (PCI class 1200, the processing accelerator
+# class GCUs report, and vendor 1e36), its short form (deviceLabelFields: [vendor]), or the one
+# the NodeFeatureRule (deploy/yaml/enflame-gcu-nodefeaturerule.yaml) or a person sets.
 GCU_NODE_LABELS = (
+    ("feature.node.kubernetes.io/pci-1200_1e36.present", "true"),
     ("feature.node.kubernetes.io/pci-1e36.present", "true"),
     ("enflame.com/gcu.present", "true"),
 )

@@ -294,8 +294,23 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     say()
+    if status == 0:
+        for line in NEXT_STEPS:
+            say(line)
+        say()
     say("Demo finished." if status == 0 else "Demo FAILED.")
     return status
+
+
+# What the demo leaves the reader with: each a command of this checkout (README, "Set up").
+NEXT_STEPS = (
+    "What to try next:",
+    "  make test               the whole suite (installs the test tools first: README)",
+    "  make demo-cluster       the same story on a real control plane, through the operator",
+    "  enflame-ctk sim create /tmp/node && enflame-ctk info --host-root /tmp/node",
+    "                          a simulated node of your own, and what the toolkit sees there",
+    "  docs/user-guide.md      from a bare GCU node to `ls /dev/gcu*` in a pod",
+)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def test_cli_configure_then_unconfigure(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert f"enflame-ctk: {path} was created" in captured.err
-    assert "added default-runtime = 'enflame'" in captured.err
+    assert 'added default-runtime = "enflame"' in captured.err
     assert json.loads(read(path))["default-runtime"] == "enflame"
     assert run_cli("runtime", "unconfigure", "--runtime", "docker", "--config", path) == 0
     assert f"enflame-ctk: {path} was deleted" in capsys.readouterr().err

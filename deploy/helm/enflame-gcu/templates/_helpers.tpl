@@ -98,11 +98,12 @@ app.kubernetes.io/instance: {{ .context.Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{/* The plugin's --resources list: gcu, plus vgcu and shared-gcu when turned on. */}}
+{{/* The plugin's --resources list: gcu, plus vgcu, shared-gcu and drs-gcu when turned on. */}}
 {{- define "enflame-gcu.pluginResources" -}}
 {{- $kinds := list "gcu" -}}
 {{- if .Values.vgcu.enabled -}}{{- $kinds = append $kinds "vgcu" -}}{{- end -}}
 {{- if .Values.sharing.enabled -}}{{- $kinds = append $kinds "shared-gcu" -}}{{- end -}}
+{{- if .Values.devicePlugin.drs -}}{{- $kinds = append $kinds "drs-gcu" -}}{{- end -}}
 {{- join "," $kinds -}}
 {{- end -}}
 
@@ -207,4 +208,50 @@ tolerations:
 {{- if not (or (.context.Capabilities.APIVersions.Has .api) (has .api (.context.Values.apiVersions | default list))) -}}
 {{- fail (printf "%s needs the API %s, which this cluster does not serve (%s); with helm template, list it in apiVersions" .for .api .needs) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* How many of .nodes (Node objects, as lookup lists them) carry any of .anyOfLabels
+     (nodeSelection's list): the NOTES say so when it is none. */}}
+{{- define "enflame-gcu.matchingNodeCount" -}}
+{{- $count := 0 -}}
+{{- range $node := .nodes -}}
+{{- $labels := (($node.metadata | default dict).labels | default dict) -}}
+{{- $hit := false -}}
+{{- range $.anyOfLabels -}}
+{{- if and (hasKey $labels .key) (eq (toString (get $labels .key)) (toString .value)) -}}
+{{- $hit = true -}}
+{{- end -}}
+{{- end -}}
+{{- if $hit -}}
+{{- $count = add1 $count -}}
+{{- end -}}
+{{- end -}}
+{{- $count -}}
+{{- end -}}
+
+{{/* The kube-scheduler image and KubeSchedulerConfiguration apiVersion of extender mode
+     scheduler, as JSON {"image", "api"}: .image and .api when set, else chosen from the
+     cluster's version .version (e.g. v1.30.4+k3s1): that version's registry.k8s.io
+     kube-scheduler, and kubescheduler.config.k8s.io v1 from 1.25, v1beta3 for 1.23-1.24,
+     v1beta2 for 1.22, v1beta1 for 1.19-1.21 (each the newest that Kubernetes version reads;
+     KEP-785). Older clusters must set both. */}}
+{{- define "enflame-gcu.schedulerChoice" -}}
+{{- $v := semver .version -}}
+{{- $minor := int $v.Minor -}}
+{{- $api := .api -}}
+{{- if not $api -}}
+{{- if or (ne (int $v.Major) 1) (lt $minor 19) -}}
+{{- fail (printf "Kubernetes %s: the extender's scheduler needs 1.19 or later (KubeSchedulerConfiguration beta or v1); set extender.schedulerImage and extender.configApiVersion yourself" .version) -}}
+{{- else if ge $minor 25 -}}
+{{- $api = "kubescheduler.config.k8s.io/v1" -}}
+{{- else if ge $minor 23 -}}
+{{- $api = "kubescheduler.config.k8s.io/v1beta3" -}}
+{{- else if eq $minor 22 -}}
+{{- $api = "kubescheduler.config.k8s.io/v1beta2" -}}
+{{- else -}}
+{{- $api = "kubescheduler.config.k8s.io/v1beta1" -}}
+{{- end -}}
+{{- end -}}
+{{- $image := .image | default (printf "registry.k8s.io/kube-scheduler:v%d.%d.%d" (int $v.Major) $minor (int $v.Patch)) -}}
+{{- dict "image" $image "api" $api | toJson -}}
 {{- end -}}

@@ -166,7 +166,8 @@ def render_text(view: holders.NodeView, document: dict[str, Any]) -> str:
     if known:
         lines.append(common.printable(view.summary()))
     else:
-        lines.append(common.printable(f"holders unknown: {document['pod_resources']['error']}"))
+        # Why goes to stderr, once (run() prints it): the table's own last line only says so.
+        lines.append("holders unknown: the PodResources API is not available (why: on stderr)")
     return "\n".join(line.rstrip() for line in lines)
 
 

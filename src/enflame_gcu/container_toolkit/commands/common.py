@@ -63,7 +63,10 @@ def warn(message: str) -> None:
 
 # Keys of these maps are data (locality, label, resource or CDI device names), not field names.
 DATA_MAPS = frozenset({"byLocality", "labels", "allocatable", "duplicates"})
-# Release whose --json output drops the snake_case spellings kept beside the camelCase keys.
+# --json keys are camelCase only (as Kubernetes objects and node-mode.json spell them): printing
+# the 0.1 snake_case twin beside each doubled every document. A script still reading the old
+# names sets this variable to 1 and gets the twins back until LEGACY_KEYS_UNTIL.
+LEGACY_KEYS_ENV = "ENFLAME_CTK_JSON_SNAKE_CASE"
 LEGACY_KEYS_UNTIL = "0.2.0"
 
 
@@ -73,9 +76,9 @@ def camel(name: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
-def json_keys(value: Any, *, legacy: bool = True) -> Any:
-    """``value`` with every field name camelCase; with ``legacy`` the 0.1 snake_case name of a
-    renamed field follows it with the same value, until :data:`LEGACY_KEYS_UNTIL`."""
+def json_keys(value: Any, *, legacy: bool = False) -> Any:
+    """``value`` with every field name camelCase; with ``legacy`` (:data:`LEGACY_KEYS_ENV`) the
+    0.1 snake_case name of a renamed field follows it with the same value."""
     if isinstance(value, Mapping):
         result: dict[str, Any] = {}
         for key, item in value.items():
@@ -92,7 +95,7 @@ def json_keys(value: Any, *, legacy: bool = True) -> Any:
 
 def json_document(kind: str, document: Mapping[str, Any]) -> dict[str, Any]:
     """A ``--json`` document: ``schemaVersion`` and ``kind`` first, camelCase keys."""
-    converted: dict[str, Any] = json_keys(document)
+    converted: dict[str, Any] = json_keys(document, legacy=os.environ.get(LEGACY_KEYS_ENV) == "1")
     return {"schemaVersion": SCHEMA_VERSION, "kind": kind, **converted}
 
 

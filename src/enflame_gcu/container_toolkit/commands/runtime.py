@@ -199,4 +199,10 @@ def _report(change: engines.Change, args: argparse.Namespace) -> int:
             common.note(engine_reload.reload(change, args.host_root))
         else:
             common.note(f"{change.engine}: nothing changed, not restarted")
+    elif change.changed:
+        # The engine reads its config at start only: said as the installer says it.
+        common.note(
+            f"{change.engine}: restart it so it loads the change (systemctl restart "
+            f"{change.engine}), or run again with --restart-engine"
+        )
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -145,17 +146,43 @@ def revert(document: formats.Document, records: Sequence[Record]) -> list[str]:
     return undone
 
 
-def describe(records: Sequence[Record]) -> tuple[str, ...]:
-    """One line per recorded change, for the CLI's report."""
+def literal(value: Any, syntax: str = "toml") -> str:
+    """``value`` as the file's own syntax writes it (``toml`` or ``json``): the report shows
+    ``true`` and ``""``, as the user will read them in the file, not Python's ``True``, ``''``."""
+    if syntax == "json":
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a TOML basic string: JSON's escapes
+    if isinstance(value, Mapping):
+        items = ", ".join(f"{_toml_key(k)} = {literal(v)}" for k, v in value.items())
+        return "{ " + items + " }" if items else "{}"
+    if isinstance(value, Sequence):
+        return "[" + ", ".join(literal(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+def _toml_key(key: object) -> str:
+    text = str(key)
+    bare = bool(text) and all(c.isascii() and (c.isalnum() or c in "-_") for c in text)
+    return text if bare else json.dumps(text, ensure_ascii=False)
+
+
+def describe(records: Sequence[Record], syntax: str = "toml") -> tuple[str, ...]:
+    """One line per recorded change, for the CLI's report, values in the file's syntax."""
     lines = []
     for record in records:
         name = dotted(record["path"])
         if record["op"] == "add":
-            lines.append(f"added {name} = {record['new']!r}")
+            lines.append(f"added {name} = {literal(record['new'], syntax)}")
         elif record["op"] == "replace":
-            lines.append(f"set {name} = {record['new']!r} (was {record['old']!r})")
+            new, old = literal(record["new"], syntax), literal(record["old"], syntax)
+            lines.append(f"set {name} = {new} (was {old})")
         elif record["op"] == "append":
-            lines.append(f"appended {record['item']!r} to {name}")
+            lines.append(f"appended {literal(record['item'], syntax)} to {name}")
     return tuple(lines)
 
 

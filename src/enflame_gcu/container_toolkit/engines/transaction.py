@@ -147,7 +147,9 @@ def _file_change(p: _Pending, backup: str | None) -> base.FileChange:
         return base.FileChange(p.plan.path, "unchanged")
     action: Literal["created", "modified"] = "created" if p.before is None else "modified"
     paths = tuple(changes.dotted(r["path"]) for r in p.records)
-    return base.FileChange(p.plan.path, action, changes.describe(p.records), backup, paths)
+    return base.FileChange(
+        p.plan.path, action, changes.describe(p.records, p.plan.format), backup, paths
+    )
 
 
 def _most_private(identities: list[os.stat_result | None]) -> os.stat_result | None:
