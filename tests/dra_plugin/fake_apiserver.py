@@ -72,6 +72,7 @@ class FakeApiServer:
         self.events: list[tuple[int, str, dict[str, Any]]] = []
         self.requests: list[tuple[str, str, int]] = []
         self.conflict_next_update = 0
+        self.down = False  # an outage: every request is dropped without an answer
         self._watchers: list[queue.Queue[tuple[int, str, dict[str, Any]] | None]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -195,6 +196,12 @@ class FakeApiServer:
 
             def log_message(self, format: str, *args: Any) -> None:
                 return
+
+            def parse_request(self) -> bool:
+                if fake.down:  # an outage: answer nothing, hang up
+                    self.close_connection = True
+                    return False
+                return super().parse_request()
 
             def _reply(self, code: int, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()

@@ -65,6 +65,16 @@ class DraConfig:
             drs.selection_items(self.drs)
         except ValueError as exc:
             raise ConfigError(f"--drs: {exc}") from None
+        for flag, value in (
+            ("--host-root", self.root),
+            ("--registry-dir", self.registry_dir),
+            ("--plugin-dir", self.plugin_dir or self.data_dir),
+            ("--cdi-dir", self.cdi_dir),
+        ):
+            # As the device plugin: a relative path would follow the working directory, and
+            # the kubelet needs absolute socket paths.
+            if not os.path.isabs(value):
+                raise ConfigError(f"{flag} must be an absolute path, got {value!r}")
         for path in (self.registration_socket, self.endpoint):
             if len(path.encode()) > MAX_SOCKET_PATH:
                 raise ConfigError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes")

@@ -31,12 +31,18 @@ def _setup_logging(level: str) -> None:
 
 
 async def run(settings: dra_config.DraConfig) -> int:
-    """Run until SIGTERM/SIGINT; 0 on a clean stop, 1 when the driver cannot start or a part
-    of it (serving the kubelet, publishing) ends or fails on its own."""
+    """Run until SIGTERM/SIGINT; 0 on a clean stop, 2 without API server credentials, 1 when
+    the driver cannot start or a part of it (serving the kubelet, publishing) ends or fails on
+    its own."""
     devices = node.for_settings(settings, defer_drs=True)  # DRS on after the record is read
     for problem in devices.inventory.problems:
         log.warning("%s", problem)
-    client = apiserver.connect(settings.kubeconfig)
+    try:
+        # Prepare reads every claim from the API server, so even --no-publish needs a client.
+        client = apiserver.connect(settings.kubeconfig)
+    except ConfigError as exc:
+        log.error("%s; pass --kubeconfig or run in a pod with a service account token", exc)
+        return 2
     api = apiserver.ApiServer(client, settings.node_name, settings.driver_name)
     exported = observability.DriverMetrics()
     exported.publishing = settings.publish
@@ -129,7 +135,11 @@ async def _publish_while_serving(
 
 
 async def _cleanup(settings: dra_config.DraConfig, every_node: bool) -> int:
-    client = apiserver.connect(settings.kubeconfig)
+    try:
+        client = apiserver.connect(settings.kubeconfig)
+    except ConfigError as exc:
+        log.error("%s; pass --kubeconfig or run in a pod with a service account token", exc)
+        return 2
     try:
         api = apiserver.ApiServer(client, settings.node_name, settings.driver_name)
         count = await api.delete_driver_slices(every_node)

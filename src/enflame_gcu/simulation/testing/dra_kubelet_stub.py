@@ -6,6 +6,12 @@ the advertised list, dials the endpoint, reports the outcome with NotifyRegistra
 drops a plugin whose socket goes away. Prepare/Unprepare use the chosen version with the
 kubelet's 45 s timeout; the health stream prefers v1. ``restart()`` forgets every plugin and
 calls ``on_start`` (the real kubelet deletes the node's ResourceSlices when it starts).
+
+:meth:`DraKubeletStub.follow_health` keeps device health as the kubelet's health cache does
+(``pkg/kubelet/cm/dra/healthinfo.go``, DRA.md §3): each device is stamped with the time its
+report was *received* (the driver's ``last_updated_time`` is not used for that), reads as
+Unknown once no report came within its ``health_check_timeout_seconds`` (30 s when <= 0), and
+the driver's data is dropped when its stream ends.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from enflame_gcu._proto import (
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT = 45.0
+DEFAULT_HEALTH_TIMEOUT = 30.0
+HEALTH_NAMES = {0: "Unknown", 1: "Healthy", 2: "Unhealthy"}
 SCAN_INTERVAL = 0.05
 DRA_SERVICES = {
     "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
@@ -80,6 +88,17 @@ class Refusal:
     error: str
 
 
+@dataclass(slots=True)
+class HealthEntry:
+    """One device in the kubelet's health cache."""
+
+    health: str
+    received: float
+    timeout: float
+    last_updated_time: int
+    message: str
+
+
 def _identity(path: str) -> tuple[int, int, int] | None:
     try:
         info = os.stat(path)
@@ -101,6 +120,9 @@ class DraKubeletStub:
     _task: asyncio.Task[None] | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _seen: dict[str, tuple[int, int, int] | None] = field(default_factory=dict)
+    health: dict[tuple[str, str, str], HealthEntry] = field(default_factory=dict)
+    health_reports: int = 0
+    _health_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     async def start(self) -> None:
         """Start watching the registry directory (and wipe slices, as a starting kubelet does)."""
@@ -116,6 +138,11 @@ class DraKubeletStub:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for task in self._health_tasks.values():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await task
+        self._health_tasks.clear()
         for plugin in list(self.plugins.values()):
             await plugin.channel.close()
         self.plugins.clear()
@@ -290,3 +317,43 @@ class DraKubeletStub:
                 yield response
         finally:
             call.cancel()
+
+    def follow_health(self, driver: str) -> None:
+        """Open the driver's health stream and keep its reports as the kubelet's cache does."""
+        if driver in self._health_tasks and not self._health_tasks[driver].done():
+            return
+        self._health_tasks[driver] = asyncio.ensure_future(self._follow(driver))
+
+    async def _follow(self, driver: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async for response in self.watch_health(driver):
+                now = loop.time()
+                self.health_reports += 1
+                for item in response.devices:
+                    timeout = float(item.health_check_timeout_seconds)
+                    self.health[(driver, item.device.pool_name, item.device.device_name)] = (
+                        HealthEntry(
+                            health=HEALTH_NAMES.get(int(item.health), "Unknown"),
+                            received=now,
+                            timeout=timeout if timeout > 0 else DEFAULT_HEALTH_TIMEOUT,
+                            last_updated_time=int(item.last_updated_time),
+                            message=item.message,
+                        )
+                    )
+                self._notify()
+        except grpc.aio.AioRpcError as exc:
+            log.info("health stream of %s ended: %s", driver, exc.code().name)
+        finally:
+            # The kubelet clears a driver's health data when its stream ends.
+            for key in [k for k in self.health if k[0] == driver]:
+                del self.health[key]
+
+    def device_health(self, driver: str, pool: str, device: str) -> str:
+        """Healthy, Unhealthy or Unknown, as the kubelet reads it into a pod's status now."""
+        entry = self.health.get((driver, pool, device))
+        if entry is None:
+            return "Unknown"
+        if asyncio.get_running_loop().time() - entry.received > entry.timeout:
+            return "Unknown"
+        return entry.health
