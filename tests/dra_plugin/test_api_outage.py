@@ -46,3 +46,30 @@ def test_an_outage_fails_only_the_claims_that_must_be_read() -> None:
             await outage(where, fake)
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+async def retried(where: harness.Node, fake: FakeApiServer) -> None:
+    fake.add_node(harness.NODE)
+    fake.add_claim(harness.claim_document(*A, [("gcus", "gcu-0"), ("gcus", "gcu-1")]))
+    client = apiserver.connect(fake.kubeconfig(f"{where.work}/kubeconfig"))
+    try:
+        async with harness.running(where, apiserver.ApiServer(client, harness.NODE)) as env:
+            await env.kubelet.wait_registered(DRIVER)
+            fake.down = True
+            loop = asyncio.get_running_loop()
+            loop.call_later(0.5, setattr, fake, "down", False)  # back after half a second
+            pod = await env.kubelet.prepare_pod(DRIVER, [A], backoff=0.3)
+            assert pod.attempts >= 2 and "unreachable" in pod.errors[0]
+            assert [d.device_name for d in pod.devices["uid-a"]] == ["gcu-0", "gcu-1"]
+            gone = await env.kubelet.unprepare_pod(DRIVER, [A], backoff=0.3)
+            assert gone.attempts == 1 and env.driver.prepared == {}
+    finally:
+        await client.close()
+
+
+def test_the_kubelets_retry_prepares_the_claim_once_the_server_is_back() -> None:
+    async def main() -> None:
+        with harness.simulated_node() as where, FakeApiServer() as fake:
+            await retried(where, fake)
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -12,6 +12,12 @@ calls ``on_start`` (the real kubelet deletes the node's ResourceSlices when it s
 report was *received* (the driver's ``last_updated_time`` is not used for that), reads as
 Unknown once no report came within its ``health_check_timeout_seconds`` (30 s when <= 0), and
 the driver's data is dropped when its stream ends.
+
+:meth:`DraKubeletStub.prepare_pod` and :meth:`DraKubeletStub.unprepare_pod` are the kubelet's
+pod-level use of the calls (DRA.md §2, §4): 45 s per call; a gRPC error discards the answer; a
+claim whose entry has an ``error`` or is missing is asked again, with a doubling back-off,
+until it is prepared (unprepared) or the attempts run out; an entry for a claim it did not ask
+about is an error.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ from enflame_gcu._proto import (
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT = 45.0
+RETRY_BACKOFF = 10.0  # the pod worker's first back-off; doubled up to MAX_BACKOFF
+MAX_BACKOFF = 300.0
 DEFAULT_HEALTH_TIMEOUT = 30.0
 HEALTH_NAMES = {0: "Unknown", 1: "Healthy", 2: "Unhealthy"}
 SCAN_INTERVAL = 0.05
@@ -86,6 +94,19 @@ class Refusal:
 
     socket: str
     error: str
+
+
+class KubeletRetriesExhausted(Exception):
+    """The claims stayed unprepared (or prepared) after every attempt; the text says why."""
+
+
+@dataclass(slots=True)
+class PodCall:
+    """What a pod-level Prepare or Unprepare ended with."""
+
+    devices: dict[str, list[Any]]
+    attempts: int
+    errors: list[str]
 
 
 @dataclass(slots=True)
@@ -357,3 +378,68 @@ class DraKubeletStub:
         if asyncio.get_running_loop().time() - entry.received > entry.timeout:
             return "Unknown"
         return entry.health
+
+    async def _pod_call(
+        self,
+        operation: str,
+        driver: str,
+        claims: Sequence[tuple[str, str, str]],
+        attempts: int,
+        backoff: float,
+    ) -> PodCall:
+        pending = {uid: (namespace, name, uid) for namespace, name, uid in claims}
+        done: dict[str, list[Any]] = {}
+        errors: list[str] = []
+        delay = backoff
+        for attempt in range(1, attempts + 1):
+            call = self.prepare if operation == "prepare" else self.unprepare
+            try:
+                answer = await call(driver, list(pending.values()), timeout=CALL_TIMEOUT)
+            except (grpc.aio.AioRpcError, LookupError) as exc:
+                # A gRPC error: the kubelet discards the answer and retries every claim.
+                text = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                errors.append(f"attempt {attempt}: {operation} failed: {text}")
+            else:
+                unknown = sorted(set(answer.claims) - set(pending))
+                if unknown:
+                    errors.append(f"attempt {attempt}: answer for claims not asked: {unknown}")
+                for uid in list(pending):
+                    if uid not in answer.claims:
+                        errors.append(f"attempt {attempt}: claim {uid} missing in the answer")
+                    elif answer.claims[uid].error:
+                        errors.append(f"attempt {attempt}: {uid}: {answer.claims[uid].error}")
+                    else:
+                        entry = answer.claims[uid]
+                        done[uid] = list(getattr(entry, "devices", []))
+                        del pending[uid]
+                if not pending and not unknown:
+                    return PodCall(done, attempt, errors)
+            if attempt < attempts:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_BACKOFF)
+        raise KubeletRetriesExhausted(
+            f"{operation} of {sorted(pending)} did not succeed in {attempts} attempts: "
+            + "; ".join(errors[-3:])
+        )
+
+    async def prepare_pod(
+        self,
+        driver: str,
+        claims: Sequence[tuple[str, str, str]],
+        *,
+        attempts: int = 5,
+        backoff: float = RETRY_BACKOFF,
+    ) -> PodCall:
+        """Prepare a pod's claims as the kubelet does: ask again for what failed."""
+        return await self._pod_call("prepare", driver, claims, attempts, backoff)
+
+    async def unprepare_pod(
+        self,
+        driver: str,
+        claims: Sequence[tuple[str, str, str]],
+        *,
+        attempts: int = 5,
+        backoff: float = RETRY_BACKOFF,
+    ) -> PodCall:
+        """Unprepare after the pod's end as the kubelet does (the pod stays Terminating)."""
+        return await self._pod_call("unprepare", driver, claims, attempts, backoff)
