@@ -14,7 +14,15 @@ import sys
 from collections.abc import Sequence
 
 from enflame_gcu import __version__, devices, fileio
-from enflame_gcu.dra_plugin import apiserver, driver, kubelet, node, observability, publisher
+from enflame_gcu.dra_plugin import (
+    apiserver,
+    driver,
+    handover,
+    kubelet,
+    node,
+    observability,
+    publisher,
+)
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.errors import ConfigError, PathOutsideRootError
 from enflame_gcu.support import aio
@@ -76,8 +84,17 @@ async def run(settings: dra_config.DraConfig) -> int:
             log.error("cannot serve --http-address %s: %s", settings.http_address, exc)
             await client.close()
             return 1
+    holdings = None
+    if settings.pod_resources_socket:
+        # Before anything is published or prepared: a card a device-plugin pod holds is
+        # never offered, not even for the first seconds.
+        holdings = handover.PluginHoldings(devices, settings.pod_resources_socket)
+        await holdings.read_once()
     tasks = [asyncio.ensure_future(plugin.serve_until(stop))]
     health = asyncio.ensure_future(devices.run())
+    watch_holdings = asyncio.ensure_future(
+        holdings.run() if holdings is not None else asyncio.Event().wait()
+    )
     cards = asyncio.ensure_future(prepare.watch_cards())
     beat = asyncio.ensure_future(exported.heartbeat())
     if settings.publish:
@@ -96,8 +113,9 @@ async def run(settings: dra_config.DraConfig) -> int:
         health.cancel()
         cards.cancel()
         beat.cancel()
+        watch_holdings.cancel()
         results = await asyncio.gather(*tasks, health, return_exceptions=True)
-        await asyncio.gather(beat, cards, return_exceptions=True)
+        await asyncio.gather(beat, cards, watch_holdings, return_exceptions=True)
         await prepare.drain()  # a call the kubelet gave up on still ends on record
         if http is not None:
             http.stop()
