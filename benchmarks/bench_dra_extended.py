@@ -11,7 +11,11 @@ of the cards busy, on simulated boards, for three ways of choosing a pod's N car
   same ``pcieSwitch`` -> same ``pcieRootPort`` -> same ``numaNode`` -> any N, each alternative
   with a ``matchAttribute`` constraint, resolved as the allocator does (first alternative that
   fits; in it, the first device in published order whose attribute group has N free; a device
-  lacking the attribute is never chosen for that alternative). One card: no constraint.
+  lacking the attribute is never chosen for that alternative). One card: no constraint;
+- ``dra_switch_local_busiest_first``: the same claim, with the devices published busiest switch
+  first (fewest free cards, then published order), so the allocator's first fit becomes a best
+  fit. Idealised: the order is current at every allocation, which a driver re-publishing its
+  slices after each Prepare/Unprepare only approaches (not implemented; what it would gain).
 
 The devices, their order and attributes are what the driver publishes for the board
 (``resourceslices.node_devices``), not a copy. A request that does not fit in the free cards is
@@ -92,6 +96,26 @@ def switch_local(devices_in_order: list[tuple[str, dict[str, Any]]]) -> churn.Ch
     return choose
 
 
+def busiest_first(devices_in_order: list[tuple[str, dict[str, Any]]]) -> churn.Choose:
+    """The switch-local claim over devices ordered busiest switch first at each allocation."""
+    order = [name for name, _ in devices_in_order]
+    attributes = dict(devices_in_order)
+    rank = {name: i for i, name in enumerate(order)}
+
+    def choose(available: Sequence[str], size: int) -> list[str]:
+        free: dict[Any, int] = {}
+        for name in available:
+            switch = attributes[name].get("pcieSwitch")
+            free[switch] = free.get(switch, 0) + 1
+        ranked = sorted(
+            order,
+            key=lambda n: (free.get(attributes[n].get("pcieSwitch"), len(order) + 1), rank[n]),
+        )
+        return switch_local([(n, attributes[n]) for n in ranked])(available, size)
+
+    return choose
+
+
 def calibrate(cards: int, mix: dict[int, float], seed: int) -> tuple[float, float]:
     """The arrival probability whose trace keeps about ``TARGET_BUSY`` of the cards busy."""
     best = (0.5, 0.0)
@@ -114,6 +138,7 @@ def one_board(name: str, directory: str) -> dict[str, Any]:
         "device_plugin": lambda a, s: policy.choose(a, [], s),
         "dra_plain": first_fit([n for n, _ in order]),
         "dra_switch_local": switch_local(order),
+        "dra_switch_local_busiest_first": busiest_first(order),
     }
     cards = len(board.names)
     result: dict[str, Any] = {"board": name, "cards": cards, "mixes": {}}
@@ -141,10 +166,14 @@ def one_board(name: str, directory: str) -> dict[str, Any]:
         dp = totals["device_plugin"]["switch_local_share"]
         ours = totals["dra_switch_local"]["switch_local_share"]
         plain = totals["dra_plain"]["switch_local_share"]
+        ordered = totals["dra_switch_local_busiest_first"]["switch_local_share"]
         result["mixes"][mix_name] = {
             "mean_busy_share": round(sum(shares) / len(shares), 3),
             "policies": totals,
             "ours_vs_device_plugin": round(ours / dp, 4) if dp and ours is not None else None,
+            "busiest_first_vs_device_plugin": (
+                round(ordered / dp, 4) if dp and ordered is not None else None
+            ),
             "plain_vs_device_plugin": round(plain / dp, 4) if dp and plain is not None else None,
         }
         print(f"# {name} {mix_name}: {result['mixes'][mix_name]}", file=sys.stderr)
