@@ -61,7 +61,11 @@ async def run(node: Withholding, socket_path: str, interval: float) -> None:
             except KubeletApiError as exc:
                 if str(exc) != trouble:
                     # INFO, not WARNING: on a node that never ran DRA nothing is missed.
-                    log.info("cards DRA claims hold are not known meanwhile: %s", exc)
+                    log.info(
+                        "cannot read the kubelet's PodResources at %s; cards DRA claims hold "
+                        "are not known meanwhile",
+                        socket_path,
+                    )
                     trouble = str(exc)
             await asyncio.sleep(interval)
     finally:

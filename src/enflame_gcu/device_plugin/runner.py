@@ -412,11 +412,16 @@ def _watch_dra_holdings(
     """Keep cards DRA claims hold out of the advertised list (PodResources, every few s)."""
     if config.pod_resources_interval <= 0:
         return asyncio.ensure_future(asyncio.Event().wait())
-    from enflame_gcu.device_plugin import dra_holdings  # noqa: PLC0415 - when used
+    return asyncio.ensure_future(_dra_holdings_later(node, config))
 
-    return asyncio.ensure_future(
-        dra_holdings.run(node, config.pod_resources_socket, config.pod_resources_interval)
-    )
+
+async def _dra_holdings_later(node: NodeResources, config: plugin_config.PluginConfig) -> None:
+    # One interval after the start: registration imports none of this, and the scheduler sees
+    # the plugin's cards only after the kubelet's next node status, so none is allocated before.
+    await asyncio.sleep(config.pod_resources_interval)
+    from enflame_gcu.device_plugin import dra_holdings  # noqa: PLC0415 - after registration
+
+    await dra_holdings.run(node, config.pod_resources_socket, config.pod_resources_interval)
 
 
 async def _release_drs(
@@ -518,6 +523,7 @@ async def _serve(
     servers = Servers(exported)
     frozen = False
     instances: drs_instances.DrsInstances | None = None
+    dra_held: frozenset[str] = frozenset()  # cards DRA claims hold (kept across a SIGHUP)
     if plugin_config.DRS_GCU in config.resources:
         from enflame_gcu import efsmi  # noqa: PLC0415 - drs-gcu only
         from enflame_gcu.device_plugin import drs_instances  # noqa: PLC0415 - drs-gcu only
@@ -533,6 +539,7 @@ async def _serve(
                 exported.retain(config.resource_names().values())
             watchers.configure(config)
             node = NodeResources(config, listener, servers.states(config), instances)
+            node.withhold_dra(dra_held)  # what the last read said, across a SIGHUP
             if instances is not None and not frozen:
                 try:
                     instances.reconcile()  # orphans of a previous run, before serving
@@ -572,6 +579,7 @@ async def _serve(
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+                dra_held = node.dra_held
             if outcome == "stop":
                 if annotator is not None:
                     await annotator.clear()  # a clean stop: no state rather than a stale one
