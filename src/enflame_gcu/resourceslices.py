@@ -48,6 +48,8 @@ DRIVER = naming.DRA_DRIVER
 STANDARD_DOMAIN = "resource.kubernetes.io"
 API_VERSION = "resource.k8s.io/v1"
 UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
+# A card a device-plugin pod still holds (a node moved to DRA): not offered until released.
+DEVICE_PLUGIN_TAINT = f"{DRIVER}/held-by-device-plugin"
 
 # Limits of resource.k8s.io/v1 (DRA.md §4).
 MAX_DEVICES = 128

@@ -1,17 +1,24 @@
 """A small in-process fake of the API server endpoints the DRA driver uses (HTTP, one thread).
 
-Served: GET a Node; GET a ResourceClaim; list, watch, create, replace and delete
-ResourceSlices (with field selectors on ``spec.nodeName`` / ``spec.driver``), and the
-``deletecollection`` the kubelet uses to wipe a node's slices. It keeps resourceVersions,
-answers 409 on a stale update or an existing name, adds ``timeAdded`` to taints and rewrites
-quantities as the real server does, and can drop fields the way a server without a feature
-gate does. ``conflict_next_update`` makes the next update lose a race with another writer.
+Served: GET a Node; get, create, replace and delete ResourceClaims and DeviceClasses; list,
+watch, create, replace and delete ResourceSlices (with field selectors on ``spec.nodeName`` /
+``spec.driver``), and the ``deletecollection`` the kubelet uses to wipe a node's slices.
 
-``drop_fields`` names device fields to drop; ``sharedCounters`` (or ``consumesCounters``) in it
-drops every field of partitionable devices, as Kubernetes' ResourceSlice strategy does without
-``DRAPartitionableDevices`` (``dropDisabledDRAPartitionableDevicesFields``: the slice's
+As strict as a 1.36 server (:mod:`tests.dra_plugin.apiserver_rules`): a write is refused with
+422 Invalid and the causes when it breaks the API's limits and rules; the fields of feature
+gates that are off are dropped first, silently, as the server's strategies do; it fills in
+defaults (a claim request's ``allocationMode``/``count``, a taint's ``timeAdded``), keeps
+resourceVersions and ``metadata.generation`` (raised when the spec changes), answers 409 on a
+stale update or an existing name, and rewrites quantities canonically.
+``conflict_next_update`` makes the next update lose a race with another writer; ``down`` drops
+every request unanswered (an outage).
+
+``gates`` overrides the 1.36 feature gates. ``drop_fields`` is the older spelling: ``taints``
+turns ``DRADeviceTaints`` off, ``allowMultipleAllocations`` ``DRAConsumableCapacity``,
+``sharedCounters`` or ``consumesCounters`` ``DRAPartitionableDevices`` (the slice's
 ``sharedCounters`` and ``perDeviceNodeSelection``, each device's ``consumesCounters``,
-``nodeName``, ``nodeSelector`` and ``allNodes``): stored without them, and no error.
+``nodeName``, ``nodeSelector`` and ``allNodes``: stored without them, and no error); any
+other device field named there is dropped too (a server that never stores what is written).
 """
 
 from __future__ import annotations
@@ -28,10 +35,26 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.dra_plugin import apiserver_rules as rules
+
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 _CLAIM = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/]+)$")
 _NODE = re.compile(r"^/api/v1/nodes/([^/]+)$")
 _SLICE = re.compile(r"^/apis/resource\.k8s\.io/v1/resourceslices/([^/]+)$")
+_CLAIMS = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims$")
+CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
+_CLASS = re.compile(r"^/apis/resource\.k8s\.io/v1/deviceclasses/([^/]+)$")
+_KINDS = {
+    "resourceslices": "ResourceSlice",
+    "resourceclaims": "ResourceClaim",
+    "deviceclasses": "DeviceClass",
+}
+_GATE_OF_FIELD = {
+    "taints": "DRADeviceTaints",
+    "allowMultipleAllocations": "DRAConsumableCapacity",
+    "sharedCounters": "DRAPartitionableDevices",
+    "consumesCounters": "DRAPartitionableDevices",
+}
 _MI = re.compile(r"^(\d+)Mi$")
 PARTITIONABLE_FIELDS = ("sharedCounters", "consumesCounters")  # either: the gate is off
 
@@ -62,8 +85,15 @@ def _matches(document: dict[str, Any], selector: str) -> bool:
 class FakeApiServer:
     """State plus an HTTP server on 127.0.0.1; use as a context manager."""
 
-    def __init__(self, drop_fields: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, drop_fields: tuple[str, ...] = (), gates: dict[str, bool] | None = None
+    ) -> None:
         self.drop_fields = drop_fields
+        self.gates = dict(rules.GATES_1_36)
+        self.gates.update({_GATE_OF_FIELD[f]: False for f in drop_fields if f in _GATE_OF_FIELD})
+        self.gates.update(gates or {})
+        self.device_classes: dict[str, dict[str, Any]] = {}
+        self.refusals: list[tuple[str, list[str]]] = []
         self.lock = threading.RLock()
         self.version = 100
         self.slices: dict[str, dict[str, Any]] = {}
@@ -72,6 +102,7 @@ class FakeApiServer:
         self.events: list[tuple[int, str, dict[str, Any]]] = []
         self.requests: list[tuple[str, str, int]] = []
         self.conflict_next_update = 0
+        self.down = False  # an outage: every request is dropped without an answer
         self._watchers: list[queue.Queue[tuple[int, str, dict[str, Any]] | None]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -120,8 +151,14 @@ class FakeApiServer:
         return uid
 
     def add_claim(self, document: dict[str, Any]) -> None:
+        """Store a claim as the scheduler left it (allocated), unchecked."""
+        document = copy.deepcopy(document)
         meta = document["metadata"]
-        self.claims[(meta["namespace"], meta["name"])] = copy.deepcopy(document)
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
+        meta.setdefault("generation", 1)
+        meta.setdefault("resourceVersion", self._bump())
+        self.claims[(meta["namespace"], meta["name"])] = document
 
     def _bump(self) -> str:
         self.version += 1
@@ -135,22 +172,52 @@ class FakeApiServer:
 
     def _store(self, document: dict[str, Any]) -> dict[str, Any]:
         document = copy.deepcopy(document)
-        partitionable = not set(self.drop_fields) & set(PARTITIONABLE_FIELDS)
-        spec = document.get("spec") or {}
-        if not partitionable:
-            for name in ("sharedCounters", "perDeviceNodeSelection"):
-                spec.pop(name, None)
-        for device in spec.get("devices") or []:
-            for name in self.drop_fields:
-                device.pop(name, None)
-            if not partitionable:
-                for name in ("consumesCounters", "nodeName", "nodeSelector", "allNodes"):
-                    device.pop(name, None)
+        rules.drop_disabled_slice(document, self.gates)
+        for device in (document.get("spec") or {}).get("devices") or []:
+            for name in set(self.drop_fields) - set(_GATE_OF_FIELD):
+                device.pop(name, None)  # a server that loses a field no gate explains
             for taint in device.get("taints") or []:
                 taint.setdefault("timeAdded", "2026-01-01T00:00:00Z")
             for capacity in (device.get("capacity") or {}).values():
                 capacity["value"] = _canonical_quantity(str(capacity["value"]))
         return document
+
+    def _admit(
+        self,
+        kind: str,
+        document: dict[str, Any],
+        current: dict[str, Any] | None,
+    ) -> tuple[dict[str, Any], list[str]]:
+        """What the server makes of a create or update: dropped, defaulted, then validated."""
+        if kind == "resourceslices":
+            stored = self._store(document)
+            problems = rules.validate_slice(stored, current, self.gates)
+        elif kind == "resourceclaims":
+            stored = copy.deepcopy(document)
+            rules.drop_disabled_claim(stored, self.gates)
+            rules.default_claim(stored)
+            if current is None:
+                stored.pop("status", None)  # a create never sets the status
+            else:
+                stored["status"] = copy.deepcopy(current.get("status") or {})
+            problems = rules.validate_claim(stored, current, self.gates)
+        else:
+            stored = copy.deepcopy(document)
+            rules.drop_disabled_device_class(stored, self.gates)
+            problems = rules.validate_device_class(stored, current, self.gates)
+        meta = stored.setdefault("metadata", {})
+        if current is None:
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = "2026-01-01T00:00:00Z"
+            meta["generation"] = 1
+        else:
+            for key in ("uid", "creationTimestamp"):
+                meta[key] = current["metadata"][key]
+            changed = stored.get("spec") != current.get("spec")
+            meta["generation"] = current["metadata"]["generation"] + int(changed)
+        if problems:
+            self.refusals.append((f"{kind}/{meta.get('name')}", problems))
+        return stored, problems
 
     def wipe(self, node: str, driver: str | None = None) -> int:
         """What the kubelet does at its start: delete the node's slices (of one driver)."""
@@ -196,6 +263,12 @@ class FakeApiServer:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
+            def parse_request(self) -> bool:
+                if fake.down:  # an outage: answer nothing, hang up
+                    self.close_connection = True
+                    return False
+                return super().parse_request()
+
             def _reply(self, code: int, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()
                 fake.requests.append((self.command, urllib.parse.urlsplit(self.path).path, code))
@@ -238,6 +311,9 @@ class FakeApiServer:
                         return self._found(claim, f"resourceclaim {match.group(2)}")
                     if match := _SLICE.match(path):
                         return self._found(fake.slices.get(match.group(1)), match.group(1))
+                    if match := _CLASS.match(path):
+                        found = fake.device_classes.get(match.group(1))
+                        return self._found(found, f"deviceclass {match.group(1)}")
                 if path == SLICES and query.get("watch") in ("true", "1"):
                     return self._watch(query)
                 if path == SLICES:
@@ -309,55 +385,101 @@ class FakeApiServer:
                         return
                     yield event
 
+            def _invalid(self, kind: str, name: str, problems: list[str]) -> None:
+                # As the server's 422: "<Kind>.resource.k8s.io "<name>" is invalid: causes".
+                causes = [
+                    {"reason": "FieldValueInvalid", "field": p.split(":")[0], "message": p}
+                    for p in problems
+                ]
+                body = {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "reason": "Invalid",
+                    "message": f'{_KINDS[kind]}.resource.k8s.io "{name}" is invalid: '
+                    + "; ".join(problems),
+                    "details": {"name": name, "group": "resource.k8s.io", "causes": causes},
+                    "code": 422,
+                }
+                return self._reply(422, body)
+
+            def _route(self, path: str) -> tuple[str, dict[Any, Any], Any] | None:
+                """(kind, its store, the key of the object named by the path or None)."""
+                if path == SLICES:
+                    return "resourceslices", fake.slices, None
+                if match := _SLICE.match(path):
+                    return "resourceslices", fake.slices, match.group(1)
+                if path == CLASSES:
+                    return "deviceclasses", fake.device_classes, None
+                if match := _CLASS.match(path):
+                    return "deviceclasses", fake.device_classes, match.group(1)
+                if match := _CLAIMS.match(path):
+                    return "resourceclaims", fake.claims, (match.group(1), None)
+                if match := _CLAIM.match(path):
+                    return "resourceclaims", fake.claims, (match.group(1), match.group(2))
+                return None
+
             def do_POST(self) -> None:
                 path, _ = self._parts()
-                if path != SLICES:
+                route = self._route(path)
+                if route is None or (route[2] is not None and not isinstance(route[2], tuple)):
                     return self._status(404, "NotFound", f"no route {path}")
+                kind, store, key = route
                 document = self._body()
-                if not document["metadata"].get("name") and document["metadata"].get(
-                    "generateName"
-                ):  # as the API server does: the prefix and five random characters
-                    suffix = uuid.uuid4().hex[:5]
-                    document["metadata"]["name"] = document["metadata"]["generateName"] + suffix
-                name = document["metadata"]["name"]
+                meta = document.setdefault("metadata", {})
+                if not meta.get("name") and meta.get("generateName"):
+                    # As the API server does: the prefix and five random characters.
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                name = meta.get("name", "")
+                if kind == "resourceclaims":
+                    meta["namespace"] = key[0]
+                    key = (key[0], name)
+                else:
+                    key = name
                 with fake.lock:
-                    if name in fake.slices:
-                        return self._status(409, "AlreadyExists", f"resourceslice {name} exists")
-                    stored = fake._store(document)
-                    stored["metadata"]["uid"] = str(uuid.uuid4())
+                    if key in store:
+                        return self._status(409, "AlreadyExists", f"{kind} {name} exists")
+                    stored, problems = fake._admit(kind, document, None)
+                    if problems:
+                        return self._invalid(kind, name, problems)
                     stored["metadata"]["resourceVersion"] = fake._bump()
-                    fake.slices[name] = stored
-                    fake._emit("ADDED", stored)
+                    store[key] = stored
+                    if kind == "resourceslices":
+                        fake._emit("ADDED", stored)
                     return self._reply(201, stored)
 
             def do_PUT(self) -> None:
                 path, _ = self._parts()
-                match = _SLICE.match(path)
-                if not match:
+                route = self._route(path)
+                if route is None or route[2] is None or route[2] == (route[2][0], None):
                     return self._status(404, "NotFound", f"no route {path}")
+                kind, store, key = route
+                name = key[1] if isinstance(key, tuple) else key
                 document = self._body()
-                name = match.group(1)
                 with fake.lock:
-                    current = fake.slices.get(name)
+                    current = store.get(key)
                     if current is None:
-                        return self._status(404, "NotFound", f"resourceslice {name} not found")
-                    if fake.conflict_next_update:
+                        return self._status(404, "NotFound", f"{kind} {name} not found")
+                    if kind == "resourceslices" and fake.conflict_next_update:
                         fake.conflict_next_update -= 1
                         fake.touch(name)
-                    sent = document["metadata"].get("resourceVersion")
-                    if sent != current["metadata"]["resourceVersion"]:
+                    sent = (document.get("metadata") or {}).get("resourceVersion")
+                    # An empty resourceVersion is an unconditional update (these kinds allow it).
+                    if sent and sent != current["metadata"]["resourceVersion"]:
                         return self._status(
                             409,
                             "Conflict",
-                            f'Operation cannot be fulfilled on resourceslices "{name}": the '
+                            f'Operation cannot be fulfilled on {kind} "{name}": the '
                             "object has been modified; please apply your changes to the latest "
                             "version and try again",
                         )
-                    stored = fake._store(document)
-                    stored["metadata"]["uid"] = current["metadata"]["uid"]
+                    stored, problems = fake._admit(kind, document, current)
+                    if problems:
+                        return self._invalid(kind, name, problems)
                     stored["metadata"]["resourceVersion"] = fake._bump()
-                    fake.slices[name] = stored
-                    fake._emit("MODIFIED", stored)
+                    store[key] = stored
+                    if kind == "resourceslices":
+                        fake._emit("MODIFIED", stored)
                     return self._reply(200, stored)
 
             def do_DELETE(self) -> None:
@@ -365,17 +487,18 @@ class FakeApiServer:
                 if path == SLICES:
                     count = fake._delete_collection(query.get("fieldSelector", ""))
                     return self._reply(200, {"kind": "Status", "status": "Success", "code": count})
-                match = _SLICE.match(path)
-                if not match:
+                route = self._route(path)
+                if route is None or route[2] is None:
                     return self._status(404, "NotFound", f"no route {path}")
+                kind, store, key = route
+                name = key[1] if isinstance(key, tuple) else key
                 with fake.lock:
-                    document = fake.slices.pop(match.group(1), None)
+                    document = store.pop(key, None)
                     if document is None:
-                        return self._status(
-                            404, "NotFound", f"resourceslice {match.group(1)} not found"
-                        )
+                        return self._status(404, "NotFound", f"{kind} {name} not found")
                     fake._bump()
-                    fake._emit("DELETED", document)
+                    if kind == "resourceslices":
+                        fake._emit("DELETED", document)
                     return self._reply(200, document)
 
         return Handler

@@ -194,3 +194,41 @@ def test_only_prometheus_may_reach_the_drivers_port() -> None:
     ]
     chart = read(TEMPLATES, "networkpolicy-dra-plugin.yaml")
     assert "port: {{ $.Values.dra.httpPort }}" in chart
+
+
+def test_extended_resource_class_ships_off_by_default_and_the_same_as_the_static_file(
+    tmp_path: Any,
+) -> None:
+    from tests.deploy import helm_render
+    from tests.dra_plugin.fake_apiserver import CLASSES, FakeApiServer
+    from tests.dra_plugin.test_strict_apiserver import call
+
+    assert read(CHART_DIR, "files", "extended-resource.yaml") == read(
+        helpers.DRA_DEPLOY, "extended-resource.yaml"
+    )
+    off = helm_render.render(str(tmp_path / "off"), {"dra": {"enabled": True}})
+    names = [d["metadata"]["name"] for d in off.get("deviceclasses-dra.yaml", [])]
+    assert "extended.gcu.enflame.com" not in names and "gcu.enflame.com" in names
+    on = helm_render.render(
+        str(tmp_path / "on"), {"dra": {"enabled": True, "extendedResource": True}}
+    )
+    (extended,) = [
+        d
+        for d in on["deviceclasses-dra.yaml"]
+        if d["metadata"]["name"] == "extended.gcu.enflame.com"
+    ]
+    assert extended["spec"]["extendedResourceName"] == "enflame.com/gcu"
+    for version in helpers.VERSIONS:
+        helpers.validate(extended, version)
+    with FakeApiServer() as fake:  # 1.36 keeps it
+        code, stored = call(fake, "POST", CLASSES, extended)
+        assert code == 201 and stored["spec"]["extendedResourceName"] == "enflame.com/gcu"
+    with FakeApiServer(gates={"DRAExtendedResource": False}) as fake:  # 1.34-1.35: dropped
+        code, stored = call(fake, "POST", CLASSES, extended)
+        assert code == 201 and "extendedResourceName" not in stored["spec"]
+
+
+def test_the_driver_pods_read_the_kubelets_pod_resources_read_only() -> None:
+    for text in (read(TEMPLATES, "daemonset-dra-plugin.yaml"), read(MANIFEST)):
+        assert "mountPath: /var/lib/kubelet/pod-resources\n              readOnly: true" in text
+        assert "path: /var/lib/kubelet/pod-resources" in text

@@ -153,6 +153,8 @@ def test_cleanup_deletes_the_driver_slices_of_every_node() -> None:
         (["--shared-slices", "99"], "--shared-slices must be 0..64"),
         (["--unhealthy", "ignore"], "--unhealthy: 'ignore' is not one of taint, omit"),
         (["--node-name", ""], "the node name is unknown"),
+        (["--host-root", "host"], "--host-root must be an absolute path, got 'host'"),
+        (["--cdi-dir", "cdi"], "--cdi-dir must be an absolute path, got 'cdi'"),
     ],
 )
 def test_bad_settings_exit_2_with_a_clear_message(args: list[str], message: str) -> None:
@@ -166,6 +168,22 @@ def test_bad_settings_exit_2_with_a_clear_message(args: list[str], message: str)
     )
     assert result.returncode == 2
     assert message in result.stderr
+
+
+@pytest.mark.parametrize("extra", [[], ["--no-publish"]])
+def test_no_token_and_no_kubeconfig_exit_2_with_a_message_not_a_traceback(
+    extra: list[str],
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    with harness.simulated_node() as where:
+        argv = [a for a in command(where, "x") if a not in ("--kubeconfig", "x")]
+        result = subprocess.run(
+            [*argv, *extra], capture_output=True, text=True, timeout=60, env=env
+        )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "cannot configure the API client from the in-cluster service account" in result.stderr
+    assert "pass --kubeconfig" in result.stderr
 
 
 def test_version_prints_and_exits_zero() -> None:

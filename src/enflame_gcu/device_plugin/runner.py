@@ -79,6 +79,8 @@ class NodeResources:
         self.config = config
         self._listener = listener
         self._instances = instances
+        # Cards DRA claims hold (a node moved back from DRA): advertised Unhealthy meanwhile.
+        self.dra_held: frozenset[str] = frozenset()
         inventory = devices.discover(config.host_root)
         self.monitor = health.HealthMonitor(
             config.host_root,
@@ -93,7 +95,7 @@ class NodeResources:
         report = self.monitor.report
         self.states: dict[str, plugin_state.PluginState] = {}
         for key, kind in kinds.items():
-            snapshot = plugin_state.Snapshot(kind, resources.health_of(kind, report))
+            snapshot = plugin_state.Snapshot(kind, self._health(kind, report))
             if adopt is not None and key in adopt:
                 # A running server's state: its open streams send this snapshot next.
                 self.states[key] = adopt[key]
@@ -145,14 +147,35 @@ class NodeResources:
             for key, kind in kinds.items():
                 if key in self.states:
                     self.states[key].replace(
-                        plugin_state.Snapshot(kind, resources.health_of(kind, report))
+                        plugin_state.Snapshot(kind, self._health(kind, report))
                     )
                 else:
                     log.warning("%s is served after a restart (SIGHUP), not by this process", key)
         else:
             for state in self.states.values():
                 kind = state.snapshot.kind
-                state.set_health(resources.health_of(kind, update.report))
+                state.set_health(self._health(kind, update.report))
+        self._notify()
+
+    def _health(self, kind: resources.DeviceKind, report: health.HealthReport) -> dict[str, bool]:
+        verdicts = resources.health_of(kind, report)
+        if self.dra_held:
+            for device in kind.catalog:
+                if (device.card or device.id) in self.dra_held:
+                    verdicts[device.id] = False
+        return verdicts
+
+    def withhold_dra(self, cards: frozenset[str]) -> None:
+        """Take the cards DRA claims hold now: their devices go Unhealthy until released."""
+        if cards == self.dra_held:
+            return
+        for card in sorted(cards - self.dra_held):
+            log.warning("%s is held by a DRA claim: advertised Unhealthy until released", card)
+        for card in sorted(self.dra_held - cards):
+            log.info("%s was released by its DRA claim: advertised by its health again", card)
+        self.dra_held = cards
+        for state in self.states.values():
+            state.set_health(self._health(state.snapshot.kind, self.monitor.report))
         self._notify()
 
     def server_keys(self) -> dict[str, tuple[str, str]]:
@@ -382,6 +405,24 @@ def _background(
     return tasks
 
 
+def _watch_dra_holdings(
+    node: NodeResources, config: plugin_config.PluginConfig
+) -> asyncio.Future[Any]:
+    """Keep cards DRA claims hold out of the advertised list (PodResources, every few s)."""
+    if config.pod_resources_interval <= 0:
+        return asyncio.ensure_future(asyncio.Event().wait())
+    return asyncio.ensure_future(_dra_holdings_later(node, config))
+
+
+async def _dra_holdings_later(node: NodeResources, config: plugin_config.PluginConfig) -> None:
+    # One interval after the start: registration imports none of this, and the scheduler sees
+    # the plugin's cards only after the kubelet's next node status, so none is allocated before.
+    await asyncio.sleep(config.pod_resources_interval)
+    from enflame_gcu.device_plugin import dra_holdings  # noqa: PLC0415 - after registration
+
+    await dra_holdings.run(node, config.pod_resources_socket, config.pod_resources_interval)
+
+
 async def _release_drs(
     instances: drs_instances.DrsInstances, config: plugin_config.PluginConfig
 ) -> None:
@@ -481,6 +522,7 @@ async def _serve(
     servers = Servers(exported)
     frozen = False
     instances: drs_instances.DrsInstances | None = None
+    dra_held: frozenset[str] = frozenset()  # cards DRA claims hold (kept across a SIGHUP)
     if plugin_config.DRS_GCU in config.resources:
         from enflame_gcu import efsmi  # noqa: PLC0415 - drs-gcu only
         from enflame_gcu.device_plugin import drs_instances  # noqa: PLC0415 - drs-gcu only
@@ -496,6 +538,7 @@ async def _serve(
                 exported.retain(config.resource_names().values())
             watchers.configure(config)
             node = NodeResources(config, listener, servers.states(config), instances)
+            node.withhold_dra(dra_held)  # what the last read said, across a SIGHUP
             if instances is not None and not frozen:
                 try:
                     instances.reconcile()  # orphans of a previous run, before serving
@@ -527,12 +570,15 @@ async def _serve(
             monitor_task = asyncio.ensure_future(
                 node.monitor.run(functools.partial(_on_health, node, watchers))
             )
+            dra_task = _watch_dra_holdings(node, config)
             try:
                 outcome = await _until_signal(signals, servers)
             finally:
-                monitor_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await monitor_task
+                for task in (monitor_task, dra_task):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                dra_held = node.dra_held
             if outcome == "stop":
                 if annotator is not None:
                     await annotator.clear()  # a clean stop: no state rather than a stale one

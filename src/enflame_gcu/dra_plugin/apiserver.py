@@ -48,6 +48,16 @@ def _code(exc: ApiError) -> int:
     return int(getattr(exc.status, "code", 0) or 0)
 
 
+# Modules whose exceptions mean "the API server could not be reached or did not answer".
+_TRANSPORT_MODULES = frozenset({"httpx", "httpx2", "httpcore", "httpcore2", "h11", "h2", "ssl"})
+
+
+def _is_transport(exc: BaseException) -> bool:
+    if isinstance(exc, OSError | TimeoutError):
+        return True
+    return any(cls.__module__.partition(".")[0] in _TRANSPORT_MODULES for cls in type(exc).__mro__)
+
+
 class ApiServer:
     """:class:`claims.ClaimSource` and :class:`publisher.SliceApi` for one node and driver."""
 
@@ -70,6 +80,14 @@ class ApiServer:
             if _code(exc) == NOT_FOUND:
                 raise ClaimError(f"claim {claim} not found on the API server") from exc
             raise ClaimError(f"cannot read claim {claim}: {exc}") from exc
+        except Exception as exc:
+            # An outage fails this claim (the kubelet retries it), not the whole call.
+            if not _is_transport(exc):
+                raise
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ClaimError(
+                f"cannot read claim {claim}: the API server is unreachable ({text})"
+            ) from exc
         return claims.allocated_devices(claim, found.to_dict(), self.driver)
 
     async def list_slices(self) -> tuple[list[dict[str, Any]], str]:

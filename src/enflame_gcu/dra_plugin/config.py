@@ -18,6 +18,7 @@ MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
 UNHEALTHY_MODES = ("taint", "omit")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 PROG = "enflame-dra-plugin"
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,8 @@ class DraConfig:
     efsmi: str = "efsmi"
     efsmi_timeout: float = 10.0
     http_address: str = ""  # host:port of /healthz, /readyz and /metrics; "" = off
+    # The kubelet's PodResources socket: cards device-plugin pods hold are withheld; "" = off.
+    pod_resources_socket: str = ""
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -65,6 +68,16 @@ class DraConfig:
             drs.selection_items(self.drs)
         except ValueError as exc:
             raise ConfigError(f"--drs: {exc}") from None
+        for flag, value in (
+            ("--host-root", self.root),
+            ("--registry-dir", self.registry_dir),
+            ("--plugin-dir", self.plugin_dir or self.data_dir),
+            ("--cdi-dir", self.cdi_dir),
+        ):
+            # As the device plugin: a relative path would follow the working directory, and
+            # the kubelet needs absolute socket paths.
+            if not os.path.isabs(value):
+                raise ConfigError(f"{flag} must be an absolute path, got {value!r}")
         for path in (self.registration_socket, self.endpoint):
             if len(path.encode()) > MAX_SOCKET_PATH:
                 raise ConfigError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes")
@@ -269,6 +282,14 @@ def build_parser(
         + _given("ENFLAME_HTTP_ADDRESS", "off"),
     )
     parser.add_argument(
+        "--pod-resources-socket",
+        metavar="PATH",
+        default=env.get("ENFLAME_POD_RESOURCES_SOCKET", POD_RESOURCES_SOCKET),
+        help="the kubelet's PodResources socket: cards that device-plugin pods (enflame.com/*) "
+        "hold are not offered to DRA until released; empty: off "
+        + _given("ENFLAME_POD_RESOURCES_SOCKET", POD_RESOURCES_SOCKET),
+    )
+    parser.add_argument(
         "--log-level",
         metavar="{" + ",".join(LOG_LEVELS) + "}",
         type=_choice(LOG_LEVELS),
@@ -304,6 +325,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         drs=args.drs,
         efsmi=args.efsmi,
         http_address=args.http_address,
+        pod_resources_socket=args.pod_resources_socket,
     )
 
 

@@ -674,6 +674,12 @@ class Driver:
                 raise ClaimError(
                     f"claim {ref}: {item.device} is unhealthy ({reasons.get(card, 'unknown')})"
                 )
+            holder = self.devices.held_by_plugin.get(card)
+            if holder is not None:  # tainted, but a claim may tolerate every taint
+                raise ClaimError(
+                    f"claim {ref}: {item.device} is on {card}, which {holder} holds through the "
+                    "device plugin; it is offered to claims once that pod ends"
+                )
             slices = _slices(item, ref)
             total = slices_of.get(node_name)
             shared = item.share_id is not None and slices is not None and total is not None

@@ -14,7 +14,15 @@ import sys
 from collections.abc import Sequence
 
 from enflame_gcu import __version__, devices, fileio
-from enflame_gcu.dra_plugin import apiserver, driver, kubelet, node, observability, publisher
+from enflame_gcu.dra_plugin import (
+    apiserver,
+    driver,
+    handover,
+    kubelet,
+    node,
+    observability,
+    publisher,
+)
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.errors import ConfigError, PathOutsideRootError
 from enflame_gcu.support import aio
@@ -31,12 +39,18 @@ def _setup_logging(level: str) -> None:
 
 
 async def run(settings: dra_config.DraConfig) -> int:
-    """Run until SIGTERM/SIGINT; 0 on a clean stop, 1 when the driver cannot start or a part
-    of it (serving the kubelet, publishing) ends or fails on its own."""
+    """Run until SIGTERM/SIGINT; 0 on a clean stop, 2 without API server credentials, 1 when
+    the driver cannot start or a part of it (serving the kubelet, publishing) ends or fails on
+    its own."""
     devices = node.for_settings(settings, defer_drs=True)  # DRS on after the record is read
     for problem in devices.inventory.problems:
         log.warning("%s", problem)
-    client = apiserver.connect(settings.kubeconfig)
+    try:
+        # Prepare reads every claim from the API server, so even --no-publish needs a client.
+        client = apiserver.connect(settings.kubeconfig)
+    except ConfigError as exc:
+        log.error("%s; pass --kubeconfig or run in a pod with a service account token", exc)
+        return 2
     api = apiserver.ApiServer(client, settings.node_name, settings.driver_name)
     exported = observability.DriverMetrics()
     exported.publishing = settings.publish
@@ -70,8 +84,17 @@ async def run(settings: dra_config.DraConfig) -> int:
             log.error("cannot serve --http-address %s: %s", settings.http_address, exc)
             await client.close()
             return 1
+    holdings = None
+    if settings.pod_resources_socket:
+        # Before anything is published or prepared: a card a device-plugin pod holds is
+        # never offered, not even for the first seconds.
+        holdings = handover.PluginHoldings(devices, settings.pod_resources_socket)
+        await holdings.read_once()
     tasks = [asyncio.ensure_future(plugin.serve_until(stop))]
     health = asyncio.ensure_future(devices.run())
+    watch_holdings = asyncio.ensure_future(
+        holdings.run() if holdings is not None else asyncio.Event().wait()
+    )
     cards = asyncio.ensure_future(prepare.watch_cards())
     beat = asyncio.ensure_future(exported.heartbeat())
     if settings.publish:
@@ -90,8 +113,9 @@ async def run(settings: dra_config.DraConfig) -> int:
         health.cancel()
         cards.cancel()
         beat.cancel()
+        watch_holdings.cancel()
         results = await asyncio.gather(*tasks, health, return_exceptions=True)
-        await asyncio.gather(beat, cards, return_exceptions=True)
+        await asyncio.gather(beat, cards, watch_holdings, return_exceptions=True)
         await prepare.drain()  # a call the kubelet gave up on still ends on record
         if http is not None:
             http.stop()
@@ -129,7 +153,11 @@ async def _publish_while_serving(
 
 
 async def _cleanup(settings: dra_config.DraConfig, every_node: bool) -> int:
-    client = apiserver.connect(settings.kubeconfig)
+    try:
+        client = apiserver.connect(settings.kubeconfig)
+    except ConfigError as exc:
+        log.error("%s; pass --kubeconfig or run in a pod with a service account token", exc)
+        return 2
     try:
         api = apiserver.ApiServer(client, settings.node_name, settings.driver_name)
         count = await api.delete_driver_slices(every_node)

@@ -88,6 +88,8 @@ class NodeDevices:
             interval=health_interval,
             disabled=health_disabled,
         )
+        # {gcuN: who}: cards device-plugin pods hold (PodResources), withheld until released.
+        self.held_by_plugin: dict[str, str] = {}
         self.version = 0
         self._since: dict[str, int] = {}
         self._last: dict[str, bool] = {}
@@ -186,8 +188,45 @@ class NodeDevices:
 
     def _published(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         if self.layouts and self.partitions:
-            return drs.node_devices(self.inventory, self.healthy(), self.options, self.layouts)
-        return resourceslices.node_devices(self.inventory, self.healthy(), self.options), []
+            published, counters = drs.node_devices(
+                self.inventory, self.healthy(), self.options, self.layouts
+            )
+        else:
+            published = resourceslices.node_devices(self.inventory, self.healthy(), self.options)
+            counters = []
+        return self._withhold(published), counters
+
+    def _withhold(self, published: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Cards a device-plugin pod holds: tainted NoSchedule (left out with ``omit``, as
+        unhealthy cards are where the cluster has no device taints)."""
+        if not self.held_by_plugin:
+            return published
+        result = []
+        for device in published:
+            card = self.parent_of(resourceslices.node_device(str(device["name"])))
+            if card not in self.held_by_plugin:
+                result.append(device)
+            elif self.options.unhealthy == "taint":
+                taint = {"key": resourceslices.DEVICE_PLUGIN_TAINT, "effect": "NoSchedule"}
+                result.append({**device, "taints": [*device.get("taints", []), taint]})
+        return result
+
+    def set_held_by_plugin(self, held: Mapping[str, str]) -> bool:
+        """Take the cards device-plugin pods hold now (``{gcuN: who}``); True when it changed."""
+        if dict(held) == self.held_by_plugin:
+            return False
+        for card in sorted(set(held) - set(self.held_by_plugin)):
+            log.warning(
+                "%s is held by %s through the device plugin: not offered to DRA claims until "
+                "that pod ends",
+                card,
+                held[card],
+            )
+        for card in sorted(set(self.held_by_plugin) - set(held)):
+            log.info("%s was released by the device plugin's pod: offered to DRA claims", card)
+        self.held_by_plugin = dict(held)
+        self.notify()
+        return True
 
     def published(self) -> list[dict[str, Any]]:
         """The devices to publish now (see :func:`resourceslices.node_devices`, :mod:`drs`)."""

@@ -40,6 +40,16 @@ SUPPORTED_SERVICES = (
 )
 MAX_HEALTH_MESSAGE = 1024
 HEALTH_TIMEOUT_SECONDS = 30
+# The kubelet stamps each device with the time it *received* the last report and reads it as
+# Unknown once that is older than the timeout (DRA.md §3), so the full list goes out again every
+# third of the timeout even when nothing changed: one report may be lost or late (a busy event
+# loop, a slow kubelet) and the next still arrives inside the timeout.
+HEALTH_RESEND_FRACTION = 3
+
+
+def health_resend_seconds() -> float:
+    """How often the unchanged list is sent again (read at call time: tests shorten the timeout)."""
+    return HEALTH_TIMEOUT_SECONDS / HEALTH_RESEND_FRACTION
 
 
 def _refs(request: Any) -> list[claims.ClaimRef]:
@@ -121,7 +131,9 @@ def health_response(pb2: Any, pool: str, health: list[node.DeviceHealth]) -> Any
 
 
 class HealthStreams:
-    """Streams the node's device health: the full list now and after every change."""
+    """Streams the node's device health: the full list now, after every change and again every
+    :func:`health_resend_seconds` (``last_updated_time`` stays the time a device's health last
+    changed: a resend confirms the state, it does not change it)."""
 
     def __init__(self, devices: node.NodeDevices, pool: str) -> None:
         self._devices = devices
@@ -135,14 +147,21 @@ class HealthStreams:
     async def watch(self, pb2: Any) -> AsyncIterator[Any]:
         """Yield responses until the stream is cancelled or :meth:`stop` is called."""
         seen = -1
+        loop = asyncio.get_running_loop()
+        due = 0.0
         while not self._stopping.is_set():
-            if self._devices.version != seen:
+            if self._devices.version != seen or loop.time() >= due:
                 seen = self._devices.version
+                due = loop.time() + health_resend_seconds()
                 yield health_response(pb2, self._pool, self._devices.device_health())
             waiter = asyncio.ensure_future(self._devices.changed(seen))
             stopper = asyncio.ensure_future(self._stopping.wait())
             try:
-                await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    [waiter, stopper],
+                    timeout=max(0.0, due - loop.time()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
             finally:
                 for task in (waiter, stopper):
                     task.cancel()

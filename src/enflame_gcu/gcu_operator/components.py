@@ -370,6 +370,12 @@ def _dra_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
             {"name": "cdi", "mountPath": "/var/run/cdi"},
             {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True},
             {"name": "host-dev", "mountPath": "/host/dev", "readOnly": True},
+            # PodResources: cards device-plugin pods still hold are not offered to DRA.
+            {
+                "name": "pod-resources",
+                "mountPath": "/var/lib/kubelet/pod-resources",
+                "readOnly": True,
+            },
             *drs_mounts,
         ],
     }
@@ -382,6 +388,7 @@ def _dra_volumes(spec: rs.ResourceSpec) -> list[Obj]:
         _host_path("cdi", "/var/run/cdi", "DirectoryOrCreate"),
         _host_path("host-sys", "/sys", "Directory"),
         _host_path("host-dev", "/dev", "Directory"),
+        _host_path("pod-resources", "/var/lib/kubelet/pod-resources", "DirectoryOrCreate"),
         *([_host_path("efsmi", "/usr/local/efsmi", "Directory")] if spec.dra.drs else []),
     ]
 

@@ -6,6 +6,18 @@ the advertised list, dials the endpoint, reports the outcome with NotifyRegistra
 drops a plugin whose socket goes away. Prepare/Unprepare use the chosen version with the
 kubelet's 45 s timeout; the health stream prefers v1. ``restart()`` forgets every plugin and
 calls ``on_start`` (the real kubelet deletes the node's ResourceSlices when it starts).
+
+:meth:`DraKubeletStub.follow_health` keeps device health as the kubelet's health cache does
+(``pkg/kubelet/cm/dra/healthinfo.go``, DRA.md §3): each device is stamped with the time its
+report was *received* (the driver's ``last_updated_time`` is not used for that), reads as
+Unknown once no report came within its ``health_check_timeout_seconds`` (30 s when <= 0), and
+the driver's data is dropped when its stream ends.
+
+:meth:`DraKubeletStub.prepare_pod` and :meth:`DraKubeletStub.unprepare_pod` are the kubelet's
+pod-level use of the calls (DRA.md §2, §4): 45 s per call; a gRPC error discards the answer; a
+claim whose entry has an ``error`` or is missing is asked again, with a doubling back-off,
+until it is prepared (unprepared) or the attempts run out; an entry for a claim it did not ask
+about is an error.
 """
 
 from __future__ import annotations
@@ -37,6 +49,10 @@ from enflame_gcu._proto import (
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT = 45.0
+RETRY_BACKOFF = 10.0  # the pod worker's first back-off; doubled up to MAX_BACKOFF
+MAX_BACKOFF = 300.0
+DEFAULT_HEALTH_TIMEOUT = 30.0
+HEALTH_NAMES = {0: "Unknown", 1: "Healthy", 2: "Unhealthy"}
 SCAN_INTERVAL = 0.05
 DRA_SERVICES = {
     "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
@@ -80,6 +96,30 @@ class Refusal:
     error: str
 
 
+class KubeletRetriesExhausted(Exception):
+    """The claims stayed unprepared (or prepared) after every attempt; the text says why."""
+
+
+@dataclass(slots=True)
+class PodCall:
+    """What a pod-level Prepare or Unprepare ended with."""
+
+    devices: dict[str, list[Any]]
+    attempts: int
+    errors: list[str]
+
+
+@dataclass(slots=True)
+class HealthEntry:
+    """One device in the kubelet's health cache."""
+
+    health: str
+    received: float
+    timeout: float
+    last_updated_time: int
+    message: str
+
+
 def _identity(path: str) -> tuple[int, int, int] | None:
     try:
         info = os.stat(path)
@@ -101,6 +141,9 @@ class DraKubeletStub:
     _task: asyncio.Task[None] | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _seen: dict[str, tuple[int, int, int] | None] = field(default_factory=dict)
+    health: dict[tuple[str, str, str], HealthEntry] = field(default_factory=dict)
+    health_reports: int = 0
+    _health_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     async def start(self) -> None:
         """Start watching the registry directory (and wipe slices, as a starting kubelet does)."""
@@ -116,6 +159,11 @@ class DraKubeletStub:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for task in self._health_tasks.values():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await task
+        self._health_tasks.clear()
         for plugin in list(self.plugins.values()):
             await plugin.channel.close()
         self.plugins.clear()
@@ -290,3 +338,108 @@ class DraKubeletStub:
                 yield response
         finally:
             call.cancel()
+
+    def follow_health(self, driver: str) -> None:
+        """Open the driver's health stream and keep its reports as the kubelet's cache does."""
+        if driver in self._health_tasks and not self._health_tasks[driver].done():
+            return
+        self._health_tasks[driver] = asyncio.ensure_future(self._follow(driver))
+
+    async def _follow(self, driver: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async for response in self.watch_health(driver):
+                now = loop.time()
+                self.health_reports += 1
+                for item in response.devices:
+                    timeout = float(item.health_check_timeout_seconds)
+                    self.health[(driver, item.device.pool_name, item.device.device_name)] = (
+                        HealthEntry(
+                            health=HEALTH_NAMES.get(int(item.health), "Unknown"),
+                            received=now,
+                            timeout=timeout if timeout > 0 else DEFAULT_HEALTH_TIMEOUT,
+                            last_updated_time=int(item.last_updated_time),
+                            message=item.message,
+                        )
+                    )
+                self._notify()
+        except grpc.aio.AioRpcError as exc:
+            log.info("health stream of %s ended: %s", driver, exc.code().name)
+        finally:
+            # The kubelet clears a driver's health data when its stream ends.
+            for key in [k for k in self.health if k[0] == driver]:
+                del self.health[key]
+
+    def device_health(self, driver: str, pool: str, device: str) -> str:
+        """Healthy, Unhealthy or Unknown, as the kubelet reads it into a pod's status now."""
+        entry = self.health.get((driver, pool, device))
+        if entry is None:
+            return "Unknown"
+        if asyncio.get_running_loop().time() - entry.received > entry.timeout:
+            return "Unknown"
+        return entry.health
+
+    async def _pod_call(
+        self,
+        operation: str,
+        driver: str,
+        claims: Sequence[tuple[str, str, str]],
+        attempts: int,
+        backoff: float,
+    ) -> PodCall:
+        pending = {uid: (namespace, name, uid) for namespace, name, uid in claims}
+        done: dict[str, list[Any]] = {}
+        errors: list[str] = []
+        delay = backoff
+        for attempt in range(1, attempts + 1):
+            call = self.prepare if operation == "prepare" else self.unprepare
+            try:
+                answer = await call(driver, list(pending.values()), timeout=CALL_TIMEOUT)
+            except (grpc.aio.AioRpcError, LookupError) as exc:
+                # A gRPC error: the kubelet discards the answer and retries every claim.
+                text = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                errors.append(f"attempt {attempt}: {operation} failed: {text}")
+            else:
+                unknown = sorted(set(answer.claims) - set(pending))
+                if unknown:
+                    errors.append(f"attempt {attempt}: answer for claims not asked: {unknown}")
+                for uid in list(pending):
+                    if uid not in answer.claims:
+                        errors.append(f"attempt {attempt}: claim {uid} missing in the answer")
+                    elif answer.claims[uid].error:
+                        errors.append(f"attempt {attempt}: {uid}: {answer.claims[uid].error}")
+                    else:
+                        entry = answer.claims[uid]
+                        done[uid] = list(getattr(entry, "devices", []))
+                        del pending[uid]
+                if not pending and not unknown:
+                    return PodCall(done, attempt, errors)
+            if attempt < attempts:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_BACKOFF)
+        raise KubeletRetriesExhausted(
+            f"{operation} of {sorted(pending)} did not succeed in {attempts} attempts: "
+            + "; ".join(errors[-3:])
+        )
+
+    async def prepare_pod(
+        self,
+        driver: str,
+        claims: Sequence[tuple[str, str, str]],
+        *,
+        attempts: int = 5,
+        backoff: float = RETRY_BACKOFF,
+    ) -> PodCall:
+        """Prepare a pod's claims as the kubelet does: ask again for what failed."""
+        return await self._pod_call("prepare", driver, claims, attempts, backoff)
+
+    async def unprepare_pod(
+        self,
+        driver: str,
+        claims: Sequence[tuple[str, str, str]],
+        *,
+        attempts: int = 5,
+        backoff: float = RETRY_BACKOFF,
+    ) -> PodCall:
+        """Unprepare after the pod's end as the kubelet does (the pod stays Terminating)."""
+        return await self._pod_call("unprepare", driver, claims, attempts, backoff)
