@@ -10,6 +10,7 @@ not only at the end.
 from __future__ import annotations
 
 import copy
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from enflame_gcu.gcu_operator import names
+from enflame_gcu.gcu_operator import resource as rs
 from tests.controlplane import conftest, operator_env
 from tests.controlplane.harness import Harness, until
 
@@ -67,6 +69,20 @@ def wait_phase(harness: Harness, name: str, wanted: str, timeout: float = 240) -
         raise AssertionError(
             f"{exc}\nstatus: {found.get('status')}\noperator log:\n{operator_env.log_tail(harness)}"
         ) from None
+
+
+def reports(harness: Harness, resource: str) -> dict[str, dict[str, Any]]:
+    """Every node's report by name, as the operator keeps it on the Node (its state
+    annotation); the status itself names only the first few nodes with a problem."""
+    key = f"{rs.GROUP}/{resource}"
+    found = {}
+    for node in harness.plane.api("GET", "/api/v1/nodes")["items"]:
+        text = (node["metadata"].get("annotations") or {}).get(names.NODE_STATE_ANNOTATION)
+        entry = json.loads(text).get(key) if text else None
+        report = entry.get("report") if isinstance(entry, dict) else None
+        if isinstance(report, dict):
+            found[node["metadata"]["name"]] = report
+    return found
 
 
 def component_pods(harness: Harness, nodes: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -253,8 +269,9 @@ def test_a_resource_scoped_by_node_selector_runs_on_its_nodes_only(
         devicePlugin={"nodeSelector": selector},
     )
     status = wait_phase(harness, resource, "Running", 180)
-    reported = {n["name"] for n in status.get("nodes") or []}
-    assert set(pool) <= reported and not set(other) & reported, status
+    assert status["nodeCounts"]["total"] == len(pool), status
+    reported = set(reports(harness, resource))
+    assert set(pool) <= reported and not set(other) & reported, reported
     assert not component_pods(harness, other)[other[0]]
 
 
@@ -265,9 +282,9 @@ def test_a_node_with_an_untolerated_taint_is_reported_and_left_out_of_the_budget
     taint = {"key": "dedicated", "value": "inference", "effect": "NoSchedule"}
     tainted = sim_nodes(1, taints=[taint])
     create(harness, resource, upgradePolicy={"maxUnavailable": 1})
-    status = wait_phase(harness, resource, "Running", 180)
-    entry = next(n for n in status.get("nodes") or [] if n["name"] == tainted[0])
-    assert "dedicated" in str(entry), entry
+    wait_phase(harness, resource, "Running", 180)
+    entry = reports(harness, resource).get(tainted[0])
+    assert entry is not None and "dedicated" in str(entry.get("lastError")), entry
     # Tolerating it brings the components there, and a version change still rolls.
     toleration = {
         "key": "dedicated",
@@ -387,23 +404,23 @@ def test_the_hand_written_fake_agrees_with_kubernetes_on_a_deploy_and_a_rollout(
     nodes = sim_nodes(2)
     spec = {"upgradePolicy": {"maxUnavailable": 1}}
 
-    def summary(status: dict[str, Any]) -> dict[str, Any]:
+    def summary(status: dict[str, Any], per_node: dict[str, dict[str, Any]]) -> dict[str, Any]:
         return {
             "phase": status.get("phase"),
             "readyResource": status.get("readyResource"),
+            "nodeCounts": status.get("nodeCounts"),
+            "problems": len(status.get("nodes") or []),
             "nodes": sorted(
                 (
                     n.get("mode"),
                     n.get("ready"),
                     n.get("validated"),
+                    n.get("lastError"),
                     tuple(
-                        sorted(
-                            (c.get("name"), c.get("state") or c.get("status"))
-                            for c in n.get("components") or []
-                        )
+                        sorted((c.get("name"), c.get("state")) for c in n.get("components") or [])
                     ),
                 )
-                for n in status.get("nodes") or []
+                for n in per_node.values()
             ),
         }
 
@@ -413,13 +430,13 @@ def test_the_hand_written_fake_agrees_with_kubernetes_on_a_deploy_and_a_rollout(
     fake.create(helpers.kind_of(body), body)
     operator = runner.Operator(fake)
     helpers.converge(operator, cluster)
-    fake_deployed = summary(helpers.status(fake, body))
+    fake_deployed = summary(helpers.status(fake, body), helpers.node_reports(fake, body))
     helpers.set_spec(fake, body, ["devicePlugin", "version"], "0.1.3-harness")
     helpers.converge(operator, cluster)
-    fake_rolled = summary(helpers.status(fake, body))
+    fake_rolled = summary(helpers.status(fake, body), helpers.node_reports(fake, body))
 
     create(harness, resource, **copy.deepcopy(spec))
-    real_deployed = summary(wait_phase(harness, resource, "Running"))
+    real_deployed = summary(wait_phase(harness, resource, "Running"), reports(harness, resource))
     set_version(harness, resource, "devicePlugin", "0.1.3-harness")
     until(
         lambda: all(
@@ -429,7 +446,7 @@ def test_the_hand_written_fake_agrees_with_kubernetes_on_a_deploy_and_a_rollout(
         300,
         every=1,
     )
-    real_rolled = summary(wait_phase(harness, resource, "Running"))
+    real_rolled = summary(wait_phase(harness, resource, "Running"), reports(harness, resource))
     assert fake_deployed == real_deployed
     assert fake_rolled == real_rolled
 
@@ -463,3 +480,61 @@ def test_relabelling_nodes_to_dra_moves_them_one_at_a_time_within_the_budget(
         time.sleep(0.5)
     assert worst <= 1, f"{worst} nodes left the device plugin at once (maxUnavailable 1)"
     assert plugins()[nodes[2]], "the node that was not relabelled keeps its plugin"
+
+
+def test_an_overlap_that_appears_later_leaves_one_toolkit_per_node_and_names_the_conflict(
+    harness: Harness, sim_nodes: conftest.MakeNodes, resource: str
+) -> None:
+    """Two resources on two pools; a node relabelled into the second pool as well stays with its
+    first owner: the real DaemonSet controller schedules one toolkit there, never two, and the
+    second resource's status names the conflict."""
+    pool_a = sim_nodes(2, labels={"pool-a": resource})
+    pool_b = sim_nodes(1, labels={"pool-b": resource})
+    first, second = resource, f"{resource}-b"
+    for name, key in ((first, "pool-a"), (second, "pool-b")):
+        selector = {key: resource}
+        create(
+            harness,
+            name,
+            containerToolkit={"nodeSelector": selector},
+            devicePlugin={"nodeSelector": selector},
+        )
+    try:
+        wait_phase(harness, first, "Running", 180)
+        wait_phase(harness, second, "Running", 180)
+        harness.plane.api(
+            "PATCH", f"/api/v1/nodes/{pool_a[1]}", {"metadata": {"labels": {"pool-b": resource}}}
+        )
+        worst = 0
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            toolkits = [
+                p
+                for p in component_pods(harness, [pool_a[1]])[pool_a[1]]
+                if "toolkit" in p["metadata"]["name"] and not p["metadata"].get("deletionTimestamp")
+            ]
+            worst = max(worst, len(toolkits))
+            time.sleep(0.5)
+        assert worst == 1, f"{worst} toolkit pods on {pool_a[1]} at once"
+        status = (operator_env.get_resource(harness, second) or {}).get("status") or {}
+        assert pool_a[1] in json.dumps(status), status
+        assert pool_b  # the second pool's own node keeps its components
+        assert len(component_pods(harness, pool_b)[pool_b[0]]) == 2
+    finally:
+        operator_env.delete_resource(harness, second)
+
+
+def test_a_node_labelled_only_by_stock_node_feature_discovery_is_served(
+    harness: Harness, sim_nodes: conftest.MakeNodes, resource: str
+) -> None:
+    """NFD's default label for a PCI class 0x1200 device of vendor 0x1e36, and nothing else."""
+    (node,) = sim_nodes(1)
+    harness.plane.api(
+        "PATCH",
+        f"/api/v1/nodes/{node}",
+        {"metadata": {"labels": {"enflame.com/gcu.present": None,
+                                 "feature.node.kubernetes.io/pci-1200_1e36.present": "true"}}},
+    )  # fmt: skip
+    create(harness, resource)
+    wait_phase(harness, resource, "Running", 180)
+    assert len(component_pods(harness, [node])[node]) == 2
