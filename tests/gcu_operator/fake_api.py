@@ -220,10 +220,11 @@ class FakeApi:
         self._call("replace", kind)
         have = self._current(kind, obj)
         validate(kind, obj)
-        if kind == api.CLUSTER_ROLE_BINDING and obj.get("roleRef") != have.get("roleRef"):
+        binding = kind in (api.CLUSTER_ROLE_BINDING, api.ROLE_BINDING)
+        if binding and obj.get("roleRef") != have.get("roleRef"):
             raise api.ApiError(
                 422,
-                f'ClusterRoleBinding "{obj["metadata"]["name"]}" is invalid: roleRef: '
+                f'{kind.kind} "{obj["metadata"]["name"]}" is invalid: roleRef: '
                 "Invalid value: cannot change roleRef",
             )
         new = _copy(obj)

@@ -295,9 +295,10 @@ def _same_pod(chart: dict[str, Any], mine: dict[str, Any]) -> None:
 def test_the_plugin_publishes_node_state_as_the_charts_does_with_the_extender(
     tmp_path: Any,
 ) -> None:
-    """With nodeState: true the operator's plugin keeps its Node's node-state annotation current
-    for the scheduler extender, as the chart's with extender.enabled: --node-state, NODE_NAME
-    from the downward API, its own ServiceAccount allowed get/patch on Nodes and nothing else."""
+    """With nodeState: true the operator's plugin keeps its node's node-state Lease current for
+    the scheduler extender, as the chart's with extender.enabled: --node-state, NODE_NAME from
+    the downward API, its own ServiceAccount allowed the chart's lease verbs in its namespace (a
+    Role) and get/patch on Nodes (the gcushare annotation), nothing else."""
     chart, rendered = _chart_plugin(tmp_path)
     mine = _our_plugin({"nodeState": True})
     _same_pod(chart, mine[rs.DEVICE_PLUGIN])
@@ -325,7 +326,31 @@ def test_the_plugin_publishes_node_state_as_the_charts_does_with_the_extender(
             "namespace": account["metadata"]["namespace"],
         }
     ]
-    for obj in (account, role, binding):
+    # Its Lease: the chart's Role, in the plugin's own namespace, bound to its account there.
+    [chart_lease_role] = [
+        r
+        for r in helm_render.objects(rendered, "Role")
+        if r["metadata"]["name"].endswith("-device-plugin-node-state")
+    ]
+    [chart_lease_binding] = [
+        b
+        for b in helm_render.objects(rendered, "RoleBinding")
+        if b["metadata"]["name"].endswith("-device-plugin-node-state")
+    ]
+    lease_role = mine[components.PLUGIN_LEASE_ROLE_KEY]
+    lease_binding = mine[components.PLUGIN_LEASE_BINDING_KEY]
+    assert lease_role["kind"] == "Role" and lease_binding["kind"] == "RoleBinding"
+    assert lease_role["rules"] == chart_lease_role["rules"]
+    assert lease_role["metadata"]["name"] == role["metadata"]["name"]
+    for obj in (lease_role, lease_binding):
+        assert obj["metadata"]["namespace"] == account["metadata"]["namespace"]
+    assert lease_binding["roleRef"] == {
+        **chart_lease_binding["roleRef"],
+        "name": lease_role["metadata"]["name"],
+    }
+    assert lease_binding["roleRef"]["kind"] == "Role"
+    assert lease_binding["subjects"] == binding["subjects"]
+    for obj in (account, role, binding, lease_role, lease_binding):
         assert obj["metadata"]["ownerReferences"][0]["uid"] == "u-1"
         assert obj["metadata"]["labels"][names.COMPONENT_LABEL] == rs.DEVICE_PLUGIN
 
@@ -416,8 +441,8 @@ def test_bad_telemetry_fields_are_reported_and_leave_telemetry_off(
 def test_the_operator_may_create_the_plugins_rbac_without_escalating(tmp_path: Any) -> None:
     """RBAC refuses a ClusterRole (or a binding to it) granting what its creator does not hold,
     unless it has escalate/bind: the operator's ClusterRole must hold every permission of the
-    plugin's node-state role, and may create the ClusterRole, its binding and (in the component
-    namespaces) the ServiceAccount."""
+    plugin's node-state ClusterRole, and may create the ClusterRole, its binding and (in the
+    component namespaces) the ServiceAccount. The lease Role: test_operator_chart.py."""
     rendered = helm_render.render(str(tmp_path), {"operator": {"enabled": True}})
     docs = [d for d in rendered.get("operator.yaml", []) if d]
     role = next(d for d in docs if d["kind"] == "ClusterRole")

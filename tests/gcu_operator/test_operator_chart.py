@@ -114,6 +114,8 @@ def test_the_operator_may_rewrite_and_delete_its_own_objects_only(tmp_path: Any)
         "NetworkPolicy",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
         "RuntimeClass",
         "ResourceClaimTemplate",
     }
@@ -135,18 +137,73 @@ def test_the_operator_may_rewrite_and_delete_its_own_objects_only(tmp_path: Any)
         (api.SERVICE, "kube-dns", "kube-system"),
         (api.SERVICE_ACCOUNT, "someone-elses", RELEASE_NS),
         (api.NETWORK_POLICY, "default-deny", RELEASE_NS),
-        (api.LEASE, "kube-scheduler", RELEASE_NS),
+        (api.ROLE, "someone-elses", RELEASE_NS),
+        (api.ROLE_BINDING, "someone-elses", RELEASE_NS),
+        (api.ROLE, "system:controller:bootstrap-signer", "kube-system"),
         (api.LEASE, "kube-scheduler", "kube-system"),
     ]
     for kind, name, where in not_ours:
         for verb in WRITES:
             assert not rbac.allows(verb, kind, name, where), (verb, kind.kind, name, where)
+    # The Leases of a component namespace: only the plugin's lease verbs (patch and delete are
+    # among them, and RBAC lets the operator grant them only if it holds them), never update.
+    assert not rbac.allows("update", api.LEASE, "kube-scheduler", RELEASE_NS)
     # Nothing at all in kube-system by default: its accounts are not the operator's.
     for kind in (api.DAEMONSET, api.POD, api.SERVICE, api.SERVICE_ACCOUNT):
         assert not rbac.allows("create", kind, "x", "kube-system"), kind.kind
     # Neither bind nor escalate nor a wildcard anywhere.
     for rule in rbac.cluster + [r for rules in rbac.namespaced.values() for r in rules]:
         assert not {"bind", "escalate", "impersonate", "*"} & set(rule["verbs"]), rule
+
+
+def _plugin_lease_rbac() -> tuple[dict[str, Any], dict[str, Any]]:
+    resource = _everything()
+    made = components.desired(resource, rs.parse(resource["spec"]), True, "dra")
+    return made[components.PLUGIN_LEASE_ROLE_KEY], made[components.PLUGIN_LEASE_BINDING_KEY]
+
+
+def _granted(rbac: Rbac, namespace: str) -> set[tuple[str, str, str]]:
+    """Every (group, resource, verb) of the RBAC API and Leases the operator holds unnamed in
+    ``namespace`` (what RBAC's escalation check counts), of the verbs there are."""
+    verbs = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+    kinds = (api.LEASE, api.ROLE, api.ROLE_BINDING)
+    return {
+        (kind.group, kind.plural, verb)
+        for kind in kinds
+        for verb in verbs
+        if rbac.allows(verb, kind, "", namespace)
+    }
+
+
+@needs_helm
+@pytest.mark.parametrize("listed", [[], ["kube-system"]], ids=["release", "kube-system-listed"])
+def test_the_operator_may_grant_the_plugins_lease_role_and_nothing_more(
+    tmp_path: Any, listed: list[str]
+) -> None:
+    """Kubernetes refuses a Role, or a binding to one, that grants what its creator does not hold
+    in that namespace (unless it has bind or escalate, which the operator must not): in each
+    component namespace the operator holds exactly the plugin's lease verbs, may create Roles
+    and RoleBindings, and may rewrite or delete only the ones named <component>-node-state."""
+    rbac = Rbac(_docs(_rendered(tmp_path, componentNamespaces=listed)))
+    role, binding = _plugin_lease_rbac()
+    [rule] = role["rules"]
+    wanted = {
+        (g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
+    for where in (RELEASE_NS, *listed):
+        for obj in (role, binding):
+            kind, name = api.BY_KIND[obj["kind"]], obj["metadata"]["name"]
+            for verb in ("create", "update", "delete"):
+                assert rbac.allows(verb, kind, name, where), (verb, obj["kind"], where)
+            assert not rbac.allows("patch", kind, name, where), (obj["kind"], where)
+        assert _granted(rbac, where) == wanted | _rbac_verbs("get", "list", "watch", "create")
+    # Not a component namespace: Roles read (as everything is), nothing written, no Lease held.
+    for where in ("default", *(() if listed else ("kube-system",))):
+        assert _granted(rbac, where) == _rbac_verbs("get", "list", "watch"), where
+
+
+def _rbac_verbs(*verbs: str) -> set[tuple[str, str, str]]:
+    return {("rbac.authorization.k8s.io", r, v) for r in ("roles", "rolebindings") for v in verbs}
 
 
 @needs_helm

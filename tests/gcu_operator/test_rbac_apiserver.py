@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from enflame_gcu.gcu_operator import components
+from enflame_gcu.gcu_operator import resource as rs
 from tests.deploy import helm_render
 
 pytestmark = [
@@ -189,3 +191,57 @@ def test_the_operator_writes_its_own_objects_and_grants_only_what_it_holds(plane
     assert _as_operator(cp, "PUT", _path("DaemonSet", NS, "enflame-k8s-device-plugin"), have) == 200
     assert _as_operator(cp, "DELETE", _path("DaemonSet", NS, "enflame-k8s-device-plugin")) == 200
     assert _as_operator(cp, "POST", _path("DaemonSet", "kube-system"), plugin) == 403
+
+
+def _plugin_lease_rbac() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The plugin's node-state Role and RoleBinding as the operator makes them, in NS."""
+    spec: dict[str, Any] = {"devicePlugin": {"nodeState": True, "namespace": NS}}
+    resource = {
+        "apiVersion": f"{rs.GROUP}/v1",
+        "kind": "GcuResource",
+        "metadata": {"name": "gcu", "uid": "u-1"},
+        "spec": spec,
+    }
+    made = components.desired(resource, rs.parse(spec))
+    return made[components.PLUGIN_LEASE_ROLE_KEY], made[components.PLUGIN_LEASE_BINDING_KEY]
+
+
+def test_the_operator_grants_the_plugins_lease_role_and_nothing_more(plane: Plane) -> None:
+    """RBAC's escalation check, as kube-apiserver runs it: the operator may create, rewrite and
+    delete the plugin's lease Role and its binding in its namespace (it holds those lease verbs
+    there), and may not widen that Role, bind another role, or write Roles elsewhere."""
+    cp = plane
+    role, binding = _plugin_lease_rbac()
+    name = role["metadata"]["name"]
+    assert _as_operator(cp, "POST", _path("Role", NS), role) == 201
+    assert _as_operator(cp, "POST", _path("RoleBinding", NS), binding) == 201
+    for kind in ("Role", "RoleBinding"):
+        have = cp.api("GET", _path(kind, NS, name))
+        assert _as_operator(cp, "PUT", _path(kind, NS, name), have) == 200, kind
+    widened = cp.api("GET", _path("Role", NS, name))
+    widened["rules"][0]["verbs"].append("update")
+    assert _as_operator(cp, "PUT", _path("Role", NS, name), widened) == 403
+    listing = {**role, "metadata": {"name": "lists"}}
+    listing["rules"] = [{**role["rules"][0], "verbs": ["list", "watch"]}]
+    assert _as_operator(cp, "POST", _path("Role", NS), listing) == 403
+    # cluster-admin, not admin: admin is aggregated, empty without the controller-manager.
+    admin = {
+        **binding,
+        "metadata": {"name": "steal-cluster-admin"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "cluster-admin",
+        },
+    }
+    assert _as_operator(cp, "POST", _path("RoleBinding", NS), admin) == 403
+    # Not a component namespace: no Role there, not even the plugin's.
+    elsewhere = {**role, "metadata": {**role["metadata"], "namespace": "default"}}
+    assert _as_operator(cp, "POST", _path("Role", "default"), elsewhere) == 403
+    # Someone else's Role in its namespace: neither rewritten nor deleted.
+    cp.api("POST", _path("Role", NS), {**role, "metadata": {"name": "someone-elses"}})
+    theirs = cp.api("GET", _path("Role", NS, "someone-elses"))
+    assert _as_operator(cp, "PUT", _path("Role", NS, "someone-elses"), theirs) == 403
+    assert _as_operator(cp, "DELETE", _path("Role", NS, "someone-elses")) == 403
+    assert _as_operator(cp, "DELETE", _path("RoleBinding", NS, name)) == 200
+    assert _as_operator(cp, "DELETE", _path("Role", NS, name)) == 200

@@ -557,33 +557,54 @@ PLUGIN_ACCOUNT = ("enflame-k8s-device-plugin", "kube-system")
 PLUGIN_ROLE = "enflame-k8s-device-plugin-node-state"
 
 
-def _plugin_rbac(fake: FakeApi) -> tuple[Any, Any, Any]:
+LEASE_RULES = [
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["create", "get", "patch", "delete"],
+    }
+]
+
+
+def _plugin_rbac(fake: FakeApi) -> tuple[Any, Any, Any, Any, Any]:
     return (
         fake.find(api.SERVICE_ACCOUNT, *PLUGIN_ACCOUNT),
         fake.find(api.CLUSTER_ROLE, PLUGIN_ROLE),
         fake.find(api.CLUSTER_ROLE_BINDING, PLUGIN_ROLE),
+        fake.find(api.ROLE, PLUGIN_ROLE, PLUGIN_ACCOUNT[1]),
+        fake.find(api.ROLE_BINDING, PLUGIN_ROLE, PLUGIN_ACCOUNT[1]),
     )
 
 
 def test_the_plugin_gets_its_node_state_account_and_deleting_the_resource_removes_it() -> None:
     fake, cluster, operator = _start(ours(devicePlugin={"nodeState": True}))
     converge(operator, cluster)
-    account, role, binding = _plugin_rbac(fake)
-    assert account is not None and role is not None and binding is not None
+    account, role, binding, lease_role, lease_binding = _plugin_rbac(fake)
+    assert None not in (account, role, binding, lease_role, lease_binding)
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": PLUGIN_ACCOUNT[0], "namespace": PLUGIN_ACCOUNT[1]}
-    ]
+    # Its node's Lease (the node state the extender reads) in its own namespace.
+    assert lease_role["rules"] == LEASE_RULES
+    assert lease_binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": PLUGIN_ROLE,
+    }
+    for made in (binding, lease_binding):
+        assert made["subjects"] == [
+            {"kind": "ServiceAccount", "name": PLUGIN_ACCOUNT[0], "namespace": PLUGIN_ACCOUNT[1]}
+        ]
     # The plugin pods run (the ServiceAccount existed when the DaemonSet made them).
     assert sorted(_plugin_images(fake)) == NODES
     assert status(fake, ours())["phase"] == "Running"
     fake.delete(api.GCU_RESOURCE, "gcu")
     converge(operator, cluster)
     assert fake.find(api.GCU_RESOURCE, "gcu") is None
-    assert _plugin_rbac(fake) == (None, None, None)
+    assert _plugin_rbac(fake) == (None,) * 5
     # Removed by the operator itself, not left to garbage collection.
     deleted = {k[0].rpartition("/")[2] for k in fake.deleted}
-    assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} <= deleted
+    assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} <= deleted
+    by_operator = {kind for verb, kind in fake.calls if verb == "delete"}
+    assert {"Role", "RoleBinding"} <= by_operator
 
 
 def test_node_state_off_removes_the_plugins_rbac_and_a_widened_role_is_put_back() -> None:
@@ -597,9 +618,17 @@ def test_node_state_off_removes_the_plugins_rbac_and_a_widened_role_is_put_back(
     converge(operator, cluster)
     role = fake.find(api.CLUSTER_ROLE, PLUGIN_ROLE)
     assert role is not None and role["rules"][0]["verbs"] == ["get", "patch"]
+    lease_role = fake.find(api.ROLE, PLUGIN_ROLE, PLUGIN_ACCOUNT[1])
+    assert lease_role is not None
+    lease_role["rules"][0]["verbs"].append("update")
+    lease_role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
+    fake.replace(api.ROLE, lease_role)
+    converge(operator, cluster)
+    lease_role = fake.find(api.ROLE, PLUGIN_ROLE, PLUGIN_ACCOUNT[1])
+    assert lease_role is not None and lease_role["rules"] == LEASE_RULES
     set_spec(fake, resource, ["devicePlugin", "nodeState"], False)
     converge(operator, cluster)
-    assert _plugin_rbac(fake) == (None, None, None)
+    assert _plugin_rbac(fake) == (None,) * 5
     ds = fake.find(api.DAEMONSET, *PLUGIN_ACCOUNT)
     assert ds is not None
     assert "serviceAccountName" not in ds["spec"]["template"]["spec"]

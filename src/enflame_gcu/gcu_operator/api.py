@@ -45,12 +45,14 @@ RUNTIME_CLASS = Kind("node.k8s.io/v1", "RuntimeClass", "runtimeclasses", namespa
 RESOURCE_CLAIM_TEMPLATE = Kind(
     "resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", namespaced=True
 )
-# The device plugin's node-state account and its RBAC.
+# The device plugin's node-state account and its RBAC (its Node; its Lease in its namespace).
 SERVICE_ACCOUNT = Kind("v1", "ServiceAccount", "serviceaccounts", namespaced=True)
 CLUSTER_ROLE = Kind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", namespaced=False)
 CLUSTER_ROLE_BINDING = Kind(
     "rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", namespaced=False
 )
+ROLE = Kind("rbac.authorization.k8s.io/v1", "Role", "roles", namespaced=True)
+ROLE_BINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", namespaced=True)
 BY_KIND = {
     k.kind: k
     for k in (
@@ -66,6 +68,8 @@ BY_KIND = {
         SERVICE_ACCOUNT,
         CLUSTER_ROLE,
         CLUSTER_ROLE_BINDING,
+        ROLE,
+        ROLE_BINDING,
     )
 }
 

@@ -30,11 +30,29 @@ DRA_DEVICE_CLASS = "gcu.enflame.com"
 RUNTIME_CLASS_KEY = "runtimeClass"
 VALIDATOR_CLAIM_KEY = "validatorClaim"
 PLUGIN_POLICY_KEY = "devicePluginNetworkPolicy"
-# The device plugin's account for node state, and the RBAC that lets it patch its Node.
+# The device plugin's account for node state, and the RBAC that lets it write its Lease (in its
+# namespace: a Role) and patch its Node (the gcushare annotation: a ClusterRole).
 PLUGIN_ACCOUNT_KEY = "devicePluginServiceAccount"
+PLUGIN_LEASE_ROLE_KEY = "devicePluginNodeStateLeaseRole"
+PLUGIN_LEASE_BINDING_KEY = "devicePluginNodeStateLeaseBinding"
 PLUGIN_ROLE_KEY = "devicePluginNodeStateRole"
 PLUGIN_BINDING_KEY = "devicePluginNodeStateBinding"
-PLUGIN_RBAC_KEYS = (PLUGIN_ACCOUNT_KEY, PLUGIN_ROLE_KEY, PLUGIN_BINDING_KEY)
+PLUGIN_RBAC_KEYS = (
+    PLUGIN_ACCOUNT_KEY,
+    PLUGIN_LEASE_ROLE_KEY,
+    PLUGIN_LEASE_BINDING_KEY,
+    PLUGIN_ROLE_KEY,
+    PLUGIN_BINDING_KEY,
+)
+# The chart's rbac-node-state.yaml Role: the node-state Leases of the plugin's namespace (RBAC
+# cannot name them before they exist; the chart's admission policy keeps each to its node).
+PLUGIN_LEASE_RULES = [
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["create", "get", "patch", "delete"],
+    }
+]
 EXTRA_KEYS = (RUNTIME_CLASS_KEY, VALIDATOR_CLAIM_KEY, PLUGIN_POLICY_KEY, *PLUGIN_RBAC_KEYS)
 # The label the API server (1.21+) sets on every Namespace to its name; a tenant cannot set it
 # on a namespace of another name, as it can label its own pods "prometheus".
@@ -190,8 +208,8 @@ def _plugin_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
         args.append("--feature-file=/host/nfd/enflame-gcu")
         mounts.append({"name": "nfd-features", "mountPath": "/host/nfd"})
     if options.node_state:
-        # The scheduler extender reads the enflame.com/gcu-node-state annotation this keeps
-        # current on the plugin's own Node.
+        # The scheduler extender reads the node state this keeps current on its node's Lease
+        # in the plugin's namespace.
         args.append("--node-state")
     if telemetry is not None:
         mounts.append(
@@ -207,7 +225,7 @@ def _plugin_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
         {"name": "ENFLAME_VISIBLE_DEVICES", "value": "void" if telemetry is None else "all"}
     ]
     if options.node_state or telemetry is not None:
-        # The node-state annotation's Node, telemetry's Hostname label.
+        # The node-state Lease's name, telemetry's Hostname label.
         env.append({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     return {
         "name": "enflame-device-plugin",
@@ -257,7 +275,8 @@ def _plugin_volumes(spec: rs.ResourceSpec) -> list[Obj]:
 
 
 def plugin_account(resource: Mapping[str, Any], plugin: rs.Component) -> Obj:
-    """The device plugin's ServiceAccount (node state: it reads and patches its Node)."""
+    """The device plugin's ServiceAccount (node state: its Lease, and its Node's gcushare
+    annotation)."""
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
@@ -271,13 +290,52 @@ def plugin_account(resource: Mapping[str, Any], plugin: rs.Component) -> Obj:
 
 
 def plugin_role_name(plugin: rs.Component) -> str:
-    """The ClusterRole and ClusterRoleBinding of the plugin's node state (the chart's suffix)."""
+    """The Role, ClusterRole and their bindings of the plugin's node state (the chart's
+    suffix)."""
     return f"{plugin.name}-node-state"
 
 
+def plugin_lease_role(resource: Mapping[str, Any], plugin: rs.Component) -> Obj:
+    """The chart's rbac-node-state.yaml Role: create, get, patch and delete Leases in the
+    plugin's namespace (its node's node-state Lease), nothing else."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {
+            "name": plugin_role_name(plugin),
+            "namespace": plugin.namespace,
+            "labels": labels(resource, rs.DEVICE_PLUGIN, "enflame-device-plugin"),
+            "ownerReferences": [owner_reference(resource)],
+        },
+        "rules": json.loads(json.dumps(PLUGIN_LEASE_RULES)),
+    }
+
+
+def plugin_lease_role_binding(resource: Mapping[str, Any], plugin: rs.Component) -> Obj:
+    """Binds plugin_lease_role to plugin_account, in the plugin's namespace."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {
+            "name": plugin_role_name(plugin),
+            "namespace": plugin.namespace,
+            "labels": labels(resource, rs.DEVICE_PLUGIN, "enflame-device-plugin"),
+            "ownerReferences": [owner_reference(resource)],
+        },
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": plugin_role_name(plugin),
+        },
+        "subjects": [
+            {"kind": "ServiceAccount", "name": plugin.name, "namespace": plugin.namespace}
+        ],
+    }
+
+
 def plugin_role(resource: Mapping[str, Any], plugin: rs.Component) -> Obj:
-    """The chart's rbac-node-state.yaml ClusterRole: get and patch Nodes, nothing else (never
-    nodes/status)."""
+    """The chart's rbac-node-state.yaml ClusterRole: get and patch Nodes (its own, for the
+    gcushare annotation), nothing else (never nodes/status)."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
@@ -575,9 +633,12 @@ def desired(
         plugin = comps[rs.DEVICE_PLUGIN]
         account: Obj = {}
         if spec.plugin.node_state:
-            # The chart's extender setup: the plugin's own account, allowed get/patch on Nodes.
+            # The chart's extender setup: the plugin's own account, allowed its Lease (a Role in
+            # its namespace) and get/patch on Nodes.
             account = {"serviceAccountName": plugin.name, "automountServiceAccountToken": True}
             out[PLUGIN_ACCOUNT_KEY] = plugin_account(resource, plugin)
+            out[PLUGIN_LEASE_ROLE_KEY] = plugin_lease_role(resource, plugin)
+            out[PLUGIN_LEASE_BINDING_KEY] = plugin_lease_role_binding(resource, plugin)
             out[PLUGIN_ROLE_KEY] = plugin_role(resource, plugin)
             out[PLUGIN_BINDING_KEY] = plugin_role_binding(resource, plugin)
         out[rs.DEVICE_PLUGIN] = _daemonset(

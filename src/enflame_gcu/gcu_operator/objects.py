@@ -9,7 +9,12 @@ from typing import Any
 Obj = dict[str, Any]
 Key = tuple[str, str, str]
 # Kinds whose content is in top-level fields, not in spec (a ServiceAccount: none we set).
-TOP_LEVEL = {"ClusterRole": ("rules",), "ClusterRoleBinding": ("subjects", "roleRef")}
+TOP_LEVEL = {
+    "ClusterRole": ("rules",),
+    "ClusterRoleBinding": ("subjects", "roleRef"),
+    "Role": ("rules",),
+    "RoleBinding": ("subjects", "roleRef"),
+}
 
 
 def key(obj: Mapping[str, Any]) -> Key:

@@ -144,6 +144,8 @@ class Operator:
             api.SERVICE_ACCOUNT,
             api.CLUSTER_ROLE,
             api.CLUSTER_ROLE_BINDING,
+            api.ROLE,
+            api.ROLE_BINDING,
         ]
         if self._dra_served:
             kinds.append(api.RESOURCE_CLAIM_TEMPLATE)
