@@ -47,18 +47,31 @@ def _nfd_only(fake: FakeApi, name: str) -> None:
 
 
 def test_the_example_reaches_running_and_rolls_beside_a_node_only_nfd_labelled() -> None:
+    """The example selects every GCU node (no nodeSelector since issue 50), a node only Node
+    Feature Discovery labelled included; the same resource with the hand-set label as its
+    plugin's nodeSelector leaves that node out, and is not held back by it (issue 47 point 2)."""
     example = yaml.safe_load(EXAMPLE.read_text())
     fake, cluster, operator = _start(example)
     _nfd_only(fake, "node-c")
     converge(operator, cluster)
     st = status(fake, example)
     assert st["phase"] == "Running", st["conditions"]
+    assert st["clusterGCUNodes"] == ["node-a", "node-b", "node-c"]
+    assert "node-c" in _component_pods(fake, rs.TOOLKIT)
+
+    scoped = yaml.safe_load(EXAMPLE.read_text())
+    scoped["spec"]["devicePlugin"]["nodeSelector"] = {"enflame.com/gcu.present": "true"}
+    fake, cluster, operator = _start(scoped)
+    _nfd_only(fake, "node-c")
+    converge(operator, cluster)
+    st = status(fake, scoped)
+    assert st["phase"] == "Running", st["conditions"]
     assert st["clusterGCUNodes"] == ["node-a", "node-b"]
     assert "node-c" not in _component_pods(fake, rs.TOOLKIT)
     assert names.deploy_label(rs.TOOLKIT) not in cluster.node_labels("node-c")
-    set_spec(fake, example, ["devicePlugin", "version"], "0.2.0")
+    set_spec(fake, scoped, ["devicePlugin", "version"], "0.2.0")
     converge(operator, cluster)
-    st = status(fake, example)
+    st = status(fake, scoped)
     assert st["phase"] == "Running", st["conditions"]
     images = {
         n: p["spec"]["containers"][0]["image"]

@@ -19,6 +19,8 @@ import pytest
 from enflame_gcu.scheduler_extender import cache as extender_cache
 from enflame_gcu.scheduler_extender import decisions, server, tls
 
+# The module's certificates are made once (openssl): its tests stay on one xdist worker.
+pytestmark = [pytest.mark.xdist_group("extender-tls")]
 PRIORITIZE = json.dumps({"Pod": {"metadata": {"name": "p"}, "spec": {}}, "NodeNames": ["a"]})
 
 
