@@ -491,14 +491,24 @@ def test_an_overlap_that_appears_later_leaves_one_toolkit_per_node_and_names_the
     pool_a = sim_nodes(2, labels={"pool-a": resource})
     pool_b = sim_nodes(1, labels={"pool-b": resource})
     first, second = resource, f"{resource}-b"
-    for name, key in ((first, "pool-a"), (second, "pool-b")):
-        selector = {key: resource}
-        create(
-            harness,
-            name,
-            containerToolkit={"nodeSelector": selector},
-            devicePlugin={"nodeSelector": selector},
-        )
+    selector = {"pool-a": resource}
+    create(
+        harness,
+        first,
+        containerToolkit={"nodeSelector": selector},
+        devicePlugin={"nodeSelector": selector},
+    )
+    # The second resource's objects need names of their own, among those the chart's RBAC lets
+    # the operator rewrite (operator.componentNames: the vendor 2.0 example's names).
+    selector = {"pool-b": resource}
+    create(
+        harness,
+        second,
+        containerToolkit={"nodeSelector": selector, "name": "enflame-gcu-docker-plugin"},
+        devicePlugin={"nodeSelector": selector, "name": "enflame-gcu-k8s-plugin"},
+        gcuExporter={"notDeploy": True},
+        gfd={"notDeploy": True},
+    )
     try:
         wait_phase(harness, first, "Running", 180)
         wait_phase(harness, second, "Running", 180)
@@ -511,7 +521,8 @@ def test_an_overlap_that_appears_later_leaves_one_toolkit_per_node_and_names_the
             toolkits = [
                 p
                 for p in component_pods(harness, [pool_a[1]])[pool_a[1]]
-                if "toolkit" in p["metadata"]["name"] and not p["metadata"].get("deletionTimestamp")
+                if (p["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL) == rs.TOOLKIT
+                and not p["metadata"].get("deletionTimestamp")
             ]
             worst = max(worst, len(toolkits))
             time.sleep(0.5)
