@@ -393,3 +393,70 @@ def test_logs_are_kept_only_for_a_failed_run(
     chaos.write(report, reports, [], "")
     with open(report, encoding="utf-8") as handle:
         assert json.load(handle)["logs"] == (str(tmp_path / "chaos.logs") if kept else None)
+
+
+# -- the tier's nodes: daemons restarted when they exit, as systemd does --------------------
+
+
+def _sleeper(started: list[int], lives: list[float]) -> Any:
+    """A real process per call that lives ``lives[n]`` seconds (the last one: long)."""
+    import subprocess
+
+    def spawn() -> subprocess.Popen[bytes]:
+        life = lives[min(len(started), len(lives) - 1)]
+        process = subprocess.Popen(["sleep", str(life)])
+        started.append(process.pid)
+        return process
+
+    return spawn
+
+
+def _until(condition: Any, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_daemon_that_exits_by_itself_is_started_again() -> None:
+    """The seed-7 failure: a kubelet started while containerd was down exited at once and
+    nothing started it again (a real node's systemd does, 10 s later)."""
+    from tests.cluster.nodes import Supervised
+
+    started: list[int] = []
+    daemon = Supervised("kubelet", _sleeper(started, [0, 0, 60]), restart_sec=0.2)
+    first = daemon.start()
+    try:
+        assert _until(lambda: len(started) == 3)  # exited twice, started again each time
+        assert [status for _, status in daemon.exits] == [0, 0]
+        assert daemon.process is not None and daemon.process is not first
+        assert daemon.process.poll() is None
+    finally:
+        daemon.stop()
+    assert daemon.process.poll() is not None
+
+
+def test_a_stopped_or_replaced_daemon_is_not_started_again() -> None:
+    from tests.cluster.nodes import Supervised
+
+    started: list[int] = []
+    daemon = Supervised("containerd", _sleeper(started, [60]), restart_sec=0.1)
+    daemon.start()
+    daemon.stop()  # a fault's kill, or the teardown: stays down
+    time.sleep(0.5)
+    assert len(started) == 1 and daemon.exits == []
+    daemon.start()  # the fault starts it again itself: one process, not two
+    daemon.stop()
+    daemon.start()
+    time.sleep(0.5)
+    assert len(started) == 3
+    alive = [p for p in started if os.path.exists(f"/proc/{p}") and _running(p)]
+    assert alive == [started[-1]]
+    daemon.stop()
+
+
+def _running(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")

@@ -1118,8 +1118,24 @@ class ChaosRun:
             violations=self.checker.violations,
             pods=self.pod_stats,
             observations=self.checker.observations,
-            extra={"final": final, "harness_errors": self.harness_errors},
+            extra={
+                "final": final,
+                "harness_errors": self.harness_errors,
+                "daemon_exits": self.daemon_exits(),
+            },
         )
+
+    def daemon_exits(self) -> dict[str, dict[str, list[list[float]]]]:
+        """Each node's daemons that exited by themselves during the run and were started again
+        (as systemd's Restart=always does on a node): ``[run seconds, exit status]``."""
+        found: dict[str, dict[str, list[list[float]]]] = {}
+        for name, node in self.nodes.items():
+            for daemon, supervised in getattr(node, "daemons", {}).items():
+                exits = [[round(at - self.started, 2), float(status)]
+                         for at, status in supervised.exits if at >= self.started]  # fmt: skip
+                if exits:
+                    found.setdefault(name, {})[daemon] = exits
+        return found
 
     def final_checks(self, quiet_at: float, quiet_wall: float) -> dict[str, Any]:
         """Within 60 s of the last fault: recovery conditions and the GcuResource Running;
