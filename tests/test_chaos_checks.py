@@ -4,6 +4,9 @@ recovery times and the report come out of the records as they should."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import random
 import time
 from typing import Any
@@ -280,3 +283,180 @@ def test_the_plugin_config_shares_two_cards_on_one_node_only() -> None:
     # The plugin's own parser takes both (it refuses unknown keys and bad values).
     for node in ("gcu-node-1", chaos.SHARED_NODE):
         assert config_file.parse(chaos.plugin_config(node))
+
+
+# -- the logs of a failed run ---------------------------------------------------------------
+
+
+def test_the_logs_go_beside_the_report() -> None:
+    assert chaos.logs_dir("/work/logs/chaos-seed7.json") == "/work/logs/chaos-seed7.logs"
+    assert chaos.logs_dir("report") == "report.logs"
+
+
+def test_copy_tail_keeps_the_end_and_says_what_it_left_out(tmp_path: Any) -> None:
+    source = tmp_path / "kubelet.log"
+    source.write_bytes(b"old line\n" * 10 + b"the failure\n")
+    target = tmp_path / "kept" / "kubelet.log"
+
+    assert chaos.copy_tail(str(source), str(target), limit=12) == 12
+    kept = target.read_bytes()
+    assert kept.endswith(b"the failure\n")
+    assert b"the first 90 bytes of" in kept.splitlines()[0]
+    assert chaos.copy_tail(str(tmp_path / "missing.log"), str(tmp_path / "x")) == -1
+    assert not (tmp_path / "x").exists()
+
+
+def test_pod_logs_are_copied_with_their_layout(tmp_path: Any) -> None:
+    pods = tmp_path / "var_log_pods"
+    for relative, text in {
+        "kube-system_enflame-container-toolkit-8mgkp_u1/enflame-container-toolkit/0.log": "a",
+        "kube-system_enflame-container-toolkit-8mgkp_u1/enflame-container-toolkit/1.log": "b",
+        "chaos_c19-g2_u2/gcu/0.log": "",
+    }.items():
+        (pods / relative).parent.mkdir(parents=True, exist_ok=True)
+        (pods / relative).write_text(text)
+
+    copied = chaos.copy_pod_logs(str(pods), str(tmp_path / "kept"))
+
+    assert len(copied) == 3
+    toolkit = "kube-system_enflame-container-toolkit-8mgkp_u1/enflame-container-toolkit"
+    assert (tmp_path / "kept" / toolkit / "1.log").read_text() == "b"
+    assert chaos.copy_pod_logs(str(tmp_path / "none"), str(tmp_path / "k2")) == []
+
+
+class _Node:
+    """A node's files as the tier lays them out, with daemons that do not answer."""
+
+    def __init__(self, work: Any, name: str) -> None:
+        self.name, self.work = name, str(work / name)
+        self.node_ip, self.kubelet_port = "127.0.0.1", 1  # nothing listens there
+        self.containerd = None
+        self.socket = str(work / name / "none.sock")
+        self.binaries = type("B", (), {"ctr": str(work / "no-ctr")})()
+        self.config_path = str(work / name / "config.toml")
+
+    def private(self, path: str) -> str:
+        return f"{self.work}/private/{path.strip('/').replace('/', '_')}"
+
+
+def test_keep_logs_keeps_what_there_is_and_names_what_is_not(tmp_path: Any) -> None:
+    nodes = [_Node(tmp_path, "gcu-node-1"), _Node(tmp_path, "gcu-node-2")]
+    for node in nodes:
+        os.makedirs(node.private("/var/log/pods") + "/ns_pod_u/c")
+        with open(node.private("/var/log/pods") + "/ns_pod_u/c/0.log", "w") as handle:
+            handle.write(f"{node.name} pod")
+        with open(f"{node.work}/kubelet.log", "w") as handle:
+            handle.write(f"{node.name} kubelet")
+        os.makedirs(node.private("/etc/enflame-gcu"))
+        with open(node.private("/etc/enflame-gcu") + "/node-mode.json", "w") as handle:
+            handle.write("{}")
+    (tmp_path / "cp").mkdir()
+    (tmp_path / "cp" / "kube-apiserver.log").write_text("apiserver")
+    plane = type("P", (), {"work": str(tmp_path / "cp"), "bin": str(tmp_path / "no-bin"),
+                           "kubeconfig": "none"})()  # fmt: skip
+    cluster = type("C", (), {"nodes": nodes, "plane": plane})()
+    said: list[str] = []
+
+    kept = chaos.keep_logs(cluster, str(tmp_path / "r.logs"), said.append)
+
+    out = tmp_path / "r.logs"
+    assert kept == str(out) and said == [f"kept the tier's logs of the failed run in {out}"]
+    for node in nodes:
+        assert (out / node.name / "kubelet.log").read_text() == f"{node.name} kubelet"
+        assert (out / node.name / "pods/ns_pod_u/c/0.log").read_text() == f"{node.name} pod"
+        assert (out / node.name / "etc-enflame-gcu/node-mode.json").read_text() == "{}"
+        assert (
+            "GET https://127.0.0.1:1/" in (out / node.name / "kubelet-goroutines.txt").read_text()
+        )
+        assert "not run to the end" in (out / node.name / "ctr-tasks.txt").read_text()
+        assert not (out / node.name / "containerd.log").exists()  # none was there
+    assert (out / "control-plane" / "kube-apiserver.log").read_text() == "apiserver"
+    assert "not run to the end" in (out / "api" / "pods.json").read_text()
+    assert "PID" in (out / "processes.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    ("reports", "raised", "kept"),
+    [([{"ok": True}], False, False), ([{"ok": True}, {"ok": False}], False, True),
+     ([], False, True), ([{"ok": True}], True, True)],
+)  # fmt: skip
+def test_logs_are_kept_only_for_a_failed_run(
+    tmp_path: Any, reports: list[dict[str, Any]], raised: bool, kept: bool
+) -> None:
+    plane = type("P", (), {"work": str(tmp_path / "cp"), "bin": str(tmp_path), "kubeconfig": ""})()
+    cluster = type("C", (), {"nodes": [], "plane": plane})()
+    report = str(tmp_path / "chaos.json")
+    with contextlib.suppress(RuntimeError), chaos.kept_on_failure(cluster, report, reports, print):
+        if raised:
+            raise RuntimeError("deploy failed")
+    assert os.path.isdir(tmp_path / "chaos.logs") is kept
+    chaos.write(report, reports, [], "")
+    with open(report, encoding="utf-8") as handle:
+        assert json.load(handle)["logs"] == (str(tmp_path / "chaos.logs") if kept else None)
+
+
+# -- the tier's nodes: daemons restarted when they exit, as systemd does --------------------
+
+
+def _sleeper(started: list[int], lives: list[float]) -> Any:
+    """A real process per call that lives ``lives[n]`` seconds (the last one: long)."""
+    import subprocess
+
+    def spawn() -> subprocess.Popen[bytes]:
+        life = lives[min(len(started), len(lives) - 1)]
+        process = subprocess.Popen(["sleep", str(life)])
+        started.append(process.pid)
+        return process
+
+    return spawn
+
+
+def _until(condition: Any, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_daemon_that_exits_by_itself_is_started_again() -> None:
+    """The seed-7 failure: a kubelet started while containerd was down exited at once and
+    nothing started it again (a real node's systemd does, 10 s later)."""
+    from tests.cluster.nodes import Supervised
+
+    started: list[int] = []
+    daemon = Supervised("kubelet", _sleeper(started, [0, 0, 60]), restart_sec=0.2)
+    first = daemon.start()
+    try:
+        assert _until(lambda: len(started) == 3)  # exited twice, started again each time
+        assert [status for _, status in daemon.exits] == [0, 0]
+        assert daemon.process is not None and daemon.process is not first
+        assert daemon.process.poll() is None
+    finally:
+        daemon.stop()
+    assert daemon.process.poll() is not None
+
+
+def test_a_stopped_or_replaced_daemon_is_not_started_again() -> None:
+    from tests.cluster.nodes import Supervised
+
+    started: list[int] = []
+    daemon = Supervised("containerd", _sleeper(started, [60]), restart_sec=0.1)
+    daemon.start()
+    daemon.stop()  # a fault's kill, or the teardown: stays down
+    time.sleep(0.5)
+    assert len(started) == 1 and daemon.exits == []
+    daemon.start()  # the fault starts it again itself: one process, not two
+    daemon.stop()
+    daemon.start()
+    time.sleep(0.5)
+    assert len(started) == 3
+    alive = [p for p in started if os.path.exists(f"/proc/{p}") and _running(p)]
+    assert alive == [started[-1]]
+    daemon.stop()
+
+
+def _running(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")

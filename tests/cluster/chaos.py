@@ -1118,8 +1118,24 @@ class ChaosRun:
             violations=self.checker.violations,
             pods=self.pod_stats,
             observations=self.checker.observations,
-            extra={"final": final, "harness_errors": self.harness_errors},
+            extra={
+                "final": final,
+                "harness_errors": self.harness_errors,
+                "daemon_exits": self.daemon_exits(),
+            },
         )
+
+    def daemon_exits(self) -> dict[str, dict[str, list[list[float]]]]:
+        """Each node's daemons that exited by themselves during the run and were started again
+        (as systemd's Restart=always does on a node): ``[run seconds, exit status]``."""
+        found: dict[str, dict[str, list[list[float]]]] = {}
+        for name, node in self.nodes.items():
+            for daemon, supervised in getattr(node, "daemons", {}).items():
+                exits = [[round(at - self.started, 2), float(status)]
+                         for at, status in supervised.exits if at >= self.started]  # fmt: skip
+                if exits:
+                    found.setdefault(name, {})[daemon] = exits
+        return found
 
     def final_checks(self, quiet_at: float, quiet_wall: float) -> dict[str, Any]:
         """Within 60 s of the last fault: recovery conditions and the GcuResource Running;
@@ -1188,6 +1204,159 @@ class ChaosRun:
             "evidence": evidence,
             "left_after_delete": [p["metadata"]["name"] for p in left],
         }
+
+
+# -- the tier's logs of a failed run, kept beside its report --------------------------------
+
+LOG_TAIL = 64 << 20  # bytes of each daemon log kept (its end: where a failure shows)
+NODE_LOGS = ("kubelet", "containerd", "ns")
+
+
+def logs_dir(report: str) -> str:
+    """Where a failed run's logs go: beside the report, its name with ``.logs`` for ``.json``."""
+    base = report[:-5] if report.endswith(".json") else report
+    return base + ".logs"
+
+
+def copy_tail(source: str, target: str, limit: int = LOG_TAIL) -> int:
+    """Copy the last ``limit`` bytes of ``source`` to ``target`` (a first line says how much
+    was left out); the bytes copied, -1 when ``source`` cannot be read."""
+    try:
+        with open(source, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - limit))
+            data = handle.read(limit)
+    except OSError:
+        return -1
+    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+    with open(target, "wb") as out:
+        if size > limit:
+            out.write(f"[chaos: the first {size - limit} bytes of {source} left out]\n".encode())
+        out.write(data)
+    return len(data)
+
+
+def copy_pod_logs(source: str, target: str, limit: int = LOG_TAIL) -> list[str]:
+    """A kubelet's ``/var/log/pods`` (``<namespace>_<pod>_<uid>/<container>/<n>.log``, the
+    current and the previous container of each) copied to ``target``; the files copied."""
+    copied = []
+    for top, _, files in sorted(os.walk(source)):
+        for name in sorted(files):
+            path = os.path.join(top, name)
+            relative = os.path.relpath(path, source)
+            if os.path.isfile(path) and copy_tail(path, os.path.join(target, relative), limit) >= 0:
+                copied.append(relative)
+    return copied
+
+
+def _command_output(command: Sequence[str], target: str, timeout: float = 30) -> None:
+    """``command``'s output (or why there is none) in ``target``: a wedged daemon must not
+    stop the rest of the logs from being kept."""
+    import subprocess
+
+    try:
+        result = subprocess.run(
+            list(command), capture_output=True, text=True, timeout=timeout, check=False
+        )
+        text = f"$ {' '.join(command)}\n(exit {result.returncode})\n{result.stdout}{result.stderr}"
+    except (OSError, subprocess.SubprocessError) as exc:
+        text = f"$ {' '.join(command)}\nnot run to the end: {exc!r}\n"
+    with open(target, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def _kubelet_goroutines(node: Any, target: str) -> None:
+    """The kubelet's goroutines (its debug handlers, on by default) into ``target``: where a
+    wedged pod worker or probe waits."""
+    import ssl
+    import urllib.request
+
+    url = f"https://{node.node_ip}:{node.kubelet_port}/debug/pprof/goroutine?debug=2"
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the kubelet's own self-signed serving certificate
+    try:
+        with urllib.request.urlopen(url, timeout=20, context=context) as answer:
+            text = answer.read().decode("utf-8", "replace")
+    except (OSError, ValueError) as exc:
+        text = f"GET {url}: {exc!r}\n"
+    with open(target, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def _containerd_goroutines(node: Any, target: str) -> None:
+    """SIGUSR1 makes containerd write its goroutines to ``/tmp/containerd.<pid>.stacks.log``
+    (and to its log); moved into ``target``."""
+    process = node.containerd
+    if process is None or process.poll() is not None:
+        return
+    dump = f"/tmp/containerd.{process.pid}.stacks.log"
+    with contextlib.suppress(OSError):
+        os.kill(process.pid, signal.SIGUSR1)
+        for _ in range(20):
+            time.sleep(0.25)
+            if os.path.exists(dump):
+                break
+        time.sleep(0.5)  # written in one go, but let it finish
+    with contextlib.suppress(OSError):
+        import shutil
+
+        shutil.move(dump, target)
+
+
+API_DUMPS = (
+    ("pods.txt", ("get", "pods", "-A", "-o", "wide")),
+    ("pods.json", ("get", "pods", "-A", "-o", "json")),
+    ("nodes.json", ("get", "nodes", "-o", "json")),
+    ("daemonsets.json", ("get", "daemonsets", "-A", "-o", "json")),
+    ("gcuresources.yaml", ("get", "gcuresources.topscloud.enflame.com", "-A", "-o", "yaml")),
+    ("events.txt", ("get", "events", "-A", "--sort-by=.lastTimestamp", "-o", "wide")),
+)
+
+
+def keep_logs(cluster: Any, directory: str, say: Callable[[str], None]) -> str:
+    """Everything a failed run's cause shows in, copied to ``directory`` before the tier is
+    torn down (which removes it): per node its kubelet's, containerd's and namespace script's
+    logs, every pod's container logs (``/var/log/pods``), both daemons' goroutines, its
+    containerd tasks and config; the control plane's logs; the API's pods, nodes,
+    DaemonSets, GcuResources and events. Best effort: a piece that cannot be had is named in
+    its place. Returns ``directory``."""
+    os.makedirs(directory, exist_ok=True)
+    for node in cluster.nodes:
+        into = os.path.join(directory, node.name)
+        os.makedirs(into, exist_ok=True)
+        _containerd_goroutines(node, os.path.join(into, "containerd-goroutines.txt"))
+        _kubelet_goroutines(node, os.path.join(into, "kubelet-goroutines.txt"))
+        for piece in NODE_LOGS:
+            copy_tail(os.path.join(node.work, f"{piece}.log"), os.path.join(into, f"{piece}.log"))
+        copy_pod_logs(node.private("/var/log/pods"), os.path.join(into, "pods"))
+        ctr = [node.binaries.ctr, "--address", node.socket, "--namespace", "k8s.io"]
+        _command_output([*ctr, "tasks", "ls"], os.path.join(into, "ctr-tasks.txt"))
+        _command_output([*ctr, "containers", "ls"], os.path.join(into, "ctr-containers.txt"))
+        with contextlib.suppress(OSError, AttributeError):
+            copy_tail(node.config_path, os.path.join(into, "containerd-config.toml"))
+        for top in ("/etc/enflame-gcu",):
+            with contextlib.suppress(OSError):
+                for name in sorted(os.listdir(node.private(top))):
+                    source = os.path.join(node.private(top), name)
+                    if os.path.isfile(source):
+                        copy_tail(source, os.path.join(into, "etc-enflame-gcu", name))
+    plane_logs = os.path.join(directory, "control-plane")
+    for name in sorted(os.listdir(cluster.plane.work)) if os.path.isdir(cluster.plane.work) else []:
+        if name.endswith(".log"):
+            copy_tail(os.path.join(cluster.plane.work, name), os.path.join(plane_logs, name))
+    api = os.path.join(directory, "api")
+    os.makedirs(api, exist_ok=True)
+    kubectl = os.path.join(cluster.plane.bin, "kubectl")
+    for name, args in API_DUMPS:
+        _command_output(
+            [kubectl, f"--kubeconfig={cluster.plane.kubeconfig}", "--request-timeout=20s", *args],
+            os.path.join(api, name),
+        )
+    _command_output(["ps", "-eo", "pid,ppid,stat,wchan:32,etime,args"],
+                    os.path.join(directory, "processes.txt"))  # fmt: skip
+    say(f"kept the tier's logs of the failed run in {directory}")
+    return directory
 
 
 RESOURCE = "enflame-gcu-resource"
@@ -1305,10 +1474,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     teardown: list[str] = []
     how = "run `make chaos` (scripts/chaos.sh builds everything and sets the variables)"
     error = ""
+    if os.path.isdir(logs_dir(options.report)):
+        import shutil
+
+        # An earlier run's, under this report's name: the report it explained is replaced too.
+        shutil.rmtree(logs_dir(options.report))
     try:
         with running_cluster(fail, teardown.append, how) as cluster:
             say("cluster up")
-            with ServiceRoute(cluster.plane.port):
+            with (
+                kept_on_failure(cluster, options.report, reports, say),
+                ServiceRoute(cluster.plane.port),
+            ):
                 bench, extender_prefix = deploy(cluster, say)
                 for number in range(options.runs):
                     seed = options.seed + number
@@ -1343,9 +1520,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if ok else 1
 
 
+@contextlib.contextmanager
+def kept_on_failure(
+    cluster: Any, report: str, reports: list[dict[str, Any]], say: Callable[[str], None]
+) -> Iterator[None]:
+    """The tier's logs kept beside ``report`` (:func:`keep_logs`) when a run failed or the
+    runs could not be carried out, while the cluster still stands."""
+    failed = True
+    try:
+        yield
+        failed = not reports or not all(r["ok"] for r in reports)
+    finally:
+        if failed:
+            try:
+                keep_logs(cluster, logs_dir(report), say)
+            except Exception as exc:  # the run's own failure is the one to report
+                say(f"could not keep all the logs in {logs_dir(report)}: {exc!r}")
+
+
 def write(path: str, reports: list[dict[str, Any]], teardown: list[str], error: str) -> None:
+    kept = logs_dir(path)
+    logs = kept if os.path.isdir(kept) else None
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump({"runs": reports, "teardown": teardown, "error": error}, handle, indent=1)
+        json.dump(
+            {"runs": reports, "teardown": teardown, "error": error, "logs": logs}, handle, indent=1
+        )
 
 
 def table(report: Mapping[str, Any]) -> str:

@@ -33,9 +33,11 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from enflame_gcu.simulation import simulate, topofile
@@ -124,6 +126,71 @@ def make_cgroup(path: str) -> None:
             parent = current
 
 
+# systemd's unit for each daemon on a real node restarts it when it exits: kubeadm's
+# kubelet.service and containerd's own containerd.service (Restart=always, RestartSec=10 and 5).
+RESTART_SEC = {"kubelet": 10.0, "containerd": 5.0}
+
+
+@dataclass
+class Supervised:
+    """One daemon of a node, started again ``restart_sec`` after it exits by itself, as systemd's
+    ``Restart=always`` does: a kubelet that exits at its start because containerd is down (a
+    kubelet restarted while containerd restarts) comes back once containerd does, as on a node.
+
+    :meth:`stop` (a deliberate stop: a fault's kill, the node's teardown) is never undone;
+    :meth:`start` begins supervising a new process. ``exits`` records each exit it restarted
+    after (``(monotonic time, exit status)``)."""
+
+    name: str
+    spawn: Callable[[], subprocess.Popen[bytes]]
+    restart_sec: float
+    process: subprocess.Popen[bytes] | None = None
+    exits: list[tuple[float, int]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stopped: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """Spawn the daemon and watch it."""
+        with self._lock:
+            self._stopped.clear()
+            process = self.process = self.spawn()
+        threading.Thread(target=self._watch, args=(process,), daemon=True,
+                         name=f"supervise-{self.name}-{process.pid}").start()  # fmt: skip
+        return process
+
+    def _watch(self, process: subprocess.Popen[bytes]) -> None:
+        while True:
+            status = process.wait()
+            with self._lock:
+                if self._stopped.is_set() or self.process is not process:
+                    return  # stopped on purpose, or replaced by a fault's restart
+                self.exits.append((time.monotonic(), status))
+            if self._stopped.wait(self.restart_sec):
+                return
+            with self._lock:
+                if self._stopped.is_set() or self.process is not process:
+                    return
+                process = self.process = self.spawn()
+
+    def stop(self, kill: bool = True, timeout: float = 15) -> None:
+        """Stop supervising and end the process (SIGKILL, or SIGTERM then SIGKILL)."""
+        with self._lock:
+            self._stopped.set()
+            process = self.process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if kill:
+                process.kill()
+            else:
+                process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
 class ClusterNode:
     """One simulated GCU node: mount namespace, containerd, kubelet (registered as ``name``)."""
 
@@ -153,8 +220,11 @@ class ClusterNode:
         self.layout = LAYOUTS[layout]
         self.sim_root = os.path.join(work, "sim")
         self.holder: subprocess.Popen[bytes] | None = None
-        self.containerd: subprocess.Popen[bytes] | None = None
-        self.kubelet: subprocess.Popen[bytes] | None = None
+        self.daemons = {
+            "containerd": Supervised("containerd", self._containerd_process,
+                                     RESTART_SEC["containerd"]),
+            "kubelet": Supervised("kubelet", self._kubelet_process, RESTART_SEC["kubelet"]),
+        }  # fmt: skip
         self.kubelet_command: list[str] = []
         self.ctd_dir = os.path.join(work, "ctd")
         # containerd listens where its layout says (on a stock node its own /run/containerd), so
@@ -380,23 +450,37 @@ class ClusterNode:
         make_cgroup(self.daemon_cgroup)
         self._spawn_containerd()
 
-    def _spawn_containerd(self) -> None:
-        """containerd in the node's namespace and daemon cgroup, on its config as it is now
-        (the toolkit's edits included); returns once it answers."""
+    @property
+    def containerd(self) -> subprocess.Popen[bytes] | None:
+        """The node's containerd process now (restarted when it exits, as systemd does)."""
+        return self.daemons["containerd"].process
+
+    @property
+    def kubelet(self) -> subprocess.Popen[bytes] | None:
+        """The node's kubelet process now (restarted when it exits, as systemd does)."""
+        return self.daemons["kubelet"].process
+
+    def _containerd_process(self) -> subprocess.Popen[bytes]:
         binary = self.layout.binary or self.binaries.containerd
         command = [binary, "--config", self.layout.config]
         with open(os.path.join(self.work, "containerd.log"), "ab") as log:
-            self.containerd = subprocess.Popen(
+            process = subprocess.Popen(
                 self._in_daemon_cgroup([*self._nsenter(), *command]),
                 stdout=log,
                 stderr=log,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        self.ledger.started(self.containerd.pid, command[0])
+        self.ledger.started(process.pid, command[0])
+        return process
+
+    def _spawn_containerd(self) -> None:
+        """containerd in the node's namespace and daemon cgroup, on its config as it is now
+        (the toolkit's edits included); returns once it answers."""
+        process = self.daemons["containerd"].start()
 
         def up() -> bool:
-            if self.containerd is not None and self.containerd.poll() is not None:
+            if process.poll() is not None:
                 raise harness.E2EError(f"{self.name}: containerd exited: {self.log('containerd')}")
             return self.ctr("version", check=False).returncode == 0
 
@@ -489,17 +573,21 @@ class ClusterNode:
         self.kubelet_command = command
         self._spawn_kubelet()
 
-    def _spawn_kubelet(self) -> None:
+    def _kubelet_process(self) -> subprocess.Popen[bytes]:
         command = self.kubelet_command
         with open(os.path.join(self.work, "kubelet.log"), "ab") as log:
-            self.kubelet = subprocess.Popen(
+            process = subprocess.Popen(
                 self._in_daemon_cgroup([*self._nsenter(), *command]),
                 stdout=log,
                 stderr=log,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        self.ledger.started(self.kubelet.pid, command[0])
+        self.ledger.started(process.pid, command[0])
+        return process
+
+    def _spawn_kubelet(self) -> None:
+        self.daemons["kubelet"].start()
 
     def ready(self) -> bool:
         """Whether the Node object says Ready."""
@@ -543,24 +631,19 @@ class ClusterNode:
 
     # -- faults (the chaos run, tests/cluster/chaos.py) -------------------------------------
 
-    @staticmethod
-    def _kill(process: subprocess.Popen[bytes] | None) -> None:
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            process.wait(10)
-
     def restart_kubelet(self, down_for: float = 0.0) -> None:
         """SIGKILL the kubelet (no clean shutdown), keep it down ``down_for`` seconds, start it
-        again with the same command line and config; its containers run on meanwhile."""
-        self._kill(self.kubelet)
+        again with the same command line and config; its containers run on meanwhile. A kubelet
+        that then exits by itself (containerd down at its start) is started again 10 s later,
+        as kubeadm's systemd unit does."""
+        self.daemons["kubelet"].stop(kill=True, timeout=10)
         time.sleep(down_for)
         self._spawn_kubelet()
 
     def restart_containerd(self, down_for: float = 0.0) -> None:
         """SIGKILL containerd (its shims and containers live on), keep it down ``down_for``
         seconds, start it again on its config file as it is now (the toolkit's edits kept)."""
-        self._kill(self.containerd)
+        self.daemons["containerd"].stop(kill=True, timeout=10)
         time.sleep(down_for)
         self._spawn_containerd()
 
@@ -576,14 +659,16 @@ class ClusterNode:
 
     def stop(self) -> None:
         """Kubelet, then containerd, then the holder (the ledger finds shims and containers)."""
-        for process in (self.kubelet, self.containerd, self.holder):
-            if process is not None and process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(10)
+        for name in ("kubelet", "containerd"):
+            self.daemons[name].stop(kill=False)
+        process = self.holder
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
 
 
 def python_for_node() -> str:

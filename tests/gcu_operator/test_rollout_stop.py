@@ -1,0 +1,129 @@
+"""A plugin rollout that stops because its node went away (issue 52, chaos seed 7), on the fake
+API and simulated cluster: what every node runs while it is stopped, and after the node is back.
+
+Seed 7: the operator began the plugin version change on gcu-node-1 (its toolkit Ready, so its old
+plugin was deleted), and the node's kubelet was gone right after (in the tier: restarted while
+containerd was down, it exited and nothing started it again). What a stopped rollout leaves:
+
+- every node it had not reached runs the plugin and the toolkit it had, Ready (the old version);
+  the nodes it finished run the new version, Ready and validated; nothing of either is deleted
+  while the rollout is stopped;
+- the node it stopped on runs the old toolkit (a plugin-only change does not touch it) and the
+  new plugin's pod, which its kubelet has not started: no plugin works there until the node is
+  back. The old one cannot be put back: the DaemonSet has only the new template (OnDelete);
+  setting the previous version rolls that node back first;
+- once the node is back, the rollout goes on by itself and ends with every node on the new
+  version, Ready and validated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from enflame_gcu.gcu_operator import api, names, pods, runner
+from enflame_gcu.gcu_operator import resource as rs
+from tests.gcu_operator.fake_api import FakeApi, FakeCluster
+from tests.gcu_operator.helpers import converge, ours, set_spec, status
+
+NODES = ["node-a", "node-b", "node-c"]
+OLD = f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-device-plugin:{rs.DEFAULT_VERSION}"
+NEW = f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-device-plugin:0.2.0"
+TOOLKIT = f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-container-toolkit:{rs.DEFAULT_VERSION}"
+
+
+def _live(fake: FakeApi, component: str) -> dict[str, dict[str, Any]]:
+    """The component's pods not being deleted, by node."""
+    found = {}
+    for pod in fake.objects(api.POD):
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get(names.COMPONENT_LABEL) == component and not pod["metadata"].get(
+            "deletionTimestamp"
+        ):
+            found[pods.node_of(pod)] = pod
+    return found
+
+
+def _image(pod: dict[str, Any]) -> str:
+    return str(pod["spec"]["containers"][0]["image"])
+
+
+def _working(fake: FakeApi, node: str) -> tuple[str, str] | None:
+    """(plugin image, toolkit image) when both of the node's pods are Ready, else None."""
+    plugin, toolkit = _live(fake, rs.DEVICE_PLUGIN).get(node), _live(fake, rs.TOOLKIT).get(node)
+    if plugin is None or toolkit is None or not (pods.ready(plugin) and pods.ready(toolkit)):
+        return None
+    return _image(plugin), _image(toolkit)
+
+
+def _node_goes_away(fake: FakeApi, cluster: FakeCluster, node: str) -> None:
+    """Its kubelet is gone: the node controller marks the node's pods not Ready."""
+    cluster.down_nodes.add(node)
+    for pod in fake.objects(api.POD):
+        if pods.node_of(pod) == node:
+            for condition in pod["status"].get("conditions") or []:
+                if condition.get("type") == "Ready":
+                    condition["status"] = "False"
+            fake.replace(api.POD, pod)
+
+
+def _node_comes_back(fake: FakeApi, cluster: FakeCluster, node: str) -> None:
+    """Its kubelet runs again: the node Ready, its running pods Ready again."""
+    cluster.down_nodes.discard(node)
+    obj = fake.find(api.NODE, node)
+    assert obj is not None
+    obj["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
+    fake.replace(api.NODE, obj)
+    for pod in fake.objects(api.POD):
+        if pods.node_of(pod) == node and pods.phase(pod) == "Running":
+            for condition in pod["status"].get("conditions") or []:
+                if condition.get("type") == "Ready":
+                    condition["status"] = "True"
+                    condition["lastTransitionTime"] = pods.rfc3339(fake.now)
+            fake.replace(api.POD, pod)
+
+
+def test_a_rollout_stopped_by_a_node_gone_away_keeps_every_other_node_working() -> None:
+    fake = FakeApi()
+    cluster = FakeCluster(fake, NODES)
+    fake.put(api.GCU_RESOURCE, ours())
+    operator = runner.Operator(fake, clock=lambda: fake.now)
+    converge(operator, cluster)
+    assert {n: _working(fake, n) for n in NODES} == dict.fromkeys(NODES, (OLD, TOOLKIT))
+    set_spec(fake, ours(), ["devicePlugin", "version"], "0.2.0")
+    # The rollout starts on one node: its old plugin is deleted (the toolkit there is Ready).
+    started = ""
+    for _ in range(10):
+        operator.run_once()
+        plugins = _live(fake, rs.DEVICE_PLUGIN)
+        gone = [n for n in NODES if n not in plugins or _image(plugins[n]) != OLD]
+        if gone:
+            started = gone[0]
+            break
+        cluster.step()
+    assert started, "the rollout never began"
+    _node_goes_away(fake, cluster, started)
+    others = [n for n in NODES if n != started]
+    # Longer than podReadyTimeoutSeconds (300): the rollout stops, naming the node.
+    for _ in range(80):
+        operator.run_once()
+        cluster.step()
+        for node in others:  # every other node works all along, with one version or the other
+            assert _working(fake, node) in ((OLD, TOOLKIT), (NEW, TOOLKIT)), node
+    st = status(fake, ours())
+    assert st["phase"] in ("Upgrading", "Failed"), st
+    assert list(st["rollout"]["upgrading"]) == [started], st["rollout"]
+    assert sorted(st["rollout"]["waiting"]) == others, st["rollout"]
+    # Stopped: the nodes it had not reached keep the old version; the stopped node its toolkit
+    # and no working plugin (the old one's deletion waits for a kubelet to confirm it).
+    assert {n: _working(fake, n) for n in others} == dict.fromkeys(others, (OLD, TOOLKIT))
+    assert _image(_live(fake, rs.TOOLKIT)[started]) == TOOLKIT
+    assert _working(fake, started) is None
+    # The node is back: the rollout goes on by itself, to the end.
+    _node_comes_back(fake, cluster, started)
+    cluster.step()  # its kubelet confirms the old plugin's deletion; the new one starts
+    converge(operator, cluster)
+    assert {n: _working(fake, n) for n in NODES} == dict.fromkeys(NODES, (NEW, TOOLKIT))
+    st = status(fake, ours())
+    assert (st["phase"], st["readyResource"]) == ("Running", "3/3"), st
+    for node in NODES:
+        assert cluster.node_labels(node)[names.VALIDATED_LABEL] == "true", node
