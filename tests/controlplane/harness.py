@@ -131,6 +131,8 @@ class Harness:
             self.run(self.nodes.close(), timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()  # its self-pipe too: nothing left for the garbage collector
 
 
 def until(probe: Callable[[], Any], what: str, timeout: float = 60, every: float = 0.3) -> Any:
