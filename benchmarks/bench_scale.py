@@ -382,7 +382,10 @@ def run_nodes(count: int, options: argparse.Namespace) -> dict[str, Any]:
         shared_board = Board(os.path.join(work, "shared-board"), shared=True)
         os.makedirs(os.path.join(work, "plane"))
         with Harness.started(
-            os.path.join(work, "plane"), renew=renew, status_every=300.0
+            os.path.join(work, "plane"),
+            renew=renew,
+            status_every=3600.0,
+            apiserver_args=audit_args(work),
         ) as harness:
             started = time.monotonic()
             # One node in five serves gcu7 as shared slices, the rest 8 whole cards.
@@ -401,6 +404,10 @@ def run_nodes(count: int, options: argparse.Namespace) -> dict[str, Any]:
                 idle_node_state(harness, options.idle), timeout=options.idle + 120
             )
             progress(f"idle: {result['idle']}")
+            if options.operator:
+                # Before the prefill: the validator needs a free card on every node.
+                audit_log = os.path.join(work, "audit.log")
+                result["operator"] = operator_section(harness, options, audit_log)
             for ns in ("fill", "measured"):
                 harness.plane.api(
                     "POST",
@@ -443,8 +450,6 @@ def run_nodes(count: int, options: argparse.Namespace) -> dict[str, Any]:
                 extender.wait(10)
             result["arms"] = arms
             result["summary"] = summarize(arms)
-            if options.operator:
-                result["operator"] = operator_section(harness, options)
     return result
 
 
@@ -473,10 +478,10 @@ def audit_args(work: str) -> list[str]:
     ]
 
 
-def audited(work: str) -> int:
+def audited(log_path: str) -> int:
     """Requests of the operator's account so far (ResponseComplete events)."""
     try:
-        with open(os.path.join(work, "audit.log"), encoding="utf-8") as handle:
+        with open(log_path, encoding="utf-8") as handle:
             return sum(1 for line in handle if '"stage":"ResponseComplete"' in line)
     except FileNotFoundError:
         return 0
@@ -490,7 +495,9 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def operator_section(harness: Harness, options: argparse.Namespace) -> dict[str, Any]:
+def operator_section(
+    harness: Harness, options: argparse.Namespace, audit_log: str
+) -> dict[str, Any]:
     """Deploy the example on every node as the chart's operator, then measure it converged,
     then (``--rollout``) a plugin version change under ``maxUnavailable: 10%``."""
     kubeconfig = operator_env.install(harness)
@@ -510,9 +517,11 @@ def operator_section(harness: Harness, options: argparse.Namespace) -> dict[str,
         del phase
         result["deploy_seconds"] = round(time.monotonic() - started, 1)
         time.sleep(30)  # settle: the last status write, the idle wait begins
-        before = audited(harness.plane.work)
+        before = audited(audit_log)
         time.sleep(options.operator_idle)
-        after = audited(harness.plane.work)
+        after = audited(audit_log)
+        if after == 0:
+            result["error"] = f"no request of the operator in the audit log {audit_log}"
         result["converged_requests_per_minute"] = round(
             (after - before) * 60 / options.operator_idle, 1
         )
