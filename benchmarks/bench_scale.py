@@ -404,6 +404,8 @@ def run_nodes(count: int, options: argparse.Namespace) -> dict[str, Any]:
                 idle_node_state(harness, options.idle), timeout=options.idle + 120
             )
             progress(f"idle: {result['idle']}")
+            if options.idle_only:
+                return result
             if options.operator:
                 # Before the prefill: the validator needs a free card on every node.
                 audit_log = os.path.join(work, "audit.log")
@@ -612,6 +614,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--operator-idle", type=float, default=120.0)
     parser.add_argument("--operator-timeout", type=float, default=1800.0)
     parser.add_argument("--rollout", action="store_true", help="and a full plugin rollout")
+    parser.add_argument(
+        "--idle-only",
+        action="store_true",
+        help="the idle node-state figures only (e.g. for an older tree on PYTHONPATH)",
+    )
     options = parser.parse_args(argv)
     options.arms = [a for a in options.arms.split(",") if a]
     if not set(options.arms) <= {"default", "chart"}:

@@ -224,9 +224,11 @@ def test_failing_watches_are_backed_off_and_a_list_stands_in() -> None:
     # failed watch is hundreds a minute.
     assert per_minute < 60, (per_minute, len(passes))
     assert len(passes) <= 3 * minute / args.interval / 8, passes
-    # The Node watch is retried later and later.
+    # The Node watch is retried later and later: the delay doubles, so by the fourth retry it
+    # is 8x the first; a loaded machine stretches the early gaps (a pass runs in them), so the
+    # check is 3x the shortest early gap, which a fixed retry delay never reaches.
     gaps = [b - a for a, b in itertools.pairwise(watches)]
-    assert len(gaps) >= 3 and gaps[-1] >= 4 * gaps[0], gaps
+    assert len(gaps) >= 3 and max(gaps[-2:]) >= 3 * min(gaps[:2]), gaps
     assert seen, "the spec edit made while the watches failed was not seen"
 
 
