@@ -252,6 +252,7 @@ class SimNodes:
         self.writes: Counter[str] = Counter()
         self.refusals: list[tuple[str, str, str]] = []  # (pod, reason, message)
         self._limit = asyncio.Semaphore(concurrency)
+        self._lease_limit = asyncio.Semaphore(8)  # heartbeats never wait behind pod updates
         self._client: httpx2.AsyncClient | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._registered = 0
@@ -280,14 +281,21 @@ class SimNodes:
         return self._client
 
     async def call(
-        self, method: str, path: str, body: Any = None, *, kind: str = "", patch: str = "merge"
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        kind: str = "",
+        patch: str = "merge",
+        limit: asyncio.Semaphore | None = None,
     ) -> Any:
         """One request; the decoded answer (None for 404 on DELETE). Counted in writes."""
         headers = {"Content-Type": "application/json"}
         if method == "PATCH":
             headers["Content-Type"] = f"application/{patch}-patch+json"
         content = None if body is None else json.dumps(body)
-        async with self._limit:
+        async with limit or self._limit:
             answer = await self._http().request(method, path, content=content, headers=headers)
         if method != "GET":
             self.writes[kind or f"{method} {path.rsplit('/', maxsplit=1)[-1]}"] += 1
@@ -461,27 +469,33 @@ class SimNodes:
             f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases/{node.spec.name}",
             {"spec": {"renewTime": micro_text(self.clock), "holderIdentity": node.spec.name}},
             kind="lease",
+            limit=self._lease_limit,
         )
 
     async def _heartbeats(self) -> None:
-        """Every node's Lease once per ``renew`` seconds, spread over the interval; the Ready
-        heartbeat once per ``status_every``."""
+        """Every node's Lease once per ``renew`` seconds (each at a phase of its own, by the
+        clock, so a busy loop catches up instead of falling behind), through a semaphore of
+        their own (never queued behind pod updates); the Ready heartbeat once per
+        ``status_every``."""
+        due: dict[str, float] = {}
         last_status = self.clock()
         while not self._stopping.is_set():
-            started = time.monotonic()
-            names = list(self.nodes)
-            gap = self.renew / max(1, len(names))
-            for name in names:
-                node = self.nodes.get(name)  # a node removed meanwhile is skipped
-                if node is not None and node.beating and node.uid:
+            now = time.monotonic()
+            for name, node in list(self.nodes.items()):
+                if not (node.beating and node.uid):
+                    continue
+                when = due.setdefault(name, now + self._rng.uniform(0, self.renew))
+                if when <= now:
+                    due[name] = now + self.renew
                     self._spawn(self._quiet(self._renew(node)))
-                await asyncio.sleep(gap)
+            for name in [n for n in due if n not in self.nodes]:
+                del due[name]
             if self.clock() - last_status >= self.status_every:
                 last_status = self.clock()
                 for name, node in list(self.nodes.items()):
                     if node.beating and node.uid:
                         self._spawn(self._quiet(self.post_status(name)))
-            await asyncio.sleep(max(0.0, self.renew - (time.monotonic() - started)))
+            await asyncio.sleep(min(0.5, self.renew / 10))
 
     # -- pods -------------------------------------------------------------------------------
 
