@@ -1408,7 +1408,9 @@ def deploy(cluster: Any, say: Callable[[str], None]) -> tuple[Any, str]:
             "wait", "--for=condition=Established", f"crd/gcuresources.{group}", "--timeout=60s"
         )
     bench.operator.wait_ready()
-    spec = ours_spec(args=[f"--config-file=/host{PLUGIN_CONFIG}"])
+    # Node state on: the extender beside the scheduler reads it (off in the example since
+    # issue 47 point 10).
+    spec = ours_spec(args=[f"--config-file=/host{PLUGIN_CONFIG}"], nodeState=True)
     helm(cluster, "upgrade", RELEASE, CHART, "kube-system",
          json.dumps({**chart_values(cluster, spec), "extender": extender}))  # fmt: skip
     status = bench.wait_running(RESOURCE)

@@ -197,7 +197,7 @@ def tour(cluster: Cluster, started: float) -> None:
                 "wait", "--for=condition=Established", f"crd/gcuresources.{group}", "--timeout=60s"
             )
         bench.operator.wait_ready()
-        spec = ours_spec(telemetry=TELEMETRY)
+        spec = ours_spec(telemetry=TELEMETRY, nodeState=True)  # the extender reads node state
         helm(
             cluster,
             "upgrade",
