@@ -163,6 +163,16 @@ def images(harness: Harness, nodes: list[str]) -> dict[str, set[str]]:
     }
 
 
+def wait_rolled(harness: Harness, nodes: list[str], version: str, timeout: float = 300) -> None:
+    """Until every node's component pods include one of ``version``."""
+    until(
+        lambda: all(any(version in i for i in imgs) for imgs in images(harness, nodes).values()),
+        f"every node on version {version}",
+        timeout,
+        every=1,
+    )
+
+
 def workload(harness: Harness, namespace: str, node: str, name: str) -> None:
     harness.plane.api(
         "POST",
@@ -205,14 +215,7 @@ def test_a_version_change_drains_and_rolls_node_by_node_within_the_budget(
         set_version(harness, resource, "devicePlugin", "0.1.1-harness")
         status = wait_phase(harness, resource, "Upgrading", 60)
         assert status["phase"] == "Upgrading"
-        until(
-            lambda: all(
-                any("0.1.1-harness" in i for i in imgs) for imgs in images(harness, nodes).values()
-            ),
-            "every node on the new version",
-            300,
-            every=1,
-        )
+        wait_rolled(harness, nodes, "0.1.1-harness")
         wait_phase(harness, resource, "Running")
     assert budget.samples > 10
     assert budget.worst == 1, f"nodes down at once: {budget.worst} (maxUnavailable 1)"
@@ -319,14 +322,7 @@ def test_a_drain_rollout_leaves_an_admins_cordon_in_place(
     wait_phase(harness, resource, "Running")
     harness.plane.api("PATCH", f"/api/v1/nodes/{nodes[0]}", {"spec": {"unschedulable": True}})
     set_version(harness, resource, "devicePlugin", "0.1.2-harness")
-    until(
-        lambda: all(
-            any("0.1.2-harness" in i for i in imgs) for imgs in images(harness, nodes).values()
-        ),
-        "every node on the new version",
-        300,
-        every=1,
-    )
+    wait_rolled(harness, nodes, "0.1.2-harness")
     wait_phase(harness, resource, "Running")
     spec = harness.plane.api("GET", f"/api/v1/nodes/{nodes[0]}")["spec"]
     assert spec.get("unschedulable") is True, "the admin's cordon was lifted"
@@ -438,14 +434,7 @@ def test_the_hand_written_fake_agrees_with_kubernetes_on_a_deploy_and_a_rollout(
     create(harness, resource, **copy.deepcopy(spec))
     real_deployed = summary(wait_phase(harness, resource, "Running"), reports(harness, resource))
     set_version(harness, resource, "devicePlugin", "0.1.3-harness")
-    until(
-        lambda: all(
-            any("0.1.3-harness" in i for i in imgs) for imgs in images(harness, nodes).values()
-        ),
-        "every node on the new version",
-        300,
-        every=1,
-    )
+    wait_rolled(harness, nodes, "0.1.3-harness")
     real_rolled = summary(wait_phase(harness, resource, "Running"), reports(harness, resource))
     assert fake_deployed == real_deployed
     assert fake_rolled == real_rolled
