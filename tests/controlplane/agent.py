@@ -185,7 +185,6 @@ class _Node:
     beating: bool = True
     ready: tuple[bool, str, str] = (True, "KubeletReady", "kubelet is posting ready status")
     admitted: dict[str, _Admitted] = dataclasses.field(default_factory=dict)
-    admitting: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     unhealthy: dict[str, set[str]] = dataclasses.field(default_factory=dict)
 
     def capacity(self) -> dict[str, str]:
@@ -566,8 +565,7 @@ class SimNodes:
     async def _admit(self, node: _Node, pod: Obj) -> None:
         meta, spec = pod["metadata"], pod["spec"]
         uid, namespace, name = meta["uid"], meta["namespace"], meta["name"]
-        async with node.admitting:  # the kubelet admits one pod at a time
-            refusal = await self._refusal(node, pod)
+        refusal = await self._refusal(node, pod)
         if refusal is not None:
             reason, message = refusal
             self._seen[uid] = "refused"
