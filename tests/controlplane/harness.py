@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
@@ -147,18 +146,3 @@ def until(probe: Callable[[], Any], what: str, timeout: float = 60, every: float
                 f"timed out after {timeout:g} s waiting for {what}; last: {value!r}"
             )
         time.sleep(every)
-
-
-def binaries() -> str | None:
-    """The cached control-plane build, or None when there is none (the tests then fail under
-    CI and skip elsewhere, naming the command that builds it)."""
-    given = os.environ.get(controlplane.BIN_DIR_ENV)
-    if given:
-        return given
-    cache = os.environ.get("ENFLAME_E2E_CACHE", "/var/cache/enflame-e2e")
-    with contextlib.suppress(OSError):
-        for entry in sorted(os.listdir(cache)):
-            path = os.path.join(cache, entry)
-            if entry.startswith("cluster-") and os.path.exists(os.path.join(path, "stamp")):
-                return path
-    return None
