@@ -191,11 +191,6 @@ def workload(harness: Harness, namespace: str, node: str, name: str) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="flaky, not understood yet: on the same code this drain rollout passed in two full "
-    "harness runs and did not finish within 300 s in the next two (the closing note of issue 46)",
-)
 def test_a_version_change_drains_and_rolls_node_by_node_within_the_budget(
     harness: Harness, sim_nodes: conftest.MakeNodes, resource: str, namespace: str
 ) -> None:
@@ -319,11 +314,6 @@ def test_a_node_with_an_untolerated_taint_is_reported_and_left_out_of_the_budget
     assert all(len(p) == 2 for p in component_pods(harness, plain).values())
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="drains like the flaky rollout test above (which stopped finishing within 300 s on "
-    "the same code); passed in every run it had (the closing note of issue 46)",
-)
 def test_a_drain_rollout_leaves_an_admins_cordon_in_place(
     harness: Harness, sim_nodes: conftest.MakeNodes, resource: str
 ) -> None:

@@ -90,3 +90,42 @@ def test_a_node_the_administrator_cordoned_stays_cordoned_after_a_drain_rollout(
     assert True in seen  # the operator cordoned node-a itself ...
     assert not _unschedulable(fake, "node-a")  # ... and let it go
     assert _unschedulable(fake, "node-b")  # the administrator's cordon is kept
+
+
+def test_a_drain_never_evicts_the_validator_pod_of_the_node_it_drains() -> None:
+    """The validator requests a GCU, so it is a GCU pod on the drained node; evicting it threw
+    the validation away, and the rollout finished only when a validator happened to finish
+    between two passes (found on Kubernetes' own control plane, issue 46)."""
+    resource = ours(validator={}, upgradePolicy=DRAIN)
+    fake = FakeApi()
+    cluster = FakeCluster(fake, NODES, ready_after=3)  # a validator runs for a few passes
+    fake.put(api.GCU_RESOURCE, resource)
+    operator = runner.Operator(fake, clock=lambda: fake.now)
+
+    def settle() -> dict[str, Any]:
+        # converge() stops at the first pass that changes nothing, which a pod still
+        # starting makes; here the cluster ticks on until the resource is Running again.
+        for _ in range(80):
+            operator.run_once()
+            cluster.step()
+            st = status(fake, resource)
+            if st.get("phase") == "Running" and not st.get("rollout", {}).get("upgrading"):
+                return st
+        return status(fake, resource)
+
+    assert settle()["phase"] == "Running"
+    cluster.add_workload("node-a", "job-a", cards="0")
+    evicted: list[str] = []
+    evict = fake.evict
+
+    def recording(namespace: str, name: str) -> None:
+        evicted.append(f"{namespace}/{name}")
+        evict(namespace, name)
+
+    fake.evict = recording  # type: ignore[method-assign]
+    set_spec(fake, resource, ["devicePlugin", "version"], "0.2.0")
+    operator.run_once()  # the new generation is seen before the cluster ticks
+    st = settle()
+    assert st["phase"] == "Running", st["conditions"]
+    assert evicted == ["default/job-a"], evicted  # the workload, and nothing of ours
+    assert all(n["validated"] for n in node_reports(fake, resource).values())

@@ -294,15 +294,32 @@ def _settling(view: nodes.NodeView, pod: Mapping[str, Any]) -> bool:
     return -REFUSAL_GRACE < created - since < REFUSAL_GRACE
 
 
-def _drained(observed: Observed, view: nodes.NodeView, work: _Work) -> bool:
-    """Evicts the node's GCU pods; True once none is left."""
-    left = [
+def _workloads(observed: Observed, view: nodes.NodeView) -> list[Mapping[str, Any]]:
+    """The GCU pods a drain of ``view``'s node evicts: every pod there that uses a GCU and
+    still runs, except the operators' own validator pods (a validator is the drain's last
+    step: evicting it would throw away the validation the node is cordoned for, pass after
+    pass, and the rollout would not finish while its pod kept losing that race)."""
+    return [
         p
         for p in observed.gcu_pods
         if pods.node_of(p) == view.name
         and pods.requests_gcu(p)
         and pods.phase(p) in ("Pending", "Running")
+        and not _is_validator(p)
     ]
+
+
+def _is_validator(pod: Mapping[str, Any]) -> bool:
+    labels = pod["metadata"].get("labels") or {}
+    return (
+        labels.get(names.COMPONENT_LABEL) == rs.VALIDATOR
+        and labels.get(names.MANAGED_BY) == names.OPERATOR
+    )
+
+
+def _drained(observed: Observed, view: nodes.NodeView, work: _Work) -> bool:
+    """Evicts the node's GCU pods; True once none is left."""
+    left = _workloads(observed, view)
     for pod in left:
         if not pod["metadata"].get("deletionTimestamp"):
             work.after_intent.append(Evict(pod["metadata"]["namespace"], pod["metadata"]["name"]))
@@ -444,11 +461,7 @@ def _roll(
 
 def _left_on(observed: Observed, view: nodes.NodeView) -> list[str]:
     return [
-        f"{p['metadata']['namespace']}/{p['metadata']['name']}"
-        for p in observed.gcu_pods
-        if pods.node_of(p) == view.name
-        and pods.requests_gcu(p)
-        and pods.phase(p) in ("Pending", "Running")
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in _workloads(observed, view)
     ]
 
 
