@@ -185,6 +185,9 @@ class _Node:
     beating: bool = True
     ready: tuple[bool, str, str] = (True, "KubeletReady", "kubelet is posting ready status")
     admitted: dict[str, _Admitted] = dataclasses.field(default_factory=dict)
+    # The kubelet admits one pod at a time: two pods bound together must not both be given the
+    # same free cards across the plugin's awaits.
+    admitting: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     unhealthy: dict[str, set[str]] = dataclasses.field(default_factory=dict)
 
     def capacity(self) -> dict[str, str]:
@@ -565,7 +568,8 @@ class SimNodes:
     async def _admit(self, node: _Node, pod: Obj) -> None:
         meta, spec = pod["metadata"], pod["spec"]
         uid, namespace, name = meta["uid"], meta["namespace"], meta["name"]
-        refusal = await self._refusal(node, pod)
+        async with node.admitting:
+            refusal = await self._refusal(node, pod)
         if refusal is not None:
             reason, message = refusal
             self._seen[uid] = "refused"

@@ -8,6 +8,7 @@ agent admits and refuses with the kubelet's words, runs pods to completion and h
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -177,6 +178,37 @@ def test_a_pod_bound_past_the_free_cards_is_refused_in_the_kubelets_words(
     status = (get(harness, namespace, "cpu-hog") or {})["status"]
     assert status["reason"] == "OutOfcpu"
     assert "Node didn't have enough resource: cpu, requested: 65000" in status["message"]
+
+
+class _SlowPlugin:
+    """A device plugin that takes its time to answer (as one under load does): the agent awaits
+    it between reading the free cards and recording the ones it gave."""
+
+    resource = GCU
+
+    async def allocate(self, free: list[str], size: int) -> tuple[str, ...]:
+        await asyncio.sleep(0.5)
+        return tuple(free[:size])
+
+
+def test_two_pods_bound_at_once_are_admitted_one_at_a_time_as_the_kubelet_does(
+    harness: Harness, sim_nodes: conftest.MakeNodes, namespace: str
+) -> None:
+    """Both want the node's two cards: one runs, the other is refused, never both on one card."""
+    (name,) = sim_nodes(1, cards=2, plugin=lambda _: {GCU: _SlowPlugin()})
+    create(harness, namespace, pod("first", 2, node=name))
+    create(harness, namespace, pod("second", 2, node=name))
+    until(
+        lambda: (
+            {phase(harness, namespace, n) for n in ("first", "second")} == {"Running", "Failed"}
+        ),
+        "one pod running and one refused",
+        30,
+    )
+    refused = next(n for n in ("first", "second") if phase(harness, namespace, n) == "Failed")
+    assert (get(harness, namespace, refused) or {})["status"][
+        "reason"
+    ] == "UnexpectedAdmissionError"
 
 
 def test_run_to_completion_pods_succeed_or_fail_on_request(
