@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup demo test lint types contracts unit proto bench clean e2e e2e-cluster demo-cluster chaos dist chart-package controlplane scale
+.PHONY: setup demo test lint types contracts unit proto bench clean e2e e2e-cluster demo-cluster chaos dist chart-package controlplane scale mutants
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -39,6 +39,12 @@ e2e: setup
 # Kubernetes' own control plane with simulated nodes, no kubelet (README, "The control-plane harness").
 controlplane: setup
 	@bash scripts/controlplane.sh
+
+# Deliberately broken operators, each against the harness test that must catch it; MUTANTS
+# names some (default: every one; tests/controlplane/mutants.py --list).
+MUTANTS ?=
+mutants: setup
+	@$(PY) -m tests.controlplane.mutants $(MUTANTS)
 
 # The scheduler, the extender, the operator and the node-state writers at 1,000 and 5,000
 # simulated nodes (docs/benchmarks.md); SCALE_ARGS passes options, e.g. SCALE_ARGS="--nodes 200".
