@@ -35,7 +35,7 @@ class Mutant:
     path: str  # relative to the checkout
     old: str
     new: str
-    tests: tuple[str, ...]  # test functions of tests/controlplane/test_operator.py
+    tests: tuple[str, ...]  # test functions of tests/controlplane/test_*.py
 
 
 MUTANTS = (
@@ -70,6 +70,14 @@ MUTANTS = (
         "cordoned=spec.upgrade.drain and not admin_cordoned,",
         "cordoned=spec.upgrade.drain,",
         ("test_a_drain_rollout_leaves_an_admins_cordon_in_place",),
+    ),
+    Mutant(
+        "validator-without-cordon-toleration",
+        "a validator pod does not tolerate the cordon of the node it validates",
+        f"{OPERATOR}/components.py",
+        "            *TOLERATIONS,\n            CORDON_TOLERATION,\n",
+        "            *TOLERATIONS,\n",
+        ("test_a_dra_validator_pod_schedules_onto_its_cordoned_node",),
     ),
     Mutant(
         "failure-not-stopping",
@@ -153,7 +161,10 @@ MUTANTS = (
 def problems(mutants: tuple[Mutant, ...] = MUTANTS) -> list[str]:
     """What is wrong with the list against the checkout (empty when every mutant applies)."""
     found = []
-    tests = (ROOT / "tests/controlplane/test_operator.py").read_text(encoding="utf-8")
+    tests = "".join(
+        p.read_text(encoding="utf-8")
+        for p in sorted((ROOT / "tests/controlplane").glob("test_*.py"))
+    )
     names = [m.name for m in mutants]
     if len(set(names)) != len(names):
         found.append("two mutants share a name")
@@ -163,7 +174,7 @@ def problems(mutants: tuple[Mutant, ...] = MUTANTS) -> list[str]:
         if count != 1:
             found.append(f"{mutant.name}: its text is in {mutant.path} {count} times, not once")
         found.extend(
-            f"{mutant.name}: no test {t} in tests/controlplane/test_operator.py"
+            f"{mutant.name}: no test {t} in tests/controlplane"
             for t in mutant.tests
             if f"def {t}(" not in tests
         )
