@@ -123,12 +123,12 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "mode-change-unbudgeted",
-        "a relabelled node changes mode at once, outside the budget",
-        f"{OPERATOR}/reconcile.py",
-        "views = [_switched(v) if v.switching and v.name in work.cleared else v for v in views]",
-        "views = [_switched(v) if v.switching else v for v in views]",
-        ("test_relabelling_nodes_to_dra_moves_them_one_at_a_time_within_the_budget",),
+        "dra-assumed-served",
+        "nodes asking for DRA move to it on a cluster that does not serve the DRA API",
+        f"{OPERATOR}/nodes.py",
+        '        if dra_served:\n            return "dra", ""',
+        '        if True:\n            return "dra", ""',
+        ("test_nodes_asking_for_dra_where_the_cluster_serves_none_keep_the_device_plugin",),
     ),
     Mutant(
         "stock-nfd-unknown",
