@@ -159,3 +159,39 @@ def test_without_our_plugin_standing_by_nothing_is_moved() -> None:
     kubelet, _, error = _scenario(CARDS, ours=False)
     assert error is not None and "left for later" in error and "ours is not running" in error
     assert len(kubelet.registrations) == 1
+
+
+def test_ours_standing_by_is_seen_at_any_moment_not_only_while_it_looks() -> None:
+    """Ours, behind a server that takes no lock, holds the lock only a moment twice a second:
+    every look migrate takes (survey, then again before the move) must still find it."""
+    work, root, _ = plugin_process.make_node("vendor-8card")
+    plugin_dir = os.path.join(root, "var/lib/kubelet/device-plugins")
+    os.makedirs(plugin_dir)
+    kubelet = KubeletStub(plugin_dir)
+
+    async def main() -> list[str]:
+        await kubelet.start()
+        server, servicer = await _serve_vendor(plugin_dir, CARDS)
+        process = plugin_process.PluginProcess(plugin_dir, root)
+        try:
+            await process.start()
+            for _ in range(200):
+                if "does not take" in process.log_text():
+                    break
+                await asyncio.sleep(0.05)
+            states = []
+            for _ in range(6):
+                states.append(migrate_plugin.inspect(root).state)
+                await asyncio.sleep(0.13)  # looks at other phases of its cycle
+            return states
+        finally:
+            await process.stop()
+            servicer.stop.set()
+            await server.stop(0)
+            await kubelet.stop()
+
+    try:
+        states = asyncio.run(main())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert states == ["vendor-ours-waiting"] * 6, states

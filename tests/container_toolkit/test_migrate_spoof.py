@@ -165,6 +165,9 @@ def test_a_listener_that_cannot_be_identified_is_reported_and_never_moved(
         word, child_pid = process.stdout.readline().split()
         assert word == "ready"
         child = int(child_pid)
+        # The child says "ready" as its parent exits: a loaded machine may not have run that
+        # exit yet, and a live parent still holds the socket (it was the vendor's then).
+        assert process.wait(10) == 0
         before = os.lstat(socket_path).st_ino
         found = migrate_plugin.inspect(root)
         assert found.state == "unknown"
@@ -183,3 +186,115 @@ def test_a_listener_that_cannot_be_identified_is_reported_and_never_moved(
 
 def main_migrate(root: str) -> list[str]:
     return migrate.run(root, handover_timeout=5)
+
+
+# Binds <dir>/enflame.sock where it is started (the kubelet's directory reached through a mount
+# of its own choosing) and listens until killed.
+_ELSEWHERE = (
+    "import socket, sys, time; s = socket.socket(socket.AF_UNIX); "
+    "s.bind(sys.argv[1] + '/enflame.sock'); s.listen(); print('ready', flush=True); "
+    "time.sleep(120)"
+)
+
+
+def _in_own_mount_namespace(plugin_dir: str, seen_at: str) -> subprocess.Popen[str]:
+    """A root process in a mount namespace of its own (a pod's) that sees the kubelet's plugin
+    directory at ``seen_at`` (a hostPath mounted there) and binds ``enflame.sock`` in it."""
+    script = (
+        'if [ "$3" != "$1" ]; then mount -t tmpfs pod "$(dirname "$3")" && mkdir -p "$3" '
+        '&& mount --bind "$1" "$3" || exit 1; fi; exec /usr/bin/python3 -c "$2" "$3"'
+    )
+    process = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+         plugin_dir, _ELSEWHERE, seen_at],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    if process.stdout.readline().strip() != "ready":
+        _stop(process)
+        pytest.fail("the listener in its own mount namespace did not start")
+    return process
+
+
+def test_a_pod_binding_the_kubelet_s_file_through_its_own_mount_is_not_the_vendor(
+    node: tuple[str, str],
+) -> None:
+    root, plugin_dir = node
+    socket_path = os.path.join(plugin_dir, "enflame.sock")
+    kubelet = KubeletStub(plugin_dir)  # the kubelet: this process, in this mount namespace
+    elsewhere = os.path.join(os.path.dirname(root), "pod-view", "hostpath")
+    os.makedirs(elsewhere)
+
+    async def main() -> tuple[migrate_plugin.PluginSocket, list[str], list[doctor.Result]]:
+        await kubelet.start()
+        spoof = await asyncio.to_thread(_in_own_mount_namespace, plugin_dir, elsewhere)
+        try:
+            before = os.lstat(socket_path).st_ino
+            found = migrate_plugin.inspect(root)
+            done = await asyncio.to_thread(migrate.run, root, handover_timeout=5)
+            checked = [r for r in doctor.run(root) if r.name == "topscloud"]
+            assert os.lstat(socket_path).st_ino == before  # never moved
+            assert not os.path.lexists(socket_path + migrate_plugin.ASIDE)
+            return found, done, checked
+        finally:
+            _stop(spoof)
+            await kubelet.stop()
+
+    found, done, checked = asyncio.run(main())
+    assert found.state == "foreign", found
+    assert "another mount namespace than the kubelet's" in found.listener
+    assert os.path.join(elsewhere, "enflame.sock") in found.listener
+    assert len(done) == 1 and done[0].startswith("left as is:"), done
+    assert "not served by the vendor's device plugin" in done[0]
+    assert [r.status for r in checked] == ["warn"]
+    assert "not the vendor's device plugin nor ours" in checked[0].detail
+
+
+def test_the_vendor_s_daemonset_way_from_its_own_mount_namespace_is_the_vendor(
+    node: tuple[str, str],
+) -> None:
+    root, plugin_dir = node
+    kubelet = KubeletStub(plugin_dir)
+
+    async def main() -> migrate_plugin.PluginSocket:
+        await kubelet.start()
+        # The kubelet's directory at the kubelet's path (its hostPath), bound there by name.
+        vendor = await asyncio.to_thread(_in_own_mount_namespace, plugin_dir, plugin_dir)
+        try:
+            return migrate_plugin.inspect(root)
+        finally:
+            _stop(vendor)
+            await kubelet.stop()
+
+    found = asyncio.run(main())
+    assert found.state == "vendor", found
+
+
+def test_the_reference_namespace_is_the_kubelet_s_listener_else_pid_1_s_or_ours(
+    node: tuple[str, str],
+) -> None:
+    _, plugin_dir = node
+    ours = os.stat("/proc/self/ns/mnt")
+    alone = migrate_plugin.reference(plugin_dir)
+    assert alone.plugin_dir is None
+    assert alone.why.startswith(("PID 1's", "ours")), alone.why
+    # A kubelet in a mount namespace of its own: its namespace, not ours, is the reference.
+    script = (
+        "import socket, sys, time; s = socket.socket(socket.AF_UNIX); "
+        "s.bind(sys.argv[1] + '/kubelet.sock'); s.listen(); print('ready', flush=True); "
+        "time.sleep(120)"
+    )
+    process = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "/usr/bin/python3", "-c", script,
+         plugin_dir],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        found = migrate_plugin.reference(plugin_dir)
+        theirs = os.stat(f"/proc/{process.pid}/ns/mnt")
+    finally:
+        _stop(process)
+    assert found.namespace == (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino)
+    assert found.plugin_dir == plugin_dir
+    assert found.why == f"the kubelet's (pid {process.pid})"

@@ -175,6 +175,13 @@ def plan(found: Survey) -> list[str]:
             f"cannot tell who serves {shown(found.plugin.path)} ({found.plugin.listener}): "
             "nothing is moved; run this in the host's PID namespace"
         )
+    elif state == "foreign":
+        lines.append(
+            f"not the vendor's device plugin: {found.plugin.listener}; it serves "
+            f"{shown(found.plugin.path)} as no plugin of the kubelet's node would: nothing is "
+            "moved; find and stop that process (a pod with a hostPath of the kubelet's "
+            "directory?)"
+        )
     elif state == "vendor-ours-waiting":
         lines.append(
             f"hand {shown(found.plugin.path)} over from the vendor's plugin to ours (standing "
@@ -230,6 +237,12 @@ def run(
             f"left for later: the vendor's device plugin serves "
             f"{base.host_view(found.plugin.path, root)} and ours is not running: deploy ours (it "
             f"stands by), then run `{COMMAND}` again"
+        )
+    if found.plugin.state == "foreign":
+        done.append(
+            f"left as is: {base.host_view(found.plugin.path, root)} is not served by the "
+            f"vendor's device plugin ({found.plugin.listener}); nothing was moved: stop that "
+            "process"
         )
     if found.plugin.state == "vendor-ours-waiting":
         if found.id_problem:

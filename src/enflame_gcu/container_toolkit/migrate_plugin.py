@@ -35,10 +35,12 @@ ASIDE = ".topscloud"
 @dataclasses.dataclass(frozen=True, slots=True)
 class PluginSocket:
     """Who serves ``enflame.sock``: nobody, the vendor (alone or with ours standing by), us,
-    or a listener we cannot see (another PID namespace, gone meanwhile): "unknown"."""
+    a listener we cannot see (another PID namespace, gone meanwhile): "unknown", or one that
+    bound the file from another mount namespace than the kubelet's without the kubelet's
+    plugin directory at the kubelet's path (not the vendor's DaemonSet): "foreign"."""
 
     path: str  # as seen from here
-    state: str  # "none", "vendor", "vendor-ours-waiting", "ours", "unknown"
+    state: str  # "none", "vendor", "vendor-ours-waiting", "ours", "unknown", "foreign"
     listener: str = ""  # who listens, for messages: "pid 123 (/usr/bin/x)"
 
 
@@ -82,27 +84,78 @@ def _listening_names(pid: int, proc: str = "/proc") -> list[str]:
     return names
 
 
-def _bound_here(path: str, pid: int, proc: str = "/proc") -> bool | None:
-    """Whether process ``pid``, listening on ``path``, bound that very file under its own name
-    (as topscloud's plugin does) rather than a private name renamed into place (as ours does).
+def _bound_names(path: str, pid: int, proc: str = "/proc") -> list[str]:
+    """The names process ``pid`` bound listening sockets at that are the file ``path`` itself
+    (as topscloud's plugin binds it; ours binds a private name and renames it into place).
 
-    Decided from the listener the kernel names for the file and the names its own sockets were
-    bound at, each looked up in its own mount namespace (``/proc/<pid>/root``) and compared
-    with the file by device and inode: a socket bound at the same path string in a pod's
-    emptyDir or another network namespace is not this file. None: cannot tell.
+    Each name is looked up in the process's own mount namespace (``/proc/<pid>/root``) and
+    compared with the file by device and inode: a socket bound at the same path string in a
+    pod's emptyDir or another network namespace is not this file. OSError: cannot tell.
     """
-    try:
-        target = os.lstat(path)
-        names = _listening_names(pid, proc)
-    except OSError:
-        return None
-    for name in names:
+    target = os.lstat(path)
+    found = []
+    for bound in _listening_names(pid, proc):
         # As bound: gRPC keeps the slashes of its unix:/// address ("///var/lib/...").
-        if not name.startswith("/"):
+        if not bound.startswith("/"):
+            continue
+        name = os.path.normpath("/" + bound.lstrip("/"))  # POSIX keeps a leading "//"
+        with contextlib.suppress(OSError):
+            seen = os.lstat(os.path.join(proc, str(pid), "root") + name)
+            if (seen.st_dev, seen.st_ino) == (target.st_dev, target.st_ino):
+                found.append(name)
+    return found
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reference:
+    """The mount namespace the plugin socket's listener is judged against: the kubelet's (the
+    listener on ``kubelet.sock``, with the directory it bound that in), else PID 1's, else
+    ours."""
+
+    namespace: tuple[int, int]  # st_dev, st_ino of /proc/<pid>/ns/mnt
+    plugin_dir: str | None  # where the kubelet bound kubelet.sock, as it sees it
+    why: str  # whose namespace, for messages
+
+
+def _namespace(pid: int | str, proc: str = "/proc") -> tuple[int, int]:
+    info = os.stat(os.path.join(proc, str(pid), "ns", "mnt"))
+    return info.st_dev, info.st_ino
+
+
+def reference(local_dir: str, proc: str = "/proc") -> Reference:
+    """The kubelet's mount namespace: that of the process the kernel names as the listener on
+    ``kubelet.sock`` in ``local_dir`` (SO_PEERCRED: no process name is trusted). With no
+    kubelet listening, PID 1's (the host's init, from the host's PID namespace, which
+    SO_PEERCRED needs anyway), and where that cannot be read (no ptrace right over it), ours."""
+    registration = os.path.join(local_dir, "kubelet.sock")
+    pid = _peer_pid(registration) if unix_sockets.listening(registration) else None
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            names = _bound_names(registration, pid, proc)
+            directory = os.path.dirname(names[0]) if names else None
+            return Reference(_namespace(pid, proc), directory, f"the kubelet's (pid {pid})")
+    with contextlib.suppress(OSError):
+        return Reference(_namespace(1, proc), None, "PID 1's (no kubelet listens)")
+    return Reference(
+        _namespace("self", proc), None, "ours (no kubelet listens, PID 1's is unreadable)"
+    )
+
+
+def _kubelet_s_way(path: str, pid: int, names: list[str], ref: Reference, proc: str) -> bool:
+    """Whether listener ``pid`` serves the file the way the vendor's plugin does: from the
+    kubelet's mount namespace, or (its DaemonSet's hostPath) seeing the kubelet's plugin
+    directory at the kubelet's path and binding ``enflame.sock`` there by name."""
+    if _namespace(pid, proc) == ref.namespace:
+        return True
+    expected = ref.plugin_dir or os.path.dirname(path)
+    here = os.lstat(os.path.dirname(path))
+    for name in names:
+        directory = os.path.dirname(name)
+        if os.path.basename(name) != SOCKET or directory != expected:
             continue
         with contextlib.suppress(OSError):
-            seen = os.lstat(os.path.join(proc, str(pid), "root") + os.path.normpath(name))
-            if (seen.st_dev, seen.st_ino) == (target.st_dev, target.st_ino):
+            seen = os.lstat(os.path.join(proc, str(pid), "root") + directory)
+            if (seen.st_dev, seen.st_ino) == (here.st_dev, here.st_ino):
                 return True
     return False
 
@@ -115,9 +168,9 @@ def _describe(pid: int, proc: str = "/proc") -> str:
     return f"pid {pid} ({exe})"
 
 
-def _ours_waiting(path: str) -> bool:
-    """Whether an instance of ours holds the socket's lock (socket_lock: ours stands by holding
-    it while a foreign server keeps the path); read with a shared lock tried, never waited on."""
+def _lock_held(path: str) -> bool:
+    """Whether a process holds the socket's lock now; read with a shared lock tried, never
+    waited on."""
     lock = path + socket_lock.LOCK_SUFFIX
     try:
         fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -138,10 +191,30 @@ def _ours_waiting(path: str) -> bool:
         os.close(fd)
 
 
+# Ours, standing by behind a server that takes no lock of ours, takes the lock every 0.5 s and
+# holds it 0.1 s while it looks (device_plugin.kubelet STANDBY_INTERVAL, LISTENER_GRACE), then
+# lets it go: one look at any moment misses it five times in six.
+_STANDBY_WINDOW = 1.6
+_STANDBY_POLL = 0.02
+
+
+def _ours_waiting(path: str, within: float = _STANDBY_WINDOW) -> bool:
+    """Whether an instance of ours stands by at the socket: holds its lock (socket_lock) at
+    some moment within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not _lock_held(path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_STANDBY_POLL)
+    return True
+
+
 def inspect(root: str, plugin_dir: str = PLUGIN_DIR) -> PluginSocket:
     """Who serves the plugin socket under ``root``: the process the kernel names as its
-    listener is the vendor's when it bound that very file (ours binds a private name first);
-    ours stands by when it holds the socket's lock."""
+    listener is the vendor's when it bound that very file (ours binds a private name first)
+    from the kubelet's mount namespace or, as the vendor's DaemonSet does, with the kubelet's
+    plugin directory at the kubelet's path (else "foreign"); ours stands by when it holds the
+    socket's lock."""
     shown = os.path.join(plugin_dir, SOCKET)
     path = fileio.resolve(root, shown, follow=False)
     if not unix_sockets.listening(path):
@@ -150,11 +223,27 @@ def inspect(root: str, plugin_dir: str = PLUGIN_DIR) -> PluginSocket:
     if pid is None:
         return PluginSocket(path, "unknown", "a process this PID namespace cannot see")
     who = _describe(pid)
-    bound = _bound_here(path, pid)
-    if bound is None:
+    try:
+        names = _bound_names(path, pid)
+    except OSError:
         return PluginSocket(path, "unknown", who)
-    if not bound:
+    if not names:
         return PluginSocket(path, "ours", who)
+    # The file alone is not enough: a process in a pod's mount namespace that reaches the
+    # kubelet's directory by another mount (a hostPath elsewhere) binds that very file too.
+    try:
+        ref = reference(os.path.dirname(path))
+        vendor_s_way = _kubelet_s_way(path, pid, names, ref, "/proc")
+    except OSError as exc:
+        return PluginSocket(path, "unknown", f"{who}, mount namespace: {exc.strerror or exc}")
+    if not vendor_s_way:
+        return PluginSocket(
+            path,
+            "foreign",
+            f"{who}, in another mount namespace than {ref.why}, bound it as "
+            f"{', '.join(names)}, not in the kubelet's plugin directory seen at "
+            f"{ref.plugin_dir or plugin_dir}",
+        )
     return PluginSocket(path, "vendor-ours-waiting" if _ours_waiting(path) else "vendor", who)
 
 

@@ -42,6 +42,13 @@ def check_migration(node: Node) -> list[Result]:
             "listener's process is not visible from here"
         )
         return [Result(NAME, "warn", detail, "run enflame-ctk doctor in the host's PID namespace")]
+    if not found.pending and found.plugin.state == "foreign":
+        detail = (
+            f"{found.plugin.path} is served by a process that is not the vendor's device plugin "
+            f"nor ours: {found.plugin.listener}"
+        )
+        fix = "stop that process (a pod with a hostPath of the kubelet's directory?)"
+        return [Result(NAME, "warn", detail, fix)]
     if not found.pending:
         return [Result(NAME, "pass", "nothing of topscloud's is left to migrate")]
     left = [line for line in migrate.plan(found) if not line.startswith(("  ", "keep "))]
