@@ -710,17 +710,19 @@ def serve(
     cluster: api.ClusterApi,
     stop: threading.Event,
     clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> None:
     """Elect, and reconcile while leading, until ``stop`` is set; API failures never end it.
 
     ``clock`` is the wall clock (the Lease's and the status's stamps); every duration is timed
-    on the monotonic clock."""
+    on ``monotonic`` (the Lease's deadlines, the waits, /healthz's staleness)."""
     elector = leader.LeaderElector(
         cluster,
         args.namespace,
         args.identity,
         args.lease_duration,
         renew_deadline=args.renew_deadline,
+        clock=monotonic,
         wall=clock,
     )
     operator = runner.Operator(
@@ -738,7 +740,7 @@ def serve(
         args.namespace,
         leader.LEASE_NAME,
     )
-    health = Health(stale_after=health_timeout(args))
+    health = Health(stale_after=health_timeout(args), clock=monotonic)
     renewer = threading.Thread(
         target=_renew,
         args=(elector, stop, args.retry_period, health),
@@ -747,8 +749,8 @@ def serve(
     )
     renewer.start()
     health.watch_thread(RENEWER, renewer)
-    trouble = Trouble("reconcile pass")
-    backoff = WatchBackoff()
+    trouble = Trouble("reconcile pass", monotonic)
+    backoff = WatchBackoff(monotonic)
     idle = 0
     port = getattr(args, "health_port", 0)
     server = serve_health(health, port, getattr(args, "health_address", "")) if port else None
@@ -777,7 +779,7 @@ def serve(
                 stop,
                 args,
                 idle,
-                clock=time.monotonic,
+                clock=monotonic,
                 operator=operator,
                 cap=cap,
                 beat=health.beat,
