@@ -47,6 +47,8 @@ class TimedApi(FakeApi):
         self.watch_sleep = clock.sleep
         self.watch_poll = 1.0
         self.passes: list[float] = []
+        # Every call: (when, the calling thread's name, the kind).
+        self.stamps: list[tuple[float, str, str]] = []
         # The name of the thread whose next call hangs, and when (simulated) it hung.
         self.wedge: str | None = None
         self.wedged_at: float | None = None
@@ -60,6 +62,7 @@ class TimedApi(FakeApi):
             if me == self.wedge and not self._released:
                 self.wedged_at = self.clock.monotonic()
                 self.clock.wait(None, lambda: self._released)
+            self.stamps.append((self.clock.monotonic(), me, kind.kind))
             if me == MAIN_THREAD and method.__name__ == "list" and kind == api.DAEMONSET:
                 self.passes.append(self.clock.monotonic())
             with self.lock:
@@ -77,11 +80,15 @@ class TimedApi(FakeApi):
         self.clock.notify()
 
 
-def _chart_operator(tmp_path: Any) -> tuple[argparse.Namespace, dict[str, Any]]:
-    """The operator's arguments as the chart passes them (parsed by the operator's own parser)
-    and the chart's liveness probe, installed in RELEASE_NAMESPACE."""
+def _chart_operator(
+    tmp_path: Any, values: dict[str, Any] | None = None, extra: tuple[str, ...] = ()
+) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """The operator's arguments as the chart passes them with ``values`` (parsed by the
+    operator's own parser, ``extra`` after them) and the chart's liveness probe, installed in
+    RELEASE_NAMESPACE."""
+    operator = {"enabled": True, **(values or {})}
     rendered = helm_render.render(
-        str(tmp_path), {"operator": {"enabled": True}, "namespaceOverride": RELEASE_NAMESPACE}
+        str(tmp_path), {"operator": operator, "namespaceOverride": RELEASE_NAMESPACE}
     )
     [container] = [
         c
@@ -89,7 +96,7 @@ def _chart_operator(tmp_path: Any) -> tuple[argparse.Namespace, dict[str, Any]]:
         for c in d["spec"]["template"]["spec"]["containers"]
         if c.get("command") == ["enflame-gcu-operator"]
     ]
-    argv = [str(a).replace("$(POD_IP)", "127.0.0.1") for a in container["args"]]
+    argv = [str(a).replace("$(POD_IP)", "127.0.0.1") for a in container["args"]] + list(extra)
     args = main._parser().parse_args(argv)
     # What the pod's environment gives (POD_NAMESPACE, POD_NAME).
     args.namespace, args.identity = RELEASE_NAMESPACE, "op-1"
@@ -203,15 +210,16 @@ def _longest_failing_run(probes: list[tuple[float, int, str]]) -> int:
     return worst
 
 
-@needs_helm
-def test_an_idle_operator_polled_as_the_chart_polls_it_never_fails(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Converged, the loop waits up to --max-interval (300 s) between full passes, longer than
-    /healthz's staleness limit (120 s). Polled every periodSeconds for over two --max-interval,
-    /healthz answers 200 every time (before the fix it went stale after 120 s of each wait and
-    the kubelet restarted the leader about every 8 minutes)."""
-    args, probe = _chart_operator(tmp_path)
+def _idle(
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    values: dict[str, Any] | None = None,
+    extra: tuple[str, ...] = (),
+) -> tuple[argparse.Namespace, TimedApi, list[tuple[float, int, str]], float]:
+    """The chart's operator, converged, polled as the chart's probe polls it for over two
+    --max-interval: (its arguments, the fake, the probes, when it started); asserts that no
+    probe failed (nor failureThreshold in a row, the kubelet's restart)."""
+    args, probe = _chart_operator(tmp_path, values, extra)
     period = float(probe.get("periodSeconds", 10))
     threshold = int(probe.get("failureThreshold", 3))
     args.health_port = _free_port()
@@ -220,15 +228,46 @@ def test_an_idle_operator_polled_as_the_chart_polls_it_never_fails(
     started = clock.monotonic()
     with _serving(fake, args, monkeypatch):
         probes = _poll(fake, args.health_port, period, started + 2 * args.max_interval + 80)
-    gaps = [b - a for a, b in itertools.pairwise(fake.passes)]
-    # It was idle: the loop waited --max-interval between two full passes, past the limit.
-    assert gaps and max(gaps) >= args.max_interval > main.health_timeout(args), gaps
     assert len(probes) >= 2 * args.max_interval / period
     failed = [
         (round(when - started), status, body) for when, status, body in probes if status != 200
     ]
     assert _longest_failing_run(probes) < threshold, failed
     assert not failed, f"/healthz failed while idle (passes at {fake.passes}): {failed}"
+    return args, fake, probes, started
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    "values", [{}, {"interval": 1}, {"interval": 30}], ids=["chart", "interval-1", "interval-30"]
+)
+def test_an_idle_operator_polled_as_the_chart_polls_it_never_fails(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, values: dict[str, Any]
+) -> None:
+    """Converged, the loop waits up to --max-interval (300 s) between full passes, longer than
+    /healthz's staleness limit (120 s at the chart's values). Polled every periodSeconds for
+    over two --max-interval, /healthz answers 200 every time (before the fix it went stale after
+    120 s of each wait and the kubelet restarted the leader about every 8 minutes)."""
+    args, fake, _, _ = _idle(tmp_path, monkeypatch, values)
+    gaps = [b - a for a, b in itertools.pairwise(fake.passes)]
+    # It was idle: the loop waited longer than the staleness limit between two full passes.
+    assert gaps and max(gaps) > main.health_timeout(args), gaps
+
+
+@needs_helm
+def test_a_lease_renewed_rarely_never_fails_the_probe(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not the chart's (it passes no --retry-period), the CLI's: a Lease renewed every 200 s.
+    The renew thread comes round that rarely, healthy; the default staleness limit was 120 s
+    whatever --retry-period, so /healthz failed 3 times in a row after each renewal."""
+    retry = 200.0
+    extra = (f"--retry-period={retry:g}", "--lease-duration=600", "--renew-deadline=500")
+    args, fake, _, _ = _idle(tmp_path, monkeypatch, extra=extra)
+    renewals = [when for when, thread, kind in fake.stamps if thread == "lease"]
+    gaps = [b - a for a, b in itertools.pairwise(renewals)]
+    assert args.retry_period == retry
+    assert gaps and min(g for g in gaps if g > 0) >= retry, gaps
 
 
 def _wedge_and_poll(

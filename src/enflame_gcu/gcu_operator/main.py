@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="seconds the loop or the Lease's thread may go without coming round before "
-        "/healthz answers 503 (default 0: max(60, 4 x --interval) + 60)",
+        "/healthz answers 503 (default 0: max(60, 4 x --interval, 2 x --retry-period) + 60)",
     )
     parser.add_argument(
         "--health-address",
@@ -679,9 +679,13 @@ def _idle_wait(
 
 
 def health_timeout(args: argparse.Namespace) -> float:
-    """Seconds the loop may go without coming round before /healthz answers 503."""
+    """Seconds the loop may go without coming round before /healthz answers 503: past its
+    longest healthy round, an idle wait's --interval, a standby's (and the renew thread's)
+    --retry-period, or a backoff (MAX_BACKOFF) after a failed pass."""
     given = float(getattr(args, "health_timeout", 0) or 0)
-    return given if given > 0 else max(60.0, 4 * args.interval) + MAX_BACKOFF
+    if given > 0:
+        return given
+    return float(max(60.0, 4 * args.interval, 2 * args.retry_period)) + MAX_BACKOFF
 
 
 def _next_wait_cap(
