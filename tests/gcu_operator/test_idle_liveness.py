@@ -31,6 +31,7 @@ needs_helm = pytest.mark.skipif(helm_render.helm_missing(), reason=helm_render.N
 MAIN_THREAD = "operator-main"
 # The release's namespace (helm lint renders none; the FakeApi serves the built-in ones).
 RELEASE_NAMESPACE = "kube-system"
+PHASE = 7.0
 CALLS = ("get", "list", "create", "replace", "patch", "delete", "replace_status")
 
 
@@ -53,6 +54,9 @@ class TimedApi(FakeApi):
         self.wedge: str | None = None
         self.wedged_at: float | None = None
         self._released = False
+        # The threads (by name; "*": all) whose every request takes REQUEST_TIMEOUT and gets
+        # no answer, as in an outage.
+        self.outage: frozenset[str] = frozenset()
         for name in CALLS:
             setattr(self, name, self._serialised(getattr(self, name)))
 
@@ -63,12 +67,22 @@ class TimedApi(FakeApi):
                 self.wedged_at = self.clock.monotonic()
                 self.clock.wait(None, lambda: self._released)
             self.stamps.append((self.clock.monotonic(), me, kind.kind))
+            self._unanswered()
             if me == MAIN_THREAD and method.__name__ == "list" and kind == api.DAEMONSET:
                 self.passes.append(self.clock.monotonic())
             with self.lock:
                 return method(kind, *args, **kwargs)
 
         return call
+
+    def _unanswered(self) -> None:
+        if self.outage & {"*", threading.current_thread().name}:
+            self.clock.sleep(main.REQUEST_TIMEOUT)
+            raise api.ApiError(api.UNREACHABLE, "API server unreachable: timed out")
+
+    def watch(self, kind: api.Kind, timeout: int, labels: Any = None) -> Iterator[Any]:
+        self._unanswered()
+        return super().watch(kind, timeout, labels)
 
     def _versions(self, kind: api.Kind, labels: Any) -> dict[Any, str]:
         with self.lock:
@@ -176,10 +190,12 @@ def _serving(
     finally:
         stop.set()
         fake.release()
-        # The loop notices at its next wake-up, as on real time (within --interval).
-        for _ in range(100):
-            clock.advance(clock.monotonic() + args.interval)
-            thread.join(timeout=0.01)
+        fake.outage = frozenset()
+        # The loop notices at its next wake-up, as on real time (within --interval); the renew
+        # thread, which serve joins, may be in a request that takes time.
+        for _ in range(200):
+            clock.step(args.interval)
+            thread.join(timeout=0.05)
             if not thread.is_alive():
                 break
         clock.close()
@@ -189,10 +205,12 @@ def _serving(
 
 def _poll(fake: TimedApi, port: int, period: float, until: float) -> list[tuple[float, int, str]]:
     """The kubelet's probe every ``period`` simulated seconds until ``until``: (when, status,
-    body) of each."""
+    body) of each. The first comes PHASE seconds into the first period: the kubelet's probes
+    are not in step with the operator's rounds (whole multiples of its intervals would see a
+    short stale spell never)."""
     clock = fake.clock
     probes: list[tuple[float, int, str]] = []
-    when = clock.monotonic()
+    when = clock.monotonic() + PHASE - period
     while when + period <= until:
         when += period
         clock.advance(when)
@@ -270,16 +288,50 @@ def test_a_lease_renewed_rarely_never_fails_the_probe(
     assert gaps and min(g for g in gaps if g > 0) >= retry, gaps
 
 
+@needs_helm
+@pytest.mark.parametrize("threads", ["*", MAIN_THREAD], ids=["outage", "passes-only"])
+def test_an_api_outage_is_not_a_hang(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, threads: str
+) -> None:
+    """Every request (or every request of the passes, the Lease's still answered) times out
+    (REQUEST_TIMEOUT, then no answer) for over two --max-interval: the passes fail and back off
+    up to MAX_BACKOFF (or the Lease is lost), and the loop and the renew thread still come
+    round, so the probe never fails (a restart cannot cure an outage; restarts would end in
+    CrashLoopBackOff by the time the API server is back)."""
+    args, probe = _chart_operator(tmp_path)
+    period = float(probe.get("periodSeconds", 10))
+    args.health_port = _free_port()
+    clock = VirtualClock()
+    fake = _converged(clock, args)
+    started = clock.monotonic()
+    with _serving(fake, args, monkeypatch):
+        clock.advance(started + 3 * period)
+        fake.outage = frozenset({threads})
+        cut = clock.monotonic()
+        probes = _poll(fake, args.health_port, period, started + 2 * args.max_interval + 80)
+        ended = clock.monotonic()
+    during = [(when, thread) for when, thread, _ in fake.stamps if cut < when <= ended]
+    # Passes failed in it, and the renew thread kept trying (every --retry-period + a timeout).
+    passes = [when for when, thread in during if thread == MAIN_THREAD]
+    assert passes, during
+    renewals = [when for when, thread in during if thread == "lease"]
+    assert len(renewals) >= (ended - cut) / (args.retry_period + main.REQUEST_TIMEOUT) - 1
+    if threads == MAIN_THREAD:  # still leading: the passes backed off up to MAX_BACKOFF
+        gaps = [b - a for a, b in itertools.pairwise(passes)]
+        assert max(gaps) >= main.MAX_BACKOFF + main.REQUEST_TIMEOUT, gaps
+    failed = [(round(w - started), status, body) for w, status, body in probes if status != 200]
+    assert not failed, failed
+
+
 def _wedge_and_poll(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, thread: str
-) -> tuple[float, int, float, float, list[tuple[float, int, str]], float]:
+) -> tuple[argparse.Namespace, float, int, float, list[tuple[float, int, str]], float]:
     """The chart's operator, converged and idle; then every call of ``thread`` hangs for good
     from its next one. Polled every periodSeconds until the kubelet would have restarted it
-    twice over: (period, threshold, the limit, when it hung, the probes, when it started)."""
+    twice over: (its arguments, period, threshold, when it hung, the probes, when it started)."""
     args, probe = _chart_operator(tmp_path)
     period = float(probe.get("periodSeconds", 10))
     threshold = int(probe.get("failureThreshold", 3))
-    limit = main.health_timeout(args)
     args.health_port = _free_port()
     clock = VirtualClock()
     fake = _converged(clock, args)
@@ -292,7 +344,7 @@ def _wedge_and_poll(
         probes = _poll(fake, args.health_port, period, started + 2 * args.max_interval + 80)
         wedged_at = fake.wedged_at
     assert wedged_at is not None, f"{thread} made no call after it was wedged"
-    return period, threshold, limit, wedged_at, probes, started
+    return args, period, threshold, wedged_at, probes, started
 
 
 @needs_helm
@@ -308,17 +360,19 @@ def test_a_wedged_operator_fails_the_charts_probe_within_the_limit_and_its_windo
     503 naming it once it has not come round for --health-timeout, and keeps failing, so the
     kubelet's failureThreshold-th failure in a row comes within limit + threshold x period of
     the hang (the idle wait's beats must not hide it). Before it hung, every probe passed."""
-    period, threshold, limit, wedged_at, probes, started = _wedge_and_poll(
+    args, period, threshold, wedged_at, probes, started = _wedge_and_poll(
         tmp_path, monkeypatch, thread
     )
+    limit = main.health_timeout(args)
     before = [p for p in probes if p[0] <= wedged_at]
     after = [p for p in probes if p[0] > wedged_at]
     assert all(status == 200 for _, status, _ in before), before
     failing = [(when, status, body) for when, status, body in after if status != 200]
     assert failing, f"/healthz never failed after {thread} hung at {wedged_at - started:.0f} s"
     first = failing[0][0]
-    # Not before the limit (a pass may take that long), and at the first probe after it.
-    assert limit < first - wedged_at <= limit + period, (first - wedged_at, limit)
+    # Not before the limit (a pass may take that long; the renew thread last came round up to
+    # --retry-period before its call hung), and at the first probe after it.
+    assert limit - args.retry_period < first - wedged_at <= limit + period, (first, wedged_at)
     # From then on every probe fails: the kubelet restarts it at the threshold-th.
     assert all(status == 503 for when, status, _ in after if when >= first), after
     restart = first + (threshold - 1) * period
