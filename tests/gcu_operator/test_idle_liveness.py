@@ -1,5 +1,5 @@
-"""Issue 47 point 1: an idle operator is never restarted by the chart's liveness probe, and a
-wedged one is.
+"""Issue 47 point 1: an idle operator (or one whose API server does not answer) is never
+restarted by the chart's liveness probe, and a wedged one is.
 
 The operator's real main loop (main.serve: election, passes, the idle wait on its watches) and
 its real /healthz server run with the chart's own arguments and probe, unscaled, on a
@@ -31,6 +31,7 @@ needs_helm = pytest.mark.skipif(helm_render.helm_missing(), reason=helm_render.N
 MAIN_THREAD = "operator-main"
 # The release's namespace (helm lint renders none; the FakeApi serves the built-in ones).
 RELEASE_NAMESPACE = "kube-system"
+# Seconds into its first period the kubelet's first probe comes (any phase: not the loop's).
 PHASE = 7.0
 CALLS = ("get", "list", "create", "replace", "patch", "delete", "replace_status")
 
