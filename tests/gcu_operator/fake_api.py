@@ -14,7 +14,7 @@ import itertools
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar, cast
 
 from enflame_gcu.gcu_operator import api, components, pods
@@ -102,6 +102,12 @@ class FakeApi:
         self.deleted: list[Key] = []
         # Pods ("namespace/name") a PodDisruptionBudget keeps: their eviction is a 429.
         self.pdb_protected: set[str] = set()
+        # What a watch's timeout is measured on and how it waits between looks at the store:
+        # real time by default (tests wait on watches from other threads); a test on simulated
+        # time gives its clock's.
+        self.watch_clock: Callable[[], float] = time.monotonic
+        self.watch_sleep: Callable[[float], None] = time.sleep
+        self.watch_poll = 0.01
 
     # --- bookkeeping -------------------------------------------------------------------
     def _call(self, verb: str, kind: api.Kind) -> None:
@@ -306,7 +312,7 @@ class FakeApi:
     ) -> Iterator[tuple[str, Obj]]:
         """As kube-apiserver's watch without a resourceVersion: ADDED for every object there
         is, then each change (an object leaving the label selector is DELETED) until
-        ``timeout`` seconds have passed (real time: tests wait on it from other threads)."""
+        ``timeout`` seconds have passed on ``watch_clock``."""
         self._call("watch", kind)
         if kind in (api.DEVICE_CLASS, api.RESOURCE_CLAIM_TEMPLATE) and not self.dra_served:
             raise api.ApiError(404, "the server could not find the requested resource")
@@ -317,7 +323,7 @@ class FakeApi:
     def _events(
         self, kind: api.Kind, timeout: int, labels: Mapping[str, str] | None
     ) -> Iterator[tuple[str, Obj]]:
-        end = time.monotonic() + timeout
+        end = self.watch_clock() + timeout
         known: dict[Key, str] = {}
         last: dict[Key, Obj] = {}
         while True:
@@ -333,9 +339,9 @@ class FakeApi:
             for key in [k for k in known if k not in now]:
                 del known[key]
                 yield "DELETED", last.pop(key)
-            if time.monotonic() >= end:
+            if self.watch_clock() >= end:
                 return
-            time.sleep(0.01)
+            self.watch_sleep(self.watch_poll)
 
 
 # The tolerations the real DaemonSet controller adds to every DaemonSet pod (and not-ready /

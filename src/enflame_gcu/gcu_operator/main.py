@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="seconds the loop or the Lease's thread may go without coming round before "
-        "/healthz answers 503 (default 0: max(60, 4 x --interval) + 60)",
+        "/healthz answers 503 (default 0: max(60, 4 x --interval, 2 x --retry-period) + 60)",
     )
     parser.add_argument(
         "--health-address",
@@ -679,9 +679,13 @@ def _idle_wait(
 
 
 def health_timeout(args: argparse.Namespace) -> float:
-    """Seconds the loop may go without coming round before /healthz answers 503."""
+    """Seconds the loop may go without coming round before /healthz answers 503: past its
+    longest healthy round, an idle wait's --interval, a standby's (and the renew thread's)
+    --retry-period, or a backoff (MAX_BACKOFF) after a failed pass."""
     given = float(getattr(args, "health_timeout", 0) or 0)
-    return given if given > 0 else max(60.0, 4 * args.interval) + MAX_BACKOFF
+    if given > 0:
+        return given
+    return float(max(60.0, 4 * args.interval, 2 * args.retry_period)) + MAX_BACKOFF
 
 
 def _next_wait_cap(
@@ -710,17 +714,19 @@ def serve(
     cluster: api.ClusterApi,
     stop: threading.Event,
     clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> None:
     """Elect, and reconcile while leading, until ``stop`` is set; API failures never end it.
 
     ``clock`` is the wall clock (the Lease's and the status's stamps); every duration is timed
-    on the monotonic clock."""
+    on ``monotonic`` (the Lease's deadlines, the waits, /healthz's staleness)."""
     elector = leader.LeaderElector(
         cluster,
         args.namespace,
         args.identity,
         args.lease_duration,
         renew_deadline=args.renew_deadline,
+        clock=monotonic,
         wall=clock,
     )
     operator = runner.Operator(
@@ -738,7 +744,7 @@ def serve(
         args.namespace,
         leader.LEASE_NAME,
     )
-    health = Health(stale_after=health_timeout(args))
+    health = Health(stale_after=health_timeout(args), clock=monotonic)
     renewer = threading.Thread(
         target=_renew,
         args=(elector, stop, args.retry_period, health),
@@ -747,8 +753,8 @@ def serve(
     )
     renewer.start()
     health.watch_thread(RENEWER, renewer)
-    trouble = Trouble("reconcile pass")
-    backoff = WatchBackoff()
+    trouble = Trouble("reconcile pass", monotonic)
+    backoff = WatchBackoff(monotonic)
     idle = 0
     port = getattr(args, "health_port", 0)
     server = serve_health(health, port, getattr(args, "health_address", "")) if port else None
@@ -777,7 +783,7 @@ def serve(
                 stop,
                 args,
                 idle,
-                clock=time.monotonic,
+                clock=monotonic,
                 operator=operator,
                 cap=cap,
                 beat=health.beat,
