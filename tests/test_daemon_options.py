@@ -4,8 +4,11 @@ ENFLAME_<OPTION>; the old spellings still work and each says so once on stderr."
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import pathlib
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,6 +23,7 @@ from enflame_gcu.gcu_operator import main as operator_main
 from enflame_gcu.scheduler_extender import cache as extender_cache
 from enflame_gcu.scheduler_extender import decisions, server
 from enflame_gcu.scheduler_extender import main as extender_main
+from enflame_gcu.simulation.testing import plugin_process
 
 OPERATOR_ENV = (
     "ENFLAME_HTTP_ADDRESS",
@@ -97,6 +101,26 @@ def test_the_device_plugins_old_metrics_flags_work_and_say_so_once(
     assert (both.metrics_bind_address, both.metrics_port) == ("127.0.0.1", 7)
     off = plugin_main.load_config(["--http-address", ""], {})
     assert off.metrics_port == 0
+
+
+def test_a_running_plugin_says_it_once_not_at_every_sighup(tmp_path: pathlib.Path) -> None:
+    config_file = tmp_path / "plugin.yaml"
+    config_file.write_text("version: v1\n")
+    argv = ["--config-file", str(config_file), "--metrics-bind-address", "127.0.0.1"]
+
+    async def scenario() -> None:
+        async with plugin_process.running_node("flat-4card", argv) as node:
+            for reloads in (1, 2):
+                node.plugin.send(signal.SIGHUP)
+                for _ in range(600):
+                    if node.plugin.log_text().count("SIGHUP: rediscovering") == reloads:
+                        break
+                    await asyncio.sleep(0.05)
+            text = node.plugin.log_text()
+            assert text.count("SIGHUP: rediscovering") == 2, text
+            assert text.count("--metrics-bind-address is deprecated") == 1, text
+
+    asyncio.run(scenario())
 
 
 def test_the_extenders_bind_address_and_port_work_and_say_so_once(

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import io
 import logging
 import os
 import signal
@@ -149,7 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def reload() -> plugin_config.PluginConfig:
         # Same command line and environment; only the file (or the node's label) can change.
-        new = load_config(argv, environ, named="" if named is None else named.wanted)
+        # An old spelling said so at start: not once more per SIGHUP.
+        with contextlib.redirect_stderr(io.StringIO()):
+            new = load_config(argv, environ, named="" if named is None else named.wanted)
         apply_log_level(new)
         return new
 
