@@ -101,6 +101,15 @@ def test_the_device_plugins_old_metrics_flags_work_and_say_so_once(
     assert (both.metrics_bind_address, both.metrics_port) == ("127.0.0.1", 7)
     off = plugin_main.load_config(["--http-address", ""], {})
     assert off.metrics_port == 0
+    with pytest.raises(ConfigError, match="'localhost' is not an IP address"):
+        plugin_main.load_config(["--http-address", "localhost:9402"], {})
+
+
+def test_the_device_plugins_config_file_takes_http_address(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "plugin.yaml"
+    path.write_text('version: v1\nflags: {httpAddress: "127.0.0.1:9000", metricsPort: 1}\n')
+    config = plugin_main.load_config(["--config-file", str(path)], {})
+    assert (config.metrics_bind_address, config.metrics_port) == ("127.0.0.1", 9000)
 
 
 def test_a_running_plugin_says_it_once_not_at_every_sighup(tmp_path: pathlib.Path) -> None:
