@@ -63,6 +63,8 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path, spelling: str) -> N
         "ENFLAME_CONFIG_DEFAULT": "pool-a",
         "ENFLAME_CONFIG_LABEL": "example.com/pool",
         "ENFLAME_CONFIG_LABEL_INTERVAL": "10",
+        # The one spelling of the metrics halves above; the same address, so both agree.
+        "ENFLAME_HTTP_ADDRESS": "[::1]:9400",
     }
     # Named configs instead of the config file: read, but not together with CONFIG_FILE.
     instead = {"ENFLAME_CONFIG_DIR": "/configs"}
@@ -96,6 +98,7 @@ def test_every_option_has_an_env_var(tmp_path: pathlib.Path, spelling: str) -> N
         efsmi="/opt/efsmi",
         drs_release_grace=12.0,
         drs="gcu1,S60",
+        http_address="[::1]:9400",
         metrics_port=9400,
         resource_name="example.com/x",
         pass_device_specs=True,

@@ -19,13 +19,13 @@ from typing import Any
 
 from enflame_gcu import allocation, edits, naming, node_modes, sharing
 from enflame_gcu.errors import ConfigError
-from enflame_gcu.support import env_vars
+from enflame_gcu.support import daemon_cli, env_vars
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_RESOURCE = "enflame.com/gcu"
 SOCKET_NAME = "enflame.sock"
-LOG_LEVELS = ("debug", "info", "warning", "error")
-LOG_FORMATS = ("text", "json")
+LOG_LEVELS = daemon_cli.LOG_LEVELS
+LOG_FORMATS = daemon_cli.LOG_FORMATS
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # The node label that chooses one of the named configs of --config-dir (named_configs).
 CONFIG_LABEL = "enflame.com/device-plugin.config"
@@ -68,6 +68,9 @@ class PluginConfig:
     allocation_policy: str = "topology"
     log_level: str = "info"
     log_format: str = "text"
+    # --http-address HOST:PORT ("" = off); when given it sets the two below, which stay the
+    # settings the server reads (their flags are its old spellings; file and env still read).
+    http_address: str = ""
     metrics_port: int = 0
     # "" = every address (IPv6 and IPv4 where the host has both), as a DaemonSet's probes need.
     metrics_bind_address: str = ""
@@ -162,6 +165,14 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise ValueError(f"{text} is outside 0..65535 (0 turns metrics off)")
     return value
+
+
+def _http_address(text: str) -> str:
+    if not text.strip():
+        return ""
+    host, _port_number = daemon_cli.split_address(text)  # ValueError: not HOST:PORT
+    _address(host)  # an IP address or empty, as --metrics-bind-address took
+    return text.strip()
 
 
 def _resource(text: str) -> str:
@@ -436,16 +447,24 @@ OPTIONS: tuple[Option, ...] = (
         "text, or json: one JSON object per line with a UTC timestamp",
     ),
     Option(
+        "http_address",
+        None,
+        _http_address,
+        "serve /metrics, /healthz and /readyz here (an empty host: every address, IPv6 and "
+        "IPv4); empty or port 0 = off",
+    ),
+    Option(
         "metrics_port",
         "DP_METRICS_PORT",
         _port,
-        "port of /metrics, /healthz and /readyz; 0 = off",
+        "port of /metrics, /healthz and /readyz; 0 = off (old spelling of --http-address)",
     ),
     Option(
         "metrics_bind_address",
         "DP_METRICS_BIND_ADDRESS",
         _address,
-        "address the metrics port listens on; empty = all addresses",
+        "address the metrics port listens on; empty = all addresses (old spelling of "
+        "--http-address)",
     ),
     Option(
         "pod_resources_socket",
@@ -565,6 +584,10 @@ def resolve(layers: Sequence[Mapping[str, Any]]) -> PluginConfig:
                 break
     if values.get("node_mode"):
         _apply_node_mode(values)
+    if values.get("http_address"):
+        # Given anywhere, it wins over the old halves given anywhere (one address, one place).
+        host, port = daemon_cli.split_address(values["http_address"])
+        values["metrics_bind_address"], values["metrics_port"] = _address(host), port
     if values.get("node_state") and not values.get("node_name"):
         raise ConfigError("invalid node-state: it needs node-name (env NODE_NAME, downward API)")
     if values.get("config_dir") and values.get("config_file"):

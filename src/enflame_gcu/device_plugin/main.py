@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import io
 import logging
 import os
 import signal
@@ -15,8 +17,9 @@ from typing import TYPE_CHECKING
 
 from enflame_gcu import __version__, devices, fileio, naming
 from enflame_gcu.device_plugin import config as plugin_config
-from enflame_gcu.device_plugin import kubelet, logs, runner
+from enflame_gcu.device_plugin import kubelet, runner
 from enflame_gcu.errors import ConfigError, PathOutsideRootError
+from enflame_gcu.support import cli_options, daemon_cli, logs
 
 if TYPE_CHECKING:
     # Imported where used (a config file, --config-dir): yaml and prometheus_client are not
@@ -24,6 +27,8 @@ if TYPE_CHECKING:
     from enflame_gcu.device_plugin import named_configs
 
 log = logging.getLogger("enflame_gcu.device_plugin")
+PROG = "enflame-device-plugin"
+OLD_ADDRESS_FLAGS = ("metrics_port", "metrics_bind_address")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,32 +40,44 @@ def build_parser() -> argparse.ArgumentParser:
         "re-reads the config file (an invalid one is refused), rediscovers and re-registers; "
         "SIGTERM/SIGINT stop cleanly.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    daemon_cli.add_version(parser)
     defaults = plugin_config.PluginConfig()
     for option in plugin_config.OPTIONS:
         if option.field == "disable_healthchecks":
             continue  # env var only, as in other device plugins
+        if option.field in OLD_ADDRESS_FLAGS:
+            # Hidden old spellings of --http-address's halves: they work, and say so.
+            cli_options.add_deprecated(
+                parser, "--" + option.field.replace("_", "-"),
+                f"{daemon_cli.HTTP_ADDRESS} {daemon_cli.HTTP_METAVAR}", option.field, prog=PROG,
+            )  # fmt: skip
+            continue
         default = getattr(defaults, option.field)
         if isinstance(default, tuple):
             default = ",".join(default)
         shown = "unset" if default in (None, "") else default
-        text = f"{option.help} [env {option.env}; default {shown}]"
+        repeat = "; repeatable" if option.many else ""
+        text = f"{option.help}{repeat} {daemon_cli.env_help(option.env, str(shown))}"
         name = "--" + option.field.replace("_", "-")
         choices = [choice for choice in option.choices if choice]
         metavar = "{" + ",".join(choices) + "}" if choices else option.field.upper()
+        if option.field == "http_address":
+            metavar = daemon_cli.HTTP_METAVAR
         if option.flag:
             parser.add_argument(
                 name, action=argparse.BooleanOptionalAction, default=None, help=text
             )
         elif option.many:
             parser.add_argument(
-                name, action="append", default=None, metavar="LIST",
-                help=f"{text}; repeatable",
+                name, action="append", default=None, metavar="LIST", help=text,
             )  # fmt: skip
         else:
             parser.add_argument(name, default=None, metavar=metavar, help=text)
     parser.epilog = (parser.epilog or "") + (
         f" {naming.DISABLE_HEALTHCHECKS_ENV}=all reports every card healthy as discovered."
+        " The old halves of --http-address, --metrics-port and --metrics-bind-address (env "
+        "ENFLAME_METRICS_PORT, ENFLAME_METRICS_BIND_ADDRESS), still work; an --http-address "
+        "given anywhere wins over them."
     )
     return parser
 
@@ -134,7 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def reload() -> plugin_config.PluginConfig:
         # Same command line and environment; only the file (or the node's label) can change.
-        new = load_config(argv, environ, named="" if named is None else named.wanted)
+        # An old spelling said so at start: not once more per SIGHUP.
+        with contextlib.redirect_stderr(io.StringIO()):
+            new = load_config(argv, environ, named="" if named is None else named.wanted)
         apply_log_level(new)
         return new
 

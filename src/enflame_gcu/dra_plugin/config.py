@@ -7,16 +7,16 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from enflame_gcu import __version__, devices, drs, naming, resourceslices
+from enflame_gcu import devices, drs, naming, resourceslices
 from enflame_gcu.errors import ConfigError
-from enflame_gcu.support import cli_options, env_vars
+from enflame_gcu.support import cli_options, daemon_cli, env_vars
 
 REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 PLUGINS_DIR = "/var/lib/kubelet/plugins"
 CDI_DIR = "/var/run/cdi"
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
 UNHEALTHY_MODES = ("taint", "omit")
-LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVELS = daemon_cli.LOG_LEVELS
 PROG = "enflame-dra-plugin"
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
@@ -39,6 +39,7 @@ class DraConfig:
     kubeconfig: str = ""
     publish: bool = True
     log_level: str = "info"
+    log_format: str = "text"
     # Warnings for the deprecated environment variable names used (logged at start).
     deprecated_env: tuple[str, ...] = ()
     drs: str = ""  # "", "all", or comma-separated cards (gcu3) and models/families (S60, S)
@@ -59,6 +60,11 @@ class DraConfig:
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(
                 f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}"
+            )
+        if self.log_format not in daemon_cli.LOG_FORMATS:
+            raise ConfigError(
+                f"--log-format must be one of {', '.join(daemon_cli.LOG_FORMATS)}, "
+                f"got {self.log_format!r}"
             )
         if self.unhealthy not in UNHEALTHY_MODES:
             raise ConfigError(
@@ -180,7 +186,7 @@ def build_parser(
         epilog=f"Precedence: command line > environment > defaults. "
         f"{naming.DISABLE_HEALTHCHECKS_ENV}=all reports every card healthy as discovered.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    daemon_cli.add_version(parser)
     parser.add_argument(
         "--node-name",
         metavar="NAME",
@@ -274,12 +280,11 @@ def build_parser(
         default=env.get("ENFLAME_EFSMI", "efsmi"),
         help="the efsmi program (DRS only) " + _given("ENFLAME_EFSMI", "efsmi on PATH"),
     )
-    parser.add_argument(
-        "--http-address",
-        metavar="HOST:PORT",
-        default=env.get("ENFLAME_HTTP_ADDRESS", ""),
-        help="serve /healthz, /readyz and /metrics here; empty: off "
-        + _given("ENFLAME_HTTP_ADDRESS", "off"),
+    daemon_cli.add_http_address(
+        parser,
+        serves="serve /healthz, /readyz and /metrics here; empty: off",
+        default="",
+        environ=env,
     )
     parser.add_argument(
         "--pod-resources-socket",
@@ -289,14 +294,7 @@ def build_parser(
         "hold are not offered to DRA until released; empty: off "
         + _given("ENFLAME_POD_RESOURCES_SOCKET", POD_RESOURCES_SOCKET),
     )
-    parser.add_argument(
-        "--log-level",
-        metavar="{" + ",".join(LOG_LEVELS) + "}",
-        type=_choice(LOG_LEVELS),
-        default=_env(env, deprecated, "log-level", "ENFLAME_DRA_LOG_LEVEL", "info"),
-        help=f"log messages at this level and above: {', '.join(LOG_LEVELS)} "
-        + _given("ENFLAME_LOG_LEVEL", "info"),
-    )
+    daemon_cli.add_logging(parser, env, deprecated, old_level_env="ENFLAME_DRA_LOG_LEVEL")
     parser.set_defaults(deprecated_env=deprecated)
     return parser
 
@@ -321,6 +319,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         kubeconfig=args.kubeconfig,
         publish=not args.no_publish,
         log_level=args.log_level,
+        log_format=args.log_format,
         deprecated_env=(*getattr(args, "deprecated_env", ()), *([warning] if warning else [])),
         drs=args.drs,
         efsmi=args.efsmi,

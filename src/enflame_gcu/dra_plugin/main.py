@@ -25,17 +25,9 @@ from enflame_gcu.dra_plugin import (
 )
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.errors import ConfigError, PathOutsideRootError
-from enflame_gcu.support import aio
+from enflame_gcu.support import aio, daemon_cli
 
 log = logging.getLogger("enflame_gcu.dra_plugin")
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    numeric = logging.getLevelName(level.upper())
-    logging.getLogger().setLevel(numeric if isinstance(numeric, int) else logging.INFO)
-    for noisy in ("grpc", "asyncio", "httpx", "httpx2", "httpcore", "httpcore2"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 async def run(settings: dra_config.DraConfig) -> int:
@@ -191,7 +183,7 @@ def cleanup(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         print(f"enflame-dra-plugin cleanup: {exc}", file=sys.stderr)
         return 2
-    _setup_logging(settings.log_level)
+    daemon_cli.configure_logging(settings.log_level, settings.log_format)
     return asyncio.run(_cleanup(settings, args.all_nodes))
 
 
@@ -207,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, PathOutsideRootError) as exc:
         print(f"enflame-dra-plugin: {exc}", file=sys.stderr)
         return 2
-    _setup_logging(settings.log_level)
+    daemon_cli.configure_logging(settings.log_level, settings.log_format)
     for warning in settings.deprecated_env:
         log.warning("%s", warning)
     log.info(

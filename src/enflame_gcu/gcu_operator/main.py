@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from enflame_gcu import bounded_http
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.gcu_operator import api, leader, names, runner
+from enflame_gcu.support import daemon_cli
 
 if TYPE_CHECKING:
     from enflame_gcu.gcu_operator import kube as kube_module
@@ -30,7 +31,8 @@ LOG = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="enflame-gcu-operator", description=__doc__)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
+    daemon_cli.add_version(parser)
     parser.add_argument(
         "--kubeconfig",
         default=os.environ.get("KUBECONFIG", ""),
@@ -103,11 +105,18 @@ def _parser() -> argparse.ArgumentParser:
         default="enflame-dra-plugin",
         help="ServiceAccount of the DRA driver's pods (the chart passes <release>-dra-plugin)",
     )
-    parser.add_argument(
-        "--health-port",
-        type=int,
-        default=0,
-        help="serve /healthz on this port (0: none): 200 while the loop comes round, else 503",
+    daemon_cli.add_http_address(
+        parser,
+        serves="serve /healthz here (port 0 or empty: none): 200 while the loop comes round, "
+        "else 503; an empty host is every address, the pod IP when replicas share a network "
+        "namespace (hostNetwork)",
+        default="",
+        environ=os.environ,
+        into=("health_address", "health_port"),
+    )
+    daemon_cli.add_old_address_part(parser, "--health-port", "health_port", prog=PROG, port=True)
+    daemon_cli.add_old_address_part(
+        parser, "--health-address", "health_address", prog=PROG, port=False
     )
     parser.add_argument(
         "--health-timeout",
@@ -115,12 +124,6 @@ def _parser() -> argparse.ArgumentParser:
         default=0.0,
         help="seconds the loop or the Lease's thread may go without coming round before "
         "/healthz answers 503 (default 0: max(60, 4 x --interval, 2 x --retry-period) + 60)",
-    )
-    parser.add_argument(
-        "--health-address",
-        default="",
-        help="the address /healthz listens on (default: all); the pod IP when replicas share "
-        "a network namespace (hostNetwork)",
     )
     parser.add_argument("--once", action="store_true", help="one pass, then exit (no election)")
     parser.add_argument(
@@ -135,10 +138,20 @@ def _parser() -> argparse.ArgumentParser:
         default=600.0,
         help="seconds --remove-resources waits (default 600)",
     )
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    daemon_cli.add_logging(parser, os.environ)
+    daemon_cli.apply_env_defaults(
+        parser, os.environ, skip={"once", "remove_resources"}, shown=SHOWN_DEFAULTS
     )
     return parser
+
+
+PROG = "enflame-gcu-operator"
+# Defaults the code computes, as --help and docs/operator.md show them.
+SHOWN_DEFAULTS = {
+    "kubeconfig": "KUBECONFIG, else the service account",
+    "namespace": "POD_NAMESPACE, else kube-system",
+    "identity": "POD_NAME, else the host name",
+}
 
 
 def _cluster(kubeconfig: str) -> kube_module.LightkubeApi:
@@ -166,17 +179,15 @@ MAX_BACKOFF = 60.0
 HTTP_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, log_format: str = "text") -> None:
     """The operator's log at ``level``; the HTTP client's requests only with ``debug``."""
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(message)s")
-    for name in HTTP_LOGGERS:
-        logging.getLogger(name).setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+    daemon_cli.configure_logging(level, log_format)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the operator until SIGTERM."""
     args = _parser().parse_args(argv)
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     cluster = _cluster(args.kubeconfig)
     try:
         return _run(args, cluster)

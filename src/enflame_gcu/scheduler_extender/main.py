@@ -1,6 +1,7 @@
 """``enflame-scheduler-extender``: parse flags, start the HTTP server and the API watches.
 
-Every flag has an environment variable (``EXTENDER_<FLAG>``); the command line wins. SIGTERM or
+Every flag has an environment variable (``ENFLAME_<FLAG>``; the old ``EXTENDER_<FLAG>`` still
+works, with a warning); the command line wins. SIGTERM or
 SIGINT stop the watches and the server; the scheduler (``ignorable: true``) then schedules as
 it would without the extender.
 """
@@ -18,41 +19,40 @@ import ssl
 import sys
 from collections.abc import Mapping, Sequence
 
-from enflame_gcu import __version__
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.scheduler_extender import cache as extender_cache
 from enflame_gcu.scheduler_extender import decisions, protocol, server, tls, watch
+from enflame_gcu.support import daemon_cli, env_vars
 
 log = logging.getLogger("enflame_gcu.scheduler_extender")
 DEFAULT_PORT = 32766  # gcushare-scheduler-extender's port, so existing configurations point here
+DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"  # the scheduler's host: it calls over loopback
+PROG = "enflame-scheduler-extender"
+OLD_PREFIX = "EXTENDER_"  # the variables' prefix until 0.2.0 (env_vars.OLD_NAMES_UNTIL)
 
 
-def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    """The CLI; each default comes from ``EXTENDER_<FLAG>`` when set."""
+def build_parser(
+    environ: Mapping[str, str], warnings: list[str] | None = None
+) -> argparse.ArgumentParser:
+    """The CLI; each default comes from ``ENFLAME_<FLAG>`` (or the old ``EXTENDER_<FLAG>``,
+    noted in ``warnings``) when set."""
     parser = argparse.ArgumentParser(
-        prog="enflame-scheduler-extender",
+        prog=PROG,
         description="kube-scheduler extender: prefers nodes that can give a pod's GCUs as one "
         "PCIe switch (then root port, NUMA node), filters shared-GCU pods by free slices.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    daemon_cli.add_version(parser)
     parser.add_argument(
         "--check-ready",
         action="store_true",
-        help="ask the running extender's GET /readyz at --bind-address and --port over HTTP "
+        help="ask the running extender's GET /readyz at --http-address over HTTP "
         "and exit 0 when ready, 1 when not (an exec probe for a pod without host networking)",
     )
 
     def option(flag: str, default: str, text: str) -> None:
-        env = "EXTENDER_" + flag.upper().replace("-", "_")
-        shown = default or "unset"
-        parser.add_argument(
-            f"--{flag}",
-            default=environ.get(env, default),
-            help=f"{text} [env {env}; default {shown}]",
-        )
+        parser.add_argument(f"--{flag}", default=default, help=text)
 
-    option("bind-address", "127.0.0.1", "address to listen on (the scheduler's host)")
-    option("port", str(DEFAULT_PORT), "port of /filter, /prioritize, /healthz, /readyz, /stats")
+    _add_address(parser, environ, warnings)
     option("kubeconfig", "", "kubeconfig file; empty = the pod's service account")
     option(
         "node-state-namespace",
@@ -86,8 +86,43 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     option("tls-key-file", "", "the PEM private key of --tls-cert-file")
     option("tls-client-ca-file", "", "with HTTPS: answer only clients with a cert this CA signed")
-    option("log-level", "info", "debug, info, warning or error")
+    daemon_cli.add_logging(parser, environ, warnings, old_level_env=OLD_PREFIX + "LOG_LEVEL")
+    daemon_cli.apply_env_defaults(
+        parser, environ, skip={"check_ready"}, old_prefix=OLD_PREFIX, warnings=warnings
+    )
     return parser
+
+
+def _add_address(
+    parser: argparse.ArgumentParser, environ: Mapping[str, str], warnings: list[str] | None
+) -> None:
+    """``--http-address`` and its old halves, ``--bind-address`` and ``--port`` (and their
+    ``EXTENDER_`` variables), kept apart as ``bind_address`` and ``port``."""
+    env = dict(environ)
+    if "ENFLAME_HTTP_ADDRESS" not in env:
+        halves = ("EXTENDER_BIND_ADDRESS", "EXTENDER_PORT")
+        old = {name: env[name] for name in halves if name in env}
+        if old:
+            host, port = daemon_cli.split_address(DEFAULT_ADDRESS)
+            try:
+                port = int(old.get("EXTENDER_PORT", port))
+            except ValueError:
+                parser.error(f"invalid EXTENDER_PORT: {old['EXTENDER_PORT']!r} is not a port")
+            host = old.get("EXTENDER_BIND_ADDRESS", host)
+            env["ENFLAME_HTTP_ADDRESS"] = daemon_cli.join_address(host, port)
+            for name in old:
+                if warnings is not None:
+                    warnings.append(env_vars.deprecated(name, "ENFLAME_HTTP_ADDRESS"))
+    daemon_cli.add_http_address(
+        parser,
+        serves="serve /filter, /prioritize, /healthz, /readyz and /stats here (empty host: "
+        "every address)",
+        default=DEFAULT_ADDRESS,
+        environ=env,
+        into=("bind_address", "port"),
+    )
+    daemon_cli.add_old_address_part(parser, "--bind-address", "bind_address", prog=PROG, port=False)
+    daemon_cli.add_old_address_part(parser, "--port", "port", prog=PROG, port=True)
 
 
 def _number(text: str, flag: str, low: float, high: float) -> float:
@@ -123,7 +158,7 @@ async def serve(args: argparse.Namespace) -> int:
     watcher = watch.Watcher(client, cache, args.node_state_namespace)
     everywhere = "::" if socket.has_ipv6 else "0.0.0.0"  # noqa: S104 (asked for with "")
     http = server.ExtenderServer(
-        (args.bind_address or everywhere, int(_number(args.port, "port", 1, 65535))),
+        (args.bind_address or everywhere, int(_number(str(args.port), "http-address", 1, 65535))),
         decisions.Decisions(cache),
         ready=watcher.ready,
         request_timeout=_number(args.request_timeout, "request-timeout", 0.1, 600),
@@ -171,16 +206,12 @@ def check_ready(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``enflame-scheduler-extender``."""
-    args = build_parser(os.environ).parse_args(argv)
+    warnings: list[str] = []
+    args = build_parser(os.environ, warnings).parse_args(argv)
+    daemon_cli.stderr_warnings(PROG, warnings)
     if args.check_ready:
         return check_ready(args)
-    level = str(args.log_level).upper()
-    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        print(
-            f"enflame-scheduler-extender: invalid --log-level {args.log_level!r}", file=sys.stderr
-        )
-        return 2
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    daemon_cli.configure_logging(args.log_level, args.log_format)
     # The watch loop decodes API objects while HTTP workers answer the scheduler: hand the GIL
     # over every 0.5 ms (default 5 ms), so a call does not wait behind a burst of pod events.
     sys.setswitchinterval(0.0005)

@@ -197,7 +197,7 @@ async def story(work: str, root: str, plugins: str) -> int:
 
     port = free_port()
     pod_resources = os.path.join(work, "pr", "kubelet.sock")
-    telemetry_args = [f"--metrics-port={port}", "--metrics-bind-address=127.0.0.1",
+    telemetry_args = [f"--http-address=127.0.0.1:{port}",
                       "--pod-resources-socket", pod_resources,
                       "--pod-resources-interval=0.2", "--telemetry-interval=0.2"]  # fmt: skip
     async with kubelet_stub.KubeletStub(plugins, pod_resources_socket=pod_resources) as kubelet:
@@ -207,7 +207,10 @@ async def story(work: str, root: str, plugins: str) -> int:
         ctx = DemoContext(root, plugins, kubelet, plugin, {})
         step(2, "Start enflame-device-plugin as its own process; the stub kubelet waits")
         say(f"   $ enflame-device-plugin --pass-device-specs --plugin-dir {plugins} \\")
-        say(f"       --host-root {root} --metrics-port {port} (and a fast telemetry interval)")
+        say(
+            f"       --host-root {root} --http-address 127.0.0.1:{port} (and a fast telemetry "
+            "interval)"
+        )
         try:
             ms = await timed(kubelet, plugin.start, lambda k: k.capacity() == 8, "registration")
             [registration] = kubelet.registrations

@@ -1,4 +1,4 @@
-"""``--log-format``: plain text, or JSON lines with UTC timestamps for log collectors.
+"""Every daemon's ``--log-format``: plain text, or JSON lines with UTC timestamps for collectors.
 
 With ``json`` every line the process writes to stderr follows the format, including what the
 gRPC C-core (``chttp2_transport.cc:... Got goaway``) and the interpreter itself (warnings, a
@@ -31,6 +31,7 @@ _NATIVE_LEVELS = {
 # Lines on fd 2 that are not the C-core's (the interpreter's own writes to stderr).
 STDERR_LOGGER = "stderr"
 NATIVE_LOGGER = "grpc.core"
+_OURS = "_enflame_gcu_handler"
 
 
 class JsonFormatter(logging.Formatter):
@@ -65,7 +66,10 @@ def configure(log_format: str) -> None:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
-        root.removeHandler(old)
+        # Ours from an earlier call, or logging's default; a test's capture handler stays.
+        if getattr(old, _OURS, False) or type(old) is logging.StreamHandler:
+            root.removeHandler(old)
+    setattr(handler, _OURS, True)
     root.addHandler(handler)
 
 
