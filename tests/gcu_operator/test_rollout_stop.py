@@ -23,7 +23,10 @@ even after the stopped node's pod is killed.
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import pytest
 
 from enflame_gcu.gcu_operator import api, components, names, pods, runner
 from enflame_gcu.gcu_operator import resource as rs
@@ -143,10 +146,9 @@ def _kill(fake: FakeApi, node: str, component: str) -> None:
     fake.delete(api.POD, pod["metadata"]["name"], pod["metadata"]["namespace"])
 
 
-def _stopped_rollout_keeps_every_node_working(component: str, broken: str) -> None:
-    """``component``'s new version (image ``broken``) never becomes Ready: the rollout stops on
-    the first node, which runs the previous version again; its plugin pod killed after that
-    comes back as that version, and every node has a Ready plugin and toolkit of one version."""
+def _stop(component: str, broken: str) -> tuple[FakeApi, FakeCluster, runner.Operator, str]:
+    """A converged resource whose ``component`` is set to 0.2.0 (image ``broken``, which never
+    becomes Ready): the passes until the rollout stops; the node it stopped on."""
     fake = FakeApi()
     cluster = FakeCluster(fake, NODES)
     fake.put(api.GCU_RESOURCE, ours())
@@ -154,15 +156,20 @@ def _stopped_rollout_keeps_every_node_working(component: str, broken: str) -> No
     converge(operator, cluster)
     cluster.broken_images.add(broken)
     set_spec(fake, ours(), [component, "version"], "0.2.0")
-    stopped = ""
     for _ in range(20):
         operator.run_once()
         cluster.step()
         st = status(fake, ours())
         if st.get("phase") == "Failed":
-            stopped = st["rollout"]["failed"][0]["node"]
-            break
-    assert stopped, status(fake, ours())
+            return fake, cluster, operator, str(st["rollout"]["failed"][0]["node"])
+    raise AssertionError(f"the rollout did not stop: {status(fake, ours())}")
+
+
+def _stopped_rollout_keeps_every_node_working(component: str, broken: str) -> None:
+    """``component``'s new version (image ``broken``) never becomes Ready: the rollout stops on
+    the first node, which runs the previous version again; its plugin pod killed after that
+    comes back as that version, and every node has a Ready plugin and toolkit of one version."""
+    fake, cluster, operator, stopped = _stop(component, broken)
     allowed = {(OLD, TOOLKIT)}  # nothing of the new version works anywhere
     lost: list[int] = []
 
@@ -202,6 +209,18 @@ def _stopped_rollout_keeps_every_node_working(component: str, broken: str) -> No
     assert st["phase"] == "Failed", st
     assert [f["node"] for f in st["rollout"]["failed"]] == [stopped], st["rollout"]
     assert "runs its previous" in st["rollout"]["failed"][0]["reason"], st["rollout"]
+    # An edit of the resource tries the new version there again; still broken, the node goes
+    # back once more, and no other node is touched.
+    set_spec(fake, ours(), ["upgradePolicy", "podReadyTimeoutSeconds"], 301)
+    tried = False
+    for _ in range(20):
+        operator.run_once()
+        cluster.step()
+        others()
+        tried = tried or any(_image(p) == broken for p in fake.objects(api.POD))
+    assert tried, "an edit did not try the new version again"
+    assert _working(fake, stopped) == (OLD, TOOLKIT)
+    assert status(fake, ours())["phase"] == "Failed"
     # Rolling back (the previous version set again) puts the stopped node on its DaemonSet's
     # pods again, within the budget, validated.
     cluster.broken_images.discard(broken)
@@ -223,3 +242,58 @@ def test_a_plugin_that_never_becomes_ready_leaves_the_stopped_node_on_the_old_pl
 
 def test_a_toolkit_that_never_becomes_ready_leaves_the_stopped_node_on_the_old_toolkit() -> None:
     _stopped_rollout_keeps_every_node_working("containerToolkit", TOOLKIT_NEW)
+
+
+def test_a_stopped_node_back_on_its_old_plugin_takes_the_fixed_version_once_edited() -> None:
+    """The image is fixed (pushed again under the same tag): an edit of the resource tries the
+    stopped node again and the rollout completes, validated, within the budget."""
+    fake, cluster, operator, stopped = _stop("devicePlugin", NEW)
+    converge(operator, cluster)
+    assert _working(fake, stopped) == (OLD, TOOLKIT)
+    cluster.broken_images.discard(NEW)
+    converge(operator, cluster)  # not edited: it stays stopped, on the old version
+    assert status(fake, ours())["phase"] == "Failed"
+    set_spec(fake, ours(), ["upgradePolicy", "podReadyTimeoutSeconds"], 301)
+
+    def budget() -> None:
+        down = [n for n in NODES if cluster.node_labels(n).get(names.VALIDATED_LABEL) != "true"]
+        assert len(down) <= 1, down
+
+    converge(operator, cluster, check=budget)
+    assert {n: _working(fake, n) for n in NODES} == dict.fromkeys(NODES, (NEW, TOOLKIT))
+    st = status(fake, ours())
+    assert (st["phase"], st["readyResource"]) == ("Running", "3/3"), st
+    assert not [p for p in fake.objects(api.POD) if components.is_fallback(p)]
+
+
+@pytest.mark.parametrize(
+    "recorded",
+    ["not json", json.dumps({"metadata": {}, "spec": {"containers": []}}), json.dumps([1, 2])],
+)
+def test_a_previous_template_that_is_not_what_the_operator_wrote_is_not_run(recorded: str) -> None:
+    """The DaemonSet's record of its previous template edited into something else: no pod is
+    made from it (the stopped node stays as it is, said in the status); nothing else changes."""
+    fake = FakeApi()
+    cluster = FakeCluster(fake, NODES)
+    fake.put(api.GCU_RESOURCE, ours())
+    operator = runner.Operator(fake, clock=lambda: fake.now)
+    converge(operator, cluster)
+    cluster.broken_images.add(NEW)
+    set_spec(fake, ours(), ["devicePlugin", "version"], "0.2.0")
+    for _ in range(3):  # the DaemonSet takes the new template (and records the old one)
+        operator.run_once()
+        cluster.step()
+    (ds,) = [d for d in fake.objects(api.DAEMONSET) if "device-plugin" in d["metadata"]["name"]]
+    assert components.PREVIOUS_TEMPLATE in ds["metadata"]["annotations"]
+    ds["metadata"]["annotations"][components.PREVIOUS_TEMPLATE] = recorded
+    fake.replace(api.DAEMONSET, ds)
+    for _ in range(20):
+        operator.run_once()
+        cluster.step()
+    st = status(fake, ours())
+    assert st["phase"] == "Failed", st
+    assert "CrashLoopBackOff" in st["rollout"]["failed"][0]["reason"], st["rollout"]
+    assert not [p for p in fake.objects(api.POD) if components.is_fallback(p)]
+    stopped = st["rollout"]["failed"][0]["node"]
+    others = [n for n in NODES if n != stopped]
+    assert {n: _working(fake, n) for n in others} == dict.fromkeys(others, (OLD, TOOLKIT))

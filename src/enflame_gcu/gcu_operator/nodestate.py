@@ -31,8 +31,9 @@ class NodeState:
     # per-node detail lives here, on the Node, so the resource's status stays small at scale.
     report: str = ""
     # Components this node runs at their previous version again, because their new pod here
-    # failed and stopped the rollout: (component, the template hash that failed, why).
-    fallback: tuple[tuple[str, str, str], ...] = ()
+    # failed and stopped the rollout: (component, the template hash that failed, why, the
+    # resource's generation then: any later edit of the resource tries the new one again).
+    fallback: tuple[tuple[str, str, str, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form (sorted labels, so equal states compare equal as text)."""
@@ -50,7 +51,8 @@ class NodeState:
             **(
                 {
                     "fallback": [
-                        {"component": k, "failed": h, "reason": r} for k, h, r in self.fallback
+                        {"component": k, "failed": h, "reason": r, "generation": g}
+                        for k, h, r, g in self.fallback
                     ]
                 }
                 if self.fallback
@@ -88,16 +90,18 @@ def read(node: Mapping[str, Any], resource: str) -> NodeState:
     )
 
 
-def _fallback(raw: Any) -> tuple[tuple[str, str, str], ...]:
+def _fallback(raw: Any) -> tuple[tuple[str, str, str, int], ...]:
     """The fallback entries as recorded (an entry that is not what we write is dropped)."""
     if not isinstance(raw, list):
         return ()
     out = []
     for entry in raw:
-        if isinstance(entry, dict) and all(
-            isinstance(entry.get(k), str) for k in ("component", "failed", "reason")
+        if (
+            isinstance(entry, dict)
+            and all(isinstance(entry.get(k), str) for k in ("component", "failed", "reason"))
+            and isinstance(entry.get("generation"), int)
         ):
-            out.append((entry["component"], entry["failed"], entry["reason"]))
+            out.append((entry["component"], entry["failed"], entry["reason"], entry["generation"]))
     return tuple(sorted(out))
 
 

@@ -355,16 +355,14 @@ def _roll(
 ) -> status.Rollout:
     """Upgrade nodes with outdated pods, a batch at a time, each validated before the next."""
     validating = spec.wants(rs.VALIDATOR)
+    generation = _generation(observed)
     for view in views:
-        _expire_fallback(view, states, hashes)
+        _expire_fallback(view, states, hashes, generation)
 
-    def active(view: nodes.NodeView) -> list[tuple[str, str, str]]:
-        """The node's fallback entries for the version its DaemonSets hold now."""
-        return [
-            e
-            for e in states[view.name].fallback
-            if e[0] in view.components and e[1] == hashes.get(e[0])
-        ]
+    def active(view: nodes.NodeView) -> list[tuple[str, str, str, int]]:
+        """The node's fallback entries for the version its DaemonSets hold now, made since
+        the resource was last edited."""
+        return [e for e in states[view.name].fallback if _in_force(view, e, hashes, generation)]
 
     def done(view: nodes.NodeView) -> bool:
         target = view.desired_target(hashes)
@@ -395,7 +393,7 @@ def _roll(
     def failing(view: nodes.NodeView) -> str:
         back = active(view)
         if back:
-            keys = ", ".join(k for k, _, _ in back)
+            keys = ", ".join(e[0] for e in back)
             return f"{back[0][2]}; the node runs its previous {keys} again"
         reason = pod_failing(view)
         if reason:
@@ -462,6 +460,7 @@ def _roll(
                 hashes,
                 previous=previous,
                 active=active(view),
+                generation=generation,
                 # Only a new version's own pod failing sends the node back: a node that was
                 # away (its unchanged toolkit not ready) resumes once it is back.
                 pod_failure=pod_failing(view, previous),
@@ -525,16 +524,37 @@ def _fallback_here(view: nodes.NodeView, key: str) -> bool:
     return (pod is not None and components.is_fallback(pod)) or key in view.terminating
 
 
+def _generation(observed: Observed) -> int:
+    value = observed.resource["metadata"].get("generation")
+    return value if isinstance(value, int) else 0
+
+
+def _in_force(
+    view: nodes.NodeView,
+    entry: tuple[str, str, str, int],
+    hashes: Mapping[str, str],
+    generation: int,
+) -> bool:
+    """Whether a fallback entry still holds: the version that failed is the DaemonSet's, and
+    the resource was not edited since (an edit, once the cause is fixed, tries it again)."""
+    key, failed, _, since = entry
+    return key in view.components and failed == hashes.get(key) and since == generation
+
+
 def _expire_fallback(
-    view: nodes.NodeView, states: dict[str, nodestate.NodeState], hashes: Mapping[str, str]
+    view: nodes.NodeView,
+    states: dict[str, nodestate.NodeState],
+    hashes: Mapping[str, str],
+    generation: int,
 ) -> None:
-    """Drops the node's fallback entries of a version its DaemonSets no longer hold once their
-    pod is gone: the node is then an outdated node of the rollout, its DaemonSet's again."""
+    """Drops the node's fallback entries no longer in force once their pod is gone: the node
+    is then an outdated node of the rollout, its DaemonSet's again."""
     st = states[view.name]
     kept = tuple(
         e
         for e in st.fallback
-        if e[0] in view.components and (e[1] == hashes.get(e[0]) or _fallback_here(view, e[0]))
+        if e[0] in view.components
+        and (_in_force(view, e, hashes, generation) or _fallback_here(view, e[0]))
     )
     if kept != st.fallback:
         states[view.name] = dataclasses.replace(st, fallback=kept)
@@ -546,8 +566,9 @@ def _fall_back(
     hashes: Mapping[str, str],
     *,
     previous: Mapping[str, Mapping[str, Any]],
-    active: Sequence[tuple[str, str, str]],
+    active: Sequence[tuple[str, str, str, int]],
     pod_failure: str,
+    generation: int,
 ) -> None:
     """A node whose new pod failed (the rollout stops on it) goes back to the previous version
     of every component it had taken the new one of, or would on losing its pod; a pod of the
@@ -564,7 +585,7 @@ def _fall_back(
             pods.template_hash(pod) == hashes.get(key) and not components.is_fallback(pod)
         )
         if key in previous and key not in have and new_or_none:
-            entries.append((key, hashes[key], reason))
+            entries.append((key, hashes[key], reason, generation))
     if len(entries) != len(st.fallback):
         states[view.name] = dataclasses.replace(st, fallback=tuple(sorted(entries)))
 
@@ -574,7 +595,7 @@ def _fallback_pods(
     spec: rs.ResourceSpec,
     view: nodes.NodeView,
     *,
-    active: Sequence[tuple[str, str, str]],
+    active: Sequence[tuple[str, str, str, int]],
     previous: Mapping[str, Mapping[str, Any]],
     work: _Work,
 ) -> None:
@@ -582,7 +603,7 @@ def _fallback_pods(
     run at once); a serving component's only once the node's toolkit is ready."""
     toolkit = view.pods.get(rs.TOOLKIT)
     toolkit_ok = rs.TOOLKIT not in view.components or (toolkit is not None and pods.ready(toolkit))
-    for key, _, _ in active:
+    for key, *_ in active:
         template = previous.get(key)
         if template is None or key in view.pods or key in view.terminating:
             continue
