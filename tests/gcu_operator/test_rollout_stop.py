@@ -297,3 +297,42 @@ def test_a_previous_template_that_is_not_what_the_operator_wrote_is_not_run(reco
     stopped = st["rollout"]["failed"][0]["node"]
     others = [n for n in NODES if n != stopped]
     assert {n: _working(fake, n) for n in others} == dict.fromkeys(others, (OLD, TOOLKIT))
+
+
+def test_a_node_away_while_its_new_plugin_starts_takes_it_once_back() -> None:
+    """The new plugin's pod is made, and the node goes away before it is Ready: the rollout
+    stops on its timeout, but the node is not sent back to the old version (it was not the new
+    version that failed); once back, its new plugin starts and the rollout completes."""
+    fake = FakeApi()
+    cluster = FakeCluster(fake, NODES)
+    fake.put(api.GCU_RESOURCE, ours())
+    operator = runner.Operator(fake, clock=lambda: fake.now)
+    converge(operator, cluster)
+    cluster.ready_after = 3  # a new pod takes three ticks to start: time to catch it starting
+    set_spec(fake, ours(), ["devicePlugin", "version"], "0.2.0")
+    started = ""
+    for _ in range(20):
+        operator.run_once()
+        cluster.step()
+        fresh = [n for n, p in _live(fake, rs.DEVICE_PLUGIN).items() if _image(p) == NEW]
+        if fresh and not pods.ready(_live(fake, rs.DEVICE_PLUGIN)[fresh[0]]):
+            started = fresh[0]
+            break
+    assert started, "no new plugin pod was made"
+    _node_goes_away(fake, cluster, started)
+    for _ in range(80):  # past podReadyTimeoutSeconds: the rollout stops, naming the node
+        operator.run_once()
+        cluster.step()
+    st = status(fake, ours())
+    assert st["phase"] == "Failed" and st["rollout"]["failed"][0]["node"] == started, st
+    assert cluster.node_labels(started)[names.deploy_label(rs.DEVICE_PLUGIN)] == "true"
+    _node_comes_back(fake, cluster, started)
+    for _ in range(60):  # converge() would stop at a quiet pass while pods start
+        operator.run_once()
+        cluster.step()
+    assert {n: _working(fake, n) for n in NODES} == dict.fromkeys(NODES, (NEW, TOOLKIT))
+    assert not [p for p in fake.objects(api.POD) if components.is_fallback(p)]
+    assert (status(fake, ours())["phase"], status(fake, ours())["readyResource"]) == (
+        "Running",
+        "3/3",
+    )

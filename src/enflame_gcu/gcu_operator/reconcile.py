@@ -453,7 +453,9 @@ def _roll(
         )
     failed_names = {name for name, _ in failed}
     for view in in_progress:
-        if view.name in failed_names:
+        # A node that is away (NotReady) runs nothing new either way: once back, its new pods
+        # get their chance (the rollout goes on by itself if they become Ready).
+        if view.name in failed_names and _node_ready(view.node):
             _fall_back(
                 view,
                 states,
