@@ -336,3 +336,19 @@ def test_a_node_away_while_its_new_plugin_starts_takes_it_once_back() -> None:
         "Running",
         "3/3",
     )
+
+
+def test_deleting_the_resource_removes_the_stopped_nodes_fallback_pods_too() -> None:
+    """A fallback pod has no DaemonSet whose deletion takes it away: the removal deletes it with
+    its component, and leaves the nodes as they were."""
+    fake, cluster, operator, stopped = _stop("containerToolkit", TOOLKIT_NEW)
+    converge(operator, cluster)
+    assert [pods.node_of(p) for p in fake.objects(api.POD) if components.is_fallback(p)] == [
+        stopped
+    ]
+    fake.delete(api.GCU_RESOURCE, "gcu")
+    converge(operator, cluster)
+    assert fake.find(api.GCU_RESOURCE, "gcu") is None  # finalizer released
+    assert [p for p in fake.objects(api.POD) if p["metadata"]["namespace"] == "kube-system"] == []
+    for name in NODES:
+        assert not [k for k in cluster.node_labels(name) if k.startswith(names.DEPLOY_LABEL_PREFIX)]
