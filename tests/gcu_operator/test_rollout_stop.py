@@ -352,3 +352,21 @@ def test_deleting_the_resource_removes_the_stopped_nodes_fallback_pods_too() -> 
     assert [p for p in fake.objects(api.POD) if p["metadata"]["namespace"] == "kube-system"] == []
     for name in NODES:
         assert not [k for k in cluster.node_labels(name) if k.startswith(names.DEPLOY_LABEL_PREFIX)]
+
+
+def test_an_evicted_fallback_pod_is_made_again() -> None:
+    """The kubelet evicts the stopped node's fallback plugin (phase Failed, reason Evicted, the
+    pod object left behind, as for any evicted pod): it is deleted and made again, the old
+    version."""
+    fake, cluster, operator, stopped = _stop("devicePlugin", NEW)
+    converge(operator, cluster)
+    assert _working(fake, stopped) == (OLD, TOOLKIT)
+    pod = _live(fake, rs.DEVICE_PLUGIN)[stopped]
+    assert components.is_fallback(pod)
+    pod["status"] = {"phase": "Failed", "reason": "Evicted", "message": "The node was low on"}
+    fake.replace_status(api.POD, pod)
+    converge(operator, cluster)
+    again = _live(fake, rs.DEVICE_PLUGIN)[stopped]
+    assert again["metadata"]["uid"] != pod["metadata"]["uid"]
+    assert _working(fake, stopped) == (OLD, TOOLKIT)
+    assert components.is_fallback(again)

@@ -175,7 +175,7 @@ def _sync_objects(observed: Observed, want: Mapping[str, Obj], work: _Work) -> s
 
 def _keep_previous(body: Obj, have: Mapping[str, Any]) -> None:
     """Records on a DaemonSet whose pod template changes the one it held: a node where the new
-    pod fails runs that one again (see _fallback)."""
+    pod fails runs that one again (see _fall_back)."""
     old = (have.get("spec") or {}).get("template") or {}
     old_hash = ((old.get("metadata") or {}).get("annotations") or {}).get(names.TEMPLATE_HASH)
     new_hash = body["spec"]["template"]["metadata"]["annotations"][names.TEMPLATE_HASH]
@@ -520,6 +520,10 @@ def _roll(
     )
 
 
+# Phases a pod never leaves (restartPolicy Always: an eviction or a node shutdown ends it).
+_ENDED = ("Failed", "Succeeded")
+
+
 def _fallback_here(view: nodes.NodeView, key: str) -> bool:
     """Whether the node still has a fallback pod of ``key`` (or a pod of it stopping)."""
     pod = view.pods.get(key)
@@ -602,12 +606,18 @@ def _fallback_pods(
     work: _Work,
 ) -> None:
     """Makes the node's missing fallback pods once its DaemonSet's pod is gone (the two never
-    run at once); a serving component's only once the node's toolkit is ready."""
+    run at once); a serving component's only once the node's toolkit is ready. A fallback pod
+    that ended (evicted, the node shut down) is deleted, to be made again: as a DaemonSet does."""
     toolkit = view.pods.get(rs.TOOLKIT)
     toolkit_ok = rs.TOOLKIT not in view.components or (toolkit is not None and pods.ready(toolkit))
     for key, *_ in active:
         template = previous.get(key)
-        if template is None or key in view.pods or key in view.terminating:
+        pod = view.pods.get(key)
+        if pod is not None and components.is_fallback(pod) and pods.phase(pod) in _ENDED:
+            meta = pod["metadata"]
+            work.after_intent.append(Delete("v1", "Pod", meta["namespace"], meta["name"]))
+            continue
+        if template is None or pod is not None or key in view.terminating:
             continue
         if key != rs.TOOLKIT and not toolkit_ok:
             continue
