@@ -370,3 +370,35 @@ def test_an_evicted_fallback_pod_is_made_again() -> None:
     assert again["metadata"]["uid"] != pod["metadata"]["uid"]
     assert _working(fake, stopped) == (OLD, TOOLKIT)
     assert components.is_fallback(again)
+
+
+def test_both_changed_and_the_toolkit_broken_a_killed_old_plugin_comes_back_old() -> None:
+    """The toolkit and the plugin change at once and the new toolkit never becomes Ready: the
+    stopped node keeps its old plugin; killed, the DaemonSet brings back the new plugin (its
+    only template), and the operator sends that one back too: old toolkit, old plugin."""
+    fake = FakeApi()
+    cluster = FakeCluster(fake, NODES)
+    fake.put(api.GCU_RESOURCE, ours())
+    operator = runner.Operator(fake, clock=lambda: fake.now)
+    converge(operator, cluster)
+    cluster.broken_images.add(TOOLKIT_NEW)
+    set_spec(fake, ours(), ["devicePlugin", "version"], "0.2.0")
+    set_spec(fake, ours(), ["containerToolkit", "version"], "0.2.0")
+    for _ in range(20):
+        operator.run_once()
+        cluster.step()
+        if status(fake, ours()).get("phase") == "Failed":
+            break
+    st = status(fake, ours())
+    assert st["phase"] == "Failed", st
+    stopped = st["rollout"]["failed"][0]["node"]
+    converge(operator, cluster)
+    assert _working(fake, stopped) == (OLD, TOOLKIT)
+    assert not components.is_fallback(_live(fake, rs.DEVICE_PLUGIN)[stopped])  # kept as it was
+    _kill(fake, stopped, rs.DEVICE_PLUGIN)
+    for _ in range(10):
+        cluster.step()
+        operator.run_once()
+    assert {n: _working(fake, n) for n in NODES} == dict.fromkeys(NODES, (OLD, TOOLKIT))
+    assert components.is_fallback(_live(fake, rs.DEVICE_PLUGIN)[stopped])
+    assert status(fake, ours())["phase"] == "Failed"
