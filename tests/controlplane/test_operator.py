@@ -259,6 +259,83 @@ def test_a_broken_version_stops_on_the_first_node_and_the_old_version_rolls_it_b
         harness.call_soon(lambda: harness.nodes.never_ready_images.discard(":9.9.9-broken"))
 
 
+def test_a_stopped_rollout_leaves_every_node_a_working_plugin_even_when_a_pod_is_killed(
+    harness: Harness, sim_nodes: conftest.MakeNodes, resource: str
+) -> None:
+    """Issue 52: the rollout stops on the node whose new plugin never becomes Ready; that node
+    runs the old plugin again, and its plugin pod killed after that comes back as the old
+    version (the DaemonSet controller holds only the new template). Every node keeps a Ready
+    plugin and toolkit of the old version; setting it again returns the node to its
+    DaemonSet."""
+    nodes = sim_nodes(3)
+    create(harness, resource, upgradePolicy={"maxUnavailable": 1, "podReadyTimeoutSeconds": 20})
+    wait_phase(harness, resource, "Running")
+    old = images(harness, nodes)
+    previous = next(i.rsplit(":", 1)[1] for i in old[nodes[0]] if "device-plugin" in i)
+    harness.call_soon(lambda: harness.nodes.never_ready_images.add(":9.9.9-broken"))
+
+    def working(node: str) -> bool:
+        live = [
+            p
+            for p in component_pods(harness, [node])[node]
+            if not p["metadata"].get("deletionTimestamp")
+        ]
+        ready = [p for p in live if pod_ready(p)]
+        return (
+            len(ready) == 2
+            and {c["image"] for p in ready for c in p["spec"]["containers"]} == (old[node])
+        )
+
+    try:
+        set_version(harness, resource, "devicePlugin", "9.9.9-broken")
+        status = wait_phase(harness, resource, "Failed", 240)
+        failed = [f["node"] for f in (status.get("rollout") or {}).get("failed") or []]
+        assert len(failed) == 1, status
+        stopped = failed[0]
+        until(lambda: working(stopped), f"{stopped} back on the old plugin", 120, every=1)
+        with Budget(harness, [n for n in nodes if n != stopped], components=2) as others:
+            plugin = next(
+                p
+                for p in component_pods(harness, [stopped])[stopped]
+                if p["metadata"]["labels"].get(names.COMPONENT_LABEL) == rs.DEVICE_PLUGIN
+            )
+            harness.plane.api(
+                "DELETE",
+                f"/api/v1/namespaces/{COMPONENT_NAMESPACE}/pods/{plugin['metadata']['name']}",
+            )
+            until(
+                lambda: (
+                    working(stopped)
+                    and plugin["metadata"]["uid"]
+                    not in {
+                        p["metadata"]["uid"] for p in component_pods(harness, [stopped])[stopped]
+                    }
+                ),
+                f"{stopped}'s killed plugin back as the old version",
+                120,
+                every=1,
+            )
+            time.sleep(10)  # the DaemonSet controller and the operator both had their turns
+            assert working(stopped), images(harness, [stopped])
+            found = operator_env.get_resource(harness, resource) or {}
+            assert (found.get("status") or {}).get("phase") == "Failed", found.get("status")
+        assert others.samples > 5 and others.worst == 0, "the other nodes kept working"
+        assert not others.lost, others.lost
+        assert {n: images(harness, nodes)[n] for n in nodes} == old
+        set_version(harness, resource, "devicePlugin", previous)
+        wait_phase(harness, resource, "Running", 300)
+        assert images(harness, nodes) == old
+        fallback = [
+            p["metadata"]["name"]
+            for pods in component_pods(harness, nodes).values()
+            for p in pods
+            if (p["metadata"].get("labels") or {}).get("enflame.com/gcu.fallback")
+        ]
+        assert not fallback, fallback
+    finally:
+        harness.call_soon(lambda: harness.nodes.never_ready_images.discard(":9.9.9-broken"))
+
+
 def test_a_resource_scoped_by_node_selector_runs_on_its_nodes_only(
     harness: Harness, sim_nodes: conftest.MakeNodes, resource: str
 ) -> None:

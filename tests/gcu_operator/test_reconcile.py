@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from enflame_gcu.gcu_operator import api, names, pods, reconcile, runner
+from enflame_gcu.gcu_operator import api, components, names, pods, reconcile, runner
 from enflame_gcu.gcu_operator import resource as rs
 from tests.gcu_operator.fake_api import FakeApi, FakeCluster
 from tests.gcu_operator.helpers import (
@@ -144,19 +144,24 @@ def test_failing_node_stops_the_rollout_and_the_old_version_rolls_back() -> None
     for _ in range(10):
         operator.run_once()
         cluster.step()
-    images = _plugin_images(fake)
-    assert sorted(images.values()).count(bad) == 1  # one node tried it, the others kept the old
     st = status(fake, ours())
     assert st["phase"] == "Failed"
     failed = st["rollout"]["failed"]
     assert len(failed) == 1 and "CrashLoopBackOff" in failed[0]["reason"]
     assert failed[0]["node"] in st["conditions"][0]["message"]
+    # The node that tried it runs the old version again (a pod of its previous template), the
+    # others kept theirs.
+    old = f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-device-plugin:{rs.DEFAULT_VERSION}"
+    assert set(_plugin_images(fake).values()) == {old}
+    assert "runs its previous devicePlugin again" in failed[0]["reason"]
     set_spec(fake, ours(), ["devicePlugin", "version"], rs.DEFAULT_VERSION)
     converge(operator, cluster)
-    assert set(_plugin_images(fake).values()) == {
-        f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-device-plugin:{rs.DEFAULT_VERSION}"
-    }
+    assert set(_plugin_images(fake).values()) == {old}
     assert status(fake, ours())["phase"] == "Running"
+    # Its DaemonSet's pod again: no pod of the previous template is left.
+    assert not [
+        p for p in fake.objects(api.POD) if components.FALLBACK_LABEL in p["metadata"]["labels"]
+    ]
 
 
 def test_a_validator_refused_as_unexpected_by_the_kubelet_is_tried_again() -> None:

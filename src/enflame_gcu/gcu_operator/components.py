@@ -54,6 +54,13 @@ PLUGIN_LEASE_RULES = [
     }
 ]
 EXTRA_KEYS = (RUNTIME_CLASS_KEY, VALIDATOR_CLAIM_KEY, PLUGIN_POLICY_KEY, *PLUGIN_RBAC_KEYS)
+# On a component's DaemonSet: the pod template it held before its last change (JSON), and on
+# the pods the operator makes from it: a node whose new pod failed runs that version again.
+PREVIOUS_TEMPLATE = "enflame.com/gcu.previous-template"
+FALLBACK_LABEL = "enflame.com/gcu.fallback"
+# The node label value that keeps a component's DaemonSet off a node running its fallback pod
+# (the DaemonSet selects "true").
+FALLBACK_DEPLOY = "previous"
 # The label the API server (1.21+) sets on every Namespace to its name; a tenant cannot set it
 # on a namespace of another name, as it can label its own pods "prometheus".
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -758,3 +765,63 @@ def _label_value(text: str) -> bool:
 def validator_name(component: rs.Component, node: str, target: str) -> str:
     """The validator pod's name: one per node and per version of what it validates."""
     return f"{component.name}-{target[:8]}-{node}"[:253]
+
+
+def previous_template(daemonset: Mapping[str, Any], current_hash: str) -> Obj | None:
+    """The pod template ``daemonset`` held before it took the one of ``current_hash``: its own
+    while it still differs (its replacement not yet written), else the one it recorded."""
+    spec = daemonset.get("spec") or {}
+    template = spec.get("template") or {}
+    if _hash_of(template) not in ("", current_hash):
+        return dict(template)
+    text = ((daemonset.get("metadata") or {}).get("annotations") or {}).get(PREVIOUS_TEMPLATE)
+    try:
+        found = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None  # not what we wrote: no previous version to go back to
+    if not isinstance(found, dict) or _hash_of(found) in ("", current_hash):
+        return None
+    if not isinstance(found.get("spec"), dict) or not found["spec"].get("containers"):
+        return None
+    return found
+
+
+def _hash_of(template: Mapping[str, Any]) -> str:
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(names.TEMPLATE_HASH) if isinstance(annotations, Mapping) else None
+    return value if isinstance(value, str) else ""
+
+
+def is_fallback(pod: Mapping[str, Any]) -> bool:
+    """Whether ``pod`` is one the operator made from a component's previous template."""
+    return (pod.get("metadata", {}).get("labels") or {}).get(FALLBACK_LABEL) == "true"
+
+
+def fallback_pod(
+    resource: Mapping[str, Any],
+    component: rs.Component,
+    node: str,
+    template: Mapping[str, Any],
+    daemon_tolerations: Sequence[Mapping[str, Any]],
+) -> Obj:
+    """A pod of ``component``'s previous ``template`` bound to ``node``, as its DaemonSet made
+    them (with the tolerations the DaemonSet controller adds), owned by the resource."""
+    meta = template.get("metadata") or {}
+    spec = json.loads(json.dumps(template["spec"]))
+    # Bound by name: the node's deploy label now keeps the DaemonSet (and its selector) away.
+    spec.pop("nodeSelector", None)
+    spec.pop("affinity", None)
+    spec["nodeName"] = node
+    spec["tolerations"] = [*(spec.get("tolerations") or []), *(dict(t) for t in daemon_tolerations)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{component.name}-previous-{node}"[:253],
+            "namespace": component.namespace,
+            "labels": {**dict(meta.get("labels") or {}), FALLBACK_LABEL: "true"},
+            "annotations": dict(meta.get("annotations") or {}),
+            "ownerReferences": [owner_reference(resource)],
+        },
+        "spec": spec,
+    }

@@ -83,8 +83,14 @@ class NodeView:
         return combined([(k, hashes.get(k, "")) for k in self.wanted or self.components])
 
     def outdated(self, hashes: Mapping[str, str]) -> list[str]:
-        """Components whose pod here was made from an older template."""
-        return [k for k in self.components if k in self.pods and self.pod_hash(k) != hashes.get(k)]
+        """Components whose pod here was made from an older template (a fallback pod always:
+        it runs outside its DaemonSet, which must take the node back)."""
+        return [
+            k
+            for k in self.components
+            if k in self.pods
+            and (self.pod_hash(k) != hashes.get(k) or components.is_fallback(self.pods[k]))
+        ]
 
     def all_ready(self) -> bool:
         """Every component here has a ready pod (current or not)."""
@@ -255,6 +261,8 @@ def view(
         if pod.get("metadata", {}).get("deletionTimestamp"):
             terminating.append(key)
             continue
+        if key in live and components.is_fallback(pod):
+            continue  # the DaemonSet's pod is what the node runs while both are there
         live[key] = pod
     return NodeView(
         name=str(node["metadata"]["name"]),

@@ -30,6 +30,10 @@ class NodeState:
     # The node's report (mode, components, ready, validated, lastError) as canonical JSON: the
     # per-node detail lives here, on the Node, so the resource's status stays small at scale.
     report: str = ""
+    # Components this node runs at their previous version again, because their new pod here
+    # failed and stopped the rollout: (component, the template hash that failed, why, the
+    # resource's generation then: any later edit of the resource tries the new one again).
+    fallback: tuple[tuple[str, str, str, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form (sorted labels, so equal states compare equal as text)."""
@@ -44,6 +48,16 @@ class NodeState:
             "cordoned": self.cordoned,
             **({"since": self.since} if self.since else {}),
             **({"report": json.loads(self.report)} if self.report else {}),
+            **(
+                {
+                    "fallback": [
+                        {"component": k, "failed": h, "reason": r, "generation": g}
+                        for k, h, r, g in self.fallback
+                    ]
+                }
+                if self.fallback
+                else {}
+            ),
         }
 
 
@@ -72,7 +86,23 @@ def read(node: Mapping[str, Any], resource: str) -> NodeState:
         cordoned=bool(raw.get("cordoned")),
         since=float(raw["since"]) if isinstance(raw.get("since"), int | float) else 0.0,
         report=canonical(raw["report"]) if isinstance(raw.get("report"), dict) else "",
+        fallback=_fallback(raw.get("fallback")),
     )
+
+
+def _fallback(raw: Any) -> tuple[tuple[str, str, str, int], ...]:
+    """The fallback entries as recorded (an entry that is not what we write is dropped)."""
+    if not isinstance(raw, list):
+        return ()
+    out = []
+    for entry in raw:
+        if (
+            isinstance(entry, dict)
+            and all(isinstance(entry.get(k), str) for k in ("component", "failed", "reason"))
+            and isinstance(entry.get("generation"), int)
+        ):
+            out.append((entry["component"], entry["failed"], entry["reason"], entry["generation"]))
+    return tuple(sorted(out))
 
 
 def canonical(report: Mapping[str, Any]) -> str:

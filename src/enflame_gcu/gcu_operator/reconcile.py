@@ -9,6 +9,7 @@ an operator killed at any step and started again plans the same next step.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -162,11 +163,27 @@ def _sync_objects(observed: Observed, want: Mapping[str, Obj], work: _Work) -> s
                 f"alone (remove it, or give spec.{_named_by(key)}.name another name)"
             )
         elif objects.needs_update(obj, have):
-            work.actions.append(Replace(objects.replacement(obj, have)))
+            body = objects.replacement(obj, have)
+            if obj["kind"] == "DaemonSet":
+                _keep_previous(body, have)
+            work.actions.append(Replace(body))
     for k, have in sorted(observed.objects.items(), key=lambda item: _removal_rank(item[1])):
         if k not in wanted_keys and objects.owned_by(have, uid):
             work.actions.append(Delete(str(have["apiVersion"]), k[0], k[1] or None, k[2]))
     return conflicted
+
+
+def _keep_previous(body: Obj, have: Mapping[str, Any]) -> None:
+    """Records on a DaemonSet whose pod template changes the one it held: a node where the new
+    pod fails runs that one again (see _fall_back)."""
+    old = (have.get("spec") or {}).get("template") or {}
+    old_hash = ((old.get("metadata") or {}).get("annotations") or {}).get(names.TEMPLATE_HASH)
+    new_hash = body["spec"]["template"]["metadata"]["annotations"][names.TEMPLATE_HASH]
+    if old_hash and old_hash != new_hash and (old.get("spec") or {}).get("containers"):
+        annotations = body["metadata"].setdefault("annotations", {})
+        annotations[components.PREVIOUS_TEMPLATE] = json.dumps(
+            old, sort_keys=True, separators=(",", ":")
+        )
 
 
 def _named_by(key: str) -> str:
@@ -334,9 +351,18 @@ def _roll(
     states: dict[str, nodestate.NodeState],
     hashes: Mapping[str, str],
     work: _Work,
+    previous: Mapping[str, Mapping[str, Any]],
 ) -> status.Rollout:
     """Upgrade nodes with outdated pods, a batch at a time, each validated before the next."""
     validating = spec.wants(rs.VALIDATOR)
+    generation = _generation(observed)
+    for view in views:
+        _expire_fallback(view, states, hashes, generation)
+
+    def active(view: nodes.NodeView) -> list[tuple[str, str, str, int]]:
+        """The node's fallback entries for the version its DaemonSets hold now, made since
+        the resource was last edited."""
+        return [e for e in states[view.name].fallback if _in_force(view, e, hashes, generation)]
 
     def done(view: nodes.NodeView) -> bool:
         target = view.desired_target(hashes)
@@ -348,13 +374,30 @@ def _roll(
             and (not validating or (st.validated_target == target and st.validated_ok))
         )
 
-    def failing(view: nodes.NodeView) -> str:
+    def pod_failing(view: nodes.NodeView, changed: Mapping[str, Any] | None = None) -> str:
+        """Why a current pod of the node (of a ``changed`` component only, when given) fails."""
         for key in view.components:
+            if changed is not None and key not in changed:
+                continue
             pod = view.pods.get(key)
-            if pod is not None and pods.template_hash(pod) == hashes.get(key):
+            if (
+                pod is not None
+                and pods.template_hash(pod) == hashes.get(key)
+                and not components.is_fallback(pod)
+            ):
                 reason = pods.failure(pod, observed.now, spec.upgrade.pod_ready_timeout)
                 if reason:
                     return reason
+        return ""
+
+    def failing(view: nodes.NodeView) -> str:
+        back = active(view)
+        if back:
+            keys = ", ".join(e[0] for e in back)
+            return f"{back[0][2]}; the node runs its previous {keys} again"
+        reason = pod_failing(view)
+        if reason:
+            return reason
         st = states[view.name]
         if st.validated_target == view.desired_target(hashes) and not st.validated_ok:
             return st.validation_message or "validation failed"
@@ -409,6 +452,23 @@ def _roll(
             since=observed.now,
         )
     failed_names = {name for name, _ in failed}
+    for view in in_progress:
+        # A node that is away (NotReady) runs nothing new either way: once back, its new pods
+        # get their chance (the rollout goes on by itself if they become Ready).
+        if view.name in failed_names and _node_ready(view.node):
+            _fall_back(
+                view,
+                states,
+                hashes,
+                previous=previous,
+                active=active(view),
+                generation=generation,
+                # Only a new version's own pod failing sends the node back: a node that was
+                # away (its unchanged toolkit not ready) resumes once it is back.
+                pod_failure=pod_failing(view, previous),
+            )
+    for view in views:
+        _fallback_pods(observed, spec, view, active=active(view), previous=previous, work=work)
     for view in [*in_progress, *started]:
         if view.name in failed_names:
             continue
@@ -439,6 +499,7 @@ def _roll(
             toolkit_pod is not None
             and pods.template_hash(toolkit_pod) == hashes.get(rs.TOOLKIT)
             and pods.ready(toolkit_pod)
+            and not components.is_fallback(toolkit_pod)
         )
         for key in outdated:
             # The toolkit first; the plugin only once this node's new toolkit is ready.
@@ -457,6 +518,120 @@ def _roll(
         failed=tuple(failed) + tuple(work.drain_failed),
         blocked=tuple(work.drain_blocked),
     )
+
+
+# Phases a pod never leaves (restartPolicy Always: an eviction or a node shutdown ends it).
+_ENDED = ("Failed", "Succeeded")
+
+
+def _fallback_here(view: nodes.NodeView, key: str) -> bool:
+    """Whether the node still has a fallback pod of ``key`` (or a pod of it stopping)."""
+    pod = view.pods.get(key)
+    return (pod is not None and components.is_fallback(pod)) or key in view.terminating
+
+
+def _generation(observed: Observed) -> int:
+    value = observed.resource["metadata"].get("generation")
+    return value if isinstance(value, int) else 0
+
+
+def _in_force(
+    view: nodes.NodeView,
+    entry: tuple[str, str, str, int],
+    hashes: Mapping[str, str],
+    generation: int,
+) -> bool:
+    """Whether a fallback entry still holds: the version that failed is the DaemonSet's, and
+    the resource was not edited since (an edit, once the cause is fixed, tries it again)."""
+    key, failed, _, since = entry
+    return key in view.components and failed == hashes.get(key) and since == generation
+
+
+def _expire_fallback(
+    view: nodes.NodeView,
+    states: dict[str, nodestate.NodeState],
+    hashes: Mapping[str, str],
+    generation: int,
+) -> None:
+    """Drops the node's fallback entries no longer in force once their pod is gone: the node
+    is then an outdated node of the rollout, its DaemonSet's again."""
+    st = states[view.name]
+    kept = tuple(
+        e
+        for e in st.fallback
+        if e[0] in view.components
+        and (_in_force(view, e, hashes, generation) or _fallback_here(view, e[0]))
+    )
+    if kept != st.fallback:
+        states[view.name] = dataclasses.replace(st, fallback=kept)
+
+
+def _fall_back(
+    view: nodes.NodeView,
+    states: dict[str, nodestate.NodeState],
+    hashes: Mapping[str, str],
+    *,
+    previous: Mapping[str, Mapping[str, Any]],
+    active: Sequence[tuple[str, str, str, int]],
+    pod_failure: str,
+    generation: int,
+) -> None:
+    """A node whose new pod failed (the rollout stops on it) goes back to the previous version
+    of every component it had taken the new one of, or would on losing its pod; a pod of the
+    old version it still runs is kept. A failed validation changes nothing (its pods run)."""
+    reason = active[0][2] if active else pod_failure
+    if not reason:
+        return
+    st = states[view.name]
+    have = {e[0] for e in st.fallback}
+    entries = list(st.fallback)
+    for key in view.components:
+        pod = view.pods.get(key)
+        new_or_none = pod is None or (
+            pods.template_hash(pod) == hashes.get(key) and not components.is_fallback(pod)
+        )
+        if key in previous and key not in have and new_or_none:
+            entries.append((key, hashes[key], reason, generation))
+    if len(entries) != len(st.fallback):
+        states[view.name] = dataclasses.replace(st, fallback=tuple(sorted(entries)))
+
+
+def _fallback_pods(
+    observed: Observed,
+    spec: rs.ResourceSpec,
+    view: nodes.NodeView,
+    *,
+    active: Sequence[tuple[str, str, str, int]],
+    previous: Mapping[str, Mapping[str, Any]],
+    work: _Work,
+) -> None:
+    """Makes the node's missing fallback pods once its DaemonSet's pod is gone (the two never
+    run at once); a serving component's only once the node's toolkit is ready. A fallback pod
+    that ended (evicted, the node shut down) is deleted, to be made again: as a DaemonSet does."""
+    toolkit = view.pods.get(rs.TOOLKIT)
+    toolkit_ok = rs.TOOLKIT not in view.components or (toolkit is not None and pods.ready(toolkit))
+    for key, *_ in active:
+        template = previous.get(key)
+        pod = view.pods.get(key)
+        if pod is not None and components.is_fallback(pod) and pods.phase(pod) in _ENDED:
+            meta = pod["metadata"]
+            work.after_intent.append(Delete("v1", "Pod", meta["namespace"], meta["name"]))
+            continue
+        if template is None or pod is not None or key in view.terminating:
+            continue
+        if key != rs.TOOLKIT and not toolkit_ok:
+            continue
+        work.after_intent.append(
+            Create(
+                components.fallback_pod(
+                    observed.resource,
+                    spec.components[key],
+                    view.name,
+                    template,
+                    nodes.DAEMONSET_TOLERATIONS,
+                )
+            )
+        )
 
 
 def _left_on(observed: Observed, view: nodes.NodeView) -> list[str]:
@@ -487,8 +662,14 @@ def _desired_labels(
         for k in nodes.SERVING_KEYS
         if k not in view.components and (k in view.pods or k in view.terminating)
     }
+    falling_back = {e[0] for e in state.fallback}
     for key in nodes.DAEMON_KEYS:
         label = names.deploy_label(key)
+        if key in falling_back and key in view.components:
+            # Its fallback pod runs here: the DaemonSet (which selects "true") stays away.
+            labels[label] = components.FALLBACK_DEPLOY
+            labels[names.owner_label(key)] = uid
+            continue
         if key in nodes.SERVING_KEYS and leaving - {key} and have.get(label) != "true":
             continue
         # The toolkit's readiness gates the plugin's first start on a node.
@@ -596,7 +777,17 @@ def plan(observed: Observed) -> Plan:
             validator_pods=validators.get(view.name, []),
             work=work,
         )
-    rollout = _roll(observed, spec=spec, views=views, states=states, hashes=hashes, work=work)
+    previous = _previous(observed, want, hashes)
+    rollout = _roll(
+        observed,
+        spec=spec,
+        views=views,
+        states=states,
+        hashes=hashes,
+        work=work,
+        previous=previous,
+    )
+    _stray_fallbacks(observed, views, states, work)
     # A node whose mode change began (its turn came, it is drained) runs the new mode's pods.
     views = [_switched(v) if v.switching and v.name in work.cleared else v for v in views]
     reports = status.node_reports(spec, views, states, hashes, observed.now)
@@ -662,6 +853,45 @@ def plan(observed: Observed) -> Plan:
     return Plan(tuple(actions), report)
 
 
+def _previous(
+    observed: Observed, want: Mapping[str, Obj], hashes: Mapping[str, str]
+) -> dict[str, Obj]:
+    """Each daemon component's pod template before its DaemonSet's last change (none known:
+    not in the map)."""
+    out = {}
+    uid = _uid(observed)
+    for key in nodes.DAEMON_KEYS:
+        obj = want.get(key)
+        have = observed.objects.get(objects.key(obj)) if obj is not None else None
+        if have is None or not objects.owned_by(have, uid):
+            continue
+        template = components.previous_template(have, hashes[key])
+        if template is not None:
+            out[key] = template
+    return out
+
+
+def _stray_fallbacks(
+    observed: Observed,
+    views: Sequence[nodes.NodeView],
+    states: Mapping[str, nodestate.NodeState],
+    work: _Work,
+) -> None:
+    """Deletes fallback pods no entry keeps (their component or node no longer this
+    resource's, or the node's record lost)."""
+    kept = {(v.name, e[0]) for v in views for e in states[v.name].fallback}
+    for pod in observed.pods:
+        key = (pod["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL)
+        if (
+            components.is_fallback(pod)
+            and (pods.node_of(pod), key) not in kept
+            and not pod["metadata"].get("deletionTimestamp")
+        ):
+            work.after_intent.append(
+                Delete("v1", "Pod", pod["metadata"]["namespace"], pod["metadata"]["name"])
+            )
+
+
 # Seconds a removal waits for component pods on NotReady nodes before it leaves them behind.
 REMOVAL_GRACE = 300.0
 
@@ -714,7 +944,10 @@ def _plan_removal(observed: Observed) -> Plan:
             is_validator = (pod["metadata"].get("labels") or {}).get(
                 names.COMPONENT_LABEL
             ) == rs.VALIDATOR
-            if is_validator and not pod["metadata"].get("deletionTimestamp"):
+            # Validator and fallback pods have no DaemonSet whose deletion takes them away.
+            if (is_validator or components.is_fallback(pod)) and not pod["metadata"].get(
+                "deletionTimestamp"
+            ):
                 work.actions.append(
                     Delete("v1", "Pod", pod["metadata"]["namespace"], pod["metadata"]["name"])
                 )

@@ -180,7 +180,10 @@ def build(
         message = "; ".join(f"node {n}: {why[:ERROR_LIMIT]}" for n, why in rollout.failed[:5])
         if len(rollout.failed) > 5:
             message += f"; and {len(rollout.failed) - 5} more nodes"
-        message += " (the rollout stopped; fix it or set the previous version to roll back)"
+        message += (
+            " (the rollout stopped; fix it, or set the previous version to roll back; a node"
+            " back on its previous version tries the new one again once the resource is edited)"
+        )
     elif conflicts:
         phase, action, state, message = "Failed", "deploy", "failed", "; ".join(conflicts)
     elif rollout.upgrading or rollout.waiting:
