@@ -320,6 +320,7 @@ def test_a_converged_operator_makes_at_most_ten_requests_a_minute_lease_included
         counted = fake.requests(started)
         passes = fake.passes(started)
         leases = sum(1 for t, _, kind in fake.stamps if t >= started and kind == "Lease")
+        watches = sum(1 for t, verb, _ in fake.stamps if t >= started and verb == "watch")
         resource = fake.find(api.GCU_RESOURCE, "gcu")
         assert resource is not None
         resource["spec"]["devicePlugin"] = {"version": "0.2.0"}
@@ -334,4 +335,7 @@ def test_a_converged_operator_makes_at_most_ten_requests_a_minute_lease_included
     # Full passes no more often than --max-interval (10 minutes: 2, a third on a slow machine
     # whose waits end late and start a little earlier in the window).
     assert len(passes) <= 10 * minute / args.max_interval + 1, passes
+    # One watch per target (2 GcuResource groups, the Nodes, the resource's pods) per wait, not
+    # a second one for the last second of each wait.
+    assert watches <= 4 * (len(passes) + 1), (watches, len(passes))
     assert woken and woken[0] - edited < 20 * SCALE, "the spec edit did not start a pass at once"

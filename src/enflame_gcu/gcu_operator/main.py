@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import signal
 import socket
@@ -574,8 +575,10 @@ class _Watches:
                 return
 
     def _watch(self, target: _Target, timeout: float) -> None:
+        # Whole seconds, rounded up: a watch that ended up to a second before the wait would be
+        # followed by a second watch of that second (one more request per kind and wait).
         events = self._cluster.watch(
-            target.kind, timeout=max(1, int(timeout)), labels=target.labels
+            target.kind, timeout=max(1, math.ceil(timeout)), labels=target.labels
         )
         try:
             for event_type, obj in events:
