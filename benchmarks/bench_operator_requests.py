@@ -161,10 +161,9 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
                     # Each window as far as the log reaches (a pass that wrote after Running,
                     # deleting the validators, moves the windows' origin later).
                     covered = (found[-1][0] - last).total_seconds()
+                    cuts = sorted({(b, min(e, covered)) for b, e in WINDOWS if covered > b + 30})
                     result["windows_after_last_writing_pass"] = [
-                        window(found, last, begin, min(end, covered))
-                        for begin, end in WINDOWS
-                        if covered > begin + 30
+                        window(found, last, begin, end) for begin, end in cuts
                     ]
                 result["load_average"] = round(os.getloadavg()[0], 2)
                 progress(f"converged: {result.get('windows_after_last_writing_pass')}")
