@@ -628,3 +628,115 @@ def test_a_node_labelled_only_by_stock_node_feature_discovery_is_served(
     create(harness, resource)
     wait_phase(harness, resource, "Running", 180)
     assert len(component_pods(harness, [node])[node]) == 2
+
+
+# --- issue 46 point 4: converged, at most 10 requests a minute -----------------------------------
+
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {
+            "level": "Metadata",
+            "users": [
+                f"system:serviceaccount:{operator_env.NAMESPACE}:{operator_env.SERVICE_ACCOUNT}"
+            ],
+        },
+        {"level": "None"},
+    ],
+}
+
+
+def _audited(path: str) -> list[dict[str, Any]]:
+    """The operator's requests so far (one ResponseComplete event each)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            events = [json.loads(line) for line in handle if line.strip()]
+    except FileNotFoundError:
+        return []
+    return [e for e in events if e.get("stage") == "ResponseComplete"]
+
+
+def _described(events: list[dict[str, Any]]) -> list[str]:
+    return [f"{e['verb']} {(e.get('objectRef') or {}).get('resource')}" for e in events]
+
+
+def _passes(path: str) -> int:
+    """Full passes so far: each lists the resource's DaemonSets, which nothing else does."""
+    return sum(
+        1
+        for e in _audited(path)
+        if e["verb"] == "list" and (e.get("objectRef") or {}).get("resource") == "daemonsets"
+    )
+
+
+def test_a_converged_operator_makes_at_most_ten_requests_a_minute_and_still_reacts(
+    tmp_path: Any,
+) -> None:
+    """On a control plane of its own whose API server logs every request of the operator's
+    ServiceAccount (the benchmark's audit policy), the operator as the chart runs it (the
+    Lease's timings and --max-interval at their defaults): converged, at most 10 requests in a
+    minute, Lease renewals included; and a change of its GcuResource, of a Node's labels and of
+    one of its pods each still starts a full pass at once. Before, the plugin's NetworkPolicy
+    was replaced every pass (the API server drops its empty ``ingress``), so the operator never
+    went quiet."""
+    from tests.controlplane import agent
+
+    policy = tmp_path / "audit-policy.json"
+    policy.write_text(json.dumps(AUDIT_POLICY), encoding="utf-8")
+    audit = str(tmp_path / "audit.log")
+    (tmp_path / "plane").mkdir()
+    with Harness.started(
+        str(tmp_path / "plane"),
+        renew=5.0,
+        apiserver_args=(
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={audit}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=0",
+        ),
+    ) as plane:
+        nodes = plane.add([agent.gcu_node(f"quiet-{i}") for i in range(3)])
+        kubeconfig = operator_env.install(plane)
+        # Passes every second while deploying (the test waits on them); the rest as shipped.
+        with operator_env.operator_process(plane, kubeconfig, "--max-interval=300") as process:
+            create(plane, "quiet")
+            wait_phase(plane, "quiet", "Running", timeout=300)
+            time.sleep(10)  # the last pass that wrote, then the first that planned nothing
+            before = len(_audited(audit))
+            time.sleep(60)
+            window = _audited(audit)[before:]
+            assert len(window) <= 10, (len(window), _described(window))
+
+            def reacts(what: str, change: Any) -> None:
+                passes = _passes(audit)
+                change()
+                until(lambda: _passes(audit) > passes, f"a pass after {what}", 30, every=0.5)
+
+            reacts(
+                "a GcuResource edit",
+                lambda: plane.plane.api(
+                    "PATCH",
+                    f"{operator_env.GR_PATH}/quiet",
+                    {"metadata": {"annotations": {"example.com/touched": "1"}}},
+                ),
+            )
+            time.sleep(3)  # that pass planned nothing: its wait (and watches) begin
+            reacts(
+                "a Node relabelled",
+                lambda: plane.plane.api(
+                    "PATCH",
+                    f"/api/v1/nodes/{nodes[0]}",
+                    {"metadata": {"labels": {"example.com/zone": "b"}}},
+                ),
+            )
+            time.sleep(3)
+            pod = component_pods(plane, nodes)[nodes[1]][0]["metadata"]["name"]
+            reacts(
+                "a component pod deleted",
+                lambda: plane.plane.request(
+                    "DELETE", f"/api/v1/namespaces/{COMPONENT_NAMESPACE}/pods/{pod}"
+                ),
+            )
+            assert process.poll() is None, operator_env.log_tail(plane)

@@ -88,6 +88,20 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
+# Fields kube-apiserver leaves out of what it stores when they are empty (``omitempty`` in the
+# API types): an object written with ``ingress: []`` reads back without ``ingress``.
+OMITTED_WHEN_EMPTY = {"NetworkPolicy": ("ingress", "egress")}
+
+
+def _as_stored(obj: Obj) -> Obj:
+    """``obj`` as the API server stores it: the empty fields it omits are gone."""
+    spec = obj.get("spec")
+    for field in OMITTED_WHEN_EMPTY.get(str(obj.get("kind")), ()):
+        if isinstance(spec, dict) and spec.get(field) in ([], None) and field in spec:
+            del spec[field]
+    return obj
+
+
 class FakeApi:
     """An in-memory API server implementing api.ClusterApi."""
 
@@ -136,7 +150,7 @@ class FakeApi:
         meta.setdefault("creationTimestamp", pods.rfc3339(self.now))
         if kind.namespaced:
             meta.setdefault("namespace", "default")
-        self.store[self._key(kind, meta["name"], meta.get("namespace"))] = obj
+        self.store[self._key(kind, meta["name"], meta.get("namespace"))] = _as_stored(obj)
         return _copy(obj)
 
     def objects(self, kind: api.Kind) -> list[Obj]:
@@ -233,7 +247,7 @@ class FakeApi:
                 f'{kind.kind} "{obj["metadata"]["name"]}" is invalid: roleRef: '
                 "Invalid value: cannot change roleRef",
             )
-        new = _copy(obj)
+        new = _as_stored(_copy(obj))
         for field in ("uid", "creationTimestamp", "deletionTimestamp", "generation"):
             if field in have["metadata"]:
                 new["metadata"][field] = have["metadata"][field]

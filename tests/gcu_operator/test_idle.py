@@ -278,3 +278,64 @@ def test_a_quiet_unsettled_pass_still_comes_round_within_the_unsettled_limit() -
     assert main._next_wait_cap(_args(interval=5.0, max_interval=300.0), busy, 0.0) is None
     unread = [runner.PassResult("gcu", error="409: conflict")]
     assert main._next_wait_cap(_args(interval=5.0, max_interval=300.0), unread, 0.0) is None
+
+
+# --- issue 46 point 4: converged, at most 10 requests a minute -----------------------------------
+
+
+def test_a_converged_operator_plans_nothing_where_the_server_drops_empty_fields() -> None:
+    """The device plugin's NetworkPolicy is written with ``ingress: []`` (no scraper namespace:
+    nothing admitted) and read back without it, as kube-apiserver stores it: that is no
+    difference. Before, every pass replaced the policy, so a converged operator never went
+    quiet and passed every --interval (174 requests a minute on the control-plane harness)."""
+    fake, _ = _converged()
+    operator = runner.Operator(fake, clock=lambda: fake.now)
+    before = fake.writes()
+    for _ in range(3):
+        results = operator.run_once()
+        assert [r.actions for r in results] == [0], results
+        assert all(r.settled for r in results), results
+    assert fake.writes() == before
+    policy = fake.objects(api.NETWORK_POLICY)
+    assert policy and "ingress" not in policy[0]["spec"], policy
+
+
+def test_a_converged_operator_makes_at_most_ten_requests_a_minute_lease_included() -> None:
+    """The operator as the chart runs it (its --interval, and --max-interval and the Lease's
+    timings at their defaults), converged, for 10 minutes of its time: every request counted,
+    the Lease's renewals too, at most 10 a minute; and a GcuResource edit is still acted on at
+    once, not at the next full pass."""
+    defaults = main._parser().parse_args(["--interval=5"])
+    fake, _ = _converged()
+    args = _args(
+        interval=defaults.interval * SCALE,
+        max_interval=defaults.max_interval * SCALE,
+        retry_period=defaults.retry_period * SCALE,
+    )
+    minute = 60 * SCALE
+    with _serving(fake, args):
+        time.sleep(minute)  # the first pass, which plans nothing, and its wait begins
+        started = time.monotonic()
+        time.sleep(10 * minute)
+        counted = fake.requests(started)
+        passes = fake.passes(started)
+        leases = sum(1 for t, _, kind in fake.stamps if t >= started and kind == "Lease")
+        watches = sum(1 for t, verb, _ in fake.stamps if t >= started and verb == "watch")
+        resource = fake.find(api.GCU_RESOURCE, "gcu")
+        assert resource is not None
+        resource["spec"]["devicePlugin"] = {"version": "0.2.0"}
+        edited = time.monotonic()
+        fake.replace(api.GCU_RESOURCE, resource)
+        deadline = edited + 1.0
+        while not fake.passes(edited) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        woken = fake.passes(edited)
+    per_minute = counted / 10
+    assert per_minute <= 10, (per_minute, f"{leases} Lease requests", f"{len(passes)} passes")
+    # Full passes no more often than --max-interval (10 minutes: 2, a third on a slow machine
+    # whose waits end late and start a little earlier in the window).
+    assert len(passes) <= 10 * minute / args.max_interval + 1, passes
+    # One watch per target (2 GcuResource groups, the Nodes, the resource's pods) per wait, not
+    # a second one for the last second of each wait.
+    assert watches <= 4 * (len(passes) + 1), (watches, len(passes))
+    assert woken and woken[0] - edited < 20 * SCALE, "the spec edit did not start a pass at once"

@@ -551,8 +551,10 @@ def test_operator_deployed_plugins_get_the_charts_network_policy() -> None:
     assert plugins
     for pod in plugins:
         assert all(pod["metadata"]["labels"].get(k) == v for k, v in selector.items())
-    # No scraper namespace given (--scraper-namespace): nothing is admitted (issue 48).
-    assert policy["spec"]["ingress"] == []
+    # No scraper namespace given (--scraper-namespace): nothing is admitted (issue 48); an
+    # Ingress policy with no rule, which the API server stores without ``ingress``.
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"].get("ingress", []) == []
     fake.delete(api.GCU_RESOURCE, "gcu")
     converge(operator, cluster)
     assert fake.objects(api.NETWORK_POLICY) == []

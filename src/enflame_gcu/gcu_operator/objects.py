@@ -30,10 +30,11 @@ def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
 
 
 def is_subset(want: Any, have: Any) -> bool:
-    """Whether everything in ``want`` is in ``have`` (the API server adds defaults we ignore)."""
+    """Whether everything in ``want`` is in ``have`` (the API server adds defaults we ignore,
+    and drops an empty list or map we set: absent is what it stores for ``[]`` and ``{}``)."""
     if isinstance(want, Mapping):
         return isinstance(have, Mapping) and all(
-            k in have and is_subset(v, have[k]) for k, v in want.items()
+            is_subset(v, have[k]) if k in have else _empty(v) for k, v in want.items()
         )
     if isinstance(want, list):
         return (
@@ -42,6 +43,13 @@ def is_subset(want: Any, have: Any) -> bool:
             and all(is_subset(w, h) for w, h in zip(want, have, strict=True))
         )
     return bool(want == have)
+
+
+def _empty(value: Any) -> bool:
+    """An empty list or map: what the API server leaves out of what it stores (``omitempty``;
+    a NetworkPolicy's ``ingress: []`` reads back without ``ingress``, which would otherwise be
+    a difference every pass, and a replacement of an unchanged object every --interval)."""
+    return isinstance(value, (list, Mapping)) and not value
 
 
 def needs_update(want: Mapping[str, Any], have: Mapping[str, Any]) -> bool:
