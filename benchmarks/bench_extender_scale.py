@@ -7,9 +7,13 @@ half shared-slice; one node in ten with its last pod not yet in its state, so pe
 as kube-scheduler calls it in the shipped names-only mode (``nodeCacheCapable: true``:
 ``NodeNames`` only) over one kept-alive connection, for whole-card pods of 1/2/4/8 cards and
 for shared-slice pods of 1, 2, 3, 2+2, 6, 9 and 4+4+4 slices (the last two refused by some
-nodes). Reported per N and pod kind: client-side
-p50/p99 of filter and prioritize; server-side p50/p99 over both kinds; the extender process's
-resident memory with the cache filled and after the calls.
+nodes). While it is called, a thread re-reads ``--renewals-per-s`` Lease renewals a second into
+the cache, as the watch does (default N / 60: the plugin's 60 s heartbeat; each makes the node's
+state anew), and the process keeps its heap as the server does (``--heap shipped``,
+``scheduler_extender.heap``) or leaves CPython's collector as it is (``--heap default``).
+Reported per N and pod kind: client-side p50/p99 of filter and prioritize; server-side p50/p99
+over both kinds; the collector's generation-1 and -2 passes during the calls (count, longest,
+total); the extender process's resident memory with the cache filled and after the calls.
 
 Then, when the cluster tier's control plane is built (``bench_cluster.cluster_binaries()``), the
 scheduler's own throughput (issue 38): per N and per arm a fresh etcd + kube-apiserver 1.20 +
@@ -25,7 +29,8 @@ before the second). Reported beside it: the extender's own filter and prioritize
 p50/p99 from its ``/stats``, and its resident memory with the nodes loaded and after the pods.
 
     .venv/bin/python benchmarks/bench_extender_scale.py [--nodes 200,1000,5000] [--calls 1000]
-        [--cluster-nodes 200,1000,5000] [--pods 500] [--modes without,with]
+        [--heap shipped|default] [--renewals-per-s N] [--cluster-nodes 200,1000,5000]
+        [--pods 500] [--modes without,with]
 """
 
 from __future__ import annotations

@@ -27,14 +27,14 @@ shows waiting to be scheduled, with the GCUs that watch shows (a caller cannot p
 made-up pod or size); guesses only lower scores, never fail a filter.
 
 Prioritize asks for every candidate node on every call (5,000 names at most), so the cache keeps
-per node an *entry*: the node's view with nothing excluded and its scores per request asked so
-far. Every change that can move a node's view drops that node's entry (its Lease's state or
-renewal, a pod bound to it or leaving it, a guess placed on it or expiring, a release past its
-grace); staleness is checked against each entry's ``observed`` time on every call, and a node
-holding the scheduled pod itself (bound or
-guessed) is computed afresh without it. A call then costs a lookup per node, and the scoring work
-only for the nodes that changed since the last call. Filter (shared slices) and prioritize
-share the entries, each under its own key, so neither walks the cluster's bound pods.
+per node an *entry*: the node's view with nothing excluded, and per request asked so far a
+column of the nodes' answers. Every change that can move a node's view drops that node's entry
+and its answers (its Lease's state or renewal, a pod bound to it or leaving it, a guess placed
+on it or expiring, a release past its grace); staleness is checked against each entry's
+``observed`` time on every call, and a node holding the scheduled pod itself (bound or guessed)
+is computed afresh without it. A call then costs a lookup per node, and the scoring work only
+for the nodes that changed since the last call. Filter (shared slices) and prioritize share the
+entries, each under its own key, so neither walks the cluster's bound pods.
 """
 
 from __future__ import annotations
