@@ -7,9 +7,13 @@ half shared-slice; one node in ten with its last pod not yet in its state, so pe
 as kube-scheduler calls it in the shipped names-only mode (``nodeCacheCapable: true``:
 ``NodeNames`` only) over one kept-alive connection, for whole-card pods of 1/2/4/8 cards and
 for shared-slice pods of 1, 2, 3, 2+2, 6, 9 and 4+4+4 slices (the last two refused by some
-nodes). Reported per N and pod kind: client-side
-p50/p99 of filter and prioritize; server-side p50/p99 over both kinds; the extender process's
-resident memory with the cache filled and after the calls.
+nodes). While it is called, a thread re-reads ``--renewals-per-s`` Lease renewals a second into
+the cache, as the watch does (default N / 60: the plugin's 60 s heartbeat; each makes the node's
+state anew), and the process keeps its heap as the server does (``--heap shipped``,
+``scheduler_extender.heap``) or leaves CPython's collector as it is (``--heap default``).
+Reported per N and pod kind: client-side p50/p99 of filter and prioritize; server-side p50/p99
+over both kinds; the collector's generation-1 and -2 passes during the calls (count, longest,
+total); the extender process's resident memory with the cache filled and after the calls.
 
 Then, when the cluster tier's control plane is built (``bench_cluster.cluster_binaries()``), the
 scheduler's own throughput (issue 38): per N and per arm a fresh etcd + kube-apiserver 1.20 +
@@ -25,7 +29,8 @@ before the second). Reported beside it: the extender's own filter and prioritize
 p50/p99 from its ``/stats``, and its resident memory with the nodes loaded and after the pods.
 
     .venv/bin/python benchmarks/bench_extender_scale.py [--nodes 200,1000,5000] [--calls 1000]
-        [--cluster-nodes 200,1000,5000] [--pods 500] [--modes without,with]
+        [--heap shipped|default] [--renewals-per-s N] [--cluster-nodes 200,1000,5000]
+        [--pods 500] [--modes without,with]
 """
 
 from __future__ import annotations
@@ -143,9 +148,24 @@ def cluster_states(nodes: int, bound_per_node: int, directory: str) -> tuple[
     return texts, pods
 
 
-def serve_cluster(nodes: int, bound_per_node: int, directory: str, port: int) -> None:
+def serve_cluster(
+    nodes: int,
+    bound_per_node: int,
+    directory: str,
+    port: int,
+    *,
+    heap_policy: str = "shipped",
+    renewals_per_s: float = 0.0,
+) -> None:
     """In a child process: an extender whose cache holds the nodes and bound pods of
-    :func:`cluster_states`."""
+    :func:`cluster_states`; with ``heap_policy`` "shipped" its heap kept as the server keeps it
+    (:mod:`.heap`), with "default" CPython's collector left as it is; ``renewals_per_s`` Lease
+    renewals a second (the plugin's 60 s heartbeat: nodes / 60) re-read into the cache in a
+    thread, as the watch does; every collector pass of generation 1 or 2 logged to
+    ``directory``/gc.log (generation, milliseconds)."""
+    import gc
+    import threading
+
     from enflame_gcu.scheduler_extender import cache as extender_cache
     from enflame_gcu.scheduler_extender import decisions, server
 
@@ -157,24 +177,60 @@ def serve_cluster(nodes: int, bound_per_node: int, directory: str, port: int) ->
         else:  # a tree before issue 49 (measured through PYTHONPATH): states on Nodes
             cache.set_node(name, {node_state.ANNOTATION: text})  # type: ignore[attr-defined]
     cache.replace_pods(pods)
+    del pods
+    log = open(os.path.join(directory, "gc.log"), "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    started: dict[int, float] = {}
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[info["generation"]] = time.perf_counter()
+        elif info["generation"] >= 1:
+            took = time.perf_counter() - started.get(info["generation"], time.perf_counter())
+            log.write(f"{info['generation']} {took * 1000:.3f}\n")
+
+    gc.callbacks.append(timed)
+
+    def renew() -> None:
+        for name, text in itertools.cycle(texts):
+            cache.set_lease(name, node_state.lease(name, "default", text, time.time()))
+            time.sleep(1 / renewals_per_s)
+
+    if renewals_per_s > 0:
+        threading.Thread(target=renew, daemon=True).start()
     http_server = server.ExtenderServer(("127.0.0.1", port), decisions.Decisions(cache))
     http_server.start()
+    if heap_policy == "shipped":
+        from enflame_gcu.scheduler_extender import heap
+
+        asyncio.run(heap.HeapKeeper().run())
     while True:
         time.sleep(3600)
 
 
-def measure(nodes: int, calls: int, directory: str, bound_per_node: int = 4) -> dict[str, Any]:
+def measure(
+    nodes: int,
+    calls: int,
+    directory: str,
+    bound_per_node: int = 4,
+    *,
+    heap_policy: str = "shipped",
+    renewals_per_s: float = 0.0,
+) -> dict[str, Any]:
     """Filter and prioritize ``calls`` times each for ``nodes`` nodes, for whole-card and for
-    shared-slice pods; latencies and memory."""
+    shared-slice pods; latencies, the collector's pauses during the calls, and memory."""
     port = bench_cluster.free_port()
     child = multiprocessing.get_context("fork").Process(
-        target=serve_cluster, args=(nodes, bound_per_node, directory, port), daemon=True
+        target=serve_cluster,
+        args=(nodes, bound_per_node, directory, port),
+        kwargs={"heap_policy": heap_policy, "renewals_per_s": renewals_per_s},
+        daemon=True,
     )
     child.start()
     try:
         bench_cluster.wait_ready(port, timeout=300)
         assert child.pid is not None
         rss_filled = _rss_mb(child.pid)
+        gc_log = os.path.join(directory, "gc.log")
         names = [f"n{i}" for i in range(nodes)]
         bodies: dict[str, list[bytes]] = {"whole": [], "shared": []}
         for i in range(64):
@@ -196,9 +252,14 @@ def measure(nodes: int, calls: int, directory: str, bound_per_node: int = 4) -> 
                     raise SystemExit(f"{verb} answered {answer.status}")
                 if i >= 100:  # the first calls fill the score cache
                     client[kind][verb].append(time.perf_counter() - started)
+            if i == 99:  # the collector's pauses from here on
+                with open(gc_log, "w", encoding="utf-8"):
+                    pass
         connection.close()
         server_side = bench_cluster.stats(port)
         rss_after = _rss_mb(child.pid)
+        with open(gc_log, encoding="utf-8") as handle:
+            pauses = [line.split() for line in handle if line.strip()]
     finally:
         child.terminate()
         child.join(10)
@@ -206,6 +267,8 @@ def measure(nodes: int, calls: int, directory: str, bound_per_node: int = 4) -> 
         "nodes": nodes,
         "bound_pods": server_side["cache"]["bound_pods"],
         "calls_per_verb_and_kind": calls,
+        "heap_policy": heap_policy,
+        "renewals_per_s": round(renewals_per_s, 1),
     }
     for kind, verbs in client.items():
         result[kind] = {}
@@ -218,6 +281,15 @@ def measure(nodes: int, calls: int, directory: str, bound_per_node: int = 4) -> 
     result["server_both_kinds"] = {
         verb: {k: server_side["verbs"][verb][k] for k in ("p50_ms", "p99_ms")}
         for verb in ("filter", "prioritize")
+    }
+    result["collector_pauses_during_calls"] = {
+        f"generation_{gen}": {
+            "count": len(ms),
+            "max_ms": round(max(ms, default=0.0), 2),
+            "total_ms": round(sum(ms), 1),
+        }
+        for gen in ("1", "2")
+        for ms in [[float(took) for g, took in pauses if g == gen]]
     }
     result["request_body_kb"] = round(len(bodies["whole"][0]) / 1024, 1)
     result["rss_mb"] = {"cache_filled": rss_filled, "after_calls": rss_after}
@@ -439,6 +511,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", default="200,1000,5000")
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--bound-per-node", type=int, default=4, help="bound GCU pods per node")
+    parser.add_argument(
+        "--heap",
+        default="shipped",
+        choices=("shipped", "default"),
+        help="the server's heap keeping (scheduler_extender.heap) or CPython's defaults",
+    )
+    parser.add_argument(
+        "--renewals-per-s",
+        type=float,
+        default=-1.0,
+        help="Lease renewals a second re-read while calling; default nodes / 60 (the plugin's "
+        "heartbeat), 0 for none",
+    )
     parser.add_argument("--cluster-nodes", default="200,1000,5000", help="'' to skip")
     parser.add_argument("--pods", type=int, default=500)
     parser.add_argument("--modes", default="without,with")
@@ -457,7 +542,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         for nodes in (int(n) for n in options.nodes.split(",") if n):
             work = os.path.join(directory, str(nodes))
             os.makedirs(work)
-            results["sizes"].append(measure(nodes, options.calls, work, options.bound_per_node))
+            renewals = nodes / 60 if options.renewals_per_s < 0 else options.renewals_per_s
+            results["sizes"].append(
+                measure(
+                    nodes,
+                    options.calls,
+                    work,
+                    options.bound_per_node,
+                    heap_policy=options.heap,
+                    renewals_per_s=renewals,
+                )
+            )
         bin_dir = bench_cluster.cluster_binaries()
         sizes = [int(n) for n in options.cluster_nodes.split(",") if n]
         if not sizes:

@@ -312,3 +312,55 @@ def test_a_release_past_its_grace_leaves_the_memoized_answer(vendor: node_state.
     clock.now += cache.admission_grace + 1  # by now the plugin has read: its state's word
     assert prioritize(decide, asker, "a") == {"a": node_fit.NO_FIT}
     assert decide.scores_from_views(args(asker, ["a"])) == {"a": node_fit.NO_FIT}
+
+
+def test_an_answer_computed_while_its_node_changed_is_not_kept(
+    vendor: node_state.NodeState,
+) -> None:
+    """Answers are computed outside the lock: a node whose state changes meanwhile (the watch
+    thread) must not keep the answer computed from its old state (issue 49's column memo)."""
+    clock = Clock()
+    cache = extender_cache.ClusterCache(clock=clock, wall=clock)
+    all_free = dataclasses.replace(vendor, observed=clock.now).to_json()
+    busy = tuple(dataclasses.replace(c, free=c.minor >= 6) for c in vendor.cards)
+    two_free = dataclasses.replace(vendor, cards=busy, observed=clock.now).to_json()
+    cache.set_lease("n0", lease("n0", all_free))
+    cache.set_lease("n1", lease("n1", all_free))
+
+    def free(view: extender_cache.NodeView) -> int:
+        assert view.state is not None
+        return sum(card.free for card in view.state.cards)
+
+    def free_while_n0_changes(view: extender_cache.NodeView) -> int:
+        found = free(view)
+        if found == 8 and "n0" in calls:
+            calls.remove("n0")
+            clock.now += 1  # a renewal with new content, while n0's answer is in hand
+            cache.set_lease("n0", lease("n0", two_free, renewed=clock.now))
+        return found
+
+    calls = ["n0"]
+    first = cache.answers(["n0", "n1"], "", "free", free_while_n0_changes, -1)
+    assert first == {"n0": 8, "n1": 8}  # answered from the state it read
+    assert cache.answers(["n0", "n1"], "", "free", free, -1) == {"n0": 2, "n1": 8}
+
+
+def test_the_priority_list_keeps_host_prefixes_bounded_and_writes_what_json_writes() -> None:
+    """The kept '{"Host":...,"Score":' prefixes: any host name and score written as json.dumps
+    writes them, a name past the length bound answered but not kept, the table starting
+    again past its bound (issue 49)."""
+    odd = {'a"b\\c': 3, "gcu-节点-é": 10, "x" * 300: 0, "": 7, "n-1": -1, "n11": 11, "t": True}
+    for _ in range(2):  # from an empty table, then from the kept one
+        assert (
+            protocol.priority_list(odd)
+            == json.dumps(
+                [{"Host": h, "Score": int(s)} for h, s in odd.items()], separators=(",", ":")
+            ).encode()
+        )
+    hosts = protocol._HostPrefixes(limit=4, longest=10)
+    table = hosts.prefixes(dict.fromkeys(["a", "b", "y" * 11], 0))
+    assert set(table) == {"a", "b", "y" * 11}  # all answered
+    assert set(hosts.prefixes({"a": 0})) == {"a", "b"}  # the long name was not kept
+    table = hosts.prefixes(dict.fromkeys("cdefg", 0))  # 2 + 5 > 4: starts again
+    assert set(table) == set("cdefg")
+    assert len(hosts.prefixes({"c": 0})) == 4  # four kept, the fifth answered only

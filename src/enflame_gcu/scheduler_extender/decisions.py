@@ -11,6 +11,7 @@ lower a node's score, never filter it out: a node they would overfill scores 1.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
 import threading
@@ -70,14 +71,19 @@ class Decisions:
                 )  # fmt: skip
             else:
                 found = {name: _refusal(view, slices) for name, view in self._views(args).items()}
-            refused = {name: answer for name, answer in found.items() if answer[0]}
+            # In C (compress, map): a call passes over its 5,000 answers without bytecode.
+            refused = dict(itertools.compress(found.items(), map(_PASS.__ne__, found.values())))
         failed = {name: reason for name, (reason, final) in refused.items() if not final}
         unresolvable = {name: reason for name, (reason, final) in refused.items() if final}
         if refused:
             with self._lock:
                 self._refusals["slices"] += len(failed)
                 self._refusals["per_container_cap"] += len(unresolvable)
-        passed = [name for name in args.node_names if name not in refused]
+        passed = (
+            list(itertools.filterfalse(refused.__contains__, args.node_names))
+            if refused
+            else list(args.node_names)
+        )
         if refused:
             log.debug("filter %s: %d passed, dropped %s", args.pod.key, len(passed), refused)
         return protocol.filter_result(args, passed, failed, unresolvable)

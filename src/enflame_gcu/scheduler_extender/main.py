@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.scheduler_extender import cache as extender_cache
-from enflame_gcu.scheduler_extender import decisions, protocol, server, tls, watch
+from enflame_gcu.scheduler_extender import decisions, heap, protocol, server, tls, watch
 from enflame_gcu.support import daemon_cli, env_vars
 
 log = logging.getLogger("enflame_gcu.scheduler_extender")
@@ -178,10 +178,13 @@ async def serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     following = asyncio.ensure_future(watcher.run())
     stopping = asyncio.ensure_future(stop.wait())
+    # Once the cache is filled, keep its objects out of the cyclic collector's walks (a full
+    # walk at 5,000 nodes pauses a call for 40-350 ms; see heap).
+    keeping = asyncio.ensure_future(heap.HeapKeeper().run(watcher.ready))
     await asyncio.wait([following, stopping], return_when=asyncio.FIRST_COMPLETED)
-    following.cancel()
-    stopping.cancel()
-    await asyncio.gather(following, stopping, return_exceptions=True)
+    for task in (following, stopping, keeping):
+        task.cancel()
+    await asyncio.gather(following, stopping, keeping, return_exceptions=True)
     http.stop()
     await client.close()
     log.info("stopped")
