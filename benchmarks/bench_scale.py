@@ -312,6 +312,8 @@ async def one_arm(
         f"{arm}: {result['pods_per_second']} pods/s, {result['pending']} pending, "
         f"switch-local {result['multi_card_switch_local']}"
     )
+    # The whole result before the clean-up (kept in the log if the run is stopped later).
+    progress(f"arm result: {json.dumps({**result, 'load_average': round(os.getloadavg()[0], 2)})}")
     await nodes.call(
         "DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0}, kind="bench"
     )
@@ -453,7 +455,6 @@ def run_nodes(count: int, options: argparse.Namespace) -> dict[str, Any]:
                         outcome["run"] = run
                         outcome["load_average"] = round(os.getloadavg()[0], 2)
                         arms.append(outcome)
-                        progress(f"arm result: {json.dumps(outcome)}")  # kept if a later step fails
             finally:
                 extender.terminate()
                 extender.wait(10)
