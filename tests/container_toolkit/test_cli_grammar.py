@@ -241,6 +241,8 @@ def test_device_plugin_bad_values_are_named_not_python_errors() -> None:
     )
     assert result.returncode == 2
     assert result.stderr == (
+        "enflame-device-plugin: warning: --metrics-port is deprecated, use --http-address "
+        "HOST:PORT\n"
         "enflame-device-plugin: invalid metrics-port: 'abc' is not a port number "
         "(0..65535; 0 turns metrics off)\n"
     )
