@@ -45,7 +45,7 @@ def test_the_program_rewrites_a_pod_and_stops_on_sigterm(
                "--kubeconfig", api.kubeconfig(str(tmp_path / "kubeconfig"))]  # fmt: skip
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     try:
-        caller = Webhook(api, type("Port", (), {"port": port})(), pki)  # type: ignore[arg-type]
+        caller = Webhook(api, type("Port", (), {"port": port})(), pki)
         deadline = time.monotonic() + 20
         while True:
             try:
