@@ -283,9 +283,14 @@ class FakeApiServer:
                 if not super().parse_request():
                     return False
                 if not fake.served and self.path.startswith("/apis/resource.k8s.io/"):
-                    self._status(
-                        404, "NotFound", "the server could not find the requested resource"
-                    )
+                    # As kube-apiserver answers for a group it does not serve: text, no Status.
+                    fake.requests.append((self.command, self.path, 404))
+                    self.send_response(404)
+                    self.send_header("Content-Type", "text/plain; charset=utf-8")
+                    self.send_header("Content-Length", "19")
+                    self.end_headers()
+                    self.wfile.write(b"404 page not found\n")
+                    self.close_connection = True  # a request body may follow, unread
                     return False
                 return True
 

@@ -139,7 +139,7 @@ def test_a_server_without_resource_k8s_io_v1_gets_the_pod_as_written(webhook: We
     # A server before 1.34 would drop spec.resourceClaims and the pod would lose its cards.
     webhook.api.served = False
     (warning,) = _unchanged(webhook, pod(2))
-    assert "resource.k8s.io/v1" in warning
+    assert "does not serve DeviceClass gcu.enflame.com in resource.k8s.io/v1" in warning
     assert webhook.api.templates == {}
 
 

@@ -42,8 +42,14 @@ def connect(kubeconfig: str = "", timeout: float = 2.0) -> Client:
     return Client(config=config, timeout=httpx2.Timeout(timeout), field_manager=rewrite.MANAGED_BY)
 
 
-def _code(exc: ApiError) -> int:
-    return int(getattr(exc.status, "code", 0) or 0)
+def _code(exc: Exception) -> int:
+    """The HTTP status of a failed call (0: none came back)."""
+    if isinstance(exc, ApiError):
+        return int(getattr(exc.status, "code", 0) or 0)
+    if isinstance(exc, httpx2.HTTPStatusError):
+        # A group the server does not serve answers "404 page not found", text, not a Status.
+        return int(exc.response.status_code)
+    return 0
 
 
 def covers(wanted: Any, got: Any) -> bool:
@@ -93,7 +99,7 @@ class Cluster:
     def _check_api(self) -> str:
         try:
             self.client.get(DeviceClass, self.device_class)
-        except ApiError as exc:
+        except (ApiError, httpx2.HTTPStatusError) as exc:
             if _code(exc) == NOT_FOUND:
                 return (
                     f"the API server does not serve DeviceClass {self.device_class} in "
@@ -116,7 +122,7 @@ class Cluster:
         name = wanted["metadata"]["name"]
         try:
             stored = self._read_or_create(wanted, create)
-        except ApiError as exc:
+        except (ApiError, httpx2.HTTPStatusError) as exc:
             return f"ResourceClaimTemplate {namespace}/{name}: {exc}"
         except Exception as exc:  # transport errors of every kind
             return (
@@ -140,7 +146,7 @@ class Cluster:
                 ResourceClaimTemplate, meta["name"], namespace=meta["namespace"]
             )
             return cast(dict[str, Any], found.to_dict())
-        except ApiError as exc:
+        except (ApiError, httpx2.HTTPStatusError) as exc:
             if _code(exc) != NOT_FOUND or not create:
                 if _code(exc) == NOT_FOUND:
                     return None
