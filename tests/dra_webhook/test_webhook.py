@@ -185,7 +185,7 @@ def test_a_dry_run_creates_nothing(webhook: Webhook) -> None:
 
 @pytest.mark.parametrize(
     "change",
-    ["no-gcu", "opted-out", "pod-claims", "container-claims", "update", "not-a-pod"],
+    ["no-gcu", "opted-out", "pod-claims", "container-claims", "update", "not-a-pod", "node-name"],
 )
 def test_pods_it_leaves_alone(webhook: Webhook, change: str) -> None:
     written = pod(2)
@@ -199,6 +199,8 @@ def test_pods_it_leaves_alone(webhook: Webhook, change: str) -> None:
         written["spec"]["resourceClaims"] = [{"name": "x", "resourceClaimTemplateName": "mine"}]
     elif change == "container-claims":
         container["resources"]["claims"] = [{"name": "x"}]
+    elif change == "node-name":
+        written["spec"]["nodeName"] = "gcu-node-7"
     elif change == "update":
         request = {"operation": "UPDATE", "oldObject": written}
     else:
@@ -246,6 +248,7 @@ def test_an_init_container_asking_cards_keeps_the_plain_path(webhook: Webhook) -
     [
         (b"{not json", "not JSON"),
         (b"[]", "not a JSON object"),
+        pytest.param(b"[" * 50_000, "nested too deeply", id="deep"),
         (json.dumps({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}), "want"),
         (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}), "request"),
         (

@@ -74,6 +74,8 @@ def parse_review(body: bytes) -> Review:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ReviewError(f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise ReviewError("the body is not JSON an API server sends: nested too deeply") from None
     if not isinstance(document, dict):
         raise ReviewError("the body is not a JSON object")
     if document.get("apiVersion") != REVIEW_API or document.get("kind") != "AdmissionReview":
@@ -145,6 +147,9 @@ def plan(pod: Mapping[str, Any], resource: str = RESOURCE) -> Plan:
     labels = (pod.get("metadata") or {}).get("labels") or {}
     if isinstance(labels, dict) and labels.get(OPT_OUT_LABEL) == "false":
         return Plan(skip=f"the pod is labelled {OPT_OUT_LABEL}=false")
+    if spec.get("nodeName"):
+        # Bound by name, the pod never meets the scheduler, and only it allocates claims.
+        return Plan(skip="the pod names its node (spec.nodeName): no scheduler allocates a claim")
     claims: dict[tuple[str, int], int] = {}
     for part in ("initContainers", "containers"):
         containers = spec.get(part) or []
