@@ -31,12 +31,14 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> str:
     with open(os.path.join(where, "ip.ext"), "w", encoding="utf-8") as ext:
         ext.write("subjectAltName=IP:127.0.0.1\n")
     key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    run(
-        "req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=ca"
-    )
-    run("req", *key, "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=webhook")
-    run("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-        "-out", "tls.crt", "-days", "2", "-extfile", "ip.ext")  # fmt: skip
+    for suffix in ("", "2"):  # the second pair: a renewed certificate from another CA
+        ca, tls = f"ca{suffix}", f"tls{suffix}"
+        run("req", "-x509", *key, "-keyout", f"{ca}.key", "-out", f"{ca}.crt", "-days", "2",
+            "-subj", f"/CN={ca}")  # fmt: skip
+        run("req", *key, "-keyout", f"{tls}.key", "-out", f"{tls}.csr", "-subj", "/CN=webhook")
+        sign = ["-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial"]
+        run("x509", "-req", "-in", f"{tls}.csr", *sign, "-out", f"{tls}.crt", "-days", "2",
+            "-extfile", "ip.ext")  # fmt: skip
     return where
 
 
@@ -48,9 +50,9 @@ class Webhook:
     server: server.WebhookServer
     pki: str
 
-    def post(self, body: bytes, path: str = "/mutate") -> tuple[int, bytes]:
+    def post(self, body: bytes, path: str = "/mutate", ca: str = "ca.crt") -> tuple[int, bytes]:
         """One HTTPS POST as the API server makes it (it checks the CA bundle)."""
-        context = ssl.create_default_context(cafile=os.path.join(self.pki, "ca.crt"))
+        context = ssl.create_default_context(cafile=os.path.join(self.pki, ca))
         connection = http.client.HTTPSConnection(
             "127.0.0.1", self.server.port, context=context, timeout=10
         )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -34,12 +36,23 @@ def test_flags_come_from_enflame_variables() -> None:
     assert main.build_parser(environ).parse_args(["--device-class", "x"]).device_class == "x"
 
 
-def test_the_program_rewrites_a_pod_and_stops_on_sigterm(
+def _install(pki: str, directory: Any, suffix: str) -> None:
+    """Swap the served pair at once, as a Secret's volume does."""
+    for name in ("tls.crt", "tls.key"):
+        staged = directory / f".{name}"
+        shutil.copy(os.path.join(pki, name.replace("tls", f"tls{suffix}")), staged)
+        os.replace(staged, directory / name)
+
+
+def test_the_program_rewrites_a_pod_follows_a_renewed_certificate_and_stops_on_sigterm(
     api: FakeApiServer, pki: str, tmp_path: Any
 ) -> None:
     port = _free_port()
-    env = dict(os.environ, ENFLAME_TLS_CERT_FILE=os.path.join(pki, "tls.crt"),
-               ENFLAME_TLS_KEY_FILE=os.path.join(pki, "tls.key"))  # fmt: skip
+    served = tmp_path / "tls"
+    served.mkdir()
+    _install(pki, served, "")
+    env = dict(os.environ, ENFLAME_TLS_CERT_FILE=str(served / "tls.crt"),
+               ENFLAME_TLS_KEY_FILE=str(served / "tls.key"))  # fmt: skip
     command = [sys.executable, "-m", "enflame_gcu.dra_webhook.main",
                "--http-address", f"127.0.0.1:{port}",
                "--kubeconfig", api.kubeconfig(str(tmp_path / "kubeconfig"))]  # fmt: skip
@@ -57,6 +70,17 @@ def test_the_program_rewrites_a_pod_and_stops_on_sigterm(
         assert status == 200
         patched = apply_patch(pod(2), json.loads(body)["response"])
         assert patched["spec"]["resourceClaims"][0]["name"] == "enflame-gcu-c0"
+        # A renewed certificate (another CA here) is served without a restart.
+        _install(pki, served, "2")
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                status, _ = caller.post(json.dumps(admission_review(pod(2))).encode(), ca="ca2.crt")
+                break
+            except ssl.SSLError:
+                assert time.monotonic() < deadline, "the renewed certificate was never served"
+                time.sleep(0.2)
+        assert status == 200
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=15) == 0
     finally:

@@ -73,7 +73,9 @@ def run(args: argparse.Namespace, stop: threading.Event) -> int:
     if not (args.tls_cert_file and args.tls_key_file):
         raise ConfigError("the API server calls webhooks over HTTPS: give --tls-cert-file and "
                           "--tls-key-file")  # fmt: skip
-    context = bounded_http.tls_context(args.tls_cert_file, args.tls_key_file)
+    # Read again whenever the files change: a renewed certificate (cert-manager, a replaced
+    # Secret) is served without a restart.
+    context = bounded_http.ReloadingTLS(args.tls_cert_file, args.tls_key_file).context
     client = cluster.connect(args.kubeconfig, _number(args.api_timeout, "api-timeout", 0.1, 30))
     known = cluster.Cluster(
         client, args.device_class, remember=_number(args.remember, "remember", 0, 3600)
