@@ -1,7 +1,8 @@
 """The chart ships the webhook off by default; turned on, its objects are valid for 1.34+, the
 API server reaches it only for pod CREATEs in the chosen namespaces with failurePolicy Ignore,
 and the certificate Helm makes is one the API server accepts for the Service's name (checked by
-serving real HTTPS with it)."""
+serving real HTTPS with it). The static manifest (deploy/dra/enflame-dra-webhook.yaml, with
+cert-manager) says the same as the chart."""
 
 from __future__ import annotations
 
@@ -137,3 +138,40 @@ def test_the_certificate_is_one_the_api_server_accepts_for_the_service(
         finally:
             running.stop()
             client.close()
+
+
+STATIC = os.path.join(helpers.DRA_DEPLOY, "enflame-dra-webhook.yaml")
+
+
+def test_the_static_manifest_matches_the_chart(rendered: dict[str, dict[str, Any]]) -> None:
+    static = {doc["kind"] + "/" + doc["metadata"]["name"]: doc for doc in helpers.load_yaml(STATIC)}
+    kinds = {key.split("/")[0] for key in static}
+    assert kinds == set(rendered) - {"Secret"} | {"Issuer", "Certificate"}
+    by_kind = {
+        key.split("/")[0]: doc
+        for key, doc in static.items()
+        if "cert-manager" not in doc["apiVersion"]
+    }
+    for kind, document in by_kind.items():
+        for version in helpers.VERSIONS:
+            helpers.validate(document, version)
+        if kind == "ClusterRole":
+            assert document["rules"] == rendered[kind]["rules"]
+    (hook,) = by_kind["MutatingWebhookConfiguration"]["webhooks"]
+    (chart_hook,) = rendered["MutatingWebhookConfiguration"]["webhooks"]
+    assert {k: v for k, v in hook.items() if k != "clientConfig"} == {
+        k: v for k, v in chart_hook.items() if k != "clientConfig"
+    }
+    (container,) = by_kind["Deployment"]["spec"]["template"]["spec"]["containers"]
+    (chart_container,) = rendered["Deployment"]["spec"]["template"]["spec"]["containers"]
+    for field in ("command", "args", "ports", "readinessProbe", "livenessProbe", "volumeMounts",
+                  "securityContext"):  # fmt: skip
+        assert container[field] == chart_container[field], field
+    # cert-manager signs the Service's names and injects its CA into the caBundle.
+    service = hook["clientConfig"]["service"]
+    certificate = static["Certificate/enflame-dra-webhook"]
+    assert f"{service['name']}.{service['namespace']}.svc" in certificate["spec"]["dnsNames"]
+    annotation = by_kind["MutatingWebhookConfiguration"]["metadata"]["annotations"]
+    assert annotation["cert-manager.io/inject-ca-from"] == "kube-system/enflame-dra-webhook"
+    volume = by_kind["Deployment"]["spec"]["template"]["spec"]["volumes"][0]["secret"]
+    assert volume["secretName"] == certificate["spec"]["secretName"]
