@@ -470,6 +470,27 @@ def default_claim(document: dict[str, Any]) -> None:
             request.setdefault("count", 1)
 
 
+def admit_claim_template(
+    document: dict[str, Any],
+    old: Mapping[str, Any] | None = None,
+    gates: Mapping[str, bool] = GATES_1_36,
+) -> list[str]:
+    """A ResourceClaimTemplate as the server stores it (its claim spec dropped and defaulted as
+    a claim's, in place) and why it refuses it: the claim spec's rules, and an immutable spec."""
+    claim = {
+        "metadata": document.get("metadata") or {},
+        "spec": (document.get("spec") or {}).get("spec") or {},
+    }
+    drop_disabled_claim(claim, gates)
+    default_claim(claim)
+    problems = [
+        problem.replace("spec.", "spec.spec.", 1) for problem in validate_claim(claim, None, gates)
+    ]
+    if old is not None and (old.get("spec") or {}) != (document.get("spec") or {}):
+        problems.append("spec: field is immutable")
+    return problems
+
+
 # --- DeviceClass -----------------------------------------------------------------------------
 
 

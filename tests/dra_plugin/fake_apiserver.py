@@ -1,6 +1,7 @@
 """A small in-process fake of the API server endpoints the DRA driver uses (HTTP, one thread).
 
-Served: GET a Node; get, create, replace and delete ResourceClaims and DeviceClasses; list,
+Served: GET a Node; get, create, replace and delete ResourceClaims, ResourceClaimTemplates and
+DeviceClasses; list,
 watch, create, replace and delete ResourceSlices (with field selectors on ``spec.nodeName`` /
 ``spec.driver``), and the ``deletecollection`` the kubelet uses to wipe a node's slices.
 
@@ -19,6 +20,8 @@ turns ``DRADeviceTaints`` off, ``allowMultipleAllocations`` ``DRAConsumableCapac
 ``sharedCounters`` and ``perDeviceNodeSelection``, each device's ``consumesCounters``,
 ``nodeName``, ``nodeSelector`` and ``allNodes``: stored without them, and no error); any
 other device field named there is dropped too (a server that never stores what is written).
+``served = False`` is a server without ``resource.k8s.io/v1`` (before 1.34): every path of the
+group is 404 page not found.
 """
 
 from __future__ import annotations
@@ -42,12 +45,17 @@ _CLAIM = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourcecla
 _NODE = re.compile(r"^/api/v1/nodes/([^/]+)$")
 _SLICE = re.compile(r"^/apis/resource\.k8s\.io/v1/resourceslices/([^/]+)$")
 _CLAIMS = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims$")
+_TEMPLATE = re.compile(
+    r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaimtemplates/([^/]+)$"
+)
+_TEMPLATES = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaimtemplates$")
 CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 _CLASS = re.compile(r"^/apis/resource\.k8s\.io/v1/deviceclasses/([^/]+)$")
 _KINDS = {
     "resourceslices": "ResourceSlice",
     "resourceclaims": "ResourceClaim",
     "deviceclasses": "DeviceClass",
+    "resourceclaimtemplates": "ResourceClaimTemplate",
 }
 _GATE_OF_FIELD = {
     "taints": "DRADeviceTaints",
@@ -98,6 +106,8 @@ class FakeApiServer:
         self.version = 100
         self.slices: dict[str, dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.templates: dict[tuple[str, str], dict[str, Any]] = {}
+        self.served = True  # False: no resource.k8s.io/v1 at all (a server before 1.34)
         self.nodes: dict[str, dict[str, Any]] = {}
         self.events: list[tuple[int, str, dict[str, Any]]] = []
         self.requests: list[tuple[str, str, int]] = []
@@ -201,6 +211,9 @@ class FakeApiServer:
             else:
                 stored["status"] = copy.deepcopy(current.get("status") or {})
             problems = rules.validate_claim(stored, current, self.gates)
+        elif kind == "resourceclaimtemplates":
+            stored = copy.deepcopy(document)
+            problems = rules.admit_claim_template(stored, current, self.gates)
         else:
             stored = copy.deepcopy(document)
             rules.drop_disabled_device_class(stored, self.gates)
@@ -267,7 +280,19 @@ class FakeApiServer:
                 if fake.down:  # an outage: answer nothing, hang up
                     self.close_connection = True
                     return False
-                return super().parse_request()
+                if not super().parse_request():
+                    return False
+                if not fake.served and self.path.startswith("/apis/resource.k8s.io/"):
+                    # As kube-apiserver answers for a group it does not serve: text, no Status.
+                    fake.requests.append((self.command, self.path, 404))
+                    self.send_response(404)
+                    self.send_header("Content-Type", "text/plain; charset=utf-8")
+                    self.send_header("Content-Length", "19")
+                    self.end_headers()
+                    self.wfile.write(b"404 page not found\n")
+                    self.close_connection = True  # a request body may follow, unread
+                    return False
+                return True
 
             def _reply(self, code: int, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()
@@ -314,6 +339,9 @@ class FakeApiServer:
                     if match := _CLASS.match(path):
                         found = fake.device_classes.get(match.group(1))
                         return self._found(found, f"deviceclass {match.group(1)}")
+                    if match := _TEMPLATE.match(path):
+                        found = fake.templates.get((match.group(1), match.group(2)))
+                        return self._found(found, f"resourceclaimtemplate {match.group(2)}")
                 if path == SLICES and query.get("watch") in ("true", "1"):
                     return self._watch(query)
                 if path == SLICES:
@@ -417,6 +445,11 @@ class FakeApiServer:
                     return "resourceclaims", fake.claims, (match.group(1), None)
                 if match := _CLAIM.match(path):
                     return "resourceclaims", fake.claims, (match.group(1), match.group(2))
+                if match := _TEMPLATES.match(path):
+                    return "resourceclaimtemplates", fake.templates, (match.group(1), None)
+                if match := _TEMPLATE.match(path):
+                    key = (match.group(1), match.group(2))
+                    return "resourceclaimtemplates", fake.templates, key
                 return None
 
             def do_POST(self) -> None:
@@ -431,7 +464,7 @@ class FakeApiServer:
                     # As the API server does: the prefix and five random characters.
                     meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
                 name = meta.get("name", "")
-                if kind == "resourceclaims":
+                if kind in ("resourceclaims", "resourceclaimtemplates"):
                     meta["namespace"] = key[0]
                     key = (key[0], name)
                 else:

@@ -1,0 +1,1 @@
+"""``enflame-dra-webhook``: unmodified ``enflame.com/gcu: N`` pods get switch-local claims."""
