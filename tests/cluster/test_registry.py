@@ -1,14 +1,15 @@
-"""Issue 50 point 2 on the real cluster: the images pushed to a registry on loopback (Debian's
-docker-registry, inside the tier's network namespace) and the packaged chart installed with its
-one image reference pointing there: the device plugin and toolkit pods pull from it (the nodes'
-containerd reads the registry as plain HTTP from certs.d/<host>/hosts.toml, as a user's would)
-and become Ready."""
+"""Issue 50 point 2 on the real cluster: the images and the packaged chart pushed to a registry
+on loopback (Debian's docker-registry, inside the tier's network namespace), and the chart
+installed from there (oci://) with its one image reference pointing there: the device plugin
+and toolkit pods pull from it (the nodes' containerd reads the registry as plain HTTP from
+certs.d/<host>/hosts.toml, as a user's would) and become Ready."""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -169,7 +170,15 @@ def test_the_chart_installs_from_images_pushed_to_a_loopback_registry(
     wait_for("the static plugin pods to go",
              lambda: not cluster.pods("kube-system", PLUGIN_SELECTOR), 120)  # fmt: skip
 
-    chart = _package_chart(cluster)
+    # The packaged chart goes to the same registry (an OCI artifact, as `helm push` puts it)
+    # and is installed from there, as a user's cluster would take it.
+    package = _package_chart(cluster)
+    pushed = helm(cluster, "push", package, f"oci://{registry}/enflame/charts", "plain-http")
+    with open(os.path.join(REPO, "pyproject.toml"), encoding="utf-8") as handle:
+        version = re.search(r'^version = "([^"]+)"', handle.read(), re.MULTILINE)
+    assert version is not None
+    chart = f"oci://{registry}/enflame/charts/enflame-gcu"
+    options = {"chart_version": version[1], "plain_http": True}
     # The one reference, set once; Always: the nodes hold the same images under their
     # ghcr.io names (imported), and these must come from the registry.
     values = {
@@ -178,7 +187,9 @@ def test_the_chart_installs_from_images_pushed_to_a_loopback_registry(
         "toolkit": {"enabled": True, "image": {"pullPolicy": "Always"}},
         "nodeMode": "device-specs",
     }
-    helm(cluster, "install", "enflame-gcu", chart, "kube-system", json.dumps(values))
+    helm(cluster, "install", "enflame-gcu", chart, "kube-system", json.dumps(values),
+         json.dumps(options))  # fmt: skip
+    print(f"chart pushed: {pushed['result']}")
     try:
         for what, selector in (("plugin", PLUGIN_SELECTOR), ("toolkit", TOOLKIT_SELECTOR)):
             pods = wait_for(
