@@ -171,9 +171,8 @@ def plugin_args(vals: dict[str, Any]) -> list[str]:
         args.append("--config-file=/etc/enflame-device-plugin/config.yaml")
     metrics = vals["metrics"]
     if metrics["port"]:
-        args.append(f"--metrics-port={metrics['port']}")
-        if metrics["bindAddress"]:
-            args.append(f"--metrics-bind-address={metrics['bindAddress']}")
+        bind = metrics["bindAddress"]
+        args.append(f"--http-address={f'[{bind}]' if ':' in bind else bind}:{metrics['port']}")
         if not metrics["podResources"]:
             args.append("--pod-resources-interval=0")
         telemetry = metrics["telemetry"]
