@@ -4,27 +4,34 @@
 #   deploy/build-image.sh [--dry-run] [--push] [IMAGE [TAG]]
 #
 # --push pushes both images to IMAGE's registry after building them (log in first: docker login,
-# podman login or buildah login); the chart's image.repository/toolkit.image.repository and the
-# manifests' image: lines then name what you pushed.
+# podman login or buildah login). Point the chart at what you pushed once:
+# --set global.image.registry=<IMAGE without /enflame-gcu-device-plugin> --set
+# global.image.tag=TAG (the operator's components follow it); the static manifests with
+# deploy/set-image.sh REGISTRY TAG.
 #
 # IMAGE is the device plugin image (default ghcr.io/enflame-gcu/enflame-gcu-device-plugin);
 # the toolkit image is named after it with "device-plugin" replaced by "container-toolkit"
 # (or "-container-toolkit" appended), unless TOOLKIT_IMAGE is set. TAG defaults to the project
 # version in pyproject.toml. The builder is docker, podman or buildah, whichever is found first
 # (BUILDER=... chooses one). --dry-run prints the commands instead of running them.
+# PLATFORMS=linux/amd64,linux/arm64 builds one image per platform under one multi-arch manifest
+# list (docker buildx build --push, or podman/buildah build --manifest then manifest push --all;
+# needs --push, and qemu-user-static binfmt for platforms other than the machine's).
 #
-#   deploy/build-image.sh --from-debian OUTDIR [IMAGE [TAG]]
+#   deploy/build-image.sh --from-debian OUTDIR [--push] [IMAGE [TAG]]
 #
 # Without docker, podman, buildah or a registry: builds both images from Debian packages
 # (mmdebstrap, Debian 12 "bookworm", python3) plus this tree's wheel and its dependencies from
 # PyPI, and writes them as one OCI archive OUTDIR/enflame-gcu-images-TAG.tar that containerd
 # imports: `ctr -n k8s.io images import FILE` on each node (k3s: `k3s ctr images import FILE`).
 # OUTDIR/debian-12-slim.tar holds debian:12-slim (Debian's minbase), the image the example pods
-# name. Needs root, mmdebstrap and python3 with pip; MIRROR sets the Debian mirror.
+# name. Needs root, mmdebstrap and python3 with pip; MIRROR sets the Debian mirror. The machine's
+# architecture only (no multi-arch list). --push then pushes both images from the archive
+# (deploy/push-image-archive.sh: skopeo, else podman).
 set -euo pipefail
 
 usage() {
-    sed -n '2,24s/^# \{0,1\}//p' "$0"
+    sed -n '2,32s/^# \{0,1\}//p' "$0"
 }
 
 dry_run=0
@@ -69,12 +76,25 @@ if [ "$expect_outdir" -eq 1 ] || { [ -n "$from_debian" ] && [ "$from_debian" != 
     echo "build-image.sh: --from-debian needs an output directory" >&2
     exit 2
 fi
-if [ -n "$from_debian" ] && [ "$push" -eq 1 ]; then
-    echo "build-image.sh: --push needs docker, podman or buildah; --from-debian writes an OCI archive to import instead" >&2
+if [ -n "$from_debian" ] && [ -n "${PLATFORMS:-}" ]; then
+    echo "build-image.sh: --from-debian builds for this machine's architecture only; PLATFORMS needs docker, podman or buildah" >&2
     exit 2
 fi
 if [ -n "$from_debian" ]; then
-    exec bash "$repo_root/deploy/build-image-debian.sh" "$from_debian" "$image" "$tag" "$toolkit_image" "$dry_run"
+    bash "$repo_root/deploy/build-image-debian.sh" "$from_debian" "$image" "$tag" "$toolkit_image" "$dry_run"
+    if [ "$push" -eq 1 ]; then
+        archive="$from_debian/enflame-gcu-images-$tag.tar"
+        if [ "$dry_run" -eq 1 ]; then
+            printf '%s\n' "deploy/push-image-archive.sh $archive"
+        else
+            bash "$repo_root/deploy/push-image-archive.sh" "$archive"
+        fi
+    fi
+    exit 0
+fi
+if [ -n "${PLATFORMS:-}" ] && [ "$push" -eq 0 ]; then
+    echo "build-image.sh: PLATFORMS=$PLATFORMS needs --push (a multi-arch manifest list lives in a registry)" >&2
+    exit 2
 fi
 
 builder=${BUILDER:-}
@@ -95,29 +115,44 @@ if [ "$dry_run" -eq 0 ] && ! command -v "$builder" >/dev/null 2>&1; then
     exit 1
 fi
 
-build() { # build DOCKERFILE IMAGE_REF
-    local cmd
-    case "$(basename "$builder")" in
-        buildah) cmd=("$builder" bud --file "$1" --tag "$2" "$repo_root") ;;
-        *) cmd=("$builder" build --file "$1" --tag "$2" "$repo_root") ;;
-    esac
+run() { # run WHAT CMD...: print CMD under --dry-run, else say WHAT and run it
+    local what=$1
+    shift
     if [ "$dry_run" -eq 1 ]; then
-        printf '%q ' "${cmd[@]}"
+        printf '%q ' "$@"
         printf '\n'
     else
-        echo "build-image.sh: building $2" >&2
-        "${cmd[@]}"
+        echo "build-image.sh: $what" >&2
+        "$@"
     fi
 }
 
+build() { # build DOCKERFILE IMAGE_REF
+    local name
+    name=$(basename "$builder")
+    if [ -n "${PLATFORMS:-}" ]; then
+        # One image per platform under one manifest list, pushed whole.
+        case "$name" in
+            docker) run "building and pushing $2 for $PLATFORMS" "$builder" buildx build \
+                --platform "$PLATFORMS" --file "$1" --tag "$2" --push "$repo_root" ;;
+            buildah) run "building $2 for $PLATFORMS" "$builder" bud --platform "$PLATFORMS" \
+                --manifest "$2" --file "$1" "$repo_root" ;;
+            *) run "building $2 for $PLATFORMS" "$builder" build --platform "$PLATFORMS" \
+                --manifest "$2" --file "$1" "$repo_root" ;;
+        esac
+        return
+    fi
+    case "$name" in
+        buildah) run "building $2" "$builder" bud --file "$1" --tag "$2" "$repo_root" ;;
+        *) run "building $2" "$builder" build --file "$1" --tag "$2" "$repo_root" ;;
+    esac
+}
+
 push_image() { # push IMAGE_REF (docker, podman and buildah all spell it "push REF")
-    local cmd=("$builder" push "$1")
-    if [ "$dry_run" -eq 1 ]; then
-        printf '%q ' "${cmd[@]}"
-        printf '\n'
-    else
-        echo "build-image.sh: pushing $1" >&2
-        "${cmd[@]}"
+    if [ -z "${PLATFORMS:-}" ]; then
+        run "pushing $1" "$builder" push "$1"
+    elif [ "$(basename "$builder")" != docker ]; then  # docker buildx pushed while building
+        run "pushing the manifest list $1" "$builder" manifest push --all "$1" "docker://$1"
     fi
 }
 

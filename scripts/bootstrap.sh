@@ -5,7 +5,7 @@
 #   demo: runc and busybox-static (its real container), gcc (its simulated libefml), and the
 #         project with the device plugin's dependencies ('.[plugin]'); nothing else.
 #   all:  the demo's, then every test's tools: containerd, podman, shellcheck, packaging tools,
-#         prometheus, strace, the dev extras and Helm's library (.venv-helm).
+#         prometheus, strace, docker-registry, the dev extras and Helm's library (.venv-helm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 set_name=${1:-all}
@@ -26,6 +26,9 @@ if [ "$set_name" = all ]; then
     want_debs+=(prometheus)
     # The runtime front's test counts its system calls (tests/shim/test_front.py).
     want_debs+=(strace)
+    # The cluster tier's loopback registry the chart's images are pushed to and pulled from
+    # (tests/cluster/test_registry.py); skopeo-free: podman pushes.
+    want_debs+=(docker-registry)
 fi
 missing=()
 # The venv's interpreter: Debian's own python3 (the one the .deb runs on, and the only one on a
@@ -58,6 +61,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
     # Debian starts the packaged Prometheus as a service; the tests run their own on loopback.
     if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
         systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
+    # The same for docker-registry's service (it would hold port 5000 on every address).
+    if [[ " ${missing[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
+        systemctl disable --now docker-registry >/dev/null 2>&1 || true
     fi
 fi
 

@@ -7,11 +7,19 @@ PY=${PY:-.venv/bin/python}
 OUT=${DIST_DIR:-dist}
 mkdir -p "$OUT"
 "$PY" - deploy/helm/enflame-gcu "$OUT" <<'PYEOF'
-import fnmatch, gzip, io, os, sys, tarfile
+import fnmatch, gzip, io, os, re, sys, tarfile
 import yaml
 chart_dir, out = sys.argv[1:]
 with open(os.path.join(chart_dir, "Chart.yaml"), encoding="utf-8") as handle:
     chart = yaml.safe_load(handle)
+# One version scheme: the chart's version and appVersion are the package's (its images' tag).
+with open("pyproject.toml", encoding="utf-8") as handle:
+    found = re.search(r'^version = "([^"]+)"', handle.read(), re.MULTILINE)
+package = found.group(1) if found else None
+if package is None or chart.get("version") != package or str(chart.get("appVersion")) != package:
+    sys.exit(f"chart-package: Chart.yaml has version {chart.get('version')} and appVersion "
+             f"{chart.get('appVersion')}, pyproject.toml {package}: set both to the package's "
+             "version; nothing written")
 ignore = []
 helmignore = os.path.join(chart_dir, ".helmignore")
 if os.path.exists(helmignore):

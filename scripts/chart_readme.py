@@ -59,11 +59,7 @@ def leaves(schema: dict[str, Any], node: dict[str, Any], prefix: str = "") -> li
     """Dotted paths of every value: structured objects are walked, everything else is a leaf."""
     node = _resolve(schema, node)
     properties = node.get("properties")
-    if (
-        node.get("type") != "object"
-        or not isinstance(properties, dict)
-        or prefix.endswith("global")
-    ):
+    if node.get("type") != "object" or not isinstance(properties, dict):
         return [prefix] if prefix else []
     paths: list[str] = []
     for name, child in properties.items():

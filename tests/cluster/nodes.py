@@ -417,6 +417,9 @@ class ClusterNode:
             .replace(f'address = "{self.ctd_dir}/c.sock.ttrpc"', f'address = "{socket}.ttrpc"')
             .replace(f'bin_dir = "{self.ctd_dir}/cni/bin"', f'bin_dir = "{self.binaries.cni_dir}"')
             .replace("# private containerd of the real-kubelet test tier", f"# {self.name}")
+            # Per-registry settings as a node's admin writes them (certs.d/<host>/hosts.toml:
+            # tests/cluster/test_registry.py trusts its loopback registry as plain HTTP there).
+            + f'  [{harness.CRI}.registry]\n    config_path = "/etc/containerd/certs.d"\n'
         )
 
     def start_containerd(self) -> None:

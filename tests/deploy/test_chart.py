@@ -171,9 +171,8 @@ def plugin_args(vals: dict[str, Any]) -> list[str]:
         args.append("--config-file=/etc/enflame-device-plugin/config.yaml")
     metrics = vals["metrics"]
     if metrics["port"]:
-        args.append(f"--metrics-port={metrics['port']}")
-        if metrics["bindAddress"]:
-            args.append(f"--metrics-bind-address={metrics['bindAddress']}")
+        bind = metrics["bindAddress"]
+        args.append(f"--http-address={f'[{bind}]' if ':' in bind else bind}:{metrics['port']}")
         if not metrics["podResources"]:
             args.append("--pod-resources-interval=0")
         telemetry = metrics["telemetry"]
@@ -225,8 +224,10 @@ def test_plugin_defaults_equal_the_static_manifest() -> None:
     vals = values()
     spec, container = static_container("enflame-device-plugin.yaml")
     app_version = chart()["appVersion"]
-    tag = vals["image"]["tag"] or app_version
-    assert container["image"] == f"{vals['image']['repository']}:{tag}"
+    reference = vals["global"]["image"]
+    tag = vals["image"]["tag"] or reference["tag"] or app_version
+    repository = vals["image"]["repository"] or f"{reference['registry']}/enflame-gcu-device-plugin"
+    assert container["image"] == f"{repository}:{tag}"
     assert container["imagePullPolicy"] == vals["image"]["pullPolicy"]
     assert container["args"] == plugin_args(vals)
     assert container["securityContext"] == vals["devicePlugin"]["securityContext"]
@@ -282,9 +283,13 @@ def test_plugin_template_holds_the_static_manifests_fixed_parts() -> None:
 
 def test_toolkit_defaults_equal_the_static_manifest() -> None:
     vals = values()["toolkit"]
+    reference = values()["global"]["image"]
     spec, container = static_container("enflame-container-toolkit.yaml")
-    tag = vals["image"]["tag"] or chart()["appVersion"]
-    assert container["image"] == f"{vals['image']['repository']}:{tag}"
+    tag = vals["image"]["tag"] or reference["tag"] or chart()["appVersion"]
+    repository = (
+        vals["image"]["repository"] or f"{reference['registry']}/enflame-gcu-container-toolkit"
+    )
+    assert container["image"] == f"{repository}:{tag}"
     assert spec["terminationGracePeriodSeconds"] == vals["terminationGracePeriodSeconds"]
     assert container["resources"] == vals["resources"]
     assert spec["tolerations"] == values()["tolerations"]

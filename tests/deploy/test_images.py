@@ -17,7 +17,7 @@ import pytest
 from tests.deploy.helpers import DEPLOY, PLUGIN_IMAGE, REPO, TOOLKIT_IMAGE, tool
 
 DOCKERFILES = ["Dockerfile", "Dockerfile.toolkit"]
-SCRIPTS = ["build-image.sh", "k8s-config.sh"]
+SCRIPTS = ["build-image.sh", "k8s-config.sh", "set-image.sh", "push-image-archive.sh"]
 
 
 def dockerfile(name: str) -> str:
@@ -140,10 +140,54 @@ def test_build_image_push_pushes_both_images_after_building_them(
     assert lines[2] == f"{builder} push {image}:0.1.0 "
     toolkit = "registry.example.com/enflame/enflame-gcu-container-toolkit"
     assert lines[3] == f"{builder} push {toolkit}:0.1.0 "
-    # Without --push nothing is pushed; with --from-debian there is nothing to push from.
+    # Without --push nothing is pushed.
     assert "push" not in _build_image(["--dry-run", image], path).stdout
-    refused = _build_image(["--push", "--from-debian", str(tmp_path)], path)
-    assert refused.returncode == 2 and "--push needs docker, podman or buildah" in refused.stderr
+
+
+@pytest.mark.parametrize("builder", ["docker", "podman", "buildah"])
+def test_build_image_platforms_builds_and_pushes_one_multi_arch_list(
+    tmp_path: str, builder: str
+) -> None:
+    path = _system_path_without_builders(str(tmp_path))
+    _fake_builder(path, builder)
+    image = "registry.example.com/enflame/enflame-gcu-device-plugin"
+    platforms = "linux/amd64,linux/arm64"
+    env_args = ["--dry-run", "--push", image, "0.1.0"]
+    result = _build_image(env_args, path, PLATFORMS=platforms)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    toolkit = "registry.example.com/enflame/enflame-gcu-container-toolkit"
+    quoted = platforms.replace(",", "\\,")  # as printf %q shows it
+    if builder == "docker":  # buildx pushes the list as it builds
+        assert len(lines) == 2, lines
+        assert lines[0].startswith(f"docker buildx build --platform {quoted} ")
+        assert f"--tag {image}:0.1.0 --push " in lines[0]
+        assert f"--tag {toolkit}:0.1.0 --push " in lines[1]
+    else:
+        assert len(lines) == 4, lines
+        assert f"--platform {quoted} --manifest {image}:0.1.0 " in lines[0]
+        assert lines[2] == f"{builder} manifest push --all {image}:0.1.0 docker://{image}:0.1.0 "
+        assert lines[3].endswith(f"docker://{toolkit}:0.1.0 ")
+    # A manifest list lives in a registry: PLATFORMS without --push is refused, as with
+    # --from-debian (which builds for this machine only).
+    refused = _build_image(["--dry-run", image], path, PLATFORMS=platforms)
+    assert refused.returncode == 2 and "needs --push" in refused.stderr
+    refused = _build_image(["--from-debian", str(tmp_path)], path, PLATFORMS=platforms)
+    assert refused.returncode == 2 and "this machine's architecture only" in refused.stderr
+
+
+def test_build_image_from_debian_push_pushes_the_archive(tmp_path: str) -> None:
+    """--from-debian --push was refused: an archive had no way to a registry."""
+    path = _system_path_without_builders(str(tmp_path))
+    image = "127.0.0.1:5000/enflame/enflame-gcu-device-plugin"
+    result = _build_image(["--dry-run", "--from-debian", str(tmp_path), "--push", image], path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert (
+        f"({image}:0.1.0, 127.0.0.1:5000/enflame/enflame-gcu-container-toolkit:0.1.0)"
+        in (lines[-2])
+    )
+    assert lines[-1] == f"deploy/push-image-archive.sh {tmp_path}/enflame-gcu-images-0.1.0.tar"
 
 
 def test_build_image_without_any_builder_says_what_to_install(tmp_path: str) -> None:

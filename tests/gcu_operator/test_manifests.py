@@ -168,7 +168,7 @@ def test_operator_rbac_probe_pdb_and_spread_as_users_run_it(tmp_path: Any) -> No
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert "--health-port=8081" in container["args"]
+    assert "--http-address=$(POD_IP):8081" in container["args"]  # never every address
     assert f"--allowed-namespaces={release_ns or ''}" in container["args"]
     assert pod["tolerations"] == [{"key": "infra", "operator": "Exists"}]
     assert pod["nodeSelector"] == {"role": "infra"}
@@ -178,7 +178,6 @@ def test_operator_rbac_probe_pdb_and_spread_as_users_run_it(tmp_path: Any) -> No
     assert pdb["spec"]["minAvailable"] == 1
     assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
     assert "hostNetwork" not in pod
-    assert "--health-address=$(POD_IP)" in container["args"]  # never every address
 
 
 @needs_helm
@@ -201,7 +200,7 @@ def test_operator_on_the_host_network_reaches_the_api_and_keeps_replicas_apart(
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
-    assert "--health-address=$(POD_IP)" in container["args"]
+    assert "--http-address=$(POD_IP):8081" in container["args"]
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert [e for e in container["env"] if e["name"].startswith("KUBERNETES_")] == api

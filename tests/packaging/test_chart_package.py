@@ -44,3 +44,26 @@ def test_chart_package_is_the_chart_under_its_name_and_reproducible(tmp_path: ob
     with open(os.path.join(REPO, "docs", "packaging.md"), encoding="utf-8") as handle:
         documented = handle.read()
     assert "`enflame-gcu-<version>.tgz` | `make chart-package`" in documented
+
+
+def test_chart_package_refuses_a_chart_out_of_step_with_the_package(tmp_path: object) -> None:
+    """The packaged chart's version and appVersion are the package's, or nothing is written."""
+    import shutil
+
+    root = os.path.join(str(tmp_path), "tree")
+    shutil.copytree(CHART_DIR, os.path.join(root, "deploy", "helm", "enflame-gcu"))
+    os.makedirs(os.path.join(root, "scripts"))
+    shutil.copy(os.path.join(REPO, "scripts", "chart-package.sh"), os.path.join(root, "scripts"))
+    with open(os.path.join(REPO, "pyproject.toml"), encoding="utf-8") as handle:
+        pyproject = handle.read()
+    with open(os.path.join(root, "pyproject.toml"), "w", encoding="utf-8") as handle:
+        handle.write(pyproject.replace('\nversion = "', '\nversion = "9.', 1))
+    out = os.path.join(str(tmp_path), "out")
+    result = subprocess.run(
+        ["bash", "scripts/chart-package.sh"], cwd=root, capture_output=True, text=True,
+        env={**os.environ, "DIST_DIR": out, "PY": os.path.join(REPO, ".venv", "bin", "python")},
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "pyproject.toml 9." in result.stderr and "nothing written" in result.stderr
+    assert os.listdir(out) == []

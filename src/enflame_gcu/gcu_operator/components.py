@@ -189,7 +189,7 @@ def _plugin_container(component: rs.Component, spec: rs.ResourceSpec) -> Obj:
         "--resource-name=enflame.com/gcu",
         f"--node-mode={spec.node_mode}",
         "--health-interval=5",
-        f"--metrics-port={METRICS_PORT}",
+        f"--http-address=:{METRICS_PORT}",
     ]
     if telemetry is not None:
         args += [

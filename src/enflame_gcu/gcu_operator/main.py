@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import threading
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 from enflame_gcu import bounded_http
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.gcu_operator import api, leader, names, runner
+from enflame_gcu.gcu_operator import resource as rs
 from enflame_gcu.support import daemon_cli
 
 if TYPE_CHECKING:
@@ -106,6 +108,20 @@ def _parser() -> argparse.ArgumentParser:
         default="enflame-dra-plugin",
         help="ServiceAccount of the DRA driver's pods (the chart passes <release>-dra-plugin)",
     )
+    parser.add_argument(
+        "--image-registry",
+        default=rs.DEFAULT_REPOSITORY,
+        type=_registry,
+        help="registry host and repository path of the components' images where a GcuResource "
+        "names no repository (the chart passes its global.image.registry)",
+    )
+    parser.add_argument(
+        "--image-tag",
+        default=rs.DEFAULT_VERSION,
+        type=_tag,
+        help="tag of the components' images where a GcuResource names no version (the chart "
+        "passes its global.image.tag, else its appVersion)",
+    )
     daemon_cli.add_http_address(
         parser,
         serves="serve /healthz here (port 0 or empty: none): 200 while the loop comes round, "
@@ -147,6 +163,28 @@ def _parser() -> argparse.ArgumentParser:
 
 
 PROG = "enflame-gcu-operator"
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+def _registry(value: str) -> str:
+    """An image registry prefix: no space, digest or tag, no trailing slash."""
+    cleaned = value.rstrip("/")
+    if not cleaned or any(c.isspace() for c in cleaned) or "@" in cleaned:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a registry and repository path (e.g. registry.example.com/enflame)"
+        )
+    return cleaned
+
+
+def _tag(value: str) -> str:
+    """An image tag as the distribution spec allows it."""
+    if not _TAG.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an image tag (letters, digits, '_', '.', '-'; at most 128)"
+        )
+    return value
+
+
 # Defaults the code computes, as --help and docs/operator.md show them.
 SHOWN_DEFAULTS = {
     "kubeconfig": "KUBECONFIG, else the service account",
@@ -189,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the operator until SIGTERM."""
     args = _parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
+    rs.set_image_defaults(rs.ImageDefaults(args.image_registry, args.image_tag))
     cluster = _cluster(args.kubeconfig)
     try:
         return _run(args, cluster)

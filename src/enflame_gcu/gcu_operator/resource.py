@@ -55,6 +55,34 @@ NODE_MODES = ("auto", "device-specs", "cdi", "runtimeclass", "default-runtime")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 DEFAULT_REPOSITORY = "ghcr.io/enflame-gcu"
 DEFAULT_VERSION = __version__
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImageDefaults:
+    """Where the components' images are when the resource names no repository or version: the
+    chart's one image reference (global.image.registry and .tag, the operator's --image-registry
+    and --image-tag)."""
+
+    registry: str = DEFAULT_REPOSITORY
+    tag: str = DEFAULT_VERSION
+
+
+# Set once at start from the operator's command line (main.py); every parse fills in from it.
+_image_defaults = ImageDefaults()
+
+
+def set_image_defaults(defaults: ImageDefaults) -> ImageDefaults:
+    """Use ``defaults`` from now on; returns the ones they replace."""
+    global _image_defaults  # one process-wide setting, read by every parse
+    previous, _image_defaults = _image_defaults, defaults
+    return previous
+
+
+def image_defaults() -> ImageDefaults:
+    """The image defaults in force."""
+    return _image_defaults
+
+
 # Our image and default workload name per component (2.4.6's names, OPERATOR.md §1.1).
 IMAGES = {
     TOOLKIT: "enflame-gcu-container-toolkit",
@@ -246,21 +274,22 @@ def _component(
     key: str, raw: dict[str, Any], out: list[Unsupported], spelled: str = ""
 ) -> Component:
     path = f"spec.{spelled or key}"
+    defaults = _image_defaults
     image = str(raw.get("image") or IMAGES.get(key, ""))
-    repository = str(raw.get("repository") or DEFAULT_REPOSITORY)
-    version = str(raw.get("version") or DEFAULT_VERSION)
+    repository = str(raw.get("repository") or defaults.registry)
+    version = str(raw.get("version") or defaults.tag)
     if image in VENDOR_IMAGES:
         out.append(
             Unsupported(
                 f"{path}.image",
                 f"{repository}/{image}:{version} is the vendor's image; this operator runs "
-                f"{DEFAULT_REPOSITORY}/{IMAGES.get(key, image)}:{DEFAULT_VERSION}",
+                f"{defaults.registry}/{IMAGES.get(key, image)}:{defaults.tag}",
             )
         )
-        image, repository, version = IMAGES.get(key, image), DEFAULT_REPOSITORY, DEFAULT_VERSION
+        image, repository, version = IMAGES.get(key, image), defaults.registry, defaults.tag
     elif version in ("latest", "default"):
         # The vendor's "default" is the bundled tag; "latest" is not a tag we publish.
-        version = DEFAULT_VERSION
+        version = defaults.tag
     if raw.get("command"):
         out.append(Unsupported(f"{path}.command", "our images have their own entry point"))
     selector = _pairs(raw.get("nodeSelector"))

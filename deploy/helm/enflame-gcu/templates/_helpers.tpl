@@ -89,13 +89,27 @@ app.kubernetes.io/name: {{ .name }}
 app.kubernetes.io/instance: {{ .context.Release.Name }}
 {{- end -}}
 
-{{/* image reference; call with (dict "image" .Values.image "context" $). Empty tag = appVersion. */}}
+{{/* image reference; call with (dict "image" .Values.image "context" $) (add "name" for an image
+     other than the device plugin's). An empty repository is <global.image.registry>/<name>, an
+     empty tag global.image.tag, then the chart's appVersion; a digest wins over the tag. */}}
 {{- define "enflame-gcu.image" -}}
+{{- $global := dig "image" dict (.context.Values.global | default dict) -}}
+{{- $registry := trimSuffix "/" (dig "registry" "ghcr.io/enflame-gcu" $global) -}}
+{{- $repository := .image.repository | default (printf "%s/%s" $registry (.name | default "enflame-gcu-device-plugin")) -}}
 {{- if .image.digest -}}
-{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- printf "%s@%s" $repository .image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .image.repository (default .context.Chart.AppVersion .image.tag) -}}
+{{- printf "%s:%s" $repository (.image.tag | default (dig "tag" "" $global) | default .context.Chart.AppVersion) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The one reference's registry and tag as the operator takes them (--image-registry,
+     --image-tag): what its GcuResource components default to. */}}
+{{- define "enflame-gcu.imageRegistry" -}}
+{{- trimSuffix "/" (dig "image" "registry" "ghcr.io/enflame-gcu" (.Values.global | default dict)) -}}
+{{- end -}}
+{{- define "enflame-gcu.imageTag" -}}
+{{- dig "image" "tag" "" (.Values.global | default dict) | default .Chart.AppVersion -}}
 {{- end -}}
 
 {{/* The plugin's --resources list: gcu, plus vgcu, shared-gcu and drs-gcu when turned on. */}}
