@@ -47,6 +47,7 @@ EVENTS = int(os.environ.get("CHURN_EVENTS", "20000"))
 SEEDS = int(os.environ.get("CHURN_SEEDS", "3"))
 TARGET_BUSY = float(os.environ.get("TARGET_BUSY", "0.8"))
 BOARDS = ["vendor-8card", "2socket-16card", "nosw-8card"]
+LAGS = [int(x) for x in os.environ.get("ORDER_LAGS", "0,1,2,4,8").split(",")]
 LEVELS = ("pcieSwitch", "pcieRootPort", "resource.kubernetes.io/numaNode")
 
 
@@ -54,11 +55,20 @@ def published(root: str) -> list[tuple[str, dict[str, Any]]]:
     """``[(gcuN, {attribute: value})]`` in the order the driver publishes the devices."""
     inventory = devices.discover(root)
     report = health.check(root, inventory.cards)
-    result = []
-    for device in resourceslices.node_devices(inventory, report.healthy()):
-        values = {k: next(iter(v.values())) for k, v in device["attributes"].items()}
-        result.append((resourceslices.node_device(device["name"]), values))
-    return result
+    return [
+        (resourceslices.node_device(device["name"]), _values(device))
+        for device in resourceslices.node_devices(inventory, report.healthy())
+    ]
+
+
+def raw_devices(root: str) -> list[dict[str, Any]]:
+    """The devices as the driver publishes them (in minor order)."""
+    inventory = devices.discover(root)
+    return resourceslices.node_devices(inventory, health.check(root, inventory.cards).healthy())
+
+
+def _values(device: dict[str, Any]) -> dict[str, Any]:
+    return {k: next(iter(v.values())) for k, v in device["attributes"].items()}
 
 
 def first_fit(order: Sequence[str]) -> churn.Choose:
@@ -116,6 +126,28 @@ def busiest_first(devices_in_order: list[tuple[str, dict[str, Any]]]) -> churn.C
     return choose
 
 
+def topology_ordered(raw: list[dict[str, Any]], lag: int) -> churn.Choose:
+    """The switch-local claim over the driver's topology order (``allocation_order``), ``lag``
+    allocations stale: the order the scheduler sees at allocation i is the one the driver
+    published from the cards busy just after allocation i - lag (0: current)."""
+    history: list[set[str]] = []  # cards busy after each allocation (departures seen later)
+
+    def choose(available: Sequence[str], size: int) -> list[str]:
+        everything = {resourceslices.node_device(d["name"]) for d in raw}
+        held = everything - set(available) if lag == 0 or len(history) < lag else history[-lag]
+        busy = {d["name"] for d in raw if resourceslices.node_device(d["name"]) in held}
+        order = [
+            (resourceslices.node_device(d["name"]), _values(d))
+            for d in resourceslices.allocation_order(raw, busy)
+        ]
+        chosen = switch_local(order)(available, size)
+        history.append(everything - set(available) | set(chosen))
+        del history[: -max(lag, 1)]
+        return chosen
+
+    return choose
+
+
 def calibrate(cards: int, mix: dict[int, float], seed: int) -> tuple[float, float]:
     """The arrival probability whose trace keeps about ``TARGET_BUSY`` of the cards busy."""
     best = (0.5, 0.0)
@@ -139,6 +171,9 @@ def one_board(name: str, directory: str) -> dict[str, Any]:
         "dra_plain": first_fit([n for n, _ in order]),
         "dra_switch_local": switch_local(order),
         "dra_switch_local_busiest_first": busiest_first(order),
+        **{
+            f"dra_topology_order_lag{lag}": topology_ordered(raw_devices(root), lag) for lag in LAGS
+        },
     }
     cards = len(board.names)
     result: dict[str, Any] = {"board": name, "cards": cards, "mixes": {}}
@@ -167,7 +202,13 @@ def one_board(name: str, directory: str) -> dict[str, Any]:
         ours = totals["dra_switch_local"]["switch_local_share"]
         plain = totals["dra_plain"]["switch_local_share"]
         ordered = totals["dra_switch_local_busiest_first"]["switch_local_share"]
+        ratios = {
+            p: round(row["switch_local_share"] / dp, 4)
+            for p, row in totals.items()
+            if dp and row["switch_local_share"] is not None
+        }
         result["mixes"][mix_name] = {
+            "vs_device_plugin": ratios,
             "mean_busy_share": round(sum(shares) / len(shares), 3),
             "policies": totals,
             "ours_vs_device_plugin": round(ours / dp, 4) if dp and ours is not None else None,
