@@ -122,7 +122,11 @@ def _splits_a_pair(board: Board, held: set[str], card: str) -> bool:
 
 
 def test_the_order_keeps_every_device_and_refuses_nothing_it_does_not_know() -> None:
-    plain = [{"name": "gcu-1"}, {"name": "gcu-0"}, {"name": "vgcu-3", "attributes": {}}]
+    plain: list[dict[str, Any]] = [
+        {"name": "gcu-1"},
+        {"name": "gcu-0"},
+        {"name": "vgcu-3", "attributes": {}},
+    ]
     ordered = resourceslices.allocation_order(plain, {"gcu-0", "not-a-device"})
     # Without topology attributes each device is its own group: the held one goes first
     # (no free card in its group), the others keep their order.
