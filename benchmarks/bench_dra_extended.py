@@ -1,7 +1,7 @@
 """Unmodified ``enflame.com/gcu: N`` pods on a DRA node: switch-local share under churn; JSON.
 
 Replays seeded churn traces (``churn.make_trace``, the model of bench_churn.py) at about 80 %
-of the cards busy, on simulated boards, for three ways of choosing a pod's N cards:
+of the cards busy, on simulated boards, for several ways of choosing a pod's N cards:
 
 - ``device_plugin``: the device plugin's topology policy (``allocation.TopologyPolicy``);
 - ``dra_plain``: the KEP-5004 path without a webhook: the scheduler's claim asks N devices of
@@ -14,16 +14,21 @@ of the cards busy, on simulated boards, for three ways of choosing a pod's N car
   lacking the attribute is never chosen for that alternative). One card: no constraint;
 - ``dra_switch_local_busiest_first``: the same claim, with the devices published busiest switch
   first (fewest free cards, then published order), so the allocator's first fit becomes a best
-  fit. Idealised: the order is current at every allocation, which a driver re-publishing its
-  slices after each Prepare/Unprepare only approaches (not implemented; what it would gain).
+  fit. Idealised: the order is current at every allocation;
+- ``dra_topology_order_lagK``: the same claim over the order the driver publishes
+  (``resourceslices.allocation_order``: fewest free in the switch, smaller switch, fewest free
+  in the root port, NUMA node, minor), computed from the cards held K allocations ago (the
+  allocations the scheduler made before the driver re-published; departures are seen with the
+  same delay). ``lag0``: current at every allocation;
+- ``dra_topology_order_static``: that order computed once with nothing held, never re-published.
 
 The devices, their order and attributes are what the driver publishes for the board
 (``resourceslices.node_devices``), not a copy. A request that does not fit in the free cards is
-rejected the same way for every policy (``rejected``); all three always place a pod that fits,
+rejected the same way for every policy (``rejected``); every chooser places a pod that fits,
 so no policy leaves more pods pending than another.
 
 Environment: ``CHURN_EVENTS`` (default 20000), ``CHURN_SEEDS`` (traces per board and mix,
-default 3), ``TARGET_BUSY`` (default 0.8).
+default 3), ``TARGET_BUSY`` (default 0.8), ``ORDER_LAGS`` (default ``0,1,2,4,8``).
 """
 
 from __future__ import annotations
