@@ -17,9 +17,11 @@ of the cards busy, on simulated boards, for several ways of choosing a pod's N c
   fit. Idealised: the order is current at every allocation;
 - ``dra_topology_order_lagK``: the same claim over the order the driver publishes
   (``resourceslices.allocation_order``: fewest free in the switch, smaller switch, fewest free
-  in the root port, NUMA node, minor), computed from the cards held K allocations ago (the
-  allocations the scheduler made before the driver re-published; departures are seen with the
-  same delay). ``lag0``: current at every allocation;
+  in the root port, NUMA node, minor) from what it knows: every release, and every allocation
+  but the last K (the scheduler made them before their Prepare reached the driver and it
+  re-published). ``lag0``: current at every allocation;
+- ``dra_topology_order_snapshotK``: the order published just after allocation i - K, releases
+  since then unknown too (a driver that re-publishes only every K allocations or so);
 - ``dra_topology_order_static``: that order computed once with nothing held, never re-published.
 
 The devices, their order and attributes are what the driver publishes for the board
@@ -28,7 +30,8 @@ rejected the same way for every policy (``rejected``); every chooser places a po
 so no policy leaves more pods pending than another.
 
 Environment: ``CHURN_EVENTS`` (default 20000), ``CHURN_SEEDS`` (traces per board and mix,
-default 3), ``TARGET_BUSY`` (default 0.8), ``ORDER_LAGS`` (default ``0,1,2,4,8``).
+default 3), ``TARGET_BUSY`` (default 0.8), ``ORDER_LAGS`` (default ``0,1,2,4,8``),
+``ORDER_SNAPSHOTS`` (default ``1,4``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ SEEDS = int(os.environ.get("CHURN_SEEDS", "3"))
 TARGET_BUSY = float(os.environ.get("TARGET_BUSY", "0.8"))
 BOARDS = ["vendor-8card", "2socket-16card", "nosw-8card"]
 LAGS = [int(x) for x in os.environ.get("ORDER_LAGS", "0,1,2,4,8").split(",")]
+SNAPSHOTS = [int(x) for x in os.environ.get("ORDER_SNAPSHOTS", "1,4").split(",")]
 LEVELS = ("pcieSwitch", "pcieRootPort", "resource.kubernetes.io/numaNode")
 
 
@@ -131,23 +135,35 @@ def busiest_first(devices_in_order: list[tuple[str, dict[str, Any]]]) -> churn.C
     return choose
 
 
-def topology_ordered(raw: list[dict[str, Any]], lag: int) -> churn.Choose:
-    """The switch-local claim over the driver's topology order (``allocation_order``), ``lag``
-    allocations stale: the order the scheduler sees at allocation i is the one the driver
-    published from the cards busy just after allocation i - lag (0: current)."""
-    history: list[set[str]] = []  # cards busy after each allocation (departures seen later)
+def topology_ordered(
+    raw: list[dict[str, Any]], lag: int, *, snapshot: bool = False
+) -> churn.Choose:
+    """The switch-local claim over the driver's topology order (``allocation_order``), stale.
+
+    ``lag``: the driver does not know the last ``lag`` allocations yet (made by the scheduler
+    before their Prepare reached the driver and it re-published); it knows every release (an
+    Unprepare comes with it). ``snapshot``: the order is the one published just after
+    allocation i - ``lag``, releases since then unknown too (a driver re-publishing only now
+    and then). ``lag`` 0: current at every allocation.
+    """
+    names = {resourceslices.node_device(d["name"]): d["name"] for d in raw}
+    recent: list[list[str]] = []  # the cards of the last allocations, newest last
+    history: list[set[str]] = []  # cards busy just after each allocation
 
     def choose(available: Sequence[str], size: int) -> list[str]:
-        everything = {resourceslices.node_device(d["name"]) for d in raw}
-        held = everything - set(available) if lag == 0 or len(history) < lag else history[-lag]
-        busy = {d["name"] for d in raw if resourceslices.node_device(d["name"]) in held}
+        held = set(names) - set(available)
+        if lag and snapshot:
+            held = history[-lag] if len(history) >= lag else set()
+        elif lag:
+            held -= {card for cards in recent[-lag:] for card in cards}
         order = [
             (resourceslices.node_device(d["name"]), _values(d))
-            for d in resourceslices.allocation_order(raw, busy)
+            for d in resourceslices.allocation_order(raw, {names[c] for c in held})
         ]
         chosen = switch_local(order)(available, size)
-        history.append(everything - set(available) | set(chosen))
-        del history[: -max(lag, 1)]
+        recent.append(chosen)
+        history.append(set(names) - set(available) | set(chosen))
+        del recent[: -max(lag, 1)], history[: -max(lag, 1)]
         return chosen
 
     return choose
@@ -179,6 +195,19 @@ def one_board(name: str, directory: str) -> dict[str, Any]:
         **{
             f"dra_topology_order_lag{lag}": topology_ordered(raw_devices(root), lag) for lag in LAGS
         },
+        **{
+            f"dra_topology_order_snapshot{lag}": topology_ordered(
+                raw_devices(root), lag, snapshot=True
+            )
+            for lag in SNAPSHOTS
+        },
+        # Ordered once with nothing held, never re-published (lone cards first: a static order).
+        "dra_topology_order_static": switch_local(
+            [
+                (resourceslices.node_device(d["name"]), _values(d))
+                for d in resourceslices.allocation_order(raw_devices(root), ())
+            ]
+        ),
     }
     cards = len(board.names)
     result: dict[str, Any] = {"board": name, "cards": cards, "mixes": {}}
