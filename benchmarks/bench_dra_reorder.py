@@ -117,6 +117,8 @@ async def run(order: str, pacing: str, trace: list[churn.Event]) -> dict[str, An
             await asyncio.sleep(publisher.REORDER_DELAY + 0.5)
             seconds = time.perf_counter() - started
             after = counts(fake)
+            wanted = [d["name"] for d in pub.ordered(env.devices.published())]
+            current = [d["name"] for d in published(fake)] == wanted
             stop.set()
             await task
         await client.close()
@@ -131,6 +133,7 @@ async def run(order: str, pacing: str, trace: list[churn.Event]) -> dict[str, An
         "requests_per_change": (
             round((spent["writes"] + spent["reads"]) / changes, 3) if changes else None
         ),
+        "published_order_current_at_end": current,
         "seconds": round(seconds, 1),
     }
 
