@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from enflame_gcu import allocation, devices, health, resourceslices, topology
-from enflame_gcu.dra_plugin import apiserver, publisher
+from enflame_gcu.dra_plugin import apiserver, node, publisher
 from enflame_gcu.dra_plugin import config as dra_config
 from enflame_gcu.errors import ConfigError
 from enflame_gcu.simulation import simulate, topofile
@@ -300,3 +300,22 @@ def test_the_device_order_flag_and_its_environment_variable() -> None:
         dra_config.parse(["--node-name", "n", "--device-order", "busiest"], {})
     with pytest.raises(ConfigError, match="--device-order must be one of topology, index"):
         dra_config.DraConfig(node_name="n", device_order="busiest")
+
+
+def test_a_device_never_moves_to_another_slice_of_a_split_pool() -> None:
+    with harness.simulated_node() as where:
+        options = resourceslices.PublishOptions(devices_per_slice=4)
+        devices_now = node.NodeDevices(where.root, options, health_interval=0.1)
+        held = {"gcu-0", "gcu-5"}
+        pub = publisher.Publisher(None, devices_now, NODE, busy=lambda: held)  # type: ignore[arg-type]
+        minor = devices_now.published()
+        ordered = pub.ordered(minor)
+        names = [str(d["name"]) for d in ordered]
+        # Slices of 4: gcu-0..3 stay in the first, gcu-4..7 in the second; each is ordered.
+        assert sorted(names[:4]) == [f"gcu-{i}" for i in range(4)]
+        assert sorted(names[4:]) == [f"gcu-{i}" for i in range(4, 8)]
+        assert names != [str(d["name"]) for d in minor]
+        assert names[:4] == [d["name"] for d in resourceslices.allocation_order(minor[:4], held)]
+        slices = resourceslices.build_slices(NODE, None, ordered, 3, options)
+        assert [[d["name"] for d in s["spec"]["devices"]] for s in slices] == [names[:4], names[4:]]
+        assert {s["spec"]["pool"]["generation"] for s in slices} == {3}
