@@ -22,7 +22,9 @@ of the cards busy, on simulated boards, for several ways of choosing a pod's N c
   re-published). ``lag0``: current at every allocation;
 - ``dra_topology_order_snapshotK``: the order published just after allocation i - K, releases
   since then unknown too (a driver that re-publishes only every K allocations or so);
-- ``dra_topology_order_static``: that order computed once with nothing held, never re-published.
+- ``dra_topology_order_static``: that order computed once with nothing held, never re-published;
+- ``dra_plain_topology_order_lagK``: the plain path (no webhook) over the driver's topology
+  order, lag 0 and 1.
 
 The devices, their order and attributes are what the driver publishes for the board
 (``resourceslices.node_devices``), not a copy. A request that does not fit in the free cards is
@@ -136,7 +138,7 @@ def busiest_first(devices_in_order: list[tuple[str, dict[str, Any]]]) -> churn.C
 
 
 def topology_ordered(
-    raw: list[dict[str, Any]], lag: int, *, snapshot: bool = False
+    raw: list[dict[str, Any]], lag: int, *, snapshot: bool = False, plain: bool = False
 ) -> churn.Choose:
     """The switch-local claim over the driver's topology order (``allocation_order``), stale.
 
@@ -144,7 +146,8 @@ def topology_ordered(
     before their Prepare reached the driver and it re-published); it knows every release (an
     Unprepare comes with it). ``snapshot``: the order is the one published just after
     allocation i - ``lag``, releases since then unknown too (a driver re-publishing only now
-    and then). ``lag`` 0: current at every allocation.
+    and then). ``lag`` 0: current at every allocation. ``plain``: the scheduler's own claim
+    (no webhook: first fit, no constraint) over that order.
     """
     names = {resourceslices.node_device(d["name"]): d["name"] for d in raw}
     recent: list[list[str]] = []  # the cards of the last allocations, newest last
@@ -160,7 +163,10 @@ def topology_ordered(
             (resourceslices.node_device(d["name"]), _values(d))
             for d in resourceslices.allocation_order(raw, {names[c] for c in held})
         ]
-        chosen = switch_local(order)(available, size)
+        if plain:
+            chosen = first_fit([name for name, _ in order])(available, size)
+        else:
+            chosen = switch_local(order)(available, size)
         recent.append(chosen)
         history.append(set(names) - set(available) | set(chosen))
         del recent[: -max(lag, 1)], history[: -max(lag, 1)]
@@ -200,6 +206,12 @@ def one_board(name: str, directory: str) -> dict[str, Any]:
                 raw_devices(root), lag, snapshot=True
             )
             for lag in SNAPSHOTS
+        },
+        **{
+            f"dra_plain_topology_order_lag{lag}": topology_ordered(
+                raw_devices(root), lag, plain=True
+            )
+            for lag in (0, 1)
         },
         # Ordered once with nothing held, never re-published (lone cards first: a static order).
         "dra_topology_order_static": switch_local(
