@@ -260,8 +260,9 @@ def build_parser(
         default=env.get("ENFLAME_DEVICE_ORDER", "topology"),
         help="topology: publish devices busiest PCIe switch, root port, NUMA node first, "
         "re-ordered as claims are prepared and unprepared (the scheduler's first fit is then "
-        "a best fit); index: minor order, slices written only when devices change "
-        + _given("ENFLAME_DEVICE_ORDER", "topology"),
+        "the device plugin's best fit for claims with matchAttribute, as the webhook makes); "
+        "index: minor order, slices written only when devices change (keeps more locality "
+        "for multi-card claims without constraints) " + _given("ENFLAME_DEVICE_ORDER", "topology"),
     )
     parser.add_argument(
         "--health-interval",
