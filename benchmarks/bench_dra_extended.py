@@ -1,7 +1,7 @@
 """Unmodified ``enflame.com/gcu: N`` pods on a DRA node: switch-local share under churn; JSON.
 
 Replays seeded churn traces (``churn.make_trace``, the model of bench_churn.py) at about 80 %
-of the cards busy, on simulated boards, for three ways of choosing a pod's N cards:
+of the cards busy, on simulated boards, for several ways of choosing a pod's N cards:
 
 - ``device_plugin``: the device plugin's topology policy (``allocation.TopologyPolicy``);
 - ``dra_plain``: the KEP-5004 path without a webhook: the scheduler's claim asks N devices of
@@ -14,16 +14,26 @@ of the cards busy, on simulated boards, for three ways of choosing a pod's N car
   lacking the attribute is never chosen for that alternative). One card: no constraint;
 - ``dra_switch_local_busiest_first``: the same claim, with the devices published busiest switch
   first (fewest free cards, then published order), so the allocator's first fit becomes a best
-  fit. Idealised: the order is current at every allocation, which a driver re-publishing its
-  slices after each Prepare/Unprepare only approaches (not implemented; what it would gain).
+  fit. Idealised: the order is current at every allocation;
+- ``dra_topology_order_lagK``: the same claim over the order the driver publishes
+  (``resourceslices.allocation_order``: fewest free in the switch, smaller switch, fewest free
+  in the root port, NUMA node, minor) from what it knows: every release, and every allocation
+  but the last K (the scheduler made them before their Prepare reached the driver and it
+  re-published). ``lag0``: current at every allocation;
+- ``dra_topology_order_snapshotK``: the order published just after allocation i - K, releases
+  since then unknown too (a driver that re-publishes only every K allocations or so);
+- ``dra_topology_order_static``: that order computed once with nothing held, never re-published;
+- ``dra_plain_topology_order_lagK``: the plain path (no webhook) over the driver's topology
+  order, lag 0 and 1.
 
 The devices, their order and attributes are what the driver publishes for the board
 (``resourceslices.node_devices``), not a copy. A request that does not fit in the free cards is
-rejected the same way for every policy (``rejected``); all three always place a pod that fits,
+rejected the same way for every policy (``rejected``); every chooser places a pod that fits,
 so no policy leaves more pods pending than another.
 
 Environment: ``CHURN_EVENTS`` (default 20000), ``CHURN_SEEDS`` (traces per board and mix,
-default 3), ``TARGET_BUSY`` (default 0.8).
+default 3), ``TARGET_BUSY`` (default 0.8), ``ORDER_LAGS`` (default ``0,1,2,4,8``),
+``ORDER_SNAPSHOTS`` (default ``1,4``).
 """
 
 from __future__ import annotations
@@ -47,6 +57,8 @@ EVENTS = int(os.environ.get("CHURN_EVENTS", "20000"))
 SEEDS = int(os.environ.get("CHURN_SEEDS", "3"))
 TARGET_BUSY = float(os.environ.get("TARGET_BUSY", "0.8"))
 BOARDS = ["vendor-8card", "2socket-16card", "nosw-8card"]
+LAGS = [int(x) for x in os.environ.get("ORDER_LAGS", "0,1,2,4,8").split(",")]
+SNAPSHOTS = [int(x) for x in os.environ.get("ORDER_SNAPSHOTS", "1,4").split(",")]
 LEVELS = ("pcieSwitch", "pcieRootPort", "resource.kubernetes.io/numaNode")
 
 
@@ -54,11 +66,20 @@ def published(root: str) -> list[tuple[str, dict[str, Any]]]:
     """``[(gcuN, {attribute: value})]`` in the order the driver publishes the devices."""
     inventory = devices.discover(root)
     report = health.check(root, inventory.cards)
-    result = []
-    for device in resourceslices.node_devices(inventory, report.healthy()):
-        values = {k: next(iter(v.values())) for k, v in device["attributes"].items()}
-        result.append((resourceslices.node_device(device["name"]), values))
-    return result
+    return [
+        (resourceslices.node_device(device["name"]), _values(device))
+        for device in resourceslices.node_devices(inventory, report.healthy())
+    ]
+
+
+def raw_devices(root: str) -> list[dict[str, Any]]:
+    """The devices as the driver publishes them (in minor order)."""
+    inventory = devices.discover(root)
+    return resourceslices.node_devices(inventory, health.check(root, inventory.cards).healthy())
+
+
+def _values(device: dict[str, Any]) -> dict[str, Any]:
+    return {k: next(iter(v.values())) for k, v in device["attributes"].items()}
 
 
 def first_fit(order: Sequence[str]) -> churn.Choose:
@@ -116,6 +137,44 @@ def busiest_first(devices_in_order: list[tuple[str, dict[str, Any]]]) -> churn.C
     return choose
 
 
+def topology_ordered(
+    raw: list[dict[str, Any]], lag: int, *, snapshot: bool = False, plain: bool = False
+) -> churn.Choose:
+    """The switch-local claim over the driver's topology order (``allocation_order``), stale.
+
+    ``lag``: the driver does not know the last ``lag`` allocations yet (made by the scheduler
+    before their Prepare reached the driver and it re-published); it knows every release (an
+    Unprepare comes with it). ``snapshot``: the order is the one published just after
+    allocation i - ``lag``, releases since then unknown too (a driver re-publishing only now
+    and then). ``lag`` 0: current at every allocation. ``plain``: the scheduler's own claim
+    (no webhook: first fit, no constraint) over that order.
+    """
+    names = {resourceslices.node_device(d["name"]): d["name"] for d in raw}
+    recent: list[list[str]] = []  # the cards of the last allocations, newest last
+    history: list[set[str]] = []  # cards busy just after each allocation
+
+    def choose(available: Sequence[str], size: int) -> list[str]:
+        held = set(names) - set(available)
+        if lag and snapshot:
+            held = history[-lag] if len(history) >= lag else set()
+        elif lag:
+            held -= {card for cards in recent[-lag:] for card in cards}
+        order = [
+            (resourceslices.node_device(d["name"]), _values(d))
+            for d in resourceslices.allocation_order(raw, {names[c] for c in held})
+        ]
+        if plain:
+            chosen = first_fit([name for name, _ in order])(available, size)
+        else:
+            chosen = switch_local(order)(available, size)
+        recent.append(chosen)
+        history.append(set(names) - set(available) | set(chosen))
+        del recent[: -max(lag, 1)], history[: -max(lag, 1)]
+        return chosen
+
+    return choose
+
+
 def calibrate(cards: int, mix: dict[int, float], seed: int) -> tuple[float, float]:
     """The arrival probability whose trace keeps about ``TARGET_BUSY`` of the cards busy."""
     best = (0.5, 0.0)
@@ -139,6 +198,28 @@ def one_board(name: str, directory: str) -> dict[str, Any]:
         "dra_plain": first_fit([n for n, _ in order]),
         "dra_switch_local": switch_local(order),
         "dra_switch_local_busiest_first": busiest_first(order),
+        **{
+            f"dra_topology_order_lag{lag}": topology_ordered(raw_devices(root), lag) for lag in LAGS
+        },
+        **{
+            f"dra_topology_order_snapshot{lag}": topology_ordered(
+                raw_devices(root), lag, snapshot=True
+            )
+            for lag in SNAPSHOTS
+        },
+        **{
+            f"dra_plain_topology_order_lag{lag}": topology_ordered(
+                raw_devices(root), lag, plain=True
+            )
+            for lag in (0, 1)
+        },
+        # Ordered once with nothing held, never re-published (lone cards first: a static order).
+        "dra_topology_order_static": switch_local(
+            [
+                (resourceslices.node_device(d["name"]), _values(d))
+                for d in resourceslices.allocation_order(raw_devices(root), ())
+            ]
+        ),
     }
     cards = len(board.names)
     result: dict[str, Any] = {"board": name, "cards": cards, "mixes": {}}
@@ -167,7 +248,13 @@ def one_board(name: str, directory: str) -> dict[str, Any]:
         ours = totals["dra_switch_local"]["switch_local_share"]
         plain = totals["dra_plain"]["switch_local_share"]
         ordered = totals["dra_switch_local_busiest_first"]["switch_local_share"]
+        ratios = {
+            p: round(row["switch_local_share"] / dp, 4)
+            for p, row in totals.items()
+            if dp and row["switch_local_share"] is not None
+        }
         result["mixes"][mix_name] = {
+            "vs_device_plugin": ratios,
             "mean_busy_share": round(sum(shares) / len(shares), 3),
             "policies": totals,
             "ours_vs_device_plugin": round(ours / dp, 4) if dp and ours is not None else None,

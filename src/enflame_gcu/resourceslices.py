@@ -38,7 +38,7 @@ fields and the card is simply exclusive.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -416,3 +416,46 @@ def check_pool(slices: Sequence[Mapping[str, Any]]) -> list[str]:
                         f"{entry.get('counterSet')!r}, which the pool does not define so"
                     )
     return problems
+
+
+ORDERS = ("topology", "index")  # published device order: --device-order
+
+
+def _group_key(device: Mapping[str, Any], name: str) -> Any:
+    """A device's value of one grouping attribute; its own name when it has none."""
+    value = (device.get("attributes") or {}).get(name)
+    return next(iter(value.values())) if value else ("own", device.get("name"))
+
+
+def allocation_order(
+    device_list: Sequence[dict[str, Any]], busy: Collection[str]
+) -> list[dict[str, Any]]:
+    """``device_list`` ordered so the scheduler's first fit is the device plugin's best fit.
+
+    The allocator takes devices in published order (DRA.md §5), and a ``matchAttribute``
+    alternative takes the first device whose group has room. So the busiest groups go first:
+    fewest free devices in the device's PCIe switch, then the smaller switch, then the fewest
+    free in its root port, then in its NUMA node, then the given (minor) order. A pod then
+    fills a half-used switch before it breaks a whole one, and a single card goes to a lone
+    card's switch before a pair's, as ``allocation.TopologyPolicy`` chooses. A device without
+    one of the attributes is its own group at that level. ``busy``: published names of the
+    allocated devices. Only the order changes: the devices are the same objects.
+    """
+    levels = ("pcieSwitch", "pcieRootPort", f"{STANDARD_DOMAIN}/numaNode")
+    free: list[dict[Any, int]] = [{} for _ in levels]
+    size: dict[Any, int] = {}
+    keys: list[tuple[Any, ...]] = []
+    for device in device_list:
+        key = tuple(_group_key(device, level) for level in levels)
+        keys.append(key)
+        size[key[0]] = size.get(key[0], 0) + 1
+        taken = str(device.get("name")) in busy
+        for counts, value in zip(free, key, strict=True):
+            counts[value] = counts.get(value, 0) + (0 if taken else 1)
+
+    def rank(i: int) -> tuple[int, ...]:
+        left = [counts[v] for counts, v in zip(free, keys[i], strict=True)]
+        return (left[0], size[keys[i][0]], *left[1:], i)
+
+    ranked = sorted(range(len(device_list)), key=rank)
+    return [device_list[i] for i in ranked]

@@ -34,6 +34,7 @@ class DraConfig:
     pod_uid: str = ""
     shared_slices: int = 0
     unhealthy: str = "taint"
+    device_order: str = "topology"  # resourceslices.ORDERS
     health_interval: float = 5.0
     health_disabled: bool = False
     kubeconfig: str = ""
@@ -69,6 +70,11 @@ class DraConfig:
         if self.unhealthy not in UNHEALTHY_MODES:
             raise ConfigError(
                 f"--unhealthy must be one of {', '.join(UNHEALTHY_MODES)}, got {self.unhealthy!r}"
+            )
+        if self.device_order not in resourceslices.ORDERS:
+            raise ConfigError(
+                f"--device-order must be one of {', '.join(resourceslices.ORDERS)}, "
+                f"got {self.device_order!r}"
             )
         try:
             drs.selection_items(self.drs)
@@ -248,6 +254,17 @@ def build_parser(
         + _given("ENFLAME_UNHEALTHY", "taint"),
     )
     parser.add_argument(
+        "--device-order",
+        metavar="{" + ",".join(resourceslices.ORDERS) + "}",
+        type=_choice(resourceslices.ORDERS),
+        default=env.get("ENFLAME_DEVICE_ORDER", "topology"),
+        help="topology: publish devices busiest PCIe switch, root port, NUMA node first, "
+        "re-ordered as claims are prepared and unprepared (the scheduler's first fit is then "
+        "the device plugin's best fit for claims with matchAttribute, as the webhook makes); "
+        "index: minor order, slices written only when devices change (keeps more locality "
+        "for multi-card claims without constraints) " + _given("ENFLAME_DEVICE_ORDER", "topology"),
+    )
+    parser.add_argument(
         "--health-interval",
         metavar="SECONDS",
         type=_seconds,
@@ -314,6 +331,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         pod_uid=args.pod_uid,
         shared_slices=args.shared_slices,
         unhealthy=args.unhealthy,
+        device_order=args.device_order,
         health_interval=args.health_interval,
         health_disabled=(disabled or "") not in ("", "false", "0"),
         kubeconfig=args.kubeconfig,

@@ -98,11 +98,22 @@ class Driver:
         # Seconds between looks at the cards holding prepared DRS instances (watch_cards).
         self.recheck_interval = RECHECK_SECONDS
         self._running: set[asyncio.Future[Any]] = set()
+        # Called after a Prepare or Unprepare call changed the claims on record (the publisher
+        # re-orders the devices: resourceslices.allocation_order).
+        self.on_change: Callable[[], None] = lambda: None
 
     @property
     def prepared(self) -> Mapping[str, checkpoint.PreparedClaim]:
         """The claims on record, by UID."""
         return dict(self._claims)
+
+    def held_devices(self) -> frozenset[str]:
+        """Published names of the devices the claims on record hold (preparing or prepared)."""
+        return frozenset(d.device for claim in self._claims.values() for d in claim.devices)
+
+    def _changed(self, before: frozenset[str]) -> None:
+        if self.held_devices() != before:
+            self.on_change()
 
     # --- serialising with other instances ------------------------------------------------
 
@@ -297,6 +308,7 @@ class Driver:
         self, refs: Sequence[claims.ClaimRef], deadline: float | None
     ) -> dict[str, Outcome]:
         results: dict[str, Outcome] = {}
+        before = self.held_devices()
         try:
             async with self._serialized():
                 for ref in refs:
@@ -313,6 +325,8 @@ class Driver:
             log.error("cannot prepare claims: %s", exc)
             self._observe("prepare", time.perf_counter(), exc)
             return {ref.uid: f"cannot prepare claim {ref}: {exc}" for ref in refs}
+        finally:
+            self._changed(before)
         return results
 
     def _observe(self, operation: str, started: float, failure: BaseException | None) -> None:
@@ -764,6 +778,7 @@ class Driver:
 
     async def _unprepare_all(self, refs: Sequence[claims.ClaimRef]) -> dict[str, str]:
         results: dict[str, str] = {}
+        before = self.held_devices()
         try:
             async with self._serialized():
                 for ref in refs:
@@ -792,6 +807,8 @@ class Driver:
             log.error("cannot unprepare claims: %s", exc)
             self._observe("unprepare", time.perf_counter(), exc)
             return {ref.uid: f"cannot unprepare claim {ref}: {exc}" for ref in refs}
+        finally:
+            self._changed(before)
         return results
 
     async def _release_waiting(self, claim: checkpoint.PreparedClaim) -> None:

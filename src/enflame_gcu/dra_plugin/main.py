@@ -90,7 +90,15 @@ async def run(settings: dra_config.DraConfig) -> int:
     cards = asyncio.ensure_future(prepare.watch_cards())
     beat = asyncio.ensure_future(exported.heartbeat())
     if settings.publish:
-        publish = publisher.Publisher(api, devices, settings.node_name, metrics=exported)
+        publish = publisher.Publisher(
+            api,
+            devices,
+            settings.node_name,
+            metrics=exported,
+            order=settings.device_order,
+            busy=prepare.held_devices,
+        )
+        prepare.on_change = publish.claims_changed
         tasks.append(asyncio.ensure_future(_publish_while_serving(plugin, publish, stop)))
     ended_alone = False
     try:

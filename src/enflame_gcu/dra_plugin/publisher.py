@@ -17,6 +17,16 @@ are published exclusive (and say ``shareable: false``); one without partitionabl
 whole only (their partitions would be independent devices the scheduler could hand out beside
 the whole card).
 
+Device order (``order="topology"``, the default): the scheduler's allocator takes devices in
+published order, first fit (DRA.md §5), so the devices are published busiest group first
+(``resourceslices.allocation_order``) from the cards the driver's prepared claims hold; a
+claim prepared or unprepared re-orders them (:meth:`Publisher.claims_changed`). Such a write
+waits :data:`REORDER_DELAY` after the change and after the previous write, so a burst of claims
+is one write and a busy node writes at most once per delay. A device never moves to another
+slice (only within its own), and the write is like any other change: every slice of the pool
+at the next generation. ``order="index"`` keeps minor order: slices change only with the
+devices.
+
 A server that keeps storing something other than what was written (a field it drops that this
 driver does not know) would make every sync write again: after :data:`MAX_UNCONVERGED` such
 writes in a row the publisher stops writing for a while (doubling up to
@@ -30,7 +40,7 @@ import contextlib
 import dataclasses
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from enflame_gcu import resourceslices
@@ -45,6 +55,8 @@ WATCH_RETRY_DELAY = 1.0
 MAX_UNCONVERGED = 3  # writes in a row that the server stored otherwise, then back off
 FIRST_BACKOFF = 30.0
 MAX_BACKOFF = 600.0
+REORDER_DELAY = 1.0  # seconds after a claim change, and at least between two re-orderings
+ORDERS = resourceslices.ORDERS
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i|[kMGTPE]|m|)$")
 _FACTORS = {
     "": 1,
@@ -221,8 +233,17 @@ class Publisher:
         *,
         resync_interval: float = RESYNC_INTERVAL,
         metrics: observability.DriverMetrics | None = None,
+        order: str = "topology",
+        busy: Callable[[], Collection[str]] | None = None,
+        reorder_delay: float = REORDER_DELAY,
     ) -> None:
+        if order not in ORDERS:
+            raise ValueError(f"device order {order!r} is not one of {', '.join(ORDERS)}")
         self.api = api
+        self.order = order
+        self.busy = busy or frozenset
+        self.reorder_delay = reorder_delay
+        self._claims_changed = asyncio.Event()
         self.metrics = metrics
         self.devices = devices
         self.node_name = node_name
@@ -245,11 +266,32 @@ class Publisher:
         return resourceslices.build_slices(
             self.node_name,
             self._node_uid,
-            self.devices.published(),
+            self.ordered(self.devices.published()),
             generation,
             self.devices.options,
             counter_sets=self.devices.counter_sets(),
         )
+
+    def ordered(self, device_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The devices in publishing order; each stays in the slice its index puts it in."""
+        if self.order == "index":
+            return device_list
+        busy = set(self.busy())
+        size = max(1, min(self.devices.options.devices_per_slice, resourceslices.MAX_DEVICES))
+        result: list[dict[str, Any]] = []
+        for start in range(0, len(device_list), size):
+            result += resourceslices.allocation_order(device_list[start : start + size], busy)
+        return result
+
+    def claims_changed(self) -> None:
+        """A claim was prepared or unprepared: re-order the devices soon (debounced)."""
+        if self.order != "index":
+            self._claims_changed.set()
+
+    async def _settle_claims(self, stop: asyncio.Event) -> None:
+        """Wait out the re-ordering delay: the claims changing meanwhile make one write."""
+        await aio.first(stop.wait(), asyncio.sleep(self.reorder_delay))
+        self._claims_changed.clear()
 
     async def sync(self) -> bool:
         """Make the API server hold the desired slices; True when something was written."""
@@ -434,6 +476,9 @@ class Publisher:
         try:
             while not stop.is_set():
                 self._wake.clear()
+                if self._claims_changed.is_set() and self.devices.version == seen:
+                    await self._settle_claims(stop)  # only claims changed: coalesce them
+                self._claims_changed.clear()
                 seen = self.devices.version
                 try:
                     await self.sync()
@@ -451,6 +496,7 @@ class Publisher:
                     stop.wait(),
                     self._wake.wait(),
                     self.devices.changed(seen),
+                    self._claims_changed.wait(),
                     asyncio.sleep(self.resync_interval),
                 )
         finally:
