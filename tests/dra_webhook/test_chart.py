@@ -175,3 +175,34 @@ def test_the_static_manifest_matches_the_chart(rendered: dict[str, dict[str, Any
     assert annotation["cert-manager.io/inject-ca-from"] == "kube-system/enflame-dra-webhook"
     volume = by_kind["Deployment"]["spec"]["template"]["spec"]["volumes"][0]["secret"]
     assert volume["secretName"] == certificate["spec"]["secretName"]
+
+
+def _device_order(tmp_path: Any, dra: dict[str, Any]) -> list[str]:
+    rendered = helm_render.render(str(tmp_path), {"dra": {"enabled": True, **dra}})
+    (daemonset,) = [d for d in rendered["daemonset-dra-plugin.yaml"] if d["kind"] == "DaemonSet"]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    return [a for a in container["args"] if a.startswith("--device-order")]
+
+
+@pytest.mark.parametrize(
+    ("dra", "expected"),
+    [
+        ({}, "topology"),
+        ({"webhook": {"enabled": True}}, "topology"),
+        # The plain path alone: its claims carry no constraint, and minor order serves them
+        # better than topology order (docs/benchmarks.md, bench_dra_extended).
+        ({"extendedResource": True}, "index"),
+        ({"extendedResource": True, "webhook": {"enabled": True}}, "topology"),
+        ({"extendedResource": True, "deviceOrder": "topology"}, "topology"),
+        ({"deviceOrder": "index"}, "index"),
+    ],
+)
+def test_the_driver_publishes_in_the_order_its_claims_are_served_best_by(
+    tmp_path: Any, dra: dict[str, Any], expected: str
+) -> None:
+    assert _device_order(tmp_path, dra) == [f"--device-order={expected}"]
+
+
+def test_a_device_order_the_driver_does_not_know_is_refused(tmp_path: Any) -> None:
+    with pytest.raises(AssertionError, match="deviceOrder"):
+        helm_render.render(str(tmp_path), {"dra": {"enabled": True, "deviceOrder": "busiest"}})
