@@ -14,9 +14,11 @@ import yaml
 
 from enflame_gcu.gcu_operator import api, crd, runner, webhook
 from enflame_gcu.gcu_operator import resource as rs
+from tests.deploy import helm_render
 from tests.gcu_operator.fake_api import FakeApi, FakeCluster
 from tests.gcu_operator.helpers import REPO, converge, ours, set_spec, status
 
+needs_helm = pytest.mark.skipif(helm_render.helm_missing(), reason=helm_render.NO_HELM_SDK)
 STATIC = REPO / "deploy" / "dra" / "enflame-dra-webhook.yaml"
 NS = "kube-system"
 # Every object the webhook is made of: (kind, namespaced?, name).
@@ -256,3 +258,40 @@ def test_the_objects_are_the_static_manifests() -> None:
         mine[webhook.REGISTRATION_KEY]["metadata"]["annotations"]
         == (static[("MutatingWebhookConfiguration", webhook.NAME)]["metadata"]["annotations"])
     )
+
+
+@needs_helm
+def test_the_charts_operator_may_make_rewrite_and_delete_them_only(tmp_path: Any) -> None:
+    """The chart's operator RBAC allows every call the webhook's objects need, holds the rules
+    the webhook's ClusterRole grants (RBAC's escalation check), and names what it may rewrite."""
+    from tests.gcu_operator.test_operator_chart import RELEASE_NS, WRITES, Rbac, _docs, _rendered
+
+    rbac = Rbac(_docs(_rendered(tmp_path)))
+    resource = ours(dra={"webhook": {"enabled": True}})
+    resource["metadata"]["uid"] = "u-1"
+    runner.default_namespace(resource, RELEASE_NS)
+    made = webhook.objects(resource, rs.parse(resource["spec"]))
+    for obj in made.values():
+        kind, meta = api.BY_KIND[obj["kind"]], obj["metadata"]
+        where = meta.get("namespace") or ""
+        assert where in ("", RELEASE_NS)
+        for verb in ("get", "list", "watch", "create", "update", "delete"):
+            assert rbac.allows(verb, kind, meta["name"], where), (verb, obj["kind"], meta["name"])
+    for rule in webhook.RULES:
+        for resource_name in rule["resources"]:
+            kind = (
+                api.DEVICE_CLASS
+                if resource_name == "deviceclasses"
+                else api.RESOURCE_CLAIM_TEMPLATE
+            )
+            for verb in rule["verbs"]:
+                assert rbac.allows(verb, kind, "", "some-team"), (verb, resource_name)
+    for kind, name, where in (
+        (api.MUTATING_WEBHOOK, "someone-elses", ""),
+        (api.DEPLOYMENT, "coredns", "kube-system"),
+        (api.DEPLOYMENT, "someone-elses", RELEASE_NS),
+        (api.CERTIFICATE, "someone-elses", RELEASE_NS),
+        (api.ISSUER, "someone-elses", RELEASE_NS),
+    ):
+        for verb in WRITES:
+            assert not rbac.allows(verb, kind, name, where), (verb, kind.kind, name)
