@@ -105,8 +105,10 @@ def _as_stored(obj: Obj) -> Obj:
 class FakeApi:
     """An in-memory API server implementing api.ClusterApi."""
 
-    def __init__(self, dra_served: bool = False) -> None:
+    def __init__(self, dra_served: bool = False, cert_manager_served: bool = False) -> None:
         self.store: dict[Key, Obj] = {}
+        # cert-manager's CRDs (the DRA webhook's certificate): absent unless said.
+        self.cert_manager_served = cert_manager_served
         self.now = 1_700_000_000.0
         self.calls: list[tuple[str, str]] = []
         self.fail_at: dict[int, Exception] = {}
@@ -196,7 +198,7 @@ class FakeApi:
         self, kind: api.Kind, namespace: str | None = None, labels: Mapping[str, str] | None = None
     ) -> list[Obj]:
         self._call("list", kind)
-        if kind in (api.DEVICE_CLASS, api.RESOURCE_CLAIM_TEMPLATE) and not self.dra_served:
+        if not self._serves(kind):
             raise api.ApiError(404, "the server could not find the requested resource")
         out = []
         for obj in self.objects(kind):
@@ -217,7 +219,7 @@ class FakeApi:
             if field in meta:
                 raise api.ApiError(400, f"metadata.{field} must not be set on create")
         validate(kind, obj)
-        if kind in (api.DEVICE_CLASS, api.RESOURCE_CLAIM_TEMPLATE) and not self.dra_served:
+        if not self._serves(kind):
             raise api.ApiError(404, "the server could not find the requested resource")
         runtime_class = (obj.get("spec") or {}).get("runtimeClassName")
         if kind == api.POD and runtime_class and not self.find(api.RUNTIME_CLASS, runtime_class):
@@ -302,7 +304,14 @@ class FakeApi:
 
     def served(self, kind: api.Kind) -> bool:
         self._call("get", kind)
-        return kind != api.DEVICE_CLASS or self.dra_served
+        return self._serves(kind)
+
+    def _serves(self, kind: api.Kind) -> bool:
+        if kind in (api.DEVICE_CLASS, api.RESOURCE_CLAIM_TEMPLATE):
+            return self.dra_served
+        if kind in (api.CERTIFICATE, api.ISSUER):
+            return self.cert_manager_served
+        return True
 
     def _versions(self, kind: api.Kind, labels: Mapping[str, str] | None) -> dict[Key, str]:
         prefix = f"{kind.api_version}/{kind.kind}"
@@ -328,7 +337,7 @@ class FakeApi:
         is, then each change (an object leaving the label selector is DELETED) until
         ``timeout`` seconds have passed on ``watch_clock``."""
         self._call("watch", kind)
-        if kind in (api.DEVICE_CLASS, api.RESOURCE_CLAIM_TEMPLATE) and not self.dra_served:
+        if not self._serves(kind):
             raise api.ApiError(404, "the server could not find the requested resource")
         if timeout < 1:
             raise api.ApiError(400, "timeoutSeconds must be a positive integer")

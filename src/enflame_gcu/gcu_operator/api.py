@@ -53,6 +53,17 @@ CLUSTER_ROLE_BINDING = Kind(
 )
 ROLE = Kind("rbac.authorization.k8s.io/v1", "Role", "roles", namespaced=True)
 ROLE_BINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", namespaced=True)
+# enflame-dra-webhook (spec.dra.webhook): its Deployment, its registration with the API server,
+# and the certificate cert-manager makes for it (served only where cert-manager is installed).
+DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments", namespaced=True)
+MUTATING_WEBHOOK = Kind(
+    "admissionregistration.k8s.io/v1",
+    "MutatingWebhookConfiguration",
+    "mutatingwebhookconfigurations",
+    namespaced=False,
+)
+CERTIFICATE = Kind("cert-manager.io/v1", "Certificate", "certificates", namespaced=True)
+ISSUER = Kind("cert-manager.io/v1", "Issuer", "issuers", namespaced=True)
 BY_KIND = {
     k.kind: k
     for k in (
@@ -70,6 +81,10 @@ BY_KIND = {
         CLUSTER_ROLE_BINDING,
         ROLE,
         ROLE_BINDING,
+        DEPLOYMENT,
+        MUTATING_WEBHOOK,
+        CERTIFICATE,
+        ISSUER,
     )
 }
 

@@ -140,6 +140,45 @@ def _plugin(description: str) -> Obj:
     )
 
 
+def _webhook() -> Obj:
+    """spec.dra.webhook: enflame-dra-webhook, the switch-local rewrite (the chart's dra.webhook)."""
+    return {
+        "type": "object",
+        "description": "ours: enflame-dra-webhook rewrites enflame.com/gcu: N pods to a "
+        "switch-local DRA claim (docs/dra.md, Unmodified pods); needs resource.k8s.io/v1 "
+        "(Kubernetes >= 1.34) and cert-manager (its certificate)",
+        "properties": {
+            "enabled": _flag("deploy it (off by default)"),
+            "namespaceSelector": {
+                "type": "object",
+                "description": "namespaces whose pods are rewritten (a label selector; default "
+                f"matchLabels {rs.WEBHOOK_OPT_IN}: 'true'; {{}} = every namespace)",
+                "properties": {
+                    "matchLabels": {
+                        "type": "object",
+                        "additionalProperties": {"type": "string"},
+                    },
+                    "matchExpressions": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["key", "operator"],
+                            "properties": {
+                                "key": {"type": "string"},
+                                "operator": {
+                                    "type": "string",
+                                    "enum": ["In", "NotIn", "Exists", "DoesNotExist"],
+                                },
+                                "values": {"type": "array", "items": {"type": "string"}},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    }
+
+
 def _flag(description: str) -> Obj:
     return {"type": "boolean", "description": description}
 
@@ -171,6 +210,7 @@ def spec_schema() -> Obj:
                 "there; /usr/local/efsmi/efsmi)",
                 pattern="^(/[^/\\x00]+)+$",
             ),
+            webhook=_webhook(),
         ),
         "validator": _base(
             "ours: a pod per node that asks for one GCU and checks it (on by default)"

@@ -16,6 +16,8 @@ TOP_LEVEL = {
     "RoleBinding": ("subjects", "roleRef"),
 }
 
+WEBHOOK_CONFIGURATION = "MutatingWebhookConfiguration"
+
 
 def key(obj: Mapping[str, Any]) -> Key:
     """(kind, namespace, name) of an object."""
@@ -60,6 +62,9 @@ def needs_update(want: Mapping[str, Any], have: Mapping[str, Any]) -> bool:
             return True
     if want.get("kind") == "DaemonSet":
         return _template_drifted(want["spec"], have.get("spec") or {})
+    if want.get("kind") == WEBHOOK_CONFIGURATION:
+        # A subset: the caBundle cert-manager injects is no difference.
+        return not is_subset(want.get("webhooks"), have.get("webhooks"))
     if want.get("kind") in TOP_LEVEL or want.get("kind") == "ServiceAccount":
         # Exactly: a rule or subject added by hand would grant more than we meant.
         return any(want.get(f) != have.get(f) for f in TOP_LEVEL.get(str(want["kind"]), ()))
@@ -84,6 +89,21 @@ def _template_drifted(want: Mapping[str, Any], have: Mapping[str, Any]) -> bool:
     )
 
 
+def _keep_ca_bundles(want: list[Any], have: list[Any]) -> list[Any]:
+    """Our webhooks, each with the caBundle the one of its name holds (cert-manager's)."""
+    bundles = {
+        h.get("name"): (h.get("clientConfig") or {}).get("caBundle")
+        for h in have
+        if isinstance(h, Mapping)
+    }
+    out = copy.deepcopy(want)
+    for hook in out:
+        bundle = bundles.get(hook.get("name"))
+        if bundle:
+            hook.setdefault("clientConfig", {})["caBundle"] = bundle
+    return out
+
+
 def replacement(want: Mapping[str, Any], have: Mapping[str, Any]) -> Obj:
     """``have`` with our fields from ``want``: a PUT body that keeps what the server owns."""
     out = copy.deepcopy(dict(have))
@@ -96,6 +116,8 @@ def replacement(want: Mapping[str, Any], have: Mapping[str, Any]) -> Obj:
     meta["ownerReferences"] = copy.deepcopy(want["metadata"]["ownerReferences"])
     if want.get("kind") == "DaemonSet":
         out["spec"] = copy.deepcopy(want["spec"])
+    elif want.get("kind") == WEBHOOK_CONFIGURATION:
+        out["webhooks"] = _keep_ca_bundles(want.get("webhooks") or [], have.get("webhooks") or [])
     elif want.get("kind") in TOP_LEVEL or want.get("kind") == "ServiceAccount":
         for field in TOP_LEVEL.get(str(want["kind"]), ()):
             out[field] = copy.deepcopy(want[field])

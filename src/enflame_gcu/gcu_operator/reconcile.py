@@ -14,7 +14,16 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from enflame_gcu.gcu_operator import components, names, nodes, nodestate, objects, pods, status
+from enflame_gcu.gcu_operator import (
+    components,
+    names,
+    nodes,
+    nodestate,
+    objects,
+    pods,
+    status,
+    webhook,
+)
 from enflame_gcu.gcu_operator import resource as rs
 from enflame_gcu.gcu_operator.actions import (
     Action,
@@ -55,6 +64,8 @@ class Observed:
     allowed_namespaces: frozenset[str] = frozenset()
     # Evictions the API refused last pass (429: a PodDisruptionBudget), by "namespace/name".
     blocked: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Whether cert-manager.io/v1 is served (the DRA webhook's certificate).
+    cert_manager_served: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -145,7 +156,7 @@ def _sync_objects(observed: Observed, want: Mapping[str, Obj], work: _Work) -> s
     uid = _uid(observed)
     conflicted: set[str] = set()
     wanted_keys = set()
-    for key in (*rs.ORDER, *components.EXTRA_KEYS):
+    for key in (*rs.ORDER, *components.EXTRA_KEYS, *webhook.KEYS):
         obj = want.get(key)
         if obj is None:
             continue
@@ -158,9 +169,14 @@ def _sync_objects(observed: Observed, want: Mapping[str, Obj], work: _Work) -> s
             continue  # the chart's or a hand-made RuntimeClass enflame: the same thing, kept
         elif not objects.owned_by(have, uid):
             conflicted.add(key)
+            fix = (
+                "remove it: the webhook of deploy/dra/ or of the chart uses the same names"
+                if key in webhook.KEYS
+                else f"remove it, or give spec.{_named_by(key)}.name another name"
+            )
             work.conflicts.append(
                 f"{k[0]} {k[1]}/{k[2]} exists and was not created by this resource; it is left "
-                f"alone (remove it, or give spec.{_named_by(key)}.name another name)"
+                f"alone ({fix})"
             )
         elif objects.needs_update(obj, have):
             body = objects.replacement(obj, have)
@@ -718,6 +734,15 @@ def plan(observed: Observed) -> Plan:
         observed.dra_service_account,
         scraper_namespace=observed.scraper_namespace,
     )
+    if spec.dra.webhook and rs.DRA in spec.components:
+        refused = webhook.refusal(observed.dra_served, observed.cert_manager_served)
+        if refused:
+            work.conflicts.append(refused)  # said in the status; nothing of it is made
+        want.update(
+            webhook.wanted(
+                observed.resource, spec, observed.dra_served, observed.cert_manager_served
+            )
+        )
     forbidden = _forbidden(observed, spec, work)
     if forbidden:
         want = {
@@ -727,6 +752,7 @@ def plan(observed: Observed) -> Plan:
             and (v["metadata"].get("namespace") or "") not in _namespaces_of(spec, forbidden)
             # Cluster-scoped objects of a component not deployed (the plugin's ClusterRole).
             and not (k in components.PLUGIN_RBAC_KEYS and rs.DEVICE_PLUGIN in forbidden)
+            and not (k in webhook.KEYS and rs.DRA in forbidden)
         }
         spec = dataclasses.replace(
             spec, components={k: c for k, c in spec.components.items() if k not in forbidden}
@@ -909,7 +935,12 @@ def _plan_removal(observed: Observed) -> Plan:
     """Deleting: components in reverse order, the toolkit (its undo) last, then the finalizer."""
     work = _Work()
     resource, uid = _name(observed), _uid(observed)
-    stages = ((rs.VALIDATOR, rs.GFD, rs.EXPORTER), (rs.DRA, rs.DEVICE_PLUGIN), (rs.TOOLKIT,))
+    stages = (
+        # The DRA webhook first: no pod is rewritten for a driver that is going away.
+        (rs.VALIDATOR, rs.GFD, rs.EXPORTER, webhook.COMPONENT),
+        (rs.DRA, rs.DEVICE_PLUGIN),
+        (rs.TOOLKIT,),
+    )
     stuck: list[str] = []
     deleted_at = pods.timestamp(observed.resource["metadata"].get("deletionTimestamp"))
     deleting_for = observed.now - deleted_at if deleted_at is not None else 0.0

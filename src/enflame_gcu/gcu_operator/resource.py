@@ -175,8 +175,16 @@ class DraOptions:
 
     drs: str = ""
     efsmi: str = "/usr/local/efsmi/efsmi"
+    # spec.dra.webhook: enflame-dra-webhook (docs/dra.md, "Unmodified pods"), off by default;
+    # the namespaces whose pods it rewrites (the chart's dra.webhook.namespaceSelector).
+    webhook: bool = False
+    webhook_namespaces: Mapping[str, Any] = dataclasses.field(
+        default_factory=lambda: {"matchLabels": {WEBHOOK_OPT_IN: "true"}}
+    )
 
 
+# The namespace label that opts a namespace's pods in to the switch-local rewrite.
+WEBHOOK_OPT_IN = "gcu.enflame.com/switch-local"
 TELEMETRY_ISOLATION = ("thread", "process")
 # Seconds: at most a day between passes, at most a minute per card (the CRD says the same).
 TELEMETRY_MAX_INTERVAL = 86400
@@ -406,6 +414,23 @@ def _plugin_options(raw: dict[str, Any], path: str, out: list[Unsupported]) -> P
 
 
 def _dra_options(raw: dict[str, Any], out: list[Unsupported]) -> DraOptions:
+    """``spec.dra.drs`` / ``.efsmi`` / ``.webhook`` read; a bad value leaves it off, said so."""
+    options = _drs_options(raw, out)
+    webhook = _fields(raw.get("webhook"))
+    enabled = webhook.get("enabled", False)
+    if not isinstance(enabled, bool):
+        out.append(Unsupported("spec.dra.webhook.enabled", "must be true or false; left off"))
+        return options
+    selector = webhook.get("namespaceSelector", options.webhook_namespaces)
+    if not isinstance(selector, Mapping):
+        out.append(
+            Unsupported("spec.dra.webhook.namespaceSelector", "must be a label selector; left off")
+        )
+        return options
+    return dataclasses.replace(options, webhook=enabled, webhook_namespaces=dict(selector))
+
+
+def _drs_options(raw: dict[str, Any], out: list[Unsupported]) -> DraOptions:
     """``spec.dra.drs`` / ``.efsmi`` read; a bad value leaves DRS off, said so."""
     selection = raw.get("drs", "")
     efsmi = raw.get("efsmi", DraOptions().efsmi)

@@ -13,7 +13,16 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from enflame_gcu.gcu_operator import api, components, names, nodes, objects, pods, reconcile
+from enflame_gcu.gcu_operator import (
+    api,
+    components,
+    names,
+    nodes,
+    objects,
+    pods,
+    reconcile,
+    webhook,
+)
 from enflame_gcu.gcu_operator import resource as rs
 from enflame_gcu.gcu_operator.actions import (
     Action,
@@ -116,6 +125,7 @@ class Operator:
         self._allowed_namespaces = allowed_namespaces
         self._dra_service_account = dra_service_account
         self._dra_served: bool | None = None
+        self._cert_manager_served: bool | None = None
         self._backoff: dict[str, _Backoff] = {}
         # Evictions a PodDisruptionBudget refused in the last pass, per resource uid.
         self._blocked: dict[str, dict[str, str]] = {}
@@ -149,16 +159,25 @@ class Operator:
         ]
         if self._dra_served:
             kinds.append(api.RESOURCE_CLAIM_TEMPLATE)
+        if spec.dra.webhook and not self._cert_manager_served:
+            # Asked each pass until it is served: cert-manager installed later is then seen.
+            self._cert_manager_served = self._api.served(api.CERTIFICATE)
+        kinds += [api.DEPLOYMENT, api.MUTATING_WEBHOOK]
+        if self._cert_manager_served:
+            kinds += [api.ISSUER, api.CERTIFICATE]
+        cert_manager = bool(self._cert_manager_served)
         for obj_kind in kinds:
             for obj in self._api.list(obj_kind, labels=_labelled(resource)):
                 found[objects.key(obj)] = obj
-        for obj in components.desired(
+        want = components.desired(
             resource,
             spec,
             self._dra_served,
             self._dra_service_account,
             scraper_namespace=self._scraper_namespace,
-        ).values():
+        )
+        want.update(webhook.wanted(resource, spec, self._dra_served, cert_manager))
+        for obj in want.values():
             k = objects.key(obj)
             if k not in found:
                 have = self._api.get(api.BY_KIND[k[0]], k[2], k[1] or None)
@@ -179,6 +198,7 @@ class Operator:
             dra_served=self._dra_served,
             now=self._clock(),
             gcu_pods=gcu_pods,
+            cert_manager_served=cert_manager,
         )
 
     def apply(self, kind: api.Kind, resource: Obj, action: Action) -> None:
