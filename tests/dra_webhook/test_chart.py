@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import tomlkit
 
+from enflame_gcu.dra_plugin import config
 from enflame_gcu.dra_webhook import cluster, main, server
 from tests.conftest import PROJECT_ROOT
 from tests.deploy import helm_render
@@ -200,7 +201,10 @@ def _device_order(tmp_path: Any, dra: dict[str, Any]) -> list[str]:
 def test_the_driver_publishes_in_the_order_its_claims_are_served_best_by(
     tmp_path: Any, dra: dict[str, Any], expected: str
 ) -> None:
-    assert _device_order(tmp_path, dra) == [f"--device-order={expected}"]
+    # topology is the driver's own default (as the operator's DaemonSet runs it): no flag.
+    flags = ["--device-order=index"] if expected == "index" else []
+    assert _device_order(tmp_path, dra) == flags
+    assert config.parse(["--node-name=n1"], environ={}).device_order == "topology"
 
 
 def test_a_device_order_the_driver_does_not_know_is_refused(tmp_path: Any) -> None:
