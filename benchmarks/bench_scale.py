@@ -14,13 +14,13 @@ state with the plugin's own writer on the plugin's cadence (tests/controlplane/a
 - **prefill**: pods bound straight to nodes (a seeded pattern of 1/2/4-card pods) up to
   ``--load`` of the cards, so the measured pods meet a fragmented cluster;
 - **scheduler arms**, alternating, ``--runs`` times each: ``default`` (kube-scheduler with no
-  configuration: its adaptive percentageOfNodesToScore, no extender) and ``chart`` (the chart's
-  KubeSchedulerConfiguration as Helm renders it, extender settings and percentageOfNodesToScore
-  included, with ``enflame-scheduler-extender`` as its own process; as the cluster's only
-  scheduler, so every pod pays for it); ``adaptive`` is ``chart`` without its
-  ``percentageOfNodesToScore`` (the scheduler's adaptive default: at 1,000 nodes about 42 %, at
-  5,000 about 10 % of the nodes, never fewer than 100), what a merged configuration costs when it
-  keeps the scheduler's own sampling. Each arm creates ``--pods`` pods at once (1/2/4/8-card,
+  configuration: its adaptive percentageOfNodesToScore, no extender); ``chart`` (the chart's
+  KubeSchedulerConfiguration as Helm renders it, with ``enflame-scheduler-extender`` as its own
+  process, as the cluster's only scheduler, so every pod pays for it; the chart sets no
+  percentageOfNodesToScore by default: the scheduler's adaptive sample, at 1,000 nodes about
+  42 %, at 5,000 about 10 % of the nodes, never fewer than 100); ``score-all`` (``chart`` with
+  ``percentageOfNodesToScore: 100``, what the chart shipped before issue 49: every feasible node
+  scored and sent to the extender). Each arm creates ``--pods`` pods at once (1/2/4/8-card,
   shared-slice and non-GCU: 30/25/10/5/10/20 %), and reports pods bound a second (first create
   to last bind), p50/p99 create-to-bind per kind, pods left pending, and for multi-card pods the
   share whose cards the plugin's allocation put under one PCIe switch; then deletes them and
@@ -31,7 +31,7 @@ state with the plugin's own writer on the plugin's cadence (tests/controlplane/a
   size.
 
     .venv/bin/python benchmarks/bench_scale.py [--nodes 1000,5000] [--pods 500] [--runs 3]
-        [--load 0.5] [--idle 60] [--arms default,chart[,adaptive]] [--operator]
+        [--load 0.5] [--idle 60] [--arms default,chart[,score-all]] [--operator]
 """
 
 from __future__ import annotations
@@ -168,10 +168,10 @@ class _AgentNodeApi:
         await self.nodes.call("DELETE", f"{LEASES}/{name}", kind="node-state-lease")
 
 
-def chart_scheduler_config(port: int, *, adaptive: bool = False) -> dict[str, Any]:
+def chart_scheduler_config(port: int, *, score_all: bool = False) -> dict[str, Any]:
     """The chart's KubeSchedulerConfiguration (Helm renders it), for the cluster's own
     scheduler: its profile named default-scheduler, no leader election, the extender on
-    ``port``; everything else as shipped (``adaptive``: without percentageOfNodesToScore)."""
+    ``port``; everything else as shipped (``score_all``: percentageOfNodesToScore 100)."""
     from tests.deploy import helm_render
 
     with tempfile.TemporaryDirectory(prefix="enflame-chart-") as work:
@@ -188,8 +188,8 @@ def chart_scheduler_config(port: int, *, adaptive: bool = False) -> dict[str, An
     )
     config = dict(yaml.safe_load(config_map["data"]["config.yaml"]))
     config.pop("leaderElection", None)
-    if adaptive:
-        config.pop("percentageOfNodesToScore", None)
+    if score_all:
+        config["percentageOfNodesToScore"] = 100
     config["profiles"] = [{**config["profiles"][0], "schedulerName": "default-scheduler"}]
     for extender in config.get("extenders") or []:
         extender["urlPrefix"] = f"http://127.0.0.1:{port}"
@@ -451,7 +451,7 @@ def run_nodes(count: int, options: argparse.Namespace) -> dict[str, Any]:
                         config = (
                             None
                             if arm == "default"
-                            else chart_scheduler_config(port, adaptive=arm == "adaptive")
+                            else chart_scheduler_config(port, score_all=arm == "score-all")
                         )
                         harness.plane.restart_scheduler(config)
                         time.sleep(3)
@@ -641,7 +641,7 @@ def summarize(arms: list[dict[str, Any]]) -> dict[str, Any]:
             "pending_max": max(a["pending"] for a in mine),
         }
     if "default" in summary:
-        for arm in ("chart", "adaptive"):
+        for arm in ("chart", "score-all"):
             if arm in summary:
                 summary[f"{arm}_over_default"] = round(
                     summary[arm]["pods_per_second_mean"]
@@ -676,8 +676,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     options = parser.parse_args(argv)
     options.arms = [a for a in options.arms.split(",") if a]
-    if not options.arms or not set(options.arms) <= {"default", "chart", "adaptive"}:
-        parser.error("--arms takes default, chart and adaptive")
+    if not options.arms or not set(options.arms) <= {"default", "chart", "score-all"}:
+        parser.error("--arms takes default, chart and score-all")
     report: dict[str, Any] = {
         "machine": {
             "cpus": os.cpu_count(),

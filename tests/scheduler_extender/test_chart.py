@@ -61,6 +61,27 @@ def test_separate_scheduler_matches_the_static_manifest(tmp_path: Any) -> None:
     assert "hostNetwork" not in spec
 
 
+def test_the_scheduler_keeps_its_own_sample_of_nodes_unless_told(tmp_path: Any) -> None:
+    # Scoring every node made every pod wait (docs/benchmarks.md, "percentageOfNodesToScore"):
+    # the shipped configurations leave the scheduler's adaptive sample, the chart lets it be set.
+    def percentage(**extender: Any) -> Any:
+        docs = rendered(tmp_path / str(len(extender)), **extender)["extender.yaml"]
+        return yaml.safe_load(kind(docs, "ConfigMap")["data"]["config.yaml"]).get(
+            "percentageOfNodesToScore"
+        )
+
+    assert percentage() is None
+    assert percentage(percentageOfNodesToScore=100) == 100
+    for config in (
+        *test_deploy.documents("kube-scheduler-config-v1beta1.yaml"),
+        *test_deploy.documents("kube-scheduler-config-v1.yaml"),
+        yaml.safe_load(one("enflame-gcu-scheduler.yaml", "ConfigMap")["data"]["config.yaml"]),
+    ):
+        assert "percentageOfNodesToScore" not in config
+    with pytest.raises(AssertionError, match="percentageOfNodesToScore"):
+        rendered(tmp_path / "bad", percentageOfNodesToScore=101)
+
+
 @pytest.mark.parametrize("version", ["kubescheduler.config.k8s.io/v1"])
 def test_the_configuration_follows_the_api_version_asked_for(tmp_path: Any, version: str) -> None:
     docs = rendered(tmp_path, configApiVersion=version)["extender.yaml"]

@@ -82,7 +82,7 @@ def test_the_extender_listens_where_the_configuration_calls_it() -> None:
         spec = one(name, kind)["spec"]["template"]["spec"]
         (container,) = [c for c in spec["containers"] if c["name"] == "enflame-scheduler-extender"]
         assert container["command"] == ["enflame-scheduler-extender"]
-        assert container["args"] == ["--bind-address=127.0.0.1", "--port=32766"]
+        assert container["args"] == ["--http-address=127.0.0.1:32766"]
         assert spec["securityContext"]["runAsNonRoot"] is True
 
 
