@@ -5,7 +5,8 @@
 #   demo: runc and busybox-static (its real container), gcc (its simulated libefml), and the
 #         project with the device plugin's dependencies ('.[plugin]'); nothing else.
 #   all:  the demo's, then every test's tools: containerd, podman, shellcheck, packaging tools,
-#         prometheus, strace, docker-registry, the dev extras and Helm's library (.venv-helm).
+#         prometheus, strace, docker-registry, openssl, the dev extras and Helm's library
+#         (.venv-helm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 set_name=${1:-all}
@@ -29,6 +30,9 @@ if [ "$set_name" = all ]; then
     # The cluster tier's loopback registry the chart's images are pushed to and pulled from
     # (tests/cluster/test_registry.py); skopeo-free: podman pushes.
     want_debs+=(docker-registry)
+    # The DRA webhook's control-plane test makes the CA and serving certificate the API server
+    # calls it with (tests/controlplane/test_dra_webhook.py).
+    want_debs+=(openssl)
 fi
 missing=()
 # The venv's interpreter: Debian's own python3 (the one the .deb runs on, and the only one on a

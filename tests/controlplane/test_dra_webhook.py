@@ -28,7 +28,7 @@ from tests.controlplane.harness import Harness
 from tests.dra_plugin import slices_helpers
 from tests.dra_plugin.fake_apiserver import FakeApiServer
 
-pytestmark = list(conftest.MARKS)
+pytestmark = [*conftest.MARKS, pytest.mark.xdist_group("controlplane-dra-webhook")]
 MWC = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
 
