@@ -266,7 +266,19 @@ def test_the_charts_operator_may_make_rewrite_and_delete_them_only(tmp_path: Any
     the webhook's ClusterRole grants (RBAC's escalation check), and names what it may rewrite."""
     from tests.gcu_operator.test_operator_chart import RELEASE_NS, WRITES, Rbac, _docs, _rendered
 
-    rbac = Rbac(_docs(_rendered(tmp_path)))
+    # Off by default: the standing grant (any MutatingWebhookConfiguration created, claim
+    # templates in every namespace) only for those who let a GcuResource deploy the webhook.
+    default = Rbac(_docs(_rendered(tmp_path / "default")))
+    for kind, where in ((api.MUTATING_WEBHOOK, ""), (api.RESOURCE_CLAIM_TEMPLATE, "some-team")):
+        assert not default.allows("create", kind, "", where), kind.kind
+    assert not default.allows("create", api.DEPLOYMENT, webhook.NAME, RELEASE_NS)
+    # But every pass reads whether the webhook's objects exist: those reads stay.
+    for kind in (api.MUTATING_WEBHOOK, api.DEPLOYMENT, api.CERTIFICATE, api.ISSUER):
+        for verb in ("get", "list", "watch"):
+            assert default.allows(
+                verb, kind, "", "" if kind is api.MUTATING_WEBHOOK else RELEASE_NS
+            )
+    rbac = Rbac(_docs(_rendered(tmp_path / "on", draWebhook=True)))
     resource = ours(dra={"webhook": {"enabled": True}})
     resource["metadata"]["uid"] = "u-1"
     runner.default_namespace(resource, RELEASE_NS)
