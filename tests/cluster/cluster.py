@@ -191,14 +191,18 @@ def pod_ready(pod: dict[str, Any]) -> bool:
 
 
 def dir_files(dirs: dict[str, str]) -> dict[str, dict[str, bytes]]:
-    """``{key: {file name: content}}`` of each directory in ``dirs`` (one level), to compare a
+    """``{key: {relative path: content}}`` of every file under each directory in ``dirs``
+    (subdirectories too, such as containerd's ``certs.d/<host>/hosts.toml``), to compare a
     node's config dirs before and after."""
     found: dict[str, dict[str, bytes]] = {}
     for key, directory in dirs.items():
         found[key] = {}
-        for entry in sorted(os.listdir(directory)):
-            with open(os.path.join(directory, entry), "rb") as handle:
-                found[key][entry] = handle.read()
+        for root, subdirs, files in os.walk(directory):
+            subdirs.sort()
+            for name in sorted(files):
+                path = os.path.join(root, name)
+                with open(path, "rb") as handle:
+                    found[key][os.path.relpath(path, directory)] = handle.read()
     return found
 
 

@@ -121,16 +121,20 @@ def _push(cluster: Cluster, registry: str) -> list[str]:
     return catalog
 
 
-def _trust_plain_http(cluster: Cluster, registry: str) -> None:
-    """What a user writes for a registry without TLS: containerd's hosts.toml for it."""
+def _trust_plain_http(cluster: Cluster, registry: str) -> list[str]:
+    """What a user writes for a registry without TLS: containerd's hosts.toml for it; returns
+    the directories written, for the test to take away again."""
+    written = []
     for node in cluster.nodes:
         if node.name not in NODES:
             continue
         directory = node.seen_from_here(f"/etc/containerd/certs.d/{registry}")
         os.makedirs(directory, exist_ok=True)
+        written.append(directory)
         with open(os.path.join(directory, "hosts.toml"), "w", encoding="utf-8") as handle:
             handle.write(f'server = "http://{registry}"\n\n[host."http://{registry}"]\n'
                          '  capabilities = ["pull", "resolve"]\n')  # fmt: skip
+    return written
 
 
 def _package_chart(cluster: Cluster) -> str:
@@ -162,66 +166,74 @@ def test_the_chart_installs_from_images_pushed_to_a_loopback_registry(
         "enflame/enflame-gcu-device-plugin",
         "enflame/enflame-gcu-container-toolkit",
     }
-    _trust_plain_http(cluster, registry)
-    for name in NODES:
-        cluster.shell(f"kubectl label node {name} enflame.com/gcu.present=true --overwrite")
-    cluster.kubectl("delete", "-f", cluster.repo_file("deploy/yaml/enflame-device-plugin.yaml"),
-                    "--ignore-not-found")  # fmt: skip
-    wait_for("the static plugin pods to go",
-             lambda: not cluster.pods("kube-system", PLUGIN_SELECTOR), 120)  # fmt: skip
-
-    # The packaged chart goes to the same registry (an OCI artifact, as `helm push` puts it)
-    # and is installed from there, as a user's cluster would take it.
-    package = _package_chart(cluster)
-    pushed = helm(cluster, "push", package, f"oci://{registry}/enflame/charts", "plain-http")
-    with open(os.path.join(REPO, "pyproject.toml"), encoding="utf-8") as handle:
-        version = re.search(r'^version = "([^"]+)"', handle.read(), re.MULTILINE)
-    assert version is not None
-    chart = f"oci://{registry}/enflame/charts/enflame-gcu"
-    options = {"chart_version": version[1], "plain_http": True}
-    # The one reference, set once; Always: the nodes hold the same images under their
-    # ghcr.io names (imported), and these must come from the registry.
-    values = {
-        "global": {"image": {"registry": f"{registry}/enflame"}},
-        "image": {"pullPolicy": "Always"},
-        "toolkit": {"enabled": True, "image": {"pullPolicy": "Always"}},
-        "nodeMode": "device-specs",
-    }
-    helm(cluster, "install", "enflame-gcu", chart, "kube-system", json.dumps(values),
-         json.dumps(options))  # fmt: skip
-    print(f"chart pushed: {pushed['result']}")
+    trusted = _trust_plain_http(cluster, registry)
     try:
-        for what, selector in (("plugin", PLUGIN_SELECTOR), ("toolkit", TOOLKIT_SELECTOR)):
-            pods = wait_for(
-                f"the chart's {what} pods to be Ready from {registry}",
-                lambda selector=selector: _ready(cluster, selector),  # type: ignore[misc]
-                240,
-                detail=lambda selector=selector: cluster.kubectl(  # type: ignore[misc]
-                    "-n", "kube-system", "describe", "pods", "-l", selector, check=False
+        for name in NODES:
+            cluster.shell(f"kubectl label node {name} enflame.com/gcu.present=true --overwrite")
+        cluster.kubectl("delete", "-f", cluster.repo_file("deploy/yaml/enflame-device-plugin.yaml"),
+                        "--ignore-not-found")  # fmt: skip
+        wait_for("the static plugin pods to go",
+                 lambda: not cluster.pods("kube-system", PLUGIN_SELECTOR), 120)  # fmt: skip
+
+        # The packaged chart goes to the same registry (an OCI artifact, as `helm push` puts it)
+        # and is installed from there, as a user's cluster would take it.
+        package = _package_chart(cluster)
+        pushed = helm(cluster, "push", package, f"oci://{registry}/enflame/charts", "plain-http")
+        with open(os.path.join(REPO, "pyproject.toml"), encoding="utf-8") as handle:
+            version = re.search(r'^version = "([^"]+)"', handle.read(), re.MULTILINE)
+        assert version is not None
+        chart = f"oci://{registry}/enflame/charts/enflame-gcu"
+        options = {"chart_version": version[1], "plain_http": True}
+        # The one reference, set once; Always: the nodes hold the same images under their
+        # ghcr.io names (imported), and these must come from the registry.
+        values = {
+            "global": {"image": {"registry": f"{registry}/enflame"}},
+            "image": {"pullPolicy": "Always"},
+            "toolkit": {"enabled": True, "image": {"pullPolicy": "Always"}},
+            "nodeMode": "device-specs",
+        }
+        helm(cluster, "install", "enflame-gcu", chart, "kube-system", json.dumps(values),
+             json.dumps(options))  # fmt: skip
+        print(f"chart pushed: {pushed['result']}")
+        try:
+            for what, selector in (("plugin", PLUGIN_SELECTOR), ("toolkit", TOOLKIT_SELECTOR)):
+                pods = wait_for(
+                    f"the chart's {what} pods to be Ready from {registry}",
+                    lambda selector=selector: _ready(cluster, selector),  # type: ignore[misc]
+                    240,
+                    detail=lambda selector=selector: cluster.kubectl(  # type: ignore[misc]
+                        "-n", "kube-system", "describe", "pods", "-l", selector, check=False
+                    ),
+                )
+                for pod in pods:
+                    image = pod["spec"]["containers"][0]["image"]
+                    assert image.startswith(f"{registry}/enflame/"), image
+                    status = pod["status"]["containerStatuses"][0]
+                    assert status["image"].startswith(f"{registry}/enflame/"), status
+            for node in cluster.nodes:
+                if node.name in NODES:
+                    listed = node.ctr("images", "ls", "-q").stdout.split()
+                    pulled = {ref for ref in listed if ref.startswith(f"{registry}/enflame/")}
+                    assert len(pulled) >= 2, (node.name, listed)
+            with open(
+                os.path.join(cluster.work, "registry", "registry.log"), encoding="utf-8"
+            ) as log:
+                served = log.read()
+            assert "GET /v2/enflame/enflame-gcu-device-plugin/manifests" in served, served[-2000:]
+        finally:
+            helm(cluster, "uninstall", "enflame-gcu", "kube-system")
+            wait_for(
+                "the chart's pods to go",
+                lambda: (
+                    not cluster.pods("kube-system", PLUGIN_SELECTOR)
+                    and not cluster.pods("kube-system", TOOLKIT_SELECTOR)
                 ),
+                240,
             )
-            for pod in pods:
-                image = pod["spec"]["containers"][0]["image"]
-                assert image.startswith(f"{registry}/enflame/"), image
-                status = pod["status"]["containerStatuses"][0]
-                assert status["image"].startswith(f"{registry}/enflame/"), status
-        for node in cluster.nodes:
-            if node.name in NODES:
-                listed = node.ctr("images", "ls", "-q").stdout.split()
-                pulled = {ref for ref in listed if ref.startswith(f"{registry}/enflame/")}
-                assert len(pulled) >= 2, (node.name, listed)
-        with open(os.path.join(cluster.work, "registry", "registry.log"), encoding="utf-8") as log:
-            served = log.read()
-        assert "GET /v2/enflame/enflame-gcu-device-plugin/manifests" in served, served[-2000:]
+            # Back to the static manifest for the scenarios that follow.
+            cluster.shell("kubectl apply -f deploy/yaml/enflame-device-plugin.yaml")
     finally:
-        helm(cluster, "uninstall", "enflame-gcu", "kube-system")
-        wait_for(
-            "the chart's pods to go",
-            lambda: (
-                not cluster.pods("kube-system", PLUGIN_SELECTOR)
-                and not cluster.pods("kube-system", TOOLKIT_SELECTOR)
-            ),
-            240,
-        )
-        # Back to the static manifest for the scenarios that follow.
-        cluster.shell("kubectl apply -f deploy/yaml/enflame-device-plugin.yaml")
+        # The node's /etc/containerd as the later scenarios expect it (they compare it
+        # file by file before and after the toolkit).
+        for directory in trusted:
+            shutil.rmtree(directory)
