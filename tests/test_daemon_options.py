@@ -255,6 +255,22 @@ def test_a_bad_value_is_refused_by_every_daemon_naming_the_option(
         assert f"argument {argv[0]}" in err and said in err, (prog, err)
 
 
+def test_the_extender_refuses_a_bad_number_naming_the_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    interval = sys.getswitchinterval()  # main() sets it
+    try:
+        for flag, value, said in (
+            ("--state-max-age", "5", "invalid --state-max-age: 5 is outside 10..86400"),
+            ("--guess-ttl", "soon", "invalid --guess-ttl: 'soon' is not a number"),
+            ("--max-body", "10", "invalid --max-body: 10 is outside 1024.."),
+        ):
+            assert extender_main.main([flag, value]) == 2, flag
+            assert said in capsys.readouterr().err, flag
+    finally:
+        sys.setswitchinterval(interval)
+
+
 def test_bad_variables_are_refused_naming_the_variable(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

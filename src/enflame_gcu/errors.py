@@ -52,6 +52,18 @@ class ConfigError(EnflameError):
     """A configuration file, flag or environment variable is invalid."""
 
 
+def number_flag(text: str, flag: str, low: float, high: float) -> float:
+    """``--flag``'s value as a number within ``low..high``, or ConfigError naming the flag (the
+    daemons that take such flags as text from the environment as well share it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"invalid --{flag}: {text!r} is not a number") from None
+    if not low <= value <= high:
+        raise ConfigError(f"invalid --{flag}: {text} is outside {low:g}..{high:g}")
+    return value
+
+
 class SpecError(EnflameError):
     """An OCI runtime spec or CDI spec cannot be read, edited or written."""
 

@@ -29,6 +29,18 @@ def test_without_tls_files_it_refuses_to_start(capsys: Any) -> None:
     assert "--tls-cert-file" in capsys.readouterr().err
 
 
+def test_a_bad_number_is_refused_naming_the_flag(pki: str, capsys: Any) -> None:
+    tls = ["--tls-cert-file", os.path.join(pki, "tls.crt"),
+           "--tls-key-file", os.path.join(pki, "tls.key")]  # fmt: skip
+    for flag, value, said in (
+        ("--api-timeout", "soon", "invalid --api-timeout: 'soon' is not a number"),
+        ("--api-timeout", "60", "invalid --api-timeout: 60 is outside 0.1..30"),
+        ("--max-body", "10", "invalid --max-body: 10 is outside 4096.."),
+    ):
+        assert main.main([*tls, "--http-address", "127.0.0.1:0", flag, value]) == 2, flag
+        assert said in capsys.readouterr().err, flag
+
+
 def test_flags_come_from_enflame_variables() -> None:
     environ = {"ENFLAME_DEVICE_CLASS": "other.example.com", "ENFLAME_HTTP_ADDRESS": ":9443"}
     args = main.build_parser(environ).parse_args([])

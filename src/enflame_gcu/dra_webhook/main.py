@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from enflame_gcu import bounded_http
 from enflame_gcu.dra_webhook import cluster, rewrite, server
-from enflame_gcu.errors import ConfigError
+from enflame_gcu.errors import ConfigError, number_flag
 from enflame_gcu.support import daemon_cli
 
 log = logging.getLogger("enflame_gcu.dra_webhook")
@@ -58,35 +58,28 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
-def _number(text: str, flag: str, low: float, high: float) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"invalid --{flag}: {text!r} is not a number") from None
-    if not low <= value <= high:
-        raise ConfigError(f"invalid --{flag}: {text} is outside {low:g}..{high:g}")
-    return value
-
-
 def run(args: argparse.Namespace, stop: threading.Event) -> int:
     """Serve until ``stop`` is set."""
     if not (args.tls_cert_file and args.tls_key_file):
         raise ConfigError("the API server calls webhooks over HTTPS: give --tls-cert-file and "
                           "--tls-key-file")  # fmt: skip
+    # Every flag checked before anything is read or connected to.
+    api_timeout = number_flag(args.api_timeout, "api-timeout", 0.1, 30)
+    remember = number_flag(args.remember, "remember", 0, 3600)
+    port = int(number_flag(str(args.port), "http-address", 0, 65535))
+    max_body = int(number_flag(args.max_body, "max-body", 4096, 64 << 20))
     # Read again whenever the files change: a renewed certificate (cert-manager, a replaced
     # Secret) is served without a restart.
     context = bounded_http.ReloadingTLS(args.tls_cert_file, args.tls_key_file).context
-    client = cluster.connect(args.kubeconfig, _number(args.api_timeout, "api-timeout", 0.1, 30))
-    known = cluster.Cluster(
-        client, args.device_class, remember=_number(args.remember, "remember", 0, 3600)
-    )
+    client = cluster.connect(args.kubeconfig, api_timeout)
+    known = cluster.Cluster(client, args.device_class, remember=remember)
     everywhere = "::" if socket.has_ipv6 else "0.0.0.0"  # noqa: S104 (asked for with "")
     http = server.WebhookServer(
-        (args.bind_address or everywhere, int(_number(str(args.port), "http-address", 0, 65535))),
+        (args.bind_address or everywhere, port),
         known,
         context,
         resource=args.resource_name,
-        max_body=int(_number(args.max_body, "max-body", 4096, 64 << 20)),
+        max_body=max_body,
     )
     http.start()
     log.info("serving POST /mutate on %s port %d (HTTPS)", args.bind_address or "every address",

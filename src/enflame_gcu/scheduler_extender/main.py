@@ -19,7 +19,7 @@ import ssl
 import sys
 from collections.abc import Mapping, Sequence
 
-from enflame_gcu.errors import ConfigError
+from enflame_gcu.errors import ConfigError, number_flag
 from enflame_gcu.scheduler_extender import cache as extender_cache
 from enflame_gcu.scheduler_extender import decisions, heap, protocol, server, tls, watch
 from enflame_gcu.support import daemon_cli, env_vars
@@ -125,16 +125,6 @@ def _add_address(
     daemon_cli.add_old_address_part(parser, "--port", "port", prog=PROG, port=True)
 
 
-def _number(text: str, flag: str, low: float, high: float) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"invalid --{flag}: {text!r} is not a number") from None
-    if not low <= value <= high:
-        raise ConfigError(f"invalid --{flag}: {text} is outside {low:g}..{high:g}")
-    return value
-
-
 def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
     """The HTTPS context the TLS flags ask for, or None for plain HTTP."""
     if not (args.tls_cert_file or args.tls_key_file or args.tls_client_ca_file):
@@ -147,23 +137,28 @@ def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 async def serve(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT."""
+    # Every flag checked before anything is read or connected to.
+    port = int(number_flag(str(args.port), "http-address", 1, 65535))
+    request_timeout = number_flag(args.request_timeout, "request-timeout", 0.1, 600)
+    max_body = int(number_flag(args.max_body, "max-body", 1024, protocol.MAX_BODY))
     cache = extender_cache.ClusterCache(
         args.resource_name,
         args.shared_resource_name,
-        max_age=_number(args.state_max_age, "state-max-age", 10, 86400),
-        admission_grace=_number(args.admission_grace, "admission-grace", 0, 600),
-        guess_ttl=_number(args.guess_ttl, "guess-ttl", 0, 600),
+        max_age=number_flag(args.state_max_age, "state-max-age", 10, 86400),
+        admission_grace=number_flag(args.admission_grace, "admission-grace", 0, 600),
+        guess_ttl=number_flag(args.guess_ttl, "guess-ttl", 0, 600),
     )
+    ssl_context = _tls(args)
     client = watch.connect(args.kubeconfig)
     watcher = watch.Watcher(client, cache, args.node_state_namespace)
     everywhere = "::" if socket.has_ipv6 else "0.0.0.0"  # noqa: S104 (asked for with "")
     http = server.ExtenderServer(
-        (args.bind_address or everywhere, int(_number(str(args.port), "http-address", 1, 65535))),
+        (args.bind_address or everywhere, port),
         decisions.Decisions(cache),
         ready=watcher.ready,
-        request_timeout=_number(args.request_timeout, "request-timeout", 0.1, 600),
-        max_body=int(_number(args.max_body, "max-body", 1024, protocol.MAX_BODY)),
-        ssl_context=_tls(args),
+        request_timeout=request_timeout,
+        max_body=max_body,
+        ssl_context=ssl_context,
     )
     http.start()
     log.info(
