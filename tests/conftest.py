@@ -22,6 +22,29 @@ MakeNode = Callable[..., str]
 # make test's host check to name).
 HOST_RUNTIME_DIRS = ("/run/containerd/s", "/run/containerd", "/run/runc")
 _host_dirs_before: dict[str, bool] = {}
+# The same for the parent cgroups the engines we run put containers under (cgroupfs driver):
+# containerd's /<namespace> (the CRI tests' k8s.io) and podman's libpod_parent (with its conmon
+# child), in every v1 hierarchy. runc and podman remove each container's own cgroup, never
+# these parents; a container's cgroup still inside keeps its parent, for the host check to name.
+ENGINE_CGROUPS = ("k8s.io", "libpod_parent")
+CGROUP_ROOT = "/sys/fs/cgroup"
+_cgroups_before: set[str] = set()
+
+
+def _engine_cgroups() -> set[str]:
+    paths = {os.path.join(CGROUP_ROOT, name) for name in ENGINE_CGROUPS}
+    with contextlib.suppress(OSError):
+        for hierarchy in os.listdir(CGROUP_ROOT):
+            paths |= {os.path.join(CGROUP_ROOT, hierarchy, name) for name in ENGINE_CGROUPS}
+    return {path for path in paths if os.path.isdir(path)}
+
+
+def _remove_empty_cgroup(path: str) -> None:
+    """``path`` and the cgroups below it, deepest first, each only when no process is in it
+    (the kernel refuses to remove a cgroup with tasks or children: nothing live is lost)."""
+    for root, _, _ in sorted(os.walk(path), key=lambda entry: -len(entry[0])):
+        with contextlib.suppress(OSError):
+            os.rmdir(root)
 
 
 def _controller(config: pytest.Config) -> bool:
@@ -31,6 +54,7 @@ def _controller(config: pytest.Config) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     if _controller(config):
         _host_dirs_before.update({path: os.path.isdir(path) for path in HOST_RUNTIME_DIRS})
+        _cgroups_before.update(_engine_cgroups())
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -41,6 +65,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             # Absent, or not empty: the host check says which.
             with contextlib.suppress(OSError):
                 os.rmdir(path)
+    for path in sorted(_engine_cgroups() - _cgroups_before):
+        _remove_empty_cgroup(path)
 
 
 @pytest.fixture

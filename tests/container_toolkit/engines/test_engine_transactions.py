@@ -160,6 +160,39 @@ def test_concurrent_configures_make_exactly_one_entry(install_golden: InstallGol
     assert read(path) == golden_text("containerd-v2.toml")
 
 
+def _unconfigure_in_child(engine: str, path: str) -> None:
+    engines.unconfigure(engine, path)
+
+
+@pytest.mark.parametrize(
+    ("engine", "config"),
+    [
+        ("docker", "etc/docker/daemon.json"),
+        ("containerd", "etc/containerd/config.toml"),
+        ("crio", "etc/crio/crio.conf"),
+    ],
+)
+def test_unconfigure_where_the_engine_is_not_leaves_no_directory(
+    tmp_path: os.PathLike[str], engine: str, config: str
+) -> None:
+    """The package's prerm unconfigures every engine: on a node without CRI-O that made an
+    empty /etc/crio (for the lock file) and left it. Also with eight at once, each waiting on
+    the lock of a directory the one before took away again."""
+    path = os.path.join(str(tmp_path), config)
+    engines.unconfigure(engine, path)
+    assert os.listdir(str(tmp_path)) == []
+    context = multiprocessing.get_context("fork")
+    children = [
+        context.Process(target=_unconfigure_in_child, args=(engine, path)) for _ in range(8)
+    ]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(60)
+        assert child.exitcode == 0
+    assert os.listdir(str(tmp_path)) == []
+
+
 def test_config_path_under_a_regular_file_is_a_clear_error(tmp_path: os.PathLike[str]) -> None:
     blocker = os.path.join(str(tmp_path), "etc")
     with open(blocker, "w", encoding="utf-8") as handle:

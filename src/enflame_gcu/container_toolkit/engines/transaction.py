@@ -172,6 +172,11 @@ def unconfigure(
     """
     if dry_run:
         return _unconfigure(engine, config_path, True, host_root, step)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(config_path))):
+        # No directory, so no state file beside the config: nothing recorded, nothing to lock
+        # (the lock file would make the directory: the package's prerm, which unconfigures
+        # every engine, left an empty /etc/crio on nodes without CRI-O).
+        return _unconfigure(engine, config_path, False, host_root, step)
     with storage.locked(config_path):
         return _unconfigure(engine, config_path, False, host_root, step)
 
