@@ -176,8 +176,8 @@ def test_unconfigure_where_the_engine_is_not_leaves_no_directory(
     tmp_path: os.PathLike[str], engine: str, config: str
 ) -> None:
     """The package's prerm unconfigures every engine: on a node without CRI-O that made an
-    empty /etc/crio (for the lock file) and left it. Also with eight at once, each waiting on
-    the lock of a directory the one before took away again."""
+    empty /etc/crio (for the lock file) and left it. Also with eight at once: none of them
+    makes the directory, even for a moment another one could find it in."""
     path = os.path.join(str(tmp_path), config)
     engines.unconfigure(engine, path)
     assert os.listdir(str(tmp_path)) == []
