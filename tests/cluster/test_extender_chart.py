@@ -217,6 +217,13 @@ def install(cluster: Cluster, mode: str, extra: dict[str, Any] | None = None) ->
     wait_for("the chart's plugin pods to be Ready", lambda: plugin_pods_ready(cluster), 180)
     wait_for("the plugins to publish both nodes' state", lambda: states_published(cluster), 120,
              detail=lambda: cluster.describe("node", "gcu-node-1"))  # fmt: skip
+    # A published Lease is not yet allocatable cards in the Node's status (the kubelet posts
+    # that on its own beat); a node still at 0 fails the scheduler's own filter, and with one
+    # feasible node left kube-scheduler skips scoring, so /prioritize is never asked.
+    nodes = ("gcu-node-1", "gcu-node-2")
+    wait_for("both nodes to offer the 2 cards a test pod asks for",
+             lambda: all(cluster.gcus(n)[1] >= 2 for n in nodes), 120,
+             detail=lambda: str({n: cluster.gcus(n) for n in nodes}))  # fmt: skip
 
 
 def delete_pod(cluster: Cluster, name: str) -> None:

@@ -728,29 +728,41 @@ def test_operator_chart_installs_upgrades_in_place_rolls_the_plugin_and_uninstal
         ]
         held[pod] = fresh
 
-    # Every card is held now. Another version: gcu-node-1 goes first, its validator cannot get
-    # a card (the kubelet refuses it), so the rollout stops there, naming the node and why;
-    # gcu-node-2 is left alone. Setting the previous version again (a card freed) rolls back.
+    # Every card is held now. Another version: gcu-node-1 goes first; no card is free for its
+    # validator, so the operator waits for one (saying so on the node) for podReadyTimeoutSeconds
+    # (90 s here), then the rollout stops there, naming the node and why; gcu-node-2 is left
+    # alone. Setting the previous version again (a card freed) rolls back.
     rolled_uids = {
         p["spec"]["nodeName"]: p["metadata"]["uid"]
         for p in bench.component_pods(PLUGIN_SELECTOR, plugin_ds)
     }
     started = time.monotonic()
+    held_spec = ours_spec(version="0.1.0")
+    held_spec["upgradePolicy"]["podReadyTimeoutSeconds"] = 90
     helm(cluster, "upgrade", RELEASE, CHART, "kube-system",
-         json.dumps(chart_values(cluster, ours_spec(version="0.1.0"), **limits)))  # fmt: skip
+         json.dumps(chart_values(cluster, held_spec, **limits)))  # fmt: skip
+    waited: list[str] = []
 
     def stopped() -> dict[str, Any] | None:
         status = bench.status(name)
+        waited.extend(
+            str(n.get("lastError"))
+            for n in bench.node_reports(name).values()
+            if "waiting for a free enflame.com/gcu card" in str(n.get("lastError"))
+        )
         failed = (status.get("rollout") or {}).get("failed") or []
         return status if status.get("phase") == "Failed" and failed else None
 
     status = wait_for(
         "the rollout to stop on gcu-node-1", stopped, 300, 1, detail=bench.detail(name)
     )
-    timed("chart: rollout stopped by a failed validation", started)
+    timed("chart: rollout stopped by a node with no free card", started)
+    assert waited, "the node's wait for a free card was never said"
     failed = status["rollout"]["failed"]
     assert [f["node"] for f in failed] == ["gcu-node-1"], failed
-    assert "validator" in failed[0]["reason"] and "enflame.com/gcu" in failed[0]["reason"], failed
+    assert failed[0]["reason"].startswith(
+        "validator: no free enflame.com/gcu card on the node in 90 s"
+    ), failed
     assert "gcu-node-1" in status["conditions"][0]["message"], status["conditions"]
     rows = bench.get_gr("gr")
     assert rows[1][2] == "Failed" and rows[1][1] != "5/5", rows

@@ -259,6 +259,61 @@ def test_a_broken_version_stops_on_the_first_node_and_the_old_version_rolls_it_b
         harness.call_soon(lambda: harness.nodes.never_ready_images.discard(":9.9.9-broken"))
 
 
+def test_a_node_whose_cards_are_all_held_waits_for_one_and_then_validates(
+    harness: Harness, sim_nodes: conftest.MakeNodes, resource: str, namespace: str
+) -> None:
+    """Seen by the chaos run: a rollout reached a node whose cards workload pods all held, the
+    kubelet refused its validator pod again and again, and the rollout stopped for good. The
+    operator counts the cards held there (a Pod list by ``spec.nodeName``, which this API
+    server must accept from the operator's account), makes no validator while none is free,
+    says so on the node, and goes on once one is."""
+    nodes = sim_nodes(2, cards=2)
+    full = nodes[0]
+    create(harness, resource, upgradePolicy={"maxUnavailable": 1})
+    wait_phase(harness, resource, "Running")
+    for name in ("w-a", "w-b"):
+        workload(harness, namespace, full, name)
+    until(
+        lambda: all(
+            (harness.plane.get(f"/api/v1/namespaces/{namespace}/pods/{n}") or {})
+            .get("status", {})
+            .get("phase")
+            == "Running"
+            for n in ("w-a", "w-b")
+        ),
+        "the workloads holding both cards running",
+        60,
+    )
+    waiting = "validator waiting for a free enflame.com/gcu card (2 held by pods of 2 allocatable)"
+    set_version(harness, resource, "devicePlugin", "0.1.1-harness")
+
+    def validators_on_full() -> list[str]:
+        listed = harness.plane.api(
+            "GET",
+            f"/api/v1/namespaces/{COMPONENT_NAMESPACE}/pods?fieldSelector=spec.nodeName%3D{full}",
+        )["items"]
+        return [
+            p["metadata"]["name"]
+            for p in listed
+            if (p["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL) == rs.VALIDATOR
+        ]
+
+    def said() -> bool:
+        assert validators_on_full() == [], "a validator pod made where no card is free"
+        found = operator_env.get_resource(harness, resource) or {}
+        assert (found.get("status") or {}).get("phase") != "Failed", found.get("status")
+        return str(reports(harness, resource).get(full, {}).get("lastError")) == waiting
+
+    until(said, f"{full} to wait for a free card", 180, every=1)
+    for _ in range(10):  # it keeps waiting, and keeps to that
+        assert said()
+        time.sleep(1)
+    harness.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/w-b")
+    wait_rolled(harness, nodes, "0.1.1-harness")
+    wait_phase(harness, resource, "Running")
+    assert "waiting" not in str(reports(harness, resource)[full].get("lastError"))
+
+
 def test_a_stopped_rollout_leaves_every_node_a_working_plugin_even_when_a_pod_is_killed(
     harness: Harness, sim_nodes: conftest.MakeNodes, resource: str
 ) -> None:

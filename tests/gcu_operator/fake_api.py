@@ -102,6 +102,30 @@ def _as_stored(obj: Obj) -> Obj:
     return obj
 
 
+_META_FIELDS = ("metadata.name", "metadata.namespace")
+# The field selectors kube-apiserver accepts by kind (beyond these it answers 400).
+FIELD_SELECTABLE = {
+    "Pod": (
+        *_META_FIELDS,
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "status.phase",
+        "status.podIP",
+        "status.nominatedNodeName",
+    ),
+}
+
+
+def _field(obj: Mapping[str, Any], path: str) -> str:
+    """A field's value as a field selector compares it (a string; "" when absent)."""
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return "" if value is None else str(value)
+
+
 class FakeApi:
     """An in-memory API server implementing api.ClusterApi."""
 
@@ -195,17 +219,29 @@ class FakeApi:
         return self.find(kind, name, namespace)
 
     def list(
-        self, kind: api.Kind, namespace: str | None = None, labels: Mapping[str, str] | None = None
+        self,
+        kind: api.Kind,
+        namespace: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        fields: Mapping[str, str] | None = None,
     ) -> list[Obj]:
         self._call("list", kind)
         if not self._serves(kind):
             raise api.ApiError(404, "the server could not find the requested resource")
+        for name in fields or {}:
+            # As kube-apiserver: a field selector names only the fields the kind indexes.
+            if name not in FIELD_SELECTABLE.get(kind.kind, _META_FIELDS):
+                raise api.ApiError(
+                    400, f"field label not supported: {name}"
+                )  # the API server's words
         out = []
         for obj in self.objects(kind):
             if namespace is not None and obj["metadata"].get("namespace") != namespace:
                 continue
             have = obj["metadata"].get("labels") or {}
             if labels and any(have.get(k) != v for k, v in labels.items()):
+                continue
+            if fields and any(_field(obj, k) != v for k, v in fields.items()):
                 continue
             out.append(obj)
         return out
@@ -563,6 +599,14 @@ class FakeCluster:
                     pod["metadata"]["resourceVersion"] = str(next(self.api._rv))
                     break
 
+    def _allocatable(self, node: str) -> int | None:
+        """The node's allocatable enflame.com/gcu cards, when its status gives them (a test
+        sets them; None: not counted)."""
+        found = self.api.find(api.NODE, node)
+        allocatable = ((found or {}).get("status") or {}).get("allocatable") or {}
+        value = allocatable.get("enflame.com/gcu")
+        return None if value is None else int(value)
+
     def _admit(self, pod: Obj) -> Obj | None:
         """The kubelet's admission: the failed status it gives ``pod``, or None to run it."""
         node = pods.node_of(pod)
@@ -584,6 +628,20 @@ class FakeCluster:
                     "message": "Pod Node didn't have enough resource: enflame.com/gcu, "
                     f"requested: {wanted}, used: 0, capacity: 0",
                 }
+            offered = self._allocatable(node)
+            if wanted and offered is not None:
+                used = sum(
+                    pods.cards_held(p, "enflame.com/gcu")
+                    for p in self.api.objects(api.POD)
+                    if pods.node_of(p) == node and p is not pod and pods.phase(p) == "Running"
+                )
+                if used + int(wanted) > offered:  # the kubelet's resource fit, as it words it
+                    return {
+                        "phase": "Failed",
+                        "reason": "OutOfenflame.com/gcu",
+                        "message": "Pod Node didn't have enough resource: enflame.com/gcu, "
+                        f"requested: {wanted}, used: {used}, capacity: {offered}",
+                    }
         claims = pod["spec"].get("resourceClaims") or []
         if claims and not pod.get("status", {}).get("resourceClaimStatuses"):
             # Bound by nodeName, so the scheduler never allocated its claim: it waits forever.
@@ -634,6 +692,15 @@ class FakeCluster:
         node = self.api.find(api.NODE, name)
         assert node is not None
         return dict(node["metadata"].get("labels") or {})
+
+    def set_allocatable(self, node: str, cards: int) -> None:
+        """The node's status says ``cards`` allocatable enflame.com/gcu (its kubelet's count of
+        what the plugin lists); the kubelet here then refuses a pod that would exceed it."""
+        found = self.api.store[self.api._key(api.NODE, node, None)]
+        status = found.setdefault("status", {})
+        status["allocatable"] = {"enflame.com/gcu": str(cards)}
+        status["capacity"] = {"enflame.com/gcu": str(cards)}
+        found["metadata"]["resourceVersion"] = str(next(self.api._rv))
 
     def add_workload(self, node: str, name: str, cards: str) -> None:
         """A running GCU pod holding ``cards`` on ``node`` (as the kubelet allocated them)."""

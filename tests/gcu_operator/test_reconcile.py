@@ -234,6 +234,171 @@ def test_a_node_that_keeps_refusing_its_validator_stops_the_rollout_after_the_gr
     )  # the other nodes were left on the old version
 
 
+def _validators_on(fake: FakeApi, node: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in fake.objects(api.POD)
+        if (p["metadata"].get("labels") or {}).get(names.COMPONENT_LABEL) == rs.VALIDATOR
+        and (p["metadata"].get("annotations") or {}).get(names.VALIDATOR_NODE) == node
+    ]
+
+
+def _full_node_a(fake: FakeApi, cluster: FakeCluster, operator: runner.Operator) -> None:
+    """Converged; then node-a (the rollout's first node) offers 2 cards, both held by pods, and
+    a new plugin version is set."""
+    converge(operator, cluster)
+    cluster.set_allocatable("node-a", 2)
+    cluster.add_workload("node-a", "w1", "gcu0")
+    cluster.add_workload("node-a", "w2", "gcu1")
+    set_spec(fake, ours(), ["devicePlugin", "version"], "0.2.0")
+
+
+def test_a_rollout_waits_for_a_free_card_to_validate_a_full_node_on() -> None:
+    """Seen by the chaos run: every card of the rollout's node held by workload pods, the
+    validator pod the operator bound there was refused by the kubelet again and again, and the
+    rollout stopped for good once the refusals outlasted the settling grace. A node whose cards
+    are all held is not a failed node: the operator makes no validator pod there while none is
+    free, says so on the node, and validates once a card comes free."""
+    fake, cluster, operator = _start(ours())
+    _full_node_a(fake, cluster, operator)
+    said = []
+    for _ in range(20):  # 100 s of a full node
+        operator.run_once()
+        assert _validators_on(fake, "node-a") == []  # none made only to be refused
+        said.append(node_reports(fake, ours())["node-a"].get("lastError"))
+        st = status(fake, ours())
+        assert st["phase"] != "Failed" and not st["rollout"]["failed"], st
+        cluster.step()
+    assert said[-1] == (
+        "validator waiting for a free enflame.com/gcu card (2 held by pods of 2 allocatable)"
+    ), said
+    # Never past the node it waits on: the others keep the old version.
+    assert (
+        sorted(_plugin_images(fake).values()).count(
+            f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-device-plugin:0.2.0"
+        )
+        == 1
+    )
+    fake.remove(fake._key(api.POD, "w2", "default"))  # a card comes free
+    converge(operator, cluster)
+    st = status(fake, ours())
+    assert (st["phase"], st["rollout"]["failed"]) == ("Running", []), st
+    assert cluster.node_labels("node-a")[names.VALIDATED_LABEL] == "true"
+    assert set(_plugin_images(fake).values()) == {
+        f"{rs.DEFAULT_REPOSITORY}/enflame-gcu-device-plugin:0.2.0"
+    }
+
+
+def test_a_full_node_stops_the_rollout_after_pod_ready_timeout_naming_its_cards() -> None:
+    """The wait has an end: no card free podReadyTimeoutSeconds after the node's pods became
+    Ready, and the node's validation fails, saying why; the rollout stops there."""
+    fake, cluster, operator = _start(ours())
+    _full_node_a(fake, cluster, operator)
+    for _ in range(100):
+        operator.run_once()
+        assert _validators_on(fake, "node-a") == []
+        if status(fake, ours()).get("phase") == "Failed":
+            break
+        cluster.step()
+    st = status(fake, ours())
+    assert st["phase"] == "Failed", st
+    assert st["rollout"]["failed"] == [
+        {
+            "node": "node-a",
+            "reason": "validator: no free enflame.com/gcu card on the node in 300 s "
+            "(2 held by pods of 2 allocatable)",
+        }
+    ], st["rollout"]
+    assert names.VALIDATED_LABEL not in cluster.node_labels("node-a")
+
+
+def test_a_validator_another_pod_beat_to_the_last_card_is_tried_again() -> None:
+    """The operator saw a card free and made its validator pod; a workload pod was admitted
+    first and the kubelet refused the validator (OutOfenflame.com/gcu). Long after the plugin
+    settled, that is still no answer about the node: the operator tries again once a card is
+    free, and the rollout goes on."""
+    fake, cluster, operator = _start(ours())
+    converge(operator, cluster)
+    cluster.set_allocatable("node-a", 1)
+    cluster.step(reconcile.REFUSAL_GRACE + 10)  # the plugin settled long ago
+    node = fake.store[fake._key(api.NODE, "node-a", None)]
+    node["metadata"]["annotations"].pop(names.NODE_STATE_ANNOTATION)  # validate it again
+    node["metadata"]["resourceVersion"] = str(next(fake._rv))
+    operator.run_once()
+    assert len(_validators_on(fake, "node-a")) == 1
+    cluster.add_workload("node-a", "w1", "gcu0")  # admitted before the validator
+    cluster.step()
+    refused = _validators_on(fake, "node-a")
+    assert [p["status"].get("reason") for p in refused] == ["OutOfenflame.com/gcu"]
+    said = []
+    for _ in range(6):
+        operator.run_once()
+        said.append(node_reports(fake, ours())["node-a"].get("lastError"))
+        assert status(fake, ours())["phase"] != "Failed"
+        cluster.step()
+    assert any("refused by the kubelet, trying again" in str(s) for s in said), said
+    assert str(said[-1]).startswith("validator waiting for a free enflame.com/gcu card"), said
+    fake.remove(fake._key(api.POD, "w1", "default"))
+    converge(operator, cluster)
+    assert cluster.node_labels("node-a")[names.VALIDATED_LABEL] == "true"
+    assert status(fake, ours())["phase"] == "Running"
+
+
+def test_fake_kubelet_refuses_a_pod_past_the_allocatable_cards_and_lists_by_node() -> None:
+    """The fake agrees with the kubelet's resource fit and with the API server's field
+    selectors (tests/controlplane checks the operator's list on the real one)."""
+    fake, cluster, operator = _start(ours())
+    converge(operator, cluster)  # node-a's plugin is Ready
+    cluster.set_allocatable("node-a", 1)
+    cluster.add_workload("node-a", "w1", "gcu0")
+    fake.put(
+        api.POD,
+        {
+            "metadata": {"name": "p", "namespace": "default"},
+            "spec": {
+                "nodeName": "node-a",
+                "containers": [{"name": "c", "resources": {"limits": {"enflame.com/gcu": "1"}}}],
+            },
+            "status": {"phase": "Pending"},
+        },
+    )
+    cluster.step()
+    got = fake.find(api.POD, "p", "default")
+    assert got is not None and got["status"]["reason"] == "OutOfenflame.com/gcu", got
+    assert "used: 1, capacity: 1" in got["status"]["message"]
+    on_a = {p["metadata"]["name"] for p in fake.list(api.POD, fields={"spec.nodeName": "node-a"})}
+    assert {"p", "w1"} <= on_a
+    assert on_a == {
+        p["metadata"]["name"] for p in fake.objects(api.POD) if pods.node_of(p) == "node-a"
+    }
+    in_default = fake.list(api.POD, "default", fields={"spec.nodeName": "node-a"})
+    assert sorted(p["metadata"]["name"] for p in in_default) == ["p", "w1"]
+    assert fake.list(api.POD, fields={"spec.nodeName": "node-x"}) == []
+    with pytest.raises(api.ApiError, match=r"field label not supported: spec\.priority"):
+        fake.list(api.POD, fields={"spec.priority": "0"})
+
+
+def test_cards_held_counts_what_the_kubelet_counts() -> None:
+    def pod(phase: str, containers: list[str], init: tuple[str, ...] = ()) -> dict[str, Any]:
+        def c(n: str) -> dict[str, Any]:
+            return {"name": "c", "resources": {"limits": {"enflame.com/gcu": n}}}
+
+        return {
+            "spec": {
+                "containers": [c(n) for n in containers],
+                "initContainers": [c(n) for n in init],
+            },
+            "status": {"phase": phase},
+        }
+
+    assert pods.cards_held(pod("Running", ["1", "2"]), "enflame.com/gcu") == 3
+    assert pods.cards_held(pod("Pending", ["1"], ("4", "2")), "enflame.com/gcu") == 4
+    assert pods.cards_held(pod("Succeeded", ["8"]), "enflame.com/gcu") == 0
+    assert pods.cards_held(pod("Failed", ["8"]), "enflame.com/gcu") == 0
+    assert pods.cards_held(pod("Running", ["x"]), "enflame.com/gcu") == 0
+    assert pods.cards_held({"status": {"phase": "Running"}}, "enflame.com/gcu") == 0
+
+
 @pytest.mark.parametrize("ready_at", ["none", "unreadable", "an hour ahead"])
 def test_a_refusal_the_times_cannot_place_fails_the_validation(ready_at: str) -> None:
     """A plugin pod whose Ready condition gives no time, or one the operator cannot read, or

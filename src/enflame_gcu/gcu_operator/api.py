@@ -114,9 +114,15 @@ class ClusterApi(Protocol):
         ...
 
     def list(
-        self, kind: Kind, namespace: str | None = None, labels: Mapping[str, str] | None = None
+        self,
+        kind: Kind,
+        namespace: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        fields: Mapping[str, str] | None = None,
     ) -> list[Obj]:
-        """Objects of ``kind`` (every namespace when None), filtered by equality on labels."""
+        """Objects of ``kind`` (every namespace when None), filtered by equality on labels and
+        on fields (a field selector: only the fields the API server indexes for the kind, as
+        a Pod's ``spec.nodeName``)."""
         ...
 
     def create(self, kind: Kind, obj: Obj) -> Obj:

@@ -737,7 +737,7 @@ def validator_pod(
             }
         }
     else:
-        container["resources"] = {"limits": {"enflame.com/gcu": "1"}}
+        container["resources"] = {"limits": {names.GCU_RESOURCE: "1"}}
         pod_spec["nodeName"] = node
     if node_mode == "runtimeclass":
         pod_spec["runtimeClassName"] = RUNTIME_CLASS

@@ -112,7 +112,11 @@ class LightkubeApi:
             raise
 
     def list(
-        self, kind: api.Kind, namespace: str | None = None, labels: Mapping[str, str] | None = None
+        self,
+        kind: api.Kind,
+        namespace: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        fields: Mapping[str, str] | None = None,
     ) -> list[Obj]:
         """Objects of ``kind``."""
 
@@ -123,6 +127,7 @@ class LightkubeApi:
                 if namespace is not None
                 else ("*" if kind.namespaced else None),
                 labels=dict(labels) if labels else None,
+                fields=dict(fields) if fields else None,
             )
             out = []
             for item in found:

@@ -33,6 +33,8 @@ NODE_STATE_ANNOTATION = "enflame.com/gcu.operator-state"
 # A validator pod's target hash (the plugin's and toolkit's template hashes it validates).
 VALIDATES_ANNOTATION = "enflame.com/gcu.validates"
 GCU_RESOURCE_PREFIX = "enflame.com/"
+# The whole-card resource a device-plugin node's validator pod asks one of.
+GCU_RESOURCE = "enflame.com/gcu"
 # The node a validator pod checks: an annotation (node names run to 253 characters, label
 # values to 63), and a label too when the name fits in one.
 VALIDATOR_NODE = "enflame.com/gcu.node"

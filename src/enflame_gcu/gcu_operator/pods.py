@@ -81,12 +81,17 @@ def failure(pod: Mapping[str, Any], now: float, timeout: int) -> str | None:
 
 
 def refused_unexpectedly(pod: Mapping[str, Any]) -> str | None:
-    """The kubelet's message when it refused the pod at admission for a reason it calls
-    unexpected (``UnexpectedAdmissionError``: its device plugin had not listed the devices yet,
-    as right after a kubelet or plugin restart, or had none free to list): no container ran.
-    None for any other pod."""
+    """The kubelet's message when it refused the pod at admission for want of GCU cards: for a
+    reason it calls unexpected (``UnexpectedAdmissionError``: its device plugin had not listed
+    the devices yet, as right after a kubelet or plugin restart, or had none free to list), or
+    because the node's allocatable count had none left (``OutOfenflame.com/...``: its cards
+    were all held, or not registered again yet). No container ran. None for any other pod."""
     status = pod.get("status") or {}
-    if phase(pod) != "Failed" or status.get("reason") != "UnexpectedAdmissionError":
+    reason = str(status.get("reason") or "")
+    if phase(pod) != "Failed" or not (
+        reason == "UnexpectedAdmissionError"
+        or reason.startswith("OutOf" + names.GCU_RESOURCE_PREFIX)
+    ):
         return None
     for container in status.get("containerStatuses") or []:
         if (container.get("state") or {}).get("terminated") or container.get("containerID"):
@@ -125,3 +130,29 @@ def requests_gcu(pod: Mapping[str, Any]) -> bool:
             ):
                 return True
     return False
+
+
+def _quantity(value: Any) -> int:
+    """A whole-card count as a pod spec gives it ("2", 2); 0 for anything else."""
+    try:
+        return max(int(str(value)), 0)
+    except ValueError:
+        return 0
+
+
+def cards_held(pod: Mapping[str, Any], resource: str) -> int:
+    """How many ``resource`` devices an unfinished pod holds on its node, as the kubelet counts
+    them: the larger of its containers' sum and its largest init container (limits, which an
+    extended resource's request must equal). 0 for a finished pod."""
+    if phase(pod) in ("Succeeded", "Failed"):
+        return 0
+    spec = pod.get("spec") or {}
+
+    def asked(container: Mapping[str, Any]) -> int:
+        resources = container.get("resources") or {}
+        section = resources.get("limits") or resources.get("requests") or {}
+        return _quantity(section.get(resource, 0))
+
+    containers = sum(asked(c) for c in spec.get("containers") or [])
+    init = max((asked(c) for c in spec.get("initContainers") or []), default=0)
+    return max(containers, init)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from enflame_gcu.gcu_operator import (
@@ -66,6 +66,9 @@ class Observed:
     blocked: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # Whether cert-manager.io/v1 is served (the DRA webhook's certificate).
     cert_manager_served: bool = False
+    # The enflame.com/gcu cards the unfinished pods bound to a node ask for (None: unread), asked
+    # only of a node about to get a validator pod; None here: never asked (the kubelet decides).
+    held_cards: Callable[[str], int | None] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -261,10 +264,13 @@ def _validate(
             continue
         result = pods.phase(pod)
         refused = pods.refused_unexpectedly(pod)
-        if refused is not None and _settling(view, pod):
+        if refused is not None and (
+            _settling(view, pod) or _full(observed, spec, view) is not None
+        ):
             # Not a result: the kubelet refused the pod before running it while the node's
-            # plugin (re-)registered its cards. Said on the node, and a new validator pod is
-            # made once this one is gone; a rollout neither stops nor goes on meanwhile.
+            # plugin (re-)registered its cards, or because another pod took the last free
+            # card first. Said on the node, and a new validator pod is made once this one is
+            # gone and a card is free; a rollout neither stops nor goes on meanwhile.
             state = dataclasses.replace(
                 state,
                 validated_target="",
@@ -309,8 +315,50 @@ def _validate(
             tolerations=spec.components[serving].tolerations if spec.wants(serving) else (),
         )
         if pod_obj["metadata"]["name"] not in live:
-            work.actions.append(Create(pod_obj))
+            full = _full(observed, spec, view) if view.mode != "dra" else None
+            if full is None:
+                work.actions.append(Create(pod_obj))
+                return state
+            # Every card is held by pods: a validator pod now would only be refused. Wait for
+            # one to come free, up to podReadyTimeoutSeconds after the node's pods became Ready;
+            # then the node's validation fails, naming why.
+            since = view.ready_since()
+            timeout = spec.upgrade.pod_ready_timeout
+            if since is None or observed.now - since > timeout:
+                return dataclasses.replace(
+                    state,
+                    validated_target=target,
+                    validated_ok=False,
+                    validation_message=f"validator: no free {names.GCU_RESOURCE} card on the "
+                    f"node in {timeout} s ({full})",
+                )
+            return dataclasses.replace(
+                state,
+                validated_target="",
+                validated_ok=False,
+                validation_message=f"validator waiting for a free {names.GCU_RESOURCE} card "
+                f"({full})",
+            )
     return state
+
+
+def _full(observed: Observed, spec: rs.ResourceSpec, view: nodes.NodeView) -> str | None:
+    """Why ``view``'s node has no card free for a validator pod (its allocatable cards all held
+    by pods bound there), or None when one is free or that cannot be told (no count of held
+    cards, no allocatable count in the Node's status)."""
+    if observed.held_cards is None or view.mode == "dra":
+        return None
+    allocatable = (view.node.get("status") or {}).get("allocatable") or {}
+    if names.GCU_RESOURCE not in allocatable:
+        return None
+    try:
+        offered = int(str(allocatable[names.GCU_RESOURCE]))
+    except ValueError:
+        return None
+    held = observed.held_cards(view.name)
+    if held is None or offered - held >= 1:
+        return None
+    return f"{held} held by pods of {offered} allocatable"
 
 
 def _settling(view: nodes.NodeView, pod: Mapping[str, Any]) -> bool:

@@ -199,7 +199,19 @@ class Operator:
             now=self._clock(),
             gcu_pods=gcu_pods,
             cert_manager_served=cert_manager,
+            held_cards=self._held_cards,
         )
+
+    def _held_cards(self, node: str) -> int | None:
+        """The enflame.com/gcu cards the unfinished pods bound to ``node`` hold (one LIST by
+        ``spec.nodeName``, asked only for a node about to get a validator pod); None when the
+        API does not answer (the validator pod is made, and the kubelet decides)."""
+        try:
+            found = self._api.list(api.POD, fields={"spec.nodeName": node})
+        except api.ApiError as exc:
+            LOG.warning("the pods on node %s could not be listed: %s", node, exc)
+            return None
+        return sum(pods.cards_held(p, names.GCU_RESOURCE) for p in found)
 
     def apply(self, kind: api.Kind, resource: Obj, action: Action) -> None:
         """Carry out one action."""
