@@ -264,9 +264,7 @@ def _validate(
             continue
         result = pods.phase(pod)
         refused = pods.refused_unexpectedly(pod)
-        if refused is not None and (
-            _settling(view, pod) or _full(observed, spec, view) is not None
-        ):
+        if refused is not None and (_settling(view, pod) or _full(observed, view) is not None):
             # Not a result: the kubelet refused the pod before running it while the node's
             # plugin (re-)registered its cards, or because another pod took the last free
             # card first. Said on the node, and a new validator pod is made once this one is
@@ -315,7 +313,7 @@ def _validate(
             tolerations=spec.components[serving].tolerations if spec.wants(serving) else (),
         )
         if pod_obj["metadata"]["name"] not in live:
-            full = _full(observed, spec, view) if view.mode != "dra" else None
+            full = _full(observed, view)
             if full is None:
                 work.actions.append(Create(pod_obj))
                 return state
@@ -342,7 +340,7 @@ def _validate(
     return state
 
 
-def _full(observed: Observed, spec: rs.ResourceSpec, view: nodes.NodeView) -> str | None:
+def _full(observed: Observed, view: nodes.NodeView) -> str | None:
     """Why ``view``'s node has no card free for a validator pod (its allocatable cards all held
     by pods bound there), or None when one is free or that cannot be told (no count of held
     cards, no allocatable count in the Node's status)."""
