@@ -224,6 +224,7 @@ class FakeApi:
         namespace: str | None = None,
         labels: Mapping[str, str] | None = None,
         fields: Mapping[str, str] | None = None,
+        cached: bool = False,  # one store: its cache is never behind
     ) -> list[Obj]:
         self._call("list", kind)
         if not self._serves(kind):

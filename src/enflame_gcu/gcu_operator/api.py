@@ -119,10 +119,12 @@ class ClusterApi(Protocol):
         namespace: str | None = None,
         labels: Mapping[str, str] | None = None,
         fields: Mapping[str, str] | None = None,
+        cached: bool = False,
     ) -> list[Obj]:
         """Objects of ``kind`` (every namespace when None), filtered by equality on labels and
         on fields (a field selector: only the fields the API server indexes for the kind, as
-        a Pod's ``spec.nodeName``)."""
+        a Pod's ``spec.nodeName``). ``cached``: from the API server's watch cache
+        (``resourceVersion=0``: may lag a moment behind, and reads nothing from etcd)."""
         ...
 
     def create(self, kind: Kind, obj: Obj) -> Obj:

@@ -18,6 +18,7 @@ import lightkube
 from lightkube import generic_resource
 from lightkube.core.exceptions import ApiError as LightkubeApiError
 from lightkube.core.resource_registry import resource_registry
+from lightkube.core.selector import build_selector
 from lightkube.types import CascadeType, PatchType
 
 from enflame_gcu.gcu_operator import api
@@ -117,18 +118,36 @@ class LightkubeApi:
         namespace: str | None = None,
         labels: Mapping[str, str] | None = None,
         fields: Mapping[str, str] | None = None,
+        cached: bool = False,
     ) -> list[Obj]:
         """Objects of ``kind``."""
 
         def fetch() -> list[Obj]:
-            found = self._client.list(
-                _resource(kind),
-                namespace=namespace
-                if namespace is not None
-                else ("*" if kind.namespaced else None),
-                labels=dict(labels) if labels else None,
-                fields=dict(fields) if fields else None,
-            )
+            where = namespace if namespace is not None else ("*" if kind.namespaced else None)
+            if cached:
+                # resourceVersion=0: the API server answers from its watch cache (lightkube's
+                # list sends none, which is a read of the whole kind from etcd).
+                generic = self._client._client
+                request = generic.prepare_request(
+                    "list",
+                    res=_resource(kind),
+                    namespace=where,
+                    params={
+                        "labelSelector": build_selector(dict(labels)) if labels else None,
+                        "fieldSelector": build_selector(dict(fields), for_fields=True)
+                        if fields
+                        else None,
+                        "resourceVersion": "0",
+                    },
+                )
+                found = generic.list(request)
+            else:
+                found = self._client.list(
+                    _resource(kind),
+                    namespace=where,
+                    labels=dict(labels) if labels else None,
+                    fields=dict(fields) if fields else None,
+                )
             out = []
             for item in found:
                 obj = _plain(item)

@@ -204,10 +204,11 @@ class Operator:
 
     def _held_cards(self, node: str) -> int | None:
         """The enflame.com/gcu cards the unfinished pods bound to ``node`` hold (one LIST by
-        ``spec.nodeName``, asked only for a node about to get a validator pod); None when the
-        API does not answer (the validator pod is made, and the kubelet decides)."""
+        ``spec.nodeName`` from the API server's watch cache, as a kubelet's, asked only for a
+        node about to get a validator pod: a deploy on 5,000 nodes reads no pod from etcd for
+        it); None when the API does not answer (the validator pod is made, the kubelet decides)."""
         try:
-            found = self._api.list(api.POD, fields={"spec.nodeName": node})
+            found = self._api.list(api.POD, fields={"spec.nodeName": node}, cached=True)
         except api.ApiError as exc:
             LOG.warning("the pods on node %s could not be listed: %s", node, exc)
             return None
