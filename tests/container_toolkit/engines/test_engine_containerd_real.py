@@ -259,8 +259,12 @@ def run_container(containerd: Containerd, runtime: str, env: dict[str, str], *ar
         "--runc-root",
         f"{containerd.directory}/runc",
     ]
+    # The command then waits a moment before it exits with the command's status: ctr can lose
+    # the output of a process that exits right after printing (containerd's IO copy racing the
+    # task's exit; make test lost a whole `ls /dev` once under load, exit status 0).
+    held = ("/bin/busybox", "sh", "-c", '"$@"; status=$?; sleep 0.3; exit $status', "sh", *argv)
     result = containerd.ctr(
-        "run", "--rm", *private, "--runc-binary", runtime, *env_flags, IMAGE, name, *argv
+        "run", "--rm", *private, "--runc-binary", runtime, *env_flags, IMAGE, name, *held
     )
     assert result.returncode == 0, f"ctr run failed ({result.returncode}): {result.stderr}"
     return result.stdout
