@@ -191,6 +191,21 @@ def workload(harness: Harness, namespace: str, node: str, name: str) -> None:
     )
 
 
+def wait_running(harness: Harness, namespace: str, names_: list[str], what: str) -> None:
+    """Until every pod named is Running (60 s)."""
+    until(
+        lambda: all(
+            (harness.plane.get(f"/api/v1/namespaces/{namespace}/pods/{n}") or {})
+            .get("status", {})
+            .get("phase")
+            == "Running"
+            for n in names_
+        ),
+        what,
+        60,
+    )
+
+
 def test_a_version_change_drains_and_rolls_node_by_node_within_the_budget(
     harness: Harness, sim_nodes: conftest.MakeNodes, resource: str, namespace: str
 ) -> None:
@@ -199,17 +214,7 @@ def test_a_version_change_drains_and_rolls_node_by_node_within_the_budget(
     wait_phase(harness, resource, "Running")
     for node in nodes:
         workload(harness, namespace, node, f"w-{node}")
-    until(
-        lambda: all(
-            (harness.plane.get(f"/api/v1/namespaces/{namespace}/pods/w-{n}") or {})
-            .get("status", {})
-            .get("phase")
-            == "Running"
-            for n in nodes
-        ),
-        "the workloads running",
-        60,
-    )
+    wait_running(harness, namespace, [f"w-{n}" for n in nodes], "the workloads running")
     before = images(harness, nodes)
     with Budget(harness, nodes, components=2) as budget:
         set_version(harness, resource, "devicePlugin", "0.1.1-harness")
@@ -273,17 +278,7 @@ def test_a_node_whose_cards_are_all_held_waits_for_one_and_then_validates(
     wait_phase(harness, resource, "Running")
     for name in ("w-a", "w-b"):
         workload(harness, namespace, full, name)
-    until(
-        lambda: all(
-            (harness.plane.get(f"/api/v1/namespaces/{namespace}/pods/{n}") or {})
-            .get("status", {})
-            .get("phase")
-            == "Running"
-            for n in ("w-a", "w-b")
-        ),
-        "the workloads holding both cards running",
-        60,
-    )
+    wait_running(harness, namespace, ["w-a", "w-b"], "the workloads holding both cards running")
     waiting = "validator waiting for a free enflame.com/gcu card (2 held by pods of 2 allocatable)"
     set_version(harness, resource, "devicePlugin", "0.1.1-harness")
 
